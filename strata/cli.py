@@ -1,0 +1,188 @@
+"""`strata` command line: generate, chat, inspect, synth."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from strata.model.errors import ModelError
+from strata.quant import UnsupportedType
+
+DEFAULT_MODEL = Path(__file__).parent / "data" / "default.gguf"
+EXIT_USAGE = 2
+
+
+class UserError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+def _model_path(arg: str | None) -> Path:
+    p = arg or os.environ.get("STRATA_MODEL") or str(DEFAULT_MODEL)
+    if not Path(p).exists():
+        raise UserError(f"{p}: no such file")
+    return Path(p)
+
+
+def _load(arg: str | None):
+    from strata.model.loader import load_model
+
+    return load_model(_model_path(arg))
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", help="GGUF file or first shard (default: the embedded model; "
+                   "env STRATA_MODEL)")
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ctx", type=int, default=None, help="context length (default min(train, 4096))")
+    p.add_argument("--stats", action="store_true", help="print prefill/decode speed to stderr")
+
+
+def _sampling(ns):
+    from strata.engine.sampling import SamplingParams
+
+    try:
+        return SamplingParams(ns.temperature, ns.top_k, ns.top_p, ns.min_p, ns.seed)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def _stream(ns, prompt) -> int:
+    from strata.engine.session import Generation, Session
+
+    if ns.max_tokens < 1:
+        raise UserError(f"--max-tokens must be >= 1, got {ns.max_tokens}")
+    model = _load(ns.model)
+    session = Session(model, n_ctx=ns.ctx)
+    res = Generation()
+    if isinstance(prompt, str):
+        sys.stdout.write(prompt)
+    for piece in session.generate(prompt, ns.max_tokens, _sampling(ns), ns.stop, res):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    if ns.stats:
+        print(
+            f"prompt {res.prompt_tokens} tok, {res.prefill_tps:.1f} tok/s | "
+            f"generated {len(res.tokens)} tok, {res.decode_tps:.1f} tok/s | {res.finish_reason}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def cmd_generate(ns) -> int:
+    return _stream(ns, ns.prompt)
+
+
+def cmd_chat(ns) -> int:
+    from strata.model.chat_template import render_chat
+
+    model = _load(ns.model)
+    msgs = ([{"role": "system", "content": ns.system}] if ns.system else []) + [
+        {"role": "user", "content": ns.prompt}
+    ]
+    tok = model.tokenizer
+    text = render_chat(msgs, model.chat_template, add_generation_prompt=True,
+                       bos_token=tok.token_text(tok.bos_id), eos_token=tok.token_text(tok.eos_id))
+    ids = tok.encode(text)
+    return _stream(ns, ids)
+
+
+def cmd_inspect(ns) -> int:
+    from strata.inspect import report
+
+    print(report(_load(ns.model), budget_mib=ns.budget_mib, n_ctx=ns.ctx))
+    return 0
+
+
+def cmd_synth(ns) -> int:
+    from gguf.constants import GGMLQuantizationType as QT
+
+    from strata.model.synth import SHAPES, SynthSpec, make_args, write_synthetic
+    from strata.quant import fmt
+
+    if ns.shape not in SHAPES:
+        raise UserError(f"unknown --shape {ns.shape!r} (known: {', '.join(SHAPES)})")
+    try:
+        qs = [fmt(q).qtype for q in (ns.quant, ns.dense_quant, ns.embd_quant)]
+    except UnsupportedType as e:
+        raise UserError(str(e)) from None
+    args = make_args(ns.shape, ns.arch, n_layer=ns.layers, n_vocab=ns.vocab, n_expert=ns.experts)
+    spec = SynthSpec(args, expert_quant=qs[0], dense_quant=qs[1], embd_quant=qs[2], skew=ns.skew,
+                     seed=ns.seed, split_max_tensors=ns.split_max_tensors)
+    del QT
+    out = Path(ns.out)
+    if out.exists() and not ns.force:
+        raise UserError(f"{out}: exists (use --force to overwrite)")
+    paths = write_synthetic(out, spec, progress=True)
+    for p in paths:
+        print(f"wrote {p} ({p.stat().st_size / 2**20:.1f} MiB)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="strata", description="Run MoE LLMs larger than the GPU.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    g = sub.add_parser("generate", help="complete a prompt, streaming tokens")
+    g.add_argument("prompt")
+    _add_model(g)
+    _add_sampling(g)
+    g.set_defaults(fn=cmd_generate)
+
+    c = sub.add_parser("chat", help="answer one user message through the chat template")
+    c.add_argument("prompt")
+    c.add_argument("--system", default=None, help="system message")
+    _add_model(c)
+    _add_sampling(c)
+    c.set_defaults(fn=cmd_chat)
+
+    i = sub.add_parser("inspect", help="architecture, tensor types and sizes, what fits a budget")
+    i.add_argument("model", nargs="?", default=None)
+    i.add_argument("--budget-mib", type=int, default=10240, help="VRAM budget to plan for")
+    i.add_argument("--ctx", type=int, default=4096, help="context length for the KV estimate")
+    i.set_defaults(fn=cmd_inspect, model_opt=None)
+
+    s = sub.add_parser("synth", help="write a random but valid MoE GGUF of a given shape and quant")
+    s.add_argument("out", help="output .gguf path")
+    s.add_argument("--shape", default="tiny", help="tiny | small | qwen3-30b-a3b | qwen2-57b-a14b")
+    s.add_argument("--arch", default=None, choices=["qwen3moe", "qwen2moe"])
+    s.add_argument("--quant", default="Q4_K", help="expert tensor type (e.g. IQ3_XXS)")
+    s.add_argument("--dense-quant", default="Q8_0", help="attention and output tensor type")
+    s.add_argument("--embd-quant", default="Q8_0", help="token embedding type")
+    s.add_argument("--layers", type=int, default=None, help="override the shape's layer count")
+    s.add_argument("--experts", type=int, default=None, help="override the shape's expert count")
+    s.add_argument("--vocab", type=int, default=None, help="override the shape's vocab size")
+    s.add_argument("--skew", type=float, default=0.0, help="expert popularity skew (0 = uniform)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--split-max-tensors", type=int, default=0, help="write shards of N tensors")
+    s.add_argument("--force", action="store_true", help="overwrite OUT")
+    s.set_defaults(fn=cmd_synth)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.fn(ns)
+    except (UserError, ModelError, UnsupportedType, FileNotFoundError, ValueError) as e:
+        print(f"strata: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

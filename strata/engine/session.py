@@ -1,0 +1,118 @@
+"""A generation session: prompt-prefix reuse, prefill, decode loop, stop tokens and stop strings."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from strata.engine.forward import Engine
+from strata.engine.sampling import Sampler, SamplingParams
+from strata.model.loader import Model
+
+
+@dataclass
+class Generation:
+    """What one `generate` call did; filled in as it runs."""
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None  # "stop" | "length"
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        n = max(len(self.tokens) - 1, 0)  # the first token comes out of prefill
+        return n / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def prefill_tps(self) -> float:
+        n = self.prompt_tokens - self.reused_tokens
+        return n / self.prefill_s if self.prefill_s > 0 else 0.0
+
+
+def _stop_hold(text: str, stops: Sequence[str]) -> int:
+    """How many trailing chars of `text` could still begin a stop string (held back)."""
+    hold = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:n]):
+                hold = max(hold, n)
+                break
+    return hold
+
+
+class Session:
+    def __init__(self, model: Model, engine: Engine | None = None, n_ctx: int | None = None):
+        self.model = model
+        self.engine = engine or Engine(model, n_ctx=n_ctx)
+        self.tokenizer = model.tokenizer
+        self.history: list[int] = []  # tokens whose KV rows the engine holds
+
+    def _prefill(self, prompt: list[int]):
+        n = 0
+        for a, b in zip(prompt, self.history, strict=False):
+            if a != b:
+                break
+            n += 1
+        n = min(n, len(prompt) - 1)  # always run at least one token to get logits
+        self.engine.reset(keep=n)
+        self.history = list(prompt)
+        return n, self.engine.forward(prompt[n:])
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = 128,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        result: Generation | None = None,
+    ) -> Iterator[str]:
+        """Yield text pieces as they are decoded; `result` (if given) records counts and timings."""
+        sampling = sampling or SamplingParams()
+        res = result if result is not None else Generation()
+        tok = self.tokenizer
+        ids = tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        budget = self.engine.n_ctx - len(ids)
+        if budget <= 0:
+            raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {self.engine.n_ctx}")
+        max_tokens = min(max_tokens, budget)
+        sampler = Sampler(sampling)
+        stops = [s for s in stop if s]
+        res.prompt_tokens = len(ids)
+        t0 = time.perf_counter()
+        res.reused_tokens, logits = self._prefill(ids)
+        res.prefill_s = time.perf_counter() - t0
+        dec = tok.stream()
+        emitted = 0  # chars of res.text already yielded
+        t1 = time.perf_counter()
+        res.finish_reason = "length"
+        for step in range(max_tokens):
+            nxt = sampler(logits)
+            if nxt in tok.eos_ids:
+                res.finish_reason = "stop"
+                break
+            res.tokens.append(nxt)
+            res.text += dec.push(nxt)
+            cut = min((res.text.find(s) for s in stops if s in res.text), default=-1)
+            if cut >= 0:
+                res.text = res.text[:cut]
+                res.finish_reason = "stop"
+                break
+            safe = len(res.text) - _stop_hold(res.text, stops)
+            if safe > emitted:
+                yield res.text[emitted:safe]
+                emitted = safe
+            if step + 1 < max_tokens:
+                logits = self.engine.forward([nxt])
+                self.history.append(nxt)
+        else:
+            res.text += dec.flush() if hasattr(dec, "flush") else ""
+        res.decode_s = time.perf_counter() - t1
+        if len(res.text) > emitted:
+            yield res.text[emitted:]

@@ -1,0 +1,193 @@
+"""Host-emulated device tier: the interface of the GPU tier, computed with NumPy in float32.
+
+It copies llama.cpp CPU's roundings (activations through the weight's vec_dot type, an f16 KV
+cache, f16 softmax probabilities), so its greedy tokens match llama.cpp's on the same file.
+"Resident" experts are dequantized slot copies kept in an LRU bounded in bytes: an emulation for
+tests and CPU-only runs, never the CPU pool.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+from gguf.constants import MODEL_TENSOR as MT
+from gguf.constants import GGMLQuantizationType
+
+from strata.model.loader import Model
+from strata.model.weights import dequant
+from strata.quant import fmt
+from strata.quant.activation import roundtrip
+
+QT = GGMLQuantizationType
+EXPERT_MATS = (MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP)
+
+
+def rope_inv_freq(head_dim: int, base: float) -> np.ndarray:
+    """ggml's NEOX frequencies: powers of powf(base, -2/Dh) by repeated f32 product. [Dh/2]"""
+    scale = np.float32(base) ** np.float32(-2.0 / head_dim)
+    inv = np.empty(head_dim // 2, np.float32)
+    acc = np.float32(1.0)
+    for i in range(head_dim // 2):
+        inv[i] = acc
+        acc = np.float32(acc * scale)
+    return inv
+
+
+class _Linear:
+    """A dense weight dequantized once, with the activation type llama.cpp pairs it with."""
+
+    __slots__ = ("w", "vec_dot", "bias")
+
+    def __init__(self, model: Model, t: MT | str, layer: int | None = None, bias: str | None = None):
+        ref = model.tensor(t, layer)
+        self.w = dequant(ref)  # [out, in] float32
+        self.vec_dot = fmt(ref.qtype).vec_dot
+        self.bias = dequant(model.tensor(bias)) if bias else None
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        y = roundtrip(x, self.vec_dot) @ self.w.T
+        return y if self.bias is None else y + self.bias
+
+
+class HostTier:
+    name = "host"
+
+    def __init__(self, model: Model, n_ctx: int = 4096, expert_cache_mib: int = 2048):
+        a = self.args = model.args
+        self.model = model
+        self.n_ctx = n_ctx
+        self.eps = np.float32(a.rms_eps)
+        self.embd = model.tensor(MT.TOKEN_EMBD)
+        self.layers = []
+        for i in range(a.n_layer):
+            bias = (lambda n: f"blk.{i}.attn_{n}.bias") if a.qkv_bias else (lambda n: None)
+            L = {
+                "attn_norm": dequant(model.tensor(MT.ATTN_NORM, i)),
+                "q": _Linear(model, MT.ATTN_Q, i, bias("q")),
+                "k": _Linear(model, MT.ATTN_K, i, bias("k")),
+                "v": _Linear(model, MT.ATTN_V, i, bias("v")),
+                "o": _Linear(model, MT.ATTN_OUT, i),
+                "ffn_norm": dequant(model.tensor(MT.FFN_NORM, i)),
+                "router": _Linear(model, MT.FFN_GATE_INP, i),
+            }
+            if a.qk_norm:
+                L["q_norm"] = dequant(model.tensor(MT.ATTN_Q_NORM, i))
+                L["k_norm"] = dequant(model.tensor(MT.ATTN_K_NORM, i))
+            if a.shared_ff:
+                L["sh_gate"] = _Linear(model, MT.FFN_GATE_SHEXP, i)
+                L["sh_up"] = _Linear(model, MT.FFN_UP_SHEXP, i)
+                L["sh_down"] = _Linear(model, MT.FFN_DOWN_SHEXP, i)
+                L["sh_inp"] = dequant(model.tensor(MT.FFN_GATE_INP_SHEXP, i))
+            self.layers.append(L)
+        self.out_norm = dequant(model.tensor(MT.OUTPUT_NORM))
+        self.lm_head = _Linear(model, MT.OUTPUT)
+        self.inv_freq = rope_inv_freq(a.head_dim, a.rope_theta)  # [Dh/2]
+        # f16 KV cache, allocated once: [L, S, G, Dh]
+        self.k_cache = np.zeros((a.n_layer, n_ctx, a.n_head_kv, a.head_dim), np.float16)
+        self.v_cache = np.zeros((a.n_layer, n_ctx, a.n_head_kv, a.v_head_dim), np.float16)
+        self.expert_vec_dot = [
+            tuple(fmt(model.tensor(m, i).qtype).vec_dot for m in EXPERT_MATS) for i in range(a.n_layer)
+        ]
+        self._slots: OrderedDict[tuple[int, int], tuple[np.ndarray, ...]] = OrderedDict()
+        self._slot_bytes = 0
+        self._slot_budget = expert_cache_mib << 20
+        self.expert_bytes_read = 0  # dequantized-slot misses, in source bytes
+
+    # ---- small ops ----
+    def rms_norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)  # ggml sums in double
+        return (x * (1.0 / np.sqrt(ms + self.eps)).astype(np.float32)) * w
+
+    def rope(self, x: np.ndarray, pos0: int) -> np.ndarray:
+        """NEOX RoPE on x [T, heads, Dh] at positions pos0.."""
+        t = x.shape[0]
+        theta = np.arange(pos0, pos0 + t, dtype=np.float32)[:, None] * self.inv_freq[None, :]
+        cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # [T, 1, Dh/2]
+        half = x.shape[-1] // 2
+        x0, x1 = x[..., :half], x[..., half:]
+        return np.concatenate([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
+
+    # ---- the DeviceTier interface ----
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        return dequant(self.embd, np.asarray(ids, dtype=np.int64))  # [T, D]
+
+    def attention(self, layer: int, x: np.ndarray, pos0: int) -> np.ndarray:
+        a, L = self.args, self.layers[layer]
+        t = x.shape[0]
+        if pos0 + t > self.n_ctx:
+            raise ValueError(f"context is full: {pos0 + t} tokens > n_ctx {self.n_ctx}")
+        h = self.rms_norm(x, L["attn_norm"])  # [T, D]
+        q = L["q"](h).reshape(t, a.n_head, a.head_dim)  # [T, H, Dh]
+        k = L["k"](h).reshape(t, a.n_head_kv, a.head_dim)  # [T, G, Dh]
+        v = L["v"](h).reshape(t, a.n_head_kv, a.v_head_dim)  # [T, G, Dh]
+        if a.qk_norm:
+            q = self.rms_norm(q, L["q_norm"])
+            k = self.rms_norm(k, L["k_norm"])
+        q, k = self.rope(q, pos0), self.rope(k, pos0)
+        s = pos0 + t
+        self.k_cache[layer, pos0:s] = k
+        self.v_cache[layer, pos0:s] = v
+        kc = self.k_cache[layer, :s].astype(np.float32)  # [S, G, Dh]
+        vc = self.v_cache[layer, :s].astype(np.float32)
+        rep = a.n_head // a.n_head_kv
+        qg = q.astype(np.float16).astype(np.float32).reshape(t, a.n_head_kv, rep, a.head_dim)
+        scores = np.einsum("tgrd,sgd->grts", qg, kc) * np.float32(1.0 / np.sqrt(a.head_dim))
+        mask = np.arange(s)[None, :] > (pos0 + np.arange(t))[:, None]  # [T, S] future
+        scores[..., mask] = -np.inf
+        scores -= scores.max(axis=-1, keepdims=True)
+        p = np.exp(scores)
+        p /= p.sum(axis=-1, keepdims=True)
+        p = p.astype(np.float16).astype(np.float32)  # llama.cpp: probs meet f16 V as f16
+        o = np.einsum("grts,sgd->tgrd", p, vc).reshape(t, a.n_head * a.v_head_dim)
+        return x + L["o"](o)
+
+    def router(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        L = self.layers[layer]
+        h = self.rms_norm(x, L["ffn_norm"])  # [T, D]
+        return h, L["router"](h)  # [T, E]
+
+    def slot(self, layer: int, e: int) -> tuple[np.ndarray, ...]:
+        """(gate [F, D], up [F, D], down [D, F]) of one expert, dequantized on first use."""
+        key = (layer, e)
+        w = self._slots.get(key)
+        if w is not None:
+            self._slots.move_to_end(key)
+            return w
+        refs = [self.model.tensor(m, layer) for m in EXPERT_MATS]
+        w = tuple(dequant(r, e) for r in refs)
+        self.expert_bytes_read += sum(r.nbytes // self.args.n_expert for r in refs)
+        nbytes = sum(m.nbytes for m in w)
+        while self._slots and self._slot_bytes + nbytes > self._slot_budget:
+            _, old = self._slots.popitem(last=False)
+            self._slot_bytes -= sum(m.nbytes for m in old)
+        self._slots[key] = w
+        self._slot_bytes += nbytes
+        return w
+
+    def experts(self, layer: int, h: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        vd_gate, vd_up, vd_down = self.expert_vec_dot[layer]
+        out = np.zeros_like(h)  # [T, D]
+        hg = roundtrip(h, vd_gate)
+        hu = hg if vd_up == vd_gate else roundtrip(h, vd_up)
+        for e in np.unique(ids[ids >= 0]):
+            rows, ks = np.nonzero(ids == e)  # the tokens that picked e
+            gate, up, down = self.slot(layer, int(e))
+            g = hg[rows] @ gate.T  # [n, F]
+            u = hu[rows] @ up.T
+            act = g / (np.float32(1.0) + np.exp(-g)) * u
+            y = roundtrip(act, vd_down) @ down.T  # [n, D]
+            out[rows] += weights[rows, ks][:, None] * y
+        return out
+
+    def shared_expert(self, layer: int, h: np.ndarray) -> np.ndarray:
+        L = self.layers[layer]
+        if "sh_gate" not in L:
+            return np.zeros_like(h)
+        g = L["sh_gate"](h)
+        y = L["sh_down"](g / (np.float32(1.0) + np.exp(-g)) * L["sh_up"](h))
+        gate = 1.0 / (1.0 + np.exp(-(h @ L["sh_inp"])))  # [T]
+        return y * gate[:, None].astype(np.float32)
+
+    def output(self, x: np.ndarray) -> np.ndarray:
+        return self.lm_head(self.rms_norm(x, self.out_norm))  # [T, V]

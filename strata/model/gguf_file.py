@@ -1,0 +1,160 @@
+"""Open a GGUF model (one file or a shard set) memory-mapped: metadata and tensor views.
+
+Nothing is copied at open: every tensor is a numpy view into the mmap of its shard. numpy shapes
+are ggml `ne` reversed (the last axis is the contiguous one).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
+
+from strata.model.errors import NotGGUF, ShardError, TruncatedFile
+from strata.quant import UnsupportedType, fmt
+
+GGUF_MAGIC = b"GGUF"
+_SHARD_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """One tensor of the model: its type, numpy shape and the raw bytes (a view into the mmap)."""
+
+    name: str
+    qtype: GGMLQuantizationType
+    shape: tuple[int, ...]  # numpy order: ggml ne reversed
+    data: np.ndarray  # uint8 bytes (quantized) or typed array (F32/F16), memory-mapped
+    shard: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def raw(self) -> np.ndarray:
+        """The tensor bytes as uint8, shape [rows, row_bytes]."""
+        b = self.data.view(np.uint8)
+        rows = int(np.prod(self.shape[:-1], dtype=np.int64)) if len(self.shape) > 1 else 1
+        return b.reshape(rows, -1)
+
+
+def shard_paths(path: str | os.PathLike) -> list[Path]:
+    """All shards of the set `path` belongs to (or `[path]` for a single file); missing ones fail."""
+    p = Path(path)
+    if p.is_dir():
+        ggufs = sorted(p.glob("*.gguf"))
+        if not ggufs:
+            raise NotGGUF(f"{p}: directory holds no .gguf file")
+        p = ggufs[0]
+    m = _SHARD_RE.match(p.name)
+    if not m:
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no such file")
+        return [p]
+    stem, count = m["stem"], int(m["count"])
+    paths = [p.with_name(f"{stem}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    missing = [q.name for q in paths if not q.exists()]
+    if missing:
+        raise ShardError(f"{p.name}: shard set is incomplete, missing {', '.join(missing)}")
+    return paths
+
+
+def _open_reader(path: Path) -> GGUFReader:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except IsADirectoryError:
+        raise NotGGUF(f"{path}: is a directory, not a GGUF file") from None
+    if head != GGUF_MAGIC:
+        raise NotGGUF(f"{path}: not a GGUF file (magic {head!r}, expected b'GGUF')")
+    try:
+        return GGUFReader(path, "r")
+    except (ValueError, IndexError, OverflowError, MemoryError) as e:
+        size = path.stat().st_size
+        raise TruncatedFile(f"{path}: GGUF header or tensor data is truncated ({size} bytes): {e}") from None
+
+
+def field_value(field) -> Any:
+    """A metadata field as a plain Python value (str, int, float, bool or list)."""
+    main = field.types[0] if field.types else None
+    if main == GGUFValueType.ARRAY:
+        return field.contents()
+    return field.contents()
+
+
+class GGUFModel:
+    """A memory-mapped GGUF model: `metadata` (key -> value) and `tensors` (name -> TensorRef)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.paths = shard_paths(path)
+        self.readers = [_open_reader(p) for p in self.paths]
+        self.metadata: dict[str, Any] = {}
+        for k, f in self.readers[0].fields.items():
+            if k.startswith("GGUF."):
+                continue
+            self.metadata[k] = field_value(f)
+        self._check_shards()
+        self.tensors: dict[str, TensorRef] = {}
+        for i, r in enumerate(self.readers):
+            self._add_tensors(i, r)
+
+    @property
+    def path(self) -> Path:
+        return self.paths[0]
+
+    def _check_shards(self) -> None:
+        n = len(self.paths)
+        if n == 1:
+            return
+        count_key, idx_key = Keys.Split.COUNT, "split.no"
+        ftype0 = self.metadata.get(Keys.General.FILE_TYPE)
+        for i, (p, r) in enumerate(zip(self.paths, self.readers, strict=True)):
+            f = r.fields
+            count = f[count_key].contents() if count_key in f else None
+            no = f[idx_key].contents() if idx_key in f else None
+            if count is not None and count != n:
+                raise ShardError(f"{p.name}: belongs to a set of {count} shards, found {n}")
+            if no is not None and no != i:
+                raise ShardError(f"{p.name}: is shard {no + 1} of its set, expected {i + 1}")
+            ft = f[Keys.General.FILE_TYPE].contents() if Keys.General.FILE_TYPE in f else ftype0
+            if ftype0 is not None and ft != ftype0:
+                raise ShardError(
+                    f"{p.name}: file type {ft} differs from shard 1's {ftype0} (mixed quants?)"
+                )
+
+    def _add_tensors(self, shard: int, r: GGUFReader) -> None:
+        size = os.path.getsize(self.paths[shard])
+        for t in r.tensors:
+            try:
+                qtype = GGMLQuantizationType(int(t.tensor_type))
+            except ValueError:
+                raise UnsupportedType(f"{t.name}: unknown tensor type id {int(t.tensor_type)}") from None
+            fmt(qtype)  # unsupported types fail here, naming the type
+            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+            elems, nbytes = GGML_QUANT_SIZES[qtype]
+            need = int(np.prod(shape, dtype=np.int64)) // elems * nbytes
+            if t.data_offset + need > size or t.data.nbytes != need:
+                raise TruncatedFile(
+                    f"{self.paths[shard].name}: tensor {t.name} runs past the end of the file "
+                    f"(truncated at {size} bytes)"
+                )
+            if t.name in self.tensors:
+                raise ShardError(f"tensor {t.name} appears in more than one shard")
+            self.tensors[t.name] = TensorRef(t.name, qtype, shape, t.data, shard)
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get(Keys.General.ARCHITECTURE, "?"))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def arch_key(self, key_template: str, default: Any = None) -> Any:
+        """Value of an architecture-scoped key, e.g. `Keys.LLM.EXPERT_COUNT`."""
+        return self.metadata.get(key_template.format(arch=self.architecture), default)

@@ -1,0 +1,97 @@
+"""`load_model(path)`: open a GGUF (file or shard set), read `ModelArgs`, check every tensor."""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from types import ModuleType
+
+from gguf.constants import MODEL_TENSOR as MT
+from gguf.constants import Keys
+
+from strata.model import qwen2moe, qwen3moe
+from strata.model.args import ModelArgs
+from strata.model.errors import MissingTensor, ShapeMismatch
+from strata.model.gguf_file import GGUFModel, TensorRef
+from strata.model.qwen3moe import name
+
+ARCH_MODULES: dict[str, ModuleType] = {m.ARCH: m for m in (qwen3moe, qwen2moe)}
+EXPERT_TENSORS = (MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP)
+
+
+class Model:
+    """A checked, memory-mapped model: `args`, tensors by name, tokenizer and chat template."""
+
+    def __init__(self, gguf: GGUFModel):
+        self.gguf = gguf
+        self.args = ModelArgs.from_metadata(gguf.metadata)
+        self.arch_module = ARCH_MODULES[self.args.arch]
+        self.expected = self._expected_shapes()
+        self._check()
+
+    @property
+    def path(self):
+        return self.gguf.path
+
+    @property
+    def metadata(self):
+        return self.gguf.metadata
+
+    def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        m, a = self.arch_module, self.args
+        shapes = dict(m.global_tensors(a))
+        for i in range(a.n_layer):
+            shapes.update(m.layer_tensors(a, i))
+        return shapes
+
+    def _check(self) -> None:
+        for tname, shape in self.expected.items():
+            t = self.gguf.tensors.get(tname)
+            if t is None:
+                if tname in self.arch_module.OPTIONAL:
+                    continue
+                raise MissingTensor(f"{self.path.name}: tensor {tname} is missing")
+            if t.shape != shape:
+                raise ShapeMismatch(
+                    f"{self.path.name}: tensor {tname} has shape {list(t.shape)}, "
+                    f"metadata implies {list(shape)}"
+                )
+
+    def tensor(self, t: MT | str, layer: int | None = None) -> TensorRef:
+        tname = t if isinstance(t, str) else name(t, layer)
+        if tname == name(MT.OUTPUT) and tname not in self.gguf.tensors:
+            tname = name(MT.TOKEN_EMBD)  # tied embeddings
+        return self.gguf.tensors[tname]
+
+    def has(self, tname: str) -> bool:
+        return tname in self.gguf.tensors
+
+    @cached_property
+    def tokenizer(self):
+        from strata.model.tokenizer import Tokenizer
+
+        return Tokenizer.from_metadata(self.gguf.metadata)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.gguf.metadata.get(Keys.Tokenizer.CHAT_TEMPLATE)
+
+    # ---- sizes (for inspect, budgets and the bandwidth bound) ----
+    def expert_bytes(self, layer: int) -> int:
+        """Bytes of ONE expert (gate + up + down) in `layer`."""
+        return sum(self.tensor(t, layer).nbytes for t in EXPERT_TENSORS) // self.args.n_expert
+
+    def expert_bytes_per_token(self) -> int:
+        """Bytes of routed-expert weights one decode token reads (K experts in every layer)."""
+        return sum(self.expert_bytes(i) * self.args.n_expert_used for i in range(self.args.n_layer))
+
+    def total_expert_bytes(self) -> int:
+        return sum(self.expert_bytes(i) * self.args.n_expert for i in range(self.args.n_layer))
+
+    def dense_bytes(self) -> int:
+        expert = {name(t, i) for i in range(self.args.n_layer) for t in EXPERT_TENSORS}
+        return sum(t.nbytes for n, t in self.gguf.tensors.items() if n not in expert)
+
+
+def load_model(path: str | os.PathLike) -> Model:
+    return Model(GGUFModel(path))

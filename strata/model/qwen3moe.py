@@ -1,0 +1,54 @@
+"""qwen3moe (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): the tensors the architecture needs, with shapes.
+
+Per layer: attention with per-head q/k RMS norm and NEOX RoPE; a softmax router over E experts,
+top-K renormalized; SwiGLU experts stored as stacked [E, ...] tensors.
+"""
+
+from __future__ import annotations
+
+from gguf.constants import MODEL_TENSOR as MT
+from gguf.constants import TENSOR_NAMES
+
+from strata.model.args import ModelArgs
+
+ARCH = "qwen3moe"
+
+
+def name(t: MT, layer: int | None = None) -> str:
+    return TENSOR_NAMES[t].format(bid=layer)
+
+
+def global_tensors(a: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """numpy shapes (ggml ne reversed) of the non-layer tensors; `output` may be tied (absent)."""
+    return {
+        name(MT.TOKEN_EMBD): (a.n_vocab, a.n_embd),  # [V, D]
+        name(MT.OUTPUT_NORM): (a.n_embd,),
+        name(MT.OUTPUT): (a.n_vocab, a.n_embd),  # [V, D]
+    }
+
+
+def attention_tensors(a: ModelArgs, i: int) -> dict[str, tuple[int, ...]]:
+    return {
+        name(MT.ATTN_NORM, i): (a.n_embd,),
+        name(MT.ATTN_Q, i): (a.q_dim, a.n_embd),  # [H*Dh, D]
+        name(MT.ATTN_K, i): (a.kv_dim, a.n_embd),  # [G*Dh, D]
+        name(MT.ATTN_V, i): (a.n_head_kv * a.v_head_dim, a.n_embd),
+        name(MT.ATTN_OUT, i): (a.n_embd, a.n_head * a.v_head_dim),
+    }
+
+
+def layer_tensors(a: ModelArgs, i: int) -> dict[str, tuple[int, ...]]:
+    t = attention_tensors(a, i)
+    t.update({
+        name(MT.ATTN_Q_NORM, i): (a.head_dim,),
+        name(MT.ATTN_K_NORM, i): (a.head_dim,),
+        name(MT.FFN_NORM, i): (a.n_embd,),
+        name(MT.FFN_GATE_INP, i): (a.n_expert, a.n_embd),  # router [E, D]
+        name(MT.FFN_GATE_EXP, i): (a.n_expert, a.expert_ff, a.n_embd),  # [E, F, D]
+        name(MT.FFN_UP_EXP, i): (a.n_expert, a.expert_ff, a.n_embd),  # [E, F, D]
+        name(MT.FFN_DOWN_EXP, i): (a.n_expert, a.n_embd, a.expert_ff),  # [E, D, F]
+    })
+    return t
+
+
+OPTIONAL = {name(MT.OUTPUT)}  # tied to token_embd when absent

@@ -1,0 +1,228 @@
+"""Synthetic qwen3moe / qwen2moe GGUF files: random but valid weights of any shape and quant mix.
+
+Blocks have sane scales (dequantized weights have a chosen std), activations stay finite through
+every layer, and the tokenizer metadata is a real byte-level BPE vocabulary llama.cpp accepts.
+`skew > 0` makes a few experts popular (a shared direction in the embeddings that the router rows
+align with, by a Zipf-like ranking), the shape real routing traces have.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf.constants import MODEL_TENSOR as MT
+from gguf.constants import GGMLQuantizationType
+
+from strata.model import qwen2moe, qwen3moe
+from strata.model.args import ModelArgs
+from strata.model.qwen3moe import name
+from strata.quant import fmt
+from strata.quant.synth_blocks import random_quantized
+
+QT = GGMLQuantizationType
+
+# shapes: the hyper-parameters that matter; vocab sizes of the small ones are synthetic
+SHAPES: dict[str, dict] = {
+    "tiny": dict(n_vocab=1024, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64,
+                 n_expert=8, n_expert_used=2, expert_ff=256, n_ctx_train=2048),
+    "small": dict(n_vocab=4096, n_embd=512, n_layer=6, n_head=8, n_head_kv=2, head_dim=64,
+                  n_expert=32, n_expert_used=4, expert_ff=512, n_ctx_train=8192),
+    "qwen3-30b-a3b": dict(n_vocab=151936, n_embd=2048, n_layer=48, n_head=32, n_head_kv=4,
+                          head_dim=128, n_expert=128, n_expert_used=8, expert_ff=768,
+                          n_ctx_train=40960),
+    "qwen2-57b-a14b": dict(arch="qwen2moe", n_vocab=151936, n_embd=3584, n_layer=28, n_head=28,
+                           n_head_kv=4, head_dim=128, n_expert=64, n_expert_used=8,
+                           expert_ff=2560, shared_ff=20480, n_ctx_train=32768),
+}
+
+
+@dataclass
+class SynthSpec:
+    args: ModelArgs
+    expert_quant: QT = QT.Q4_K
+    dense_quant: QT = QT.Q8_0  # attention and output projections
+    embd_quant: QT = QT.Q8_0
+    skew: float = 0.0
+    seed: int = 0
+    logit_gain: float = 4.0  # output weights' std × sqrt(D): larger = more confident next tokens
+    router_gain: float = 2.0
+    tied_output: bool = False
+    split_max_tensors: int = 0  # > 0 writes a shard set NAME-0000k-of-0000n.gguf
+
+
+def make_args(shape: str, arch: str | None = None, **overrides) -> ModelArgs:
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+    kw = dict(SHAPES[shape])
+    arch = arch or kw.pop("arch", "qwen3moe")
+    kw.pop("arch", None)
+    if arch == "qwen2moe":
+        kw.setdefault("shared_ff", 2 * kw["expert_ff"])
+    kw.update({k: v for k, v in overrides.items() if v is not None})
+    kw.setdefault("v_head_dim", kw["head_dim"])
+    is3 = arch == "qwen3moe"
+    return ModelArgs(arch=arch, qk_norm=is3, qkv_bias=not is3, norm_topk=is3, **kw)
+
+
+def _check_quant(args: ModelArgs, tname: str, shape: tuple[int, ...], qt: QT) -> QT:
+    """The quant to store `tname` in: `qt` when its blocks tile the row, else a clear error."""
+    f = fmt(qt)
+    if shape[-1] % f.block_elems:
+        raise ValueError(
+            f"{tname}: row length {shape[-1]} is not a multiple of {qt.name}'s block size "
+            f"{f.block_elems}; pick another --quant or shape"
+        )
+    return qt
+
+
+def tensor_plan(spec: SynthSpec) -> list[tuple[str, tuple[int, ...], QT, float]]:
+    """(name, numpy shape, type, weight std) for every tensor, in file order."""
+    a = spec.args
+    mod = qwen3moe if a.arch == "qwen3moe" else qwen2moe
+    d = a.n_embd
+    plan: list[tuple[str, tuple[int, ...], QT, float]] = []
+    for tname, shape in mod.global_tensors(a).items():
+        if tname == name(MT.OUTPUT) and spec.tied_output:
+            continue
+        if tname == name(MT.TOKEN_EMBD):
+            plan.append((tname, shape, spec.embd_quant, 1.0))
+        elif tname == name(MT.OUTPUT):
+            plan.append((tname, shape, spec.dense_quant, spec.logit_gain / np.sqrt(d)))
+        else:
+            plan.append((tname, shape, QT.F32, 0.0))  # norms: ~1, see _norm_weight
+    for i in range(a.n_layer):
+        for tname, shape in mod.layer_tensors(a, i).items():
+            base = tname.split(".", 2)[2]
+            if len(shape) == 1 and not base.endswith("bias") and "shexp" not in base:
+                plan.append((tname, shape, QT.F32, 0.0))  # a norm weight
+            elif base.endswith("bias"):
+                plan.append((tname, shape, QT.F32, 0.1))
+            elif base == "ffn_gate_inp_shexp.weight" or base == "ffn_gate_inp_shexp":
+                plan.append((tname, shape, QT.F32, 1.0 / np.sqrt(d)))
+            elif base.startswith("ffn_gate_inp"):
+                plan.append((tname, shape, QT.F32, spec.router_gain / np.sqrt(d)))
+            elif base.endswith("_exps"):
+                plan.append((tname, shape, spec.expert_quant, 1.0 / np.sqrt(shape[-1])))
+            else:
+                plan.append((tname, shape, spec.dense_quant, 1.0 / np.sqrt(shape[-1])))
+    return [(n, s, _check_quant(a, n, s, q), std) for n, s, q, std in plan]
+
+
+class _Generator:
+    """Makes each tensor's bytes; one RNG stream per tensor so the file does not depend on order."""
+
+    def __init__(self, spec: SynthSpec):
+        self.spec = spec
+        a = spec.args
+        rng = np.random.default_rng([spec.seed, 0xFEED])
+        u = rng.standard_normal(a.n_embd)
+        self.u = u / np.linalg.norm(u)  # the shared "popularity" direction
+        # Zipf-like popularity per expert, per layer (rank r -> 1/(r+1), centred)
+        self.pop = []
+        for _ in range(a.n_layer):
+            ranks = rng.permutation(a.n_expert)
+            z = 1.0 / (ranks + 1.0)
+            self.pop.append((z - z.mean()) / (z.std() + 1e-12))
+
+    def tensor(self, idx: int, tname: str, shape, qt: QT, std: float) -> np.ndarray:
+        spec, a = self.spec, self.spec.args
+        rng = np.random.default_rng([spec.seed, idx])
+        if qt in (QT.F32,):
+            if std == 0.0:  # norm weight: around 1
+                return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+            w = rng.standard_normal(shape) * std
+            if tname.endswith("ffn_gate_inp") and spec.skew > 0:
+                layer = int(tname.split(".")[1])
+                # align router rows with the popularity direction (the embeddings carry it)
+                w = w + spec.skew * 1.5 * self.pop[layer][:, None] * self.u[None, :]
+            return w.astype(np.float32)
+        if tname == name(MT.TOKEN_EMBD) and spec.skew > 0:
+            w = rng.standard_normal(shape) + 0.7 * np.sqrt(a.n_embd) * self.u[None, :]
+            return _encode(w.astype(np.float32), qt)
+        return random_quantized(qt, tuple(shape), rng, std)
+
+
+def _encode(w: np.ndarray, qt: QT) -> np.ndarray:
+    if qt == QT.F32:
+        return w
+    if qt == QT.F16:
+        return w.astype(np.float16)
+    return gguf.quants.quantize(w, qt)
+
+
+def write_synthetic(out: str | os.PathLike, spec: SynthSpec, progress: bool = True) -> list[Path]:
+    """Write the model; returns the files written. Written to temporaries, renamed at the end."""
+    from strata.model.vocab_synth import add_tokenizer_metadata, synth_vocab
+    from strata.progress import bar
+
+    a = spec.args
+    out = Path(out)
+    if out.suffix != ".gguf":
+        raise ValueError(f"{out}: output name must end in .gguf")
+    plan = tensor_plan(spec)
+    tmp = out.with_name(out.stem + ".partial.gguf")
+    w = gguf.GGUFWriter(tmp, a.arch, split_max_tensors=spec.split_max_tensors)
+    w.add_name(f"strata-synth-{a.arch}")
+    w.add_file_type(int(spec.expert_quant))
+    w.add_vocab_size(a.n_vocab)
+    w.add_context_length(a.n_ctx_train)
+    w.add_embedding_length(a.n_embd)
+    w.add_block_count(a.n_layer)
+    w.add_feed_forward_length(a.expert_ff)
+    w.add_expert_feed_forward_length(a.expert_ff)
+    if a.shared_ff:
+        w.add_expert_shared_feed_forward_length(a.shared_ff)
+    w.add_head_count(a.n_head)
+    w.add_head_count_kv(a.n_head_kv)
+    w.add_key_length(a.head_dim)
+    w.add_value_length(a.v_head_dim)
+    w.add_rope_freq_base(a.rope_theta)
+    w.add_layer_norm_rms_eps(a.rms_eps)
+    w.add_expert_count(a.n_expert)
+    w.add_expert_used_count(a.n_expert_used)
+    w.add_uint32("strata.synth.seed", spec.seed)
+    w.add_float32("strata.synth.skew", spec.skew)
+    add_tokenizer_metadata(w, synth_vocab(a.n_vocab))
+    for tname, shape, qt, _ in plan:
+        f = fmt(qt)
+        nbytes = f.tensor_bytes(shape)
+        w.add_tensor_info(tname, shape, np.dtype(np.float32), nbytes, raw_dtype=qt)
+    paths: list[Path] = []
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        paths = [Path(p) for p in (w.path_list if hasattr(w, "path_list") else [tmp])]
+        gen = _Generator(spec)
+        total = sum(fmt(q).tensor_bytes(s) for _, s, q, _ in plan)
+        with bar(total, f"writing {out.name}", enabled=progress, unit="B") as pb:
+            for idx, (tname, shape, qt, std) in enumerate(plan):
+                data = gen.tensor(idx, tname, shape, qt, std)
+                w.write_tensor_data(np.ascontiguousarray(data))
+                pb.update(data.nbytes)
+        w.close()
+    except BaseException:
+        w.close()
+        for p in _written(tmp, spec):
+            p.unlink(missing_ok=True)
+        raise
+    final = []
+    for p in _written(tmp, spec):
+        dest = p.with_name(p.name.replace(tmp.stem, out.stem))
+        os.replace(p, dest)
+        final.append(dest)
+    return final
+
+
+def _written(tmp: Path, spec: SynthSpec) -> list[Path]:
+    if not spec.split_max_tensors:
+        return [tmp] if tmp.exists() else []
+    return sorted(tmp.parent.glob(f"{tmp.stem}-*-of-*.gguf"))
+
+
+def spec_with(spec: SynthSpec, **kw) -> SynthSpec:
+    return replace(spec, **kw)

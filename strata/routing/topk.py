@@ -1,0 +1,33 @@
+"""Router math as llama.cpp does it for qwen3moe / qwen2moe (pure NumPy).
+
+T = tokens, E = experts, K = experts used per token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MIN_WEIGHT_SUM = np.float32(6.103515625e-5)  # llama.cpp clamps the top-k weight sum at 2^-14
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def route_topk(
+    logits: np.ndarray, k: int, renormalize: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Softmax over all E, top-K by probability, optional renormalization of the K weights.
+
+    logits [T, E] -> ids [T, K] int32 (best first), weights [T, K] float32, probs [T, E] float32.
+    """
+    probs = softmax(logits.astype(np.float32, copy=False))  # [T, E]
+    part = np.argpartition(-probs, k - 1, axis=-1)[:, :k]  # [T, K] unordered
+    order = np.argsort(-np.take_along_axis(probs, part, axis=-1), axis=-1, kind="stable")
+    ids = np.take_along_axis(part, order, axis=-1).astype(np.int32)  # [T, K]
+    weights = np.take_along_axis(probs, ids, axis=-1)  # [T, K]
+    if renormalize:
+        weights = weights / np.maximum(weights.sum(axis=-1, keepdims=True), MIN_WEIGHT_SUM)
+    return ids, weights.astype(np.float32), probs
