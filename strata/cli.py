@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import sys
 from pathlib import Path
@@ -44,7 +45,8 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--ctx", type=int, default=None, help="context length (default min(train, 4096))")
+    p.add_argument("--ctx", type=int, default=None,
+                   help="context length (default min(train, 4096))")
     p.add_argument("--stats", action="store_true", help="print prefill/decode speed to stderr")
 
 
@@ -109,7 +111,7 @@ def cmd_synth(ns) -> int:
     from gguf.constants import GGMLQuantizationType as QT
 
     from strata.model.synth import SHAPES, SynthSpec, make_args, write_synthetic
-    from strata.quant import fmt
+    from strata.quant import MODEL_TYPES, fmt
 
     if ns.shape not in SHAPES:
         raise UserError(f"unknown --shape {ns.shape!r} (known: {', '.join(SHAPES)})")
@@ -117,13 +119,19 @@ def cmd_synth(ns) -> int:
         qs = [fmt(q).qtype for q in (ns.quant, ns.dense_quant, ns.embd_quant)]
     except UnsupportedType as e:
         raise UserError(str(e)) from None
+    for flag, q in zip(("--quant", "--dense-quant", "--embd-quant"), qs, strict=True):
+        if q not in MODEL_TYPES:
+            raise UserError(f"{flag} {q.name}: an activation-only format, not stored in models")
     args = make_args(ns.shape, ns.arch, n_layer=ns.layers, n_vocab=ns.vocab, n_expert=ns.experts)
     spec = SynthSpec(args, expert_quant=qs[0], dense_quant=qs[1], embd_quant=qs[2], skew=ns.skew,
                      seed=ns.seed, split_max_tensors=ns.split_max_tensors)
     del QT
     out = Path(ns.out)
-    if out.exists() and not ns.force:
-        raise UserError(f"{out}: exists (use --force to overwrite)")
+    existing = [out] if out.exists() else []
+    if ns.split_max_tensors > 0:  # shards are named NAME-0000k-of-0000n.gguf
+        existing += sorted(out.parent.glob(f"{glob.escape(out.stem)}-*-of-*.gguf"))
+    if existing and not ns.force:
+        raise UserError(f"{existing[0]}: exists (use --force to overwrite)")
     paths = write_synthetic(out, spec, progress=True)
     for p in paths:
         print(f"wrote {p} ({p.stat().st_size / 2**20:.1f} MiB)")
@@ -175,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         return ns.fn(ns)
-    except (UserError, ModelError, UnsupportedType, FileNotFoundError, ValueError) as e:
-        print(f"strata: error: {e}", file=sys.stderr)
+    except (UserError, ModelError, UnsupportedType, OSError, ValueError) as e:
+        # one line, whatever the message: a user error is never a traceback
+        print(f"strata: error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -71,7 +71,9 @@ def _compile(template: str) -> jinja2.Template:
     try:
         return _environment().from_string(template)
     except jinja2.TemplateSyntaxError as e:
-        raise ValueError(f"chat template does not parse (line {e.lineno}): {_one_line(e)}") from None
+        raise ValueError(
+            f"chat template does not parse (line {e.lineno}): {_one_line(e)}"
+        ) from None
 
 
 def render_chat(

@@ -45,7 +45,7 @@ class TensorRef:
 
 
 def shard_paths(path: str | os.PathLike) -> list[Path]:
-    """All shards of the set `path` belongs to (or `[path]` for a single file); missing ones fail."""
+    """All shards of the set `path` belongs to (`[path]` for a single file); missing ones fail."""
     p = Path(path)
     if p.is_dir():
         ggufs = sorted(p.glob("*.gguf"))
@@ -75,9 +75,15 @@ def _open_reader(path: Path) -> GGUFReader:
         raise NotGGUF(f"{path}: not a GGUF file (magic {head!r}, expected b'GGUF')")
     try:
         return GGUFReader(path, "r")
-    except (ValueError, IndexError, OverflowError, MemoryError) as e:
+    except (ValueError, KeyError, IndexError, OverflowError, MemoryError) as e:
         size = path.stat().st_size
-        raise TruncatedFile(f"{path}: GGUF header or tensor data is truncated ({size} bytes): {e}") from None
+        raise TruncatedFile(
+            f"{path}: truncated or corrupt GGUF file ({size:,} bytes; reader: {_one_line(e)})"
+        ) from None
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def field_value(field) -> Any:
@@ -103,6 +109,7 @@ class GGUFModel:
         self.tensors: dict[str, TensorRef] = {}
         for i, r in enumerate(self.readers):
             self._add_tensors(i, r)
+        self._check_tensor_count()
 
     @property
     def path(self) -> Path:
@@ -112,7 +119,7 @@ class GGUFModel:
         n = len(self.paths)
         if n == 1:
             return
-        count_key, idx_key = Keys.Split.COUNT, "split.no"
+        count_key, idx_key = Keys.Split.LLM_KV_SPLIT_COUNT, Keys.Split.LLM_KV_SPLIT_NO
         ftype0 = self.metadata.get(Keys.General.FILE_TYPE)
         for i, (p, r) in enumerate(zip(self.paths, self.readers, strict=True)):
             f = r.fields
@@ -128,14 +135,32 @@ class GGUFModel:
                     f"{p.name}: file type {ft} differs from shard 1's {ftype0} (mixed quants?)"
                 )
 
+    def _check_tensor_count(self) -> None:
+        """Every shard states the set's tensor total; a shard of another set disagrees with it."""
+        if len(self.paths) == 1:
+            return
+        key = Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT
+        for p, r in zip(self.paths, self.readers, strict=True):
+            want = r.fields[key].contents() if key in r.fields else None
+            if want is not None and want != len(self.tensors):
+                raise ShardError(
+                    f"{p.name}: belongs to a set of {want} tensors, the shards hold "
+                    f"{len(self.tensors)} (shards from different sets?)"
+                )
+
     def _add_tensors(self, shard: int, r: GGUFReader) -> None:
         size = os.path.getsize(self.paths[shard])
         for t in r.tensors:
+            where = f"{self.paths[shard].name}: tensor {t.name}"
             try:
                 qtype = GGMLQuantizationType(int(t.tensor_type))
             except ValueError:
-                raise UnsupportedType(f"{t.name}: unknown tensor type id {int(t.tensor_type)}") from None
-            fmt(qtype)  # unsupported types fail here, naming the type
+                tid = int(t.tensor_type)
+                raise UnsupportedType(f"{where}: unknown tensor type id {tid}") from None
+            try:
+                fmt(qtype)
+            except UnsupportedType as e:
+                raise UnsupportedType(f"{where}: {e}") from None
             shape = tuple(int(x) for x in reversed(t.shape.tolist()))
             elems, nbytes = GGML_QUANT_SIZES[qtype]
             need = int(np.prod(shape, dtype=np.int64)) // elems * nbytes
@@ -145,7 +170,11 @@ class GGUFModel:
                     f"(truncated at {size} bytes)"
                 )
             if t.name in self.tensors:
-                raise ShardError(f"tensor {t.name} appears in more than one shard")
+                first = self.paths[self.tensors[t.name].shard].name
+                raise ShardError(
+                    f"{self.paths[shard].name}: tensor {t.name} is also in {first} "
+                    "(shards from different sets?)"
+                )
             self.tensors[t.name] = TensorRef(t.name, qtype, shape, t.data, shard)
 
     @property

@@ -11,7 +11,7 @@ from gguf.constants import Keys
 
 from strata.model import qwen2moe, qwen3moe
 from strata.model.args import ModelArgs
-from strata.model.errors import MissingTensor, ShapeMismatch
+from strata.model.errors import MissingTensor, ModelError, ShapeMismatch
 from strata.model.gguf_file import GGUFModel, TensorRef
 from strata.model.qwen3moe import name
 
@@ -24,7 +24,10 @@ class Model:
 
     def __init__(self, gguf: GGUFModel):
         self.gguf = gguf
-        self.args = ModelArgs.from_metadata(gguf.metadata)
+        try:
+            self.args = ModelArgs.from_metadata(gguf.metadata)
+        except ModelError as e:  # name the file the metadata came from
+            raise type(e)(f"{gguf.path.name}: {e}") from None
         self.arch_module = ARCH_MODULES[self.args.arch]
         self.expected = self._expected_shapes()
         self._check()

@@ -236,10 +236,15 @@ def add_tokenizer_metadata(
     writer: gguf.GGUFWriter,
     vocab: SynthVocab,
     chat_template: str | None = QWEN3_CHAT_TEMPLATE,
+    *,
+    pre: str = "qwen2",
 ) -> None:
-    """Write the tokenizer keys a Qwen3 GGUF carries (model gpt2, pre qwen2) for `vocab`."""
+    """Write the tokenizer keys a Qwen3 GGUF carries (model gpt2, pre qwen2) for `vocab`.
+
+    `pre` names another llama.cpp pre-tokenizer (tests of the tokenizer use it).
+    """
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(vocab.tokens)
     writer.add_token_types(vocab.token_types)
     writer.add_token_merges(vocab.merges)

@@ -96,7 +96,8 @@ def roundtrip(x: np.ndarray, vec_dot: GGMLQuantizationType) -> np.ndarray:
         qb = q.reshape(*q.shape[:-1], -1, QK8_0).astype(out)
         return (d.astype(out)[..., None] * qb).reshape(x.shape)
     if vd == QT.F16:
-        return x32.astype(np.float16).astype(out)
+        with np.errstate(over="ignore"):  # beyond 65504 becomes inf, as F16C does
+            return x32.astype(np.float16).astype(out)
     if vd == QT.BF16:
         return _bf16_round(x32).astype(out)
     raise UnsupportedType(

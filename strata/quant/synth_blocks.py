@@ -67,8 +67,7 @@ def random_quantized(
 def _random_blocks(qt: QT, n_blocks: int, rng: np.random.Generator, scale: float) -> np.ndarray:
     """`n_blocks` random blocks [n_blocks, block_bytes] whose super-block scale is ~`scale`."""
     f = fmt(qt)
-    raw = np.frombuffer(bytearray(rng.bytes(n_blocks * f.block_bytes)), dtype=np.uint8)
-    raw = raw.reshape(n_blocks, f.block_bytes)
+    raw = rng.integers(0, 256, size=(n_blocks, f.block_bytes), dtype=np.uint8)
     view = raw.view(f.block_dtype())[:, 0]  # structured view: fields by name, same memory
     u = rng.uniform(_U_LO, _U_HI, n_blocks).astype(np.float32)
     d = _to_f16(u * np.float32(scale))

@@ -1,0 +1,36 @@
+"""Shared fixtures: synthetic models written once per session, the llama.cpp oracle."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("NUMBA_CACHE_DIR", os.path.expanduser("~/.cache/strata-numba"))
+
+
+@pytest.fixture(scope="session")
+def synth_model(tmp_path_factory):
+    """synth_model(shape="tiny", quant="Q4_K", **kw) -> path of a synthetic GGUF (cached)."""
+    from strata.model.synth import SynthSpec, make_args, write_synthetic
+    from strata.quant import fmt
+
+    cache: dict = {}
+
+    def make(shape="tiny", quant="Q4_K", dense="Q8_0", embd="Q8_0", arch=None, seed=0, skew=0.0,
+             **overrides):
+        key = (shape, quant, dense, embd, arch, seed, skew, tuple(sorted(overrides.items())))
+        if key not in cache:
+            args = make_args(shape, arch, **overrides)
+            spec = SynthSpec(args, expert_quant=fmt(quant).qtype, dense_quant=fmt(dense).qtype,
+                             embd_quant=fmt(embd).qtype, seed=seed, skew=skew)
+            out = tmp_path_factory.mktemp("synth") / f"{shape}-{quant}-{seed}.gguf"
+            cache[key] = write_synthetic(out, spec, progress=False)[0]
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def llama_cpp():
+    return pytest.importorskip("llama_cpp", reason="llama-cpp-python (the llama.cpp oracle) missing")

@@ -1,0 +1,135 @@
+"""The host engine against the float64 reference; sampling; the generation session."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strata.engine.forward import Engine
+from strata.engine.sampling import Sampler, SamplingParams
+from strata.engine.session import Generation, Session
+from strata.model.loader import load_model
+from strata.model.reference import Reference
+from strata.routing import route_topk
+from tests.oracle import assert_logits_match, position_errors
+
+
+def rel_err(a, b) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize(
+    "arch,quant", [("qwen3moe", "IQ3_XXS"), ("qwen3moe", "Q6_K"), ("qwen2moe", "Q4_K")]
+)
+def test_engine_logits_match_reference_prefill_and_cached_decode(synth_model, arch, quant):
+    model = load_model(synth_model("tiny", quant, arch=arch, seed=3))
+    rng = np.random.default_rng()
+    reference = Reference(model, "llama")
+    eng = Engine(model, n_ctx=64)
+    errs, step_errs = [], []
+    for _ in range(12):
+        tokens = rng.integers(0, model.args.n_vocab, size=7).tolist()
+        ref = reference.forward(tokens)  # [T, V]
+        eng.reset()
+        full = eng.forward(tokens, all_logits=True)
+        errs.append(position_errors(full, ref))
+        # prefill 4, then one token at a time through the KV cache: the same logits
+        eng.reset()
+        step = [eng.forward(tokens[:4])] + [eng.forward([t]) for t in tokens[4:]]
+        step_errs.append(position_errors(np.stack(step), full[3:]))
+        assert eng.pos == len(tokens)
+    assert_logits_match(np.concatenate(errs), 1e-5)
+    assert_logits_match(np.concatenate(step_errs), 1e-5)
+
+
+def test_llama_numerics_differ_from_exact_by_rounding_only(synth_model):
+    model = load_model(synth_model("tiny", "Q4_K", seed=4))
+    tokens = np.random.default_rng().integers(0, model.args.n_vocab, size=8).tolist()
+    a = Reference(model, "llama").forward(tokens)
+    b = Reference(model, "exact").forward(tokens)
+    assert 1e-6 < rel_err(a, b) < 5e-2
+
+
+def test_route_topk_matches_naive_softmax_topk():
+    rng = np.random.default_rng()
+    logits = rng.standard_normal((5, 16)).astype(np.float32) * 3
+    ids, w, probs = route_topk(logits, 4, renormalize=True)
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    want = np.argsort(-p, axis=1)[:, :4]
+    assert (ids == want).all()
+    np.testing.assert_allclose(w, np.take_along_axis(p, want, 1) / np.take_along_axis(p, want, 1)
+                               .sum(1, keepdims=True), rtol=1e-5)
+    _, w2, _ = route_topk(logits, 4, renormalize=False)
+    np.testing.assert_allclose(w2, np.take_along_axis(p, want, 1), rtol=1e-5)
+
+
+def test_context_overflow_is_a_clear_error(synth_model):
+    eng = Engine(load_model(synth_model("tiny", "Q4_K")), n_ctx=8)
+    eng.forward(list(range(8)))
+    with pytest.raises(ValueError, match="context full"):
+        eng.forward([1])
+
+
+def test_sampling_greedy_seeded_and_filters():
+    rng = np.random.default_rng()
+    logits = rng.standard_normal(100).astype(np.float32)
+    assert Sampler(SamplingParams())(logits) == int(np.argmax(logits))
+    assert Sampler(SamplingParams(temperature=1.0, top_k=1))(logits) == int(np.argmax(logits))
+    p = SamplingParams(temperature=0.8, top_k=0, top_p=1.0, min_p=0.0, seed=11)
+    a = [Sampler(p)(logits) for _ in range(3)]
+    s1, s2 = Sampler(p), Sampler(p)
+    assert [s1(logits) for _ in range(20)] == [s2(logits) for _ in range(20)]
+    assert len(set(a)) == 1
+    # min_p keeps only tokens with p >= min_p * p_max
+    peaked = np.full(50, -10.0, np.float32)
+    peaked[[3, 7]] = [5.0, 4.5]
+    s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.3, seed=1))
+    assert {s(peaked) for _ in range(200)} == {3, 7}
+    # top_p: the smallest set whose mass reaches top_p
+    s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=0.5, min_p=0.0, seed=2))
+    assert {s(peaked) for _ in range(100)} == {3}
+
+
+def test_temperature_sampling_follows_softmax():
+    logits = np.array([2.0, 1.0, 0.0, -1.0], np.float32)
+    s = Sampler(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5))
+    counts = np.bincount([s(logits) for _ in range(4000)], minlength=4) / 4000
+    p = np.exp(logits) / np.exp(logits).sum()
+    assert np.abs(counts - p).max() < 0.03
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(min_p=2), dict(top_k=-3)])
+def test_sampling_params_refuse_bad_values(bad):
+    with pytest.raises(ValueError):
+        SamplingParams(**bad)
+
+
+def test_session_streams_stops_and_reuses_prefix(synth_model):
+    model = load_model(synth_model("tiny", "Q4_K", seed=5))
+    s = Session(model, n_ctx=128)
+    res = Generation()
+    text = "".join(s.generate("hello world", 12, result=res))
+    assert text == res.text and len(res.tokens) <= 12
+    assert res.finish_reason in ("stop", "length")
+    # the same prompt again reuses all but one prompt token and gives the same text
+    res2 = Generation()
+    assert "".join(s.generate("hello world", 12, result=res2)) == text
+    assert res2.reused_tokens == res2.prompt_tokens - 1
+    # a stop string taken from the output cuts it there and is not emitted
+    if len(text) > 4:
+        stop = text[2:4]
+        res3 = Generation()
+        out = "".join(Session(model, n_ctx=128).generate("hello world", 12, stop=[stop], result=res3))
+        assert out == text[: text.find(stop)] and res3.finish_reason == "stop"
+
+
+def test_skewed_synthetic_model_concentrates_expert_use(synth_model):
+    def top_share(skew):
+        model = load_model(synth_model("tiny", "Q4_K", seed=9, skew=skew, n_expert=16))
+        eng = Engine(model, n_ctx=256)
+        eng.forward(np.random.default_rng(0).integers(0, model.args.n_vocab, 200).tolist())
+        h = np.sort(eng.stats.expert_hist.sum(0))[::-1]
+        return h[:4].sum() / h.sum()
+
+    assert top_share(2.0) > top_share(0.0) + 0.1
