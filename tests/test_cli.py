@@ -103,6 +103,19 @@ def test_the_model_may_come_from_the_environment(cli_models, capsys, monkeypatch
     assert rc == 2 and "blk.1.ffn_down_exps" in _assert_one_error_line(err)
 
 
+def test_a_value_error_from_deep_code_is_one_line_not_a_traceback(cli_models, capsys,
+                                                                  monkeypatch):
+    import strata.inspect
+
+    def broken(*a, **kw):
+        raise ValueError("a reason\nspread over\n  three lines")
+
+    monkeypatch.setattr(strata.inspect, "report", broken)
+    rc, _, err = _run(capsys, ["inspect", str(cli_models.tiny)])
+    assert rc == 2
+    assert _assert_one_error_line(err) == "strata: error: a reason spread over three lines"
+
+
 def _subprocess(*argv: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "strata", *argv], capture_output=True, text=True,

@@ -29,6 +29,9 @@ QT = GGMLQuantizationType
 SHAPES: dict[str, dict] = {
     "tiny": dict(n_vocab=1024, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64,
                  n_expert=8, n_expert_used=2, expert_ff=256, n_ctx_train=2048),
+    # the embedded default (strata/data/default.gguf): < 20 MB at IQ3_XXS experts
+    "default": dict(n_vocab=4096, n_embd=512, n_layer=4, n_head=8, n_head_kv=2, head_dim=64,
+                    n_expert=16, n_expert_used=4, expert_ff=256, n_ctx_train=4096),
     "small": dict(n_vocab=4096, n_embd=512, n_layer=6, n_head=8, n_head_kv=2, head_dim=64,
                   n_expert=32, n_expert_used=4, expert_ff=512, n_ctx_train=8192),
     "qwen3-30b-a3b": dict(n_vocab=151936, n_embd=2048, n_layer=48, n_head=32, n_head_kv=4,
