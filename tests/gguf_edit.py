@@ -176,7 +176,7 @@ def bad_models(good: Path, out_dir: Path) -> dict[str, BadModel]:
     data_start, size = reader.data_offset, good.stat().st_size
     arch = reader.fields[Keys.General.ARCHITECTURE].contents()
     n_expert = reader.fields[Keys.LLM.EXPERT_COUNT.format(arch=arch)].contents()
-    q = {t.name: t for t in reader.tensors}["blk.0.attn_q"]
+    q = {t.name: t for t in reader.tensors}["blk.0.attn_q.weight"]
     q_shape = tuple(int(x) for x in reversed(q.shape.tolist()))  # numpy order
     del reader
 
@@ -200,7 +200,7 @@ def bad_models(good: Path, out_dir: Path) -> dict[str, BadModel]:
             rewrite_gguf(good, p("llama"), arch="llama"), UnsupportedArchitecture,
             ("llama.gguf", "'llama'")),
         "missing_tensor": BadModel(
-            rewrite_gguf(good, p("no_down"), drop=["blk.1.ffn_down_exps"]), MissingTensor,
+            rewrite_gguf(good, p("no_down"), drop=["blk.1.ffn_down_exps.weight"]), MissingTensor,
             ("no_down.gguf", "blk.1.ffn_down_exps")),
         "expert_count_contradicts_shapes": BadModel(
             rewrite_gguf(good, p("experts"), meta={Keys.LLM.EXPERT_COUNT.format(arch=arch):
@@ -208,11 +208,11 @@ def bad_models(good: Path, out_dir: Path) -> dict[str, BadModel]:
             ShapeMismatch, ("experts.gguf", "blk.0.ffn_gate_inp")),
         "tensor_shape_contradicts_metadata": BadModel(
             rewrite_gguf(good, p("reshaped"),
-                         reshape={"blk.0.attn_q": (q_shape[0] // 2, q_shape[1] * 2)}),
+                         reshape={"blk.0.attn_q.weight": (q_shape[0] // 2, q_shape[1] * 2)}),
             ShapeMismatch, ("reshaped.gguf", "blk.0.attn_q")),
         "unsupported_tensor_type": BadModel(
-            rewrite_gguf(good, p("q4_0"), drop=["blk.0.attn_q"],
-                         extra_tensors={"blk.0.attn_q": (q4_0, QT.Q4_0)}),
+            rewrite_gguf(good, p("q4_0"), drop=["blk.0.attn_q.weight"],
+                         extra_tensors={"blk.0.attn_q.weight": (q4_0, QT.Q4_0)}),
             UnsupportedType, ("q4_0.gguf", "blk.0.attn_q", "Q4_0")),
     }
     return cases

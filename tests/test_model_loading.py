@@ -72,7 +72,7 @@ def test_every_tensor_has_the_shape_and_byte_size_its_type_implies(models):
     for tname, t in model.gguf.tensors.items():
         assert t.shape == model.expected[tname]
         assert t.nbytes == fmt(t.qtype).tensor_bytes(t.shape)
-    assert model.tensor("blk.1.ffn_down_exps").qtype == QT.IQ3_XXS
+    assert model.tensor("blk.1.ffn_down_exps.weight").qtype == QT.IQ3_XXS
 
 
 def _memmap_base(a: np.ndarray) -> np.memmap | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import json
 from pathlib import Path
 
@@ -56,8 +58,28 @@ TEXTS = [
 ]
 
 
-def _write_vocab_gguf(path: Path, pre: str = "qwen2", n_vocab: int = N_VOCAB) -> Path:
-    """A vocab-only qwen3moe GGUF: tokenizer keys plus the hparams llama.cpp reads at load."""
+# Tokens llama.cpp re-types at load by their text (real Qwen vocabularies have all of these).
+EXTRA_TOKENS = [
+    ("</s>", gguf.TokenType.NORMAL),  # becomes CONTROL and end-of-generation
+    ("<|fim_prefix|>", gguf.TokenType.USER_DEFINED),  # becomes CONTROL
+    ("<|fim_pad|>", gguf.TokenType.USER_DEFINED),  # becomes CONTROL and end-of-generation
+    ("<|file_sep|>", gguf.TokenType.NORMAL),  # becomes CONTROL and end-of-generation
+    ("<tool_call>", gguf.TokenType.USER_DEFINED),  # stays USER_DEFINED
+    ("[PAD7]", gguf.TokenType.UNUSED),
+]
+EXTRA_TEXTS = [
+    "a</s>b <|fim_prefix|>def f():<|fim_pad|><|file_sep|>x.py",
+    '<tool_call>\n{"name": "f"}\n</tool_call>[PAD7]',
+]
+
+
+def _write_vocab_gguf(
+    path: Path, pre: str = "qwen2", n_vocab: int = N_VOCAB, extra: bool = False
+) -> Path:
+    """A vocab-only qwen3moe GGUF: tokenizer keys plus the hparams llama.cpp reads at load.
+
+    `extra` appends EXTRA_TOKENS (after the synthetic vocabulary's own specials).
+    """
     w = gguf.GGUFWriter(str(path), "qwen3moe")
     w.add_context_length(4096)
     w.add_embedding_length(64)
@@ -72,7 +94,14 @@ def _write_vocab_gguf(path: Path, pre: str = "qwen2", n_vocab: int = N_VOCAB) ->
     w.add_expert_used_count(2)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(1e6)
-    add_tokenizer_metadata(w, synth_vocab(n_vocab), pre=pre)
+    v = synth_vocab(n_vocab)
+    if extra:
+        v = dataclasses.replace(
+            v,
+            tokens=v.tokens + [t for t, _ in EXTRA_TOKENS],
+            token_types=v.token_types + [int(k) for _, k in EXTRA_TOKENS],
+        )
+    add_tokenizer_metadata(w, v, pre=pre)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -192,6 +221,18 @@ def test_stream_decoder_flush_marks_a_truncated_character(tok):
     assert dec.flush() == "\ufffd"
 
 
+def test_control_looking_tokens_are_retyped_as_llama_cpp_does(tmp_path):
+    ours = Tokenizer.from_metadata(
+        GGUFModel(_write_vocab_gguf(tmp_path / "x.gguf", extra=True)).metadata
+    )
+    tid = {t: ours.token_id(t) for t, _ in EXTRA_TOKENS}
+    assert all(ours.is_control(tid[t]) for t in ("</s>", "<|fim_prefix|>", "<|file_sep|>"))
+    assert {tid["</s>"], tid["<|fim_pad|>"], tid["<|file_sep|>"]} <= ours.eos_ids
+    assert ours.is_special(tid["<tool_call>"]) and not ours.is_control(tid["<tool_call>"])
+    assert ours.encode("<tool_call>", parse_special=False) == [tid["<tool_call>"]]
+    assert ours.token_bytes(tid["[PAD7]"]) == b""
+
+
 # ---- refusals ----------------------------------------------------------------------------------
 
 
@@ -266,57 +307,80 @@ def test_template_errors_are_one_line_value_errors(template, reason):
 
 # ---- llama.cpp oracle --------------------------------------------------------------------------
 
-PRES = ["qwen2", "llama-bpe", "gpt-2", "qwen35"]
+PRES = ["qwen2", "llama-bpe", "gpt-2", "qwen35", "qwen2+extra"]
 
 
 @pytest.fixture(scope="module")
 def llama_vocab(tmp_path_factory):
-    """pre-tokenizer name -> (llama_cpp.Llama vocab-only, our Tokenizer) on the same GGUF."""
+    """name -> (llama_cpp.Llama vocab-only, our Tokenizer) on the same GGUF."""
     llama_cpp = pytest.importorskip("llama_cpp")
     loaded = {}
-    for pre in PRES:
-        path = _write_vocab_gguf(tmp_path_factory.mktemp(f"vocab-{pre}") / "v.gguf", pre=pre)
+    for name in PRES:
+        pre, _, extra = name.partition("+")
+        path = tmp_path_factory.mktemp("vocab") / f"{pre}.gguf"
+        _write_vocab_gguf(path, pre=pre, extra=bool(extra))
         try:
             llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
         except ValueError:
             if pre == "qwen2":
                 raise
             continue  # this llama.cpp build predates the pre-tokenizer
-        loaded[pre] = (llm, Tokenizer.from_metadata(GGUFModel(path).metadata))
+        loaded[name] = (llm, Tokenizer.from_metadata(GGUFModel(path).metadata))
     return loaded
 
 
-def _pair(llama_vocab, pre):
-    if pre not in llama_vocab:
-        pytest.skip(f"llama.cpp build does not know pre-tokenizer {pre!r}")
-    return llama_vocab[pre]
+def _pair(llama_vocab, name):
+    if name not in llama_vocab:
+        pytest.skip(f"llama.cpp build does not know pre-tokenizer {name!r}")
+    return llama_vocab[name]
+
+
+def _llama_pieces(llm, ids, special: bool) -> bytes:
+    """llama.cpp's bytes for `ids` (token_to_piece per token; `Llama.detokenize` also strips
+    a space after a leading BOS, which is llama-cpp-python's, not llama.cpp's)."""
+    import llama_cpp
+
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    buf = ctypes.create_string_buffer(256)
+    out = []
+    for i in ids:
+        n = llama_cpp.llama_token_to_piece(vocab, i, buf, len(buf), 0, special)
+        out.append(buf.raw[:n])
+    return b"".join(out)
 
 
 @pytest.mark.llama
-@pytest.mark.parametrize("pre", PRES)
-def test_ids_are_identical_to_llama_cpp(llama_vocab, pre):
-    llm, ours = _pair(llama_vocab, pre)
-    for text in TEXTS:
+@pytest.mark.parametrize("name", PRES)
+def test_ids_are_identical_to_llama_cpp(llama_vocab, name):
+    llm, ours = _pair(llama_vocab, name)
+    for text in TEXTS + EXTRA_TEXTS:
         for special in (True, False):
             ref = llm.tokenize(text.encode(), add_bos=False, special=special)
             assert ours.encode(text, add_bos=False, parse_special=special) == ref, (text, special)
 
 
 @pytest.mark.llama
-def test_detokenize_is_identical_to_llama_cpp(llama_vocab):
-    llm, ours = _pair(llama_vocab, "qwen2")
-    for text in TEXTS:
+@pytest.mark.parametrize("name", ["qwen2", "qwen2+extra"])
+def test_detokenize_is_identical_to_llama_cpp(llama_vocab, name):
+    llm, ours = _pair(llama_vocab, name)
+    for text in TEXTS + EXTRA_TEXTS:
         ids = ours.encode(text)
-        assert ours.decode_bytes(ids) == llm.detokenize(ids, special=True), text
-        assert ours.decode_bytes(ids, skip_special=True) == llm.detokenize(ids), text
+        assert ours.decode_bytes(ids) == _llama_pieces(llm, ids, special=True), text
+        assert ours.decode_bytes(ids, skip_special=True) == _llama_pieces(llm, ids, False), text
+    assert ours.decode_bytes(range(ours.vocab_size)) == _llama_pieces(
+        llm, range(ours.vocab_size), special=True
+    )
 
 
 @pytest.mark.llama
-def test_end_of_generation_ids_are_those_of_llama_cpp(llama_vocab):
+@pytest.mark.parametrize("name", ["qwen2", "qwen2+extra"])
+def test_end_of_generation_ids_are_those_of_llama_cpp(llama_vocab, name):
     import llama_cpp
 
-    llm, ours = _pair(llama_vocab, "qwen2")
+    llm, ours = _pair(llama_vocab, name)
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
     ref = {i for i in range(ours.vocab_size) if llama_cpp.llama_vocab_is_eog(vocab, i)}
     assert ours.eos_ids == ref
     assert llm.token_bos() == ours.bos_id and llm.token_eos() == ours.eos_id
+    if name.endswith("extra"):
+        assert {ours.token_text(i) for i in ref} >= {"</s>", "<|fim_pad|>", "<|file_sep|>"}

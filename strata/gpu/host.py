@@ -61,7 +61,9 @@ class HostTier:
         self.embd = model.tensor(MT.TOKEN_EMBD)
         self.layers = []
         for i in range(a.n_layer):
-            bias = (lambda n: f"blk.{i}.attn_{n}.bias") if a.qkv_bias else (lambda n: None)
+            def bias(n: str, i: int = i) -> str | None:
+                return f"blk.{i}.attn_{n}.bias" if a.qkv_bias else None
+
             L = {
                 "attn_norm": dequant(model.tensor(MT.ATTN_NORM, i)),
                 "q": _Linear(model, MT.ATTN_Q, i, bias("q")),

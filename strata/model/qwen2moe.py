@@ -17,9 +17,9 @@ __all__ = ["ARCH", "global_tensors", "layer_tensors", "OPTIONAL"]
 def layer_tensors(a: ModelArgs, i: int) -> dict[str, tuple[int, ...]]:
     t = qwen3moe.attention_tensors(a, i)
     t.update({
-        f"blk.{i}.attn_q.bias": (a.q_dim,),
-        f"blk.{i}.attn_k.bias": (a.kv_dim,),
-        f"blk.{i}.attn_v.bias": (a.n_head_kv * a.v_head_dim,),
+        name(MT.ATTN_Q, i, "bias"): (a.q_dim,),
+        name(MT.ATTN_K, i, "bias"): (a.kv_dim,),
+        name(MT.ATTN_V, i, "bias"): (a.n_head_kv * a.v_head_dim,),
         name(MT.FFN_NORM, i): (a.n_embd,),
         name(MT.FFN_GATE_INP, i): (a.n_expert, a.n_embd),  # router [E, D]
         name(MT.FFN_GATE_EXP, i): (a.n_expert, a.expert_ff, a.n_embd),

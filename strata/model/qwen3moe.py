@@ -14,8 +14,9 @@ from strata.model.args import ModelArgs
 ARCH = "qwen3moe"
 
 
-def name(t: MT, layer: int | None = None) -> str:
-    return TENSOR_NAMES[t].format(bid=layer)
+def name(t: MT, layer: int | None = None, suffix: str = "weight") -> str:
+    """The tensor's name in a GGUF file, e.g. `blk.3.ffn_down_exps.weight`."""
+    return f"{TENSOR_NAMES[t].format(bid=layer)}.{suffix}"
 
 
 def global_tensors(a: ModelArgs) -> dict[str, tuple[int, ...]]:

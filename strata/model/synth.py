@@ -15,7 +15,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
-from gguf.constants import GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType, LlamaFileType
 
 from strata.model import qwen2moe, qwen3moe
 from strata.model.args import ModelArgs
@@ -99,12 +99,12 @@ def tensor_plan(spec: SynthSpec) -> list[tuple[str, tuple[int, ...], QT, float]]
             plan.append((tname, shape, QT.F32, 0.0))  # norms: ~1, see _norm_weight
     for i in range(a.n_layer):
         for tname, shape in mod.layer_tensors(a, i).items():
-            base = tname.split(".", 2)[2]
-            if len(shape) == 1 and not base.endswith("bias") and "shexp" not in base:
-                plan.append((tname, shape, QT.F32, 0.0))  # a norm weight
-            elif base.endswith("bias"):
+            _, _, base, suffix = tname.split(".")  # blk.N.<base>.<weight|bias>
+            if suffix == "bias":
                 plan.append((tname, shape, QT.F32, 0.1))
-            elif base == "ffn_gate_inp_shexp.weight" or base == "ffn_gate_inp_shexp":
+            elif len(shape) == 1 and "shexp" not in base:
+                plan.append((tname, shape, QT.F32, 0.0))  # a norm weight
+            elif base == "ffn_gate_inp_shexp":
                 plan.append((tname, shape, QT.F32, 1.0 / np.sqrt(d)))
             elif base.startswith("ffn_gate_inp"):
                 plan.append((tname, shape, QT.F32, spec.router_gain / np.sqrt(d)))
@@ -138,7 +138,7 @@ class _Generator:
             if std == 0.0:  # norm weight: around 1
                 return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
             w = rng.standard_normal(shape) * std
-            if tname.endswith("ffn_gate_inp") and spec.skew > 0:
+            if tname.endswith("ffn_gate_inp.weight") and spec.skew > 0:
                 layer = int(tname.split(".")[1])
                 # align router rows with the popularity direction (the embeddings carry it)
                 w = w + spec.skew * 1.5 * self.pop[layer][:, None] * self.u[None, :]
@@ -157,6 +157,12 @@ def _encode(w: np.ndarray, qt: QT) -> np.ndarray:
     return gguf.quants.quantize(w, qt)
 
 
+def file_type(qt: QT) -> LlamaFileType:
+    """general.file_type in llama.cpp's numbering for a model whose experts are `qt`."""
+    special = {QT.F32: "ALL_F32", QT.Q4_K: "MOSTLY_Q4_K_M", QT.Q5_K: "MOSTLY_Q5_K_M"}
+    return LlamaFileType[special.get(qt, f"MOSTLY_{qt.name}")]
+
+
 def write_synthetic(out: str | os.PathLike, spec: SynthSpec, progress: bool = True) -> list[Path]:
     """Write the model; returns the files written. Written to temporaries, renamed at the end."""
     from strata.model.vocab_synth import add_tokenizer_metadata, synth_vocab
@@ -170,7 +176,7 @@ def write_synthetic(out: str | os.PathLike, spec: SynthSpec, progress: bool = Tr
     tmp = out.with_name(out.stem + ".partial.gguf")
     w = gguf.GGUFWriter(tmp, a.arch, split_max_tensors=spec.split_max_tensors)
     w.add_name(f"strata-synth-{a.arch}")
-    w.add_file_type(int(spec.expert_quant))
+    w.add_file_type(int(file_type(spec.expert_quant)))
     w.add_vocab_size(a.n_vocab)
     w.add_context_length(a.n_ctx_train)
     w.add_embedding_length(a.n_embd)

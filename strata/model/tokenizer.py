@@ -53,23 +53,31 @@ PRE_TOKENIZERS: dict[str, tuple[str, bool]] = {
 # Pre-tokenizers for which llama.cpp adds BOS when the GGUF has no add_bos_token key.
 _ADD_BOS_DEFAULT = frozenset({"llama3", "llama-v3", "llama-bpe"})
 
-# Token texts llama.cpp treats as end-of-generation (and as CONTROL) whatever the GGUF says.
+# llama.cpp's load-time fix-ups of special tokens (llama-vocab.cpp), mirrored so that ids, hidden
+# tokens and stop tokens agree with it. When the GGUF leaves the id key unset, a token with one
+# of these texts is promoted to CONTROL (FIM pad/rep/sep ones also end generation).
+_AUTO_CONTROL: dict[str, list[str]] = {
+    K.EOT_ID: "<|eot_id|> <|im_end|> <|end|> <end_of_turn> <|endoftext|> <|end_of_text|> <EOT> "
+    "_<EOT> [EOT] <｜end▁of▁sentence｜> <end_of_utterance>".split(),
+    K.EOM_ID: ["<|eom_id|>"],
+    K.FIM_PRE_ID: "<|fim_prefix|> <fim-prefix> <fim_prefix> <｜fim▁begin｜> <PRE> ▁<PRE> "
+    "<|code_prefix|> <|prefix|>".split(),
+    K.FIM_SUF_ID: "<|fim_suffix|> <fim-suffix> <fim_suffix> <｜fim▁hole｜> <SUF> ▁<SUF> "
+    "<|code_suffix|> <|suffix|>".split(),
+    K.FIM_MID_ID: "<|fim_middle|> <fim-middle> <fim_middle> <｜fim▁end｜> <MID> ▁<MID> "
+    "<|code_middle|> <|middle|>".split(),
+    K.FIM_PAD_ID: "<|fim_pad|> <fim-pad> <fim_pad> <PAD> [PAD]".split(),
+    K.FIM_REP_ID: "<|fim_repo|> <|repo_name|> <fim-repo> <REPO> <reponame>".split(),
+    K.FIM_SEP_ID: ["<|file_sep|>"],
+}
+_EOG_KEYS = (K.EOS_ID, K.EOT_ID, K.EOM_ID, K.FIM_PAD_ID, K.FIM_REP_ID, K.FIM_SEP_ID)
+# Texts that always end generation (and become CONTROL), whatever the GGUF says.
 EOG_TEXTS = frozenset(
-    {
-        "<|endoftext|>",
-        "<|im_end|>",
-        "<|eot_id|>",
-        "<|eom_id|>",
-        "<|end|>",
-        "<end_of_turn>",
-        "<|end_of_text|>",
-        "<EOT>",
-        "<|fim_pad|>",
-        "<|fim_repo|>",
-        "<|repo_name|>",
-        "<|file_sep|>",
-    }
+    "<|eot_id|> <|im_end|> <|end|> <|return|> <|call|> <|flush|> <|calls|> <end_of_turn> "
+    "<|endoftext|> </s> <|eom_id|> <EOT> _<EOT> [EOT] [EOS] <|end_of_text|> <end_of_utterance> "
+    "<eos> <turn|> <|tool_response> <｜end▁of▁sentence｜> [e~[".split()
 )
+_ALWAYS_USER = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
 
 _NORMAL, _CONTROL, _USER, _UNKNOWN = (
     int(TokenType.NORMAL),
@@ -121,34 +129,32 @@ class Tokenizer:
         pre: str = "qwen2",
         bos_id: int | None = None,
         eos_id: int | None = None,
-        eot_id: int | None = None,
-        eom_id: int | None = None,
         pad_id: int | None = None,
         add_bos: bool = False,
         add_eos: bool = False,
-        extra_eog_ids: Iterable[int] = (),
+        special_ids: Mapping[str, int] | None = None,
     ) -> None:
+        """`special_ids`: other id keys of the GGUF (`Keys.Tokenizer.EOT_ID`, FIM ids, ...)."""
         if pre not in PRE_TOKENIZERS:
             known = ", ".join(sorted(PRE_TOKENIZERS))
             raise ModelError(f"pre-tokenizer {pre!r} is not supported (supported: {known})")
         n = len(tokens)
         self._tokens = list(tokens)
-        types = [_NORMAL] * n if token_types is None else [int(t) for t in token_types]
-        if len(types) != n:
-            raise ModelError(f"tokenizer has {n} tokens but {len(types)} token types")
-        for i, t in enumerate(self._tokens):  # llama.cpp promotes end-of-turn texts to CONTROL
-            if t in EOG_TEXTS and types[i] != _CONTROL:
-                types[i] = _CONTROL
-        self._types = types
+        self._types = [_NORMAL] * n if token_types is None else [int(t) for t in token_types]
+        if len(self._types) != n:
+            raise ModelError(f"tokenizer has {n} tokens but {len(self._types)} token types")
+        keyed = {k: int(v) for k, v in (special_ids or {}).items() if v is not None}
+        keyed.update({K.EOS_ID: eos_id} if eos_id is not None else {})
+        for key, tid in ((K.BOS_ID, bos_id), *keyed.items()):
+            if tid is not None and not 0 <= tid < n:
+                raise ModelError(f"{key} = {tid} is outside the vocabulary of {n} tokens")
+        self._ids = {
+            t: i for i, t in enumerate(self._tokens)
+        }  # duplicates: last wins, as llama.cpp
         self.pre = pre
         self._bos_id, self._eos_id, self.pad_id = bos_id, eos_id, pad_id
         self.add_bos, self.add_eos = add_bos, add_eos
-        for name, tid in (("bos", bos_id), ("eos", eos_id), ("eot", eot_id), ("eom", eom_id)):
-            if tid is not None and not 0 <= tid < n:
-                raise ModelError(f"{name} token id {tid} is outside the vocabulary of {n} tokens")
-        eog = {t for t in (eos_id, eot_id, eom_id, *extra_eog_ids) if t is not None}
-        eog.update(i for i, t in enumerate(self._tokens) if t in EOG_TEXTS)
-        self._eos_ids = frozenset(eog)
+        self._eos_ids = self._llama_cpp_fixups(keyed)
 
         pattern, ignore_merges = PRE_TOKENIZERS[pre]
         self._hf = self._build(merges, pattern, ignore_merges)
@@ -156,8 +162,36 @@ class Tokenizer:
         self._lock = threading.Lock()
         self._bytes: list[bytes | None] = [None] * n
 
+    def _llama_cpp_fixups(self, keyed: dict[str, int]) -> frozenset[int]:
+        """Apply llama.cpp's token-type fix-ups to `self._types`; returns the end-of-gen ids."""
+        ids, types = self._ids, self._types
+        eog = {keyed[k] for k in _EOG_KEYS if k in keyed}
+        promoted = {ids[t] for t in EOG_TEXTS if t in ids}
+        eog |= promoted
+        for key, texts in _AUTO_CONTROL.items():
+            if key not in keyed:
+                found = {ids[t] for t in texts if t in ids}
+                promoted |= found
+                eog |= found if key in _EOG_KEYS else set()
+        for i in promoted:
+            if types[i] != _UNKNOWN:
+                types[i] = _CONTROL
+        for t in _ALWAYS_USER:
+            if t in ids:
+                types[ids[t]] = _USER
+        texts = {self._tokens[i] for i in eog}
+        calls = texts & {"<|call|>", "<|calls|>"}
+        if "<|end|>" in texts and calls and texts & {"<|return|>", "<|flush|>"}:
+            # o200k_harmony / solar-open: there <|end|> separates messages, it does not stop
+            eog.discard(ids["<|end|>"])
+            types[ids["<|end|>"]] = _USER
+        if "</s>" in texts and texts & {"<|tool_response>", "<|plamo:eos|>"}:  # a normal </s>
+            eog.discard(ids["</s>"])
+            types[ids["</s>"]] = _NORMAL
+        return frozenset(eog)
+
     def _build(self, merges: Sequence[str], pattern: str, ignore_merges: bool):
-        vocab = {t: i for i, t in enumerate(self._tokens)}  # duplicates: last wins, as llama.cpp
+        vocab = self._ids
         pairs = []
         for m in merges:
             # llama.cpp splits at the first space after position 0 (a merge may start with ' ').
@@ -199,7 +233,6 @@ class Tokenizer:
         pre = meta.get(K.PRE)
         if pre is None:
             raise ModelError("GGUF names no pre-tokenizer (tokenizer.ggml.pre); cannot tokenize")
-        fim = [_opt_int(meta, k) for k in (K.FIM_PAD_ID, K.FIM_REP_ID, K.FIM_SEP_ID)]
         return cls(
             tokens,
             meta.get(K.TOKEN_TYPE),
@@ -207,12 +240,10 @@ class Tokenizer:
             pre=str(pre),
             bos_id=_opt_int(meta, K.BOS_ID),
             eos_id=_opt_int(meta, K.EOS_ID),
-            eot_id=_opt_int(meta, K.EOT_ID),
-            eom_id=_opt_int(meta, K.EOM_ID),
             pad_id=_opt_int(meta, K.PAD_ID),
             add_bos=bool(meta.get(K.ADD_BOS, str(pre) in _ADD_BOS_DEFAULT)),
             add_eos=bool(meta.get(K.ADD_EOS, False)),
-            extra_eog_ids=[f for f in fim if f is not None],
+            special_ids={k: _opt_int(meta, k) for k in _AUTO_CONTROL if k in meta},
         )
 
     # ---- properties -------------------------------------------------------------------------
@@ -240,7 +271,7 @@ class Tokenizer:
 
     def token_id(self, text: str) -> int | None:
         """The id of the vocabulary entry `text` (GGUF form), or None."""
-        return self._hf.token_to_id(text)
+        return self._ids.get(text)
 
     def is_special(self, token_id: int) -> bool:
         """CONTROL, USER_DEFINED or UNKNOWN tokens: matched whole in text, never merged into."""

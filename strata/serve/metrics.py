@@ -1,0 +1,140 @@
+"""Server metrics in Prometheus text format (exposition 0.0.4), no client library needed.
+
+Counters and gauges are kept under one lock; `render` is called by `GET /metrics`. Engine-side
+rates (expert-cache hit rate, CAR substitution rate) are read from the engines' `stats` objects
+through `engine_rates`, which accepts either ready rates (`cache_hit_rate`,
+`car_substitution_rate`) or counts over `expert_picks` (`cache_hits`, `car_substitutions`); an
+engine that reports neither gives 0 and a comment saying so.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def _rate(stats: Any, rate_attr: str, count_attr: str) -> float | None:
+    v = getattr(stats, rate_attr, None)
+    if v is not None:
+        return float(v() if callable(v) else v)
+    n, picks = getattr(stats, count_attr, None), getattr(stats, "expert_picks", None)
+    if n is None or not picks:
+        return None
+    return float(n) / float(picks)
+
+
+def engine_rates(stats_list: Iterable[Any]) -> dict[str, float | None]:
+    """Mean cache-hit and CAR substitution rates over engines (None where none reports one)."""
+    out: dict[str, float | None] = {}
+    stats_list = list(stats_list)
+    for key, rate_attr, count_attr in (
+        ("cache_hit_rate", "cache_hit_rate", "cache_hits"),
+        ("car_substitution_rate", "car_substitution_rate", "car_substitutions"),
+    ):
+        vals = [r for s in stats_list if (r := _rate(s, rate_attr, count_attr)) is not None]
+        out[key] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: dict[tuple[str, int], int] = defaultdict(int)  # (endpoint, status) -> n
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cancelled = 0
+        self.rejected = 0  # 503 queue full
+        self.gen_seconds = 0.0  # wall time spent decoding
+        self.last_decode_tps = 0.0
+        self._ttft = [0] * (len(TTFT_BUCKETS) + 1)
+        self._ttft_sum = 0.0
+
+    def request(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            self.requests[(endpoint, status)] += 1
+
+    def generation(self, prompt_tokens: int, completion_tokens: int, decode_s: float,
+                   decode_tps: float) -> None:
+        with self._lock:
+            self.prompt_tokens += prompt_tokens
+            self.completion_tokens += completion_tokens
+            self.gen_seconds += decode_s
+            if decode_tps > 0:
+                self.last_decode_tps = decode_tps
+
+    def ttft(self, seconds: float) -> None:
+        with self._lock:
+            i = next((i for i, b in enumerate(TTFT_BUCKETS) if seconds <= b), len(TTFT_BUCKETS))
+            self._ttft[i] += 1
+            self._ttft_sum += seconds
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled += 1
+
+    def reject(self) -> None:
+        with self._lock:
+            self.rejected += 1
+
+    def render(self, *, queued: int, active: int, slots: int, engine_stats: Iterable[Any]) -> str:
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+            lines.append(f"# HELP {name} {help_}")
+            lines.append(f"# TYPE {name} {kind}")
+            lines.extend(f"{name}{labels} {_num(v)}" for labels, v in samples)
+
+        with self._lock:
+            reqs = sorted(self.requests.items())
+            metric("strata_requests_total", "counter", "HTTP requests by endpoint and status.",
+                   [(f'{{endpoint="{_esc(e)}",status="{s}"}}', n) for (e, s), n in reqs])
+            metric("strata_prompt_tokens_total", "counter", "Prompt tokens processed.",
+                   [("", self.prompt_tokens)])
+            metric("strata_completion_tokens_total", "counter", "Tokens generated.",
+                   [("", self.completion_tokens)])
+            metric("strata_requests_cancelled_total", "counter",
+                   "Generations cancelled because the client went away.", [("", self.cancelled)])
+            metric("strata_requests_rejected_total", "counter",
+                   "Requests refused with 503 because the queue was full.", [("", self.rejected)])
+            tps = self.completion_tokens / self.gen_seconds if self.gen_seconds > 0 else 0.0
+            metric("strata_tokens_per_second", "gauge",
+                   "Generated tokens per second of decoding, over the server's life.", [("", tps)])
+            metric("strata_last_decode_tokens_per_second", "gauge",
+                   "Decode speed of the last finished generation.", [("", self.last_decode_tps)])
+            cum, buckets = 0, []
+            for b, n in zip((*TTFT_BUCKETS, float("inf")), self._ttft, strict=True):
+                cum += n
+                buckets.append((f'{{le="{"+Inf" if b == float("inf") else b}"}}', cum))
+            lines.append("# HELP strata_time_to_first_token_seconds From request to first token.")
+            lines.append("# TYPE strata_time_to_first_token_seconds histogram")
+            lines.extend(f"strata_time_to_first_token_seconds_bucket{lb} {v}" for lb, v in buckets)
+            lines.append(f"strata_time_to_first_token_seconds_sum {_num(self._ttft_sum)}")
+            lines.append(f"strata_time_to_first_token_seconds_count {cum}")
+        metric("strata_queue_depth", "gauge", "Requests waiting for a generation slot.",
+               [("", queued)])
+        metric("strata_active_generations", "gauge", "Requests generating now.", [("", active)])
+        metric("strata_generation_slots", "gauge", "Generation slots.", [("", slots)])
+        rates = engine_rates(engine_stats)
+        for key, help_ in (
+            ("cache_hit_rate", "Share of routed experts found resident in the expert cache."),
+            ("car_substitution_rate", "Share of routed experts replaced by cache-aware routing."),
+        ):
+            if rates[key] is None:
+                lines.append(f"# strata_{key}: the engine does not report it; 0 until it does")
+            metric(f"strata_{key}", "gauge", help_, [("", rates[key] or 0.0)])
+        return "\n".join(lines) + "\n"
+
+
+def _num(v: float) -> str:
+    if isinstance(v, int):
+        return str(v)
+    return repr(float(v))
