@@ -33,8 +33,11 @@ def _load(arg: str | None):
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", help="GGUF file or first shard (default: the embedded model; "
-                   "env STRATA_MODEL)")
+    p.add_argument(
+        "-m",
+        "--model",
+        help="GGUF file or first shard (default: the embedded model; env STRATA_MODEL)",
+    )
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -45,8 +48,9 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--ctx", type=int, default=None,
-                   help="context length (default min(train, 4096))")
+    p.add_argument(
+        "--ctx", type=int, default=None, help="context length (default min(train, 4096))"
+    )
     p.add_argument("--stats", action="store_true", help="print prefill/decode speed to stderr")
 
 
@@ -94,8 +98,13 @@ def cmd_chat(ns) -> int:
         {"role": "user", "content": ns.prompt}
     ]
     tok = model.tokenizer
-    text = render_chat(msgs, model.chat_template, add_generation_prompt=True,
-                       bos_token=tok.token_text(tok.bos_id), eos_token=tok.token_text(tok.eos_id))
+    text = render_chat(
+        msgs,
+        model.chat_template,
+        add_generation_prompt=True,
+        bos_token=tok.token_text(tok.bos_id),
+        eos_token=tok.token_text(tok.eos_id),
+    )
     ids = tok.encode(text)
     return _stream(ns, ids)
 
@@ -123,8 +132,15 @@ def cmd_synth(ns) -> int:
         if q not in MODEL_TYPES:
             raise UserError(f"{flag} {q.name}: an activation-only format, not stored in models")
     args = make_args(ns.shape, ns.arch, n_layer=ns.layers, n_vocab=ns.vocab, n_expert=ns.experts)
-    spec = SynthSpec(args, expert_quant=qs[0], dense_quant=qs[1], embd_quant=qs[2], skew=ns.skew,
-                     seed=ns.seed, split_max_tensors=ns.split_max_tensors)
+    spec = SynthSpec(
+        args,
+        expert_quant=qs[0],
+        dense_quant=qs[1],
+        embd_quant=qs[2],
+        skew=ns.skew,
+        seed=ns.seed,
+        split_max_tensors=ns.split_max_tensors,
+    )
     del QT
     out = Path(ns.out)
     existing = [out] if out.exists() else []

@@ -57,8 +57,10 @@ def report(model: Model, budget_mib: int = 10240, n_ctx: int = 4096) -> str:
     kv = kv_bytes(model, n_ctx)
     budget = budget_mib * MiB
     left = budget - dense - kv
-    lines += ["", f"VRAM budget {budget_mib} MiB at ctx {n_ctx}: "
-              f"dense {_mib(dense)} + KV {_mib(kv)}"]
+    lines += [
+        "",
+        f"VRAM budget {budget_mib} MiB at ctx {n_ctx}: dense {_mib(dense)} + KV {_mib(kv)}",
+    ]
     if left <= 0:
         lines.append(f"  does not fit: dense + KV exceed the budget by {_mib(-left)}")
     else:

@@ -19,6 +19,13 @@ def bar(total: int, desc: str, enabled: bool = True, unit: str = "it"):
     from tqdm import tqdm
 
     scale = unit == "B"
-    with tqdm(total=total, desc=desc, unit=unit, unit_scale=scale, unit_divisor=1024 if scale else 1000,
-              leave=False, file=sys.stderr) as pb:
+    with tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=scale,
+        unit_divisor=1024 if scale else 1000,
+        leave=False,
+        file=sys.stderr,
+    ) as pb:
         yield pb

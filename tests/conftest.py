@@ -17,13 +17,27 @@ def synth_model(tmp_path_factory):
 
     cache: dict = {}
 
-    def make(shape="tiny", quant="Q4_K", dense="Q8_0", embd="Q8_0", arch=None, seed=0, skew=0.0,
-             **overrides):
+    def make(
+        shape="tiny",
+        quant="Q4_K",
+        dense="Q8_0",
+        embd="Q8_0",
+        arch=None,
+        seed=0,
+        skew=0.0,
+        **overrides,
+    ):
         key = (shape, quant, dense, embd, arch, seed, skew, tuple(sorted(overrides.items())))
         if key not in cache:
             args = make_args(shape, arch, **overrides)
-            spec = SynthSpec(args, expert_quant=fmt(quant).qtype, dense_quant=fmt(dense).qtype,
-                             embd_quant=fmt(embd).qtype, seed=seed, skew=skew)
+            spec = SynthSpec(
+                args,
+                expert_quant=fmt(quant).qtype,
+                dense_quant=fmt(dense).qtype,
+                embd_quant=fmt(embd).qtype,
+                seed=seed,
+                skew=skew,
+            )
             out = tmp_path_factory.mktemp("synth") / f"{shape}-{quant}-{seed}.gguf"
             cache[key] = write_synthetic(out, spec, progress=False)[0]
         return cache[key]
@@ -33,4 +47,6 @@ def synth_model(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def llama_cpp():
-    return pytest.importorskip("llama_cpp", reason="llama-cpp-python (the llama.cpp oracle) missing")
+    return pytest.importorskip(
+        "llama_cpp", reason="llama-cpp-python (the llama.cpp oracle) missing"
+    )

@@ -22,5 +22,7 @@ def position_errors(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
 def assert_logits_match(errs: np.ndarray, tol: float, min_frac: float = 0.6) -> None:
     errs = np.asarray(errs).ravel()
     frac = float((errs <= tol).mean())
-    assert frac >= min_frac, f"only {frac:.0%} of positions within {tol:g}: {np.sort(errs)[::-1][:8]}"
+    assert frac >= min_frac, (
+        f"only {frac:.0%} of positions within {tol:g}: {np.sort(errs)[::-1][:8]}"
+    )
     assert errs.max() <= FLIP_BOUND, f"a position is off by {errs.max():.3g}, more than a Q8 flip"

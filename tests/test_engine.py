@@ -58,8 +58,11 @@ def test_route_topk_matches_naive_softmax_topk():
     p /= p.sum(1, keepdims=True)
     want = np.argsort(-p, axis=1)[:, :4]
     assert (ids == want).all()
-    np.testing.assert_allclose(w, np.take_along_axis(p, want, 1) / np.take_along_axis(p, want, 1)
-                               .sum(1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(
+        w,
+        np.take_along_axis(p, want, 1) / np.take_along_axis(p, want, 1).sum(1, keepdims=True),
+        rtol=1e-5,
+    )
     _, w2, _ = route_topk(logits, 4, renormalize=False)
     np.testing.assert_allclose(w2, np.take_along_axis(p, want, 1), rtol=1e-5)
 
@@ -99,7 +102,9 @@ def test_temperature_sampling_follows_softmax():
     assert np.abs(counts - p).max() < 0.03
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(min_p=2), dict(top_k=-3)])
+@pytest.mark.parametrize(
+    "bad", [dict(temperature=-1), dict(top_p=0), dict(min_p=2), dict(top_k=-3)]
+)
 def test_sampling_params_refuse_bad_values(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
@@ -120,7 +125,9 @@ def test_session_streams_stops_and_reuses_prefix(synth_model):
     if len(text) > 4:
         stop = text[2:4]
         res3 = Generation()
-        out = "".join(Session(model, n_ctx=128).generate("hello world", 12, stop=[stop], result=res3))
+        out = "".join(
+            Session(model, n_ctx=128).generate("hello world", 12, stop=[stop], result=res3)
+        )
         assert out == text[: text.find(stop)] and res3.finish_reason == "stop"
 
 

@@ -39,8 +39,16 @@ def llama_logits(llm, tokens) -> np.ndarray:
 
 
 def open_llama(llama_cpp, path, n_ctx=256):
-    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True,
-                           n_threads=2, flash_attn=False, verbose=False, seed=0)
+    return llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=n_ctx,
+        n_batch=n_ctx,
+        logits_all=True,
+        n_threads=2,
+        flash_attn=False,
+        verbose=False,
+        seed=0,
+    )
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:

@@ -147,6 +147,14 @@ def test_synth_vocab_is_deterministic():
     assert (a.tokens, a.merges, a.token_types) == (b.tokens, b.merges, b.token_types)
 
 
+def test_large_synth_vocab_fills_past_the_learned_merges_with_printable_words():
+    v = synth_vocab(9000)
+    assert len(v.tokens) == len(set(v.tokens)) == 9000
+    assert v.tokens[-len(SPECIAL_TOKENS) :] == [t for t, _ in SPECIAL_TOKENS]
+    fillers = v.tokens[256 + len(v.merges) : -len(SPECIAL_TOKENS)]
+    assert fillers and all(t.startswith("Ġ") and t[1:].isalpha() for t in fillers)
+
+
 def test_synth_vocab_refuses_tiny_sizes():
     with pytest.raises(ValueError, match="too small"):
         synth_vocab(300)

@@ -33,7 +33,9 @@ class Engine:
             tier = HostTier(model, n_ctx=n_ctx or min(model.args.n_ctx_train, 4096))
         self.tier = tier
         self.pos = 0
-        self.stats = StepStats(expert_hist=np.zeros((self.args.n_layer, self.args.n_expert), np.int64))
+        self.stats = StepStats(
+            expert_hist=np.zeros((self.args.n_layer, self.args.n_expert), np.int64)
+        )
 
     @property
     def n_ctx(self) -> int:
@@ -44,7 +46,7 @@ class Engine:
         self.pos = min(self.pos, keep)
 
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
-        """Run `tokens` at positions pos.. ; logits [V] of the last token, or [T, V] if all_logits."""
+        """Run `tokens` at positions pos..; logits [V] of the last token ([T, V] if all_logits)."""
         a, tier = self.args, self.tier
         ids = np.asarray(tokens, dtype=np.int64)  # [T]
         if ids.ndim != 1 or ids.size == 0:

@@ -80,7 +80,9 @@ class Session:
             raise ValueError("the prompt is empty")
         budget = self.engine.n_ctx - len(ids)
         if budget <= 0:
-            raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {self.engine.n_ctx}")
+            raise ValueError(
+                f"prompt of {len(ids)} tokens does not fit the context of {self.engine.n_ctx}"
+            )
         max_tokens = min(max_tokens, budget)
         sampler = Sampler(sampling)
         stops = [s for s in stop if s]

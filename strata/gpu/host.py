@@ -39,7 +39,9 @@ class _Linear:
 
     __slots__ = ("w", "vec_dot", "bias")
 
-    def __init__(self, model: Model, t: MT | str, layer: int | None = None, bias: str | None = None):
+    def __init__(
+        self, model: Model, t: MT | str, layer: int | None = None, bias: str | None = None
+    ):
         ref = model.tensor(t, layer)
         self.w = dequant(ref)  # [out, in] float32
         self.vec_dot = fmt(ref.qtype).vec_dot
@@ -61,6 +63,7 @@ class HostTier:
         self.embd = model.tensor(MT.TOKEN_EMBD)
         self.layers = []
         for i in range(a.n_layer):
+
             def bias(n: str, i: int = i) -> str | None:
                 return f"blk.{i}.attn_{n}.bias" if a.qkv_bias else None
 
@@ -89,7 +92,8 @@ class HostTier:
         self.k_cache = np.zeros((a.n_layer, n_ctx, a.n_head_kv, a.head_dim), np.float16)
         self.v_cache = np.zeros((a.n_layer, n_ctx, a.n_head_kv, a.v_head_dim), np.float16)
         self.expert_vec_dot = [
-            tuple(fmt(model.tensor(m, i).qtype).vec_dot for m in EXPERT_MATS) for i in range(a.n_layer)
+            tuple(fmt(model.tensor(m, i).qtype).vec_dot for m in EXPERT_MATS)
+            for i in range(a.n_layer)
         ]
         self._slots: OrderedDict[tuple[int, int], tuple[np.ndarray, ...]] = OrderedDict()
         self._slot_bytes = 0
@@ -167,7 +171,9 @@ class HostTier:
         self._slot_bytes += nbytes
         return w
 
-    def experts(self, layer: int, h: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    def experts(
+        self, layer: int, h: np.ndarray, ids: np.ndarray, weights: np.ndarray
+    ) -> np.ndarray:
         vd_gate, vd_up, vd_down = self.expert_vec_dot[layer]
         out = np.zeros_like(h)  # [T, D]
         hg = roundtrip(h, vd_gate)

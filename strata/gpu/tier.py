@@ -24,7 +24,9 @@ class DeviceTier(Protocol):
     def router(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """ffn_norm and router: x [T, D] -> (h [T, D], logits [T, E])."""
 
-    def experts(self, layer: int, h: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    def experts(
+        self, layer: int, h: np.ndarray, ids: np.ndarray, weights: np.ndarray
+    ) -> np.ndarray:
         """Σ_k weights[t, k] · expert_{ids[t, k]}(h[t]) -> [T, D]; ids < 0 are skipped."""
 
     def shared_expert(self, layer: int, h: np.ndarray) -> np.ndarray:

@@ -43,7 +43,9 @@ class ModelArgs:
     def __post_init__(self) -> None:
         problems = []
         if self.n_head % max(self.n_head_kv, 1):
-            problems.append(f"head_count {self.n_head} not a multiple of head_count_kv {self.n_head_kv}")
+            problems.append(
+                f"head_count {self.n_head} not a multiple of head_count_kv {self.n_head_kv}"
+            )
         if not 0 < self.n_expert_used <= self.n_expert:
             problems.append(f"expert_used_count {self.n_expert_used} not in 1..{self.n_expert}")
         if problems:
@@ -62,7 +64,8 @@ class ModelArgs:
         arch = str(meta.get(Keys.General.ARCHITECTURE, ""))
         if arch not in SUPPORTED_ARCHS:
             raise UnsupportedArchitecture(
-                f"unsupported architecture {arch or '(none)'!r} (supported: {', '.join(SUPPORTED_ARCHS)})"
+                f"unsupported architecture {arch or '(none)'!r} "
+                f"(supported: {', '.join(SUPPORTED_ARCHS)})"
             )
 
         def get(key: str, default: Any = ModelError) -> Any:

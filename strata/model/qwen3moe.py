@@ -40,15 +40,17 @@ def attention_tensors(a: ModelArgs, i: int) -> dict[str, tuple[int, ...]]:
 
 def layer_tensors(a: ModelArgs, i: int) -> dict[str, tuple[int, ...]]:
     t = attention_tensors(a, i)
-    t.update({
-        name(MT.ATTN_Q_NORM, i): (a.head_dim,),
-        name(MT.ATTN_K_NORM, i): (a.head_dim,),
-        name(MT.FFN_NORM, i): (a.n_embd,),
-        name(MT.FFN_GATE_INP, i): (a.n_expert, a.n_embd),  # router [E, D]
-        name(MT.FFN_GATE_EXP, i): (a.n_expert, a.expert_ff, a.n_embd),  # [E, F, D]
-        name(MT.FFN_UP_EXP, i): (a.n_expert, a.expert_ff, a.n_embd),  # [E, F, D]
-        name(MT.FFN_DOWN_EXP, i): (a.n_expert, a.n_embd, a.expert_ff),  # [E, D, F]
-    })
+    t.update(
+        {
+            name(MT.ATTN_Q_NORM, i): (a.head_dim,),
+            name(MT.ATTN_K_NORM, i): (a.head_dim,),
+            name(MT.FFN_NORM, i): (a.n_embd,),
+            name(MT.FFN_GATE_INP, i): (a.n_expert, a.n_embd),  # router [E, D]
+            name(MT.FFN_GATE_EXP, i): (a.n_expert, a.expert_ff, a.n_embd),  # [E, F, D]
+            name(MT.FFN_UP_EXP, i): (a.n_expert, a.expert_ff, a.n_embd),  # [E, F, D]
+            name(MT.FFN_DOWN_EXP, i): (a.n_expert, a.n_embd, a.expert_ff),  # [E, D, F]
+        }
+    )
     return t
 
 

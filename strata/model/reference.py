@@ -12,7 +12,7 @@ Shape letters: see strata/model/args.py (T, D, H, G, Dh, E, K, F, V).
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
@@ -37,7 +37,7 @@ class Reference:
             raise ValueError(f"numerics must be 'llama' or 'exact', not {numerics!r}")
         self.model, self.args, self.llama = model, model.args, numerics == "llama"
 
-    @lru_cache(maxsize=None)  # noqa: B019 - one Reference per model in tests; the cache is the point
+    @cache  # noqa: B019 - one Reference per model in tests; the cache is the point
     def w(self, t: MT | str, layer: int | None = None) -> np.ndarray:
         return dequant(self.model.tensor(t, layer), dtype=np.float64)
 
@@ -61,7 +61,9 @@ class Reference:
         """NEOX RoPE: rotate pairs (i, i + Dh/2). x [T, heads, Dh], pos [T]."""
         dh = x.shape[-1]
         half = dh // 2
-        if self.llama:  # ggml: theta_scale = powf(base, -2/n_dims) in f32, powers by repeated product
+        if (
+            self.llama
+        ):  # ggml: theta_scale = powf(base, -2/n_dims) in f32, powers by repeated product
             scale = np.float32(self.args.rope_theta) ** np.float32(-2.0 / dh)
             inv = np.empty(half, np.float32)
             acc = np.float32(1.0)

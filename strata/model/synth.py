@@ -27,19 +27,69 @@ QT = GGMLQuantizationType
 
 # shapes: the hyper-parameters that matter; vocab sizes of the small ones are synthetic
 SHAPES: dict[str, dict] = {
-    "tiny": dict(n_vocab=1024, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64,
-                 n_expert=8, n_expert_used=2, expert_ff=256, n_ctx_train=2048),
+    "tiny": dict(
+        n_vocab=1024,
+        n_embd=256,
+        n_layer=2,
+        n_head=4,
+        n_head_kv=2,
+        head_dim=64,
+        n_expert=8,
+        n_expert_used=2,
+        expert_ff=256,
+        n_ctx_train=2048,
+    ),
     # the embedded default (strata/data/default.gguf): < 20 MB at IQ3_XXS experts
-    "default": dict(n_vocab=4096, n_embd=512, n_layer=4, n_head=8, n_head_kv=2, head_dim=64,
-                    n_expert=16, n_expert_used=4, expert_ff=256, n_ctx_train=4096),
-    "small": dict(n_vocab=4096, n_embd=512, n_layer=6, n_head=8, n_head_kv=2, head_dim=64,
-                  n_expert=32, n_expert_used=4, expert_ff=512, n_ctx_train=8192),
-    "qwen3-30b-a3b": dict(n_vocab=151936, n_embd=2048, n_layer=48, n_head=32, n_head_kv=4,
-                          head_dim=128, n_expert=128, n_expert_used=8, expert_ff=768,
-                          n_ctx_train=40960),
-    "qwen2-57b-a14b": dict(arch="qwen2moe", n_vocab=151936, n_embd=3584, n_layer=28, n_head=28,
-                           n_head_kv=4, head_dim=128, n_expert=64, n_expert_used=8,
-                           expert_ff=2560, shared_ff=20480, n_ctx_train=32768),
+    "default": dict(
+        n_vocab=4096,
+        n_embd=512,
+        n_layer=4,
+        n_head=8,
+        n_head_kv=2,
+        head_dim=64,
+        n_expert=16,
+        n_expert_used=4,
+        expert_ff=256,
+        n_ctx_train=4096,
+    ),
+    "small": dict(
+        n_vocab=4096,
+        n_embd=512,
+        n_layer=6,
+        n_head=8,
+        n_head_kv=2,
+        head_dim=64,
+        n_expert=32,
+        n_expert_used=4,
+        expert_ff=512,
+        n_ctx_train=8192,
+    ),
+    "qwen3-30b-a3b": dict(
+        n_vocab=151936,
+        n_embd=2048,
+        n_layer=48,
+        n_head=32,
+        n_head_kv=4,
+        head_dim=128,
+        n_expert=128,
+        n_expert_used=8,
+        expert_ff=768,
+        n_ctx_train=40960,
+    ),
+    "qwen2-57b-a14b": dict(
+        arch="qwen2moe",
+        n_vocab=151936,
+        n_embd=3584,
+        n_layer=28,
+        n_head=28,
+        n_head_kv=4,
+        head_dim=128,
+        n_expert=64,
+        n_expert_used=8,
+        expert_ff=2560,
+        shared_ff=20480,
+        n_ctx_train=32768,
+    ),
 }
 
 
@@ -200,12 +250,10 @@ def write_synthetic(out: str | os.PathLike, spec: SynthSpec, progress: bool = Tr
         f = fmt(qt)
         nbytes = f.tensor_bytes(shape)
         w.add_tensor_info(tname, shape, np.dtype(np.float32), nbytes, raw_dtype=qt)
-    paths: list[Path] = []
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        paths = [Path(p) for p in (w.path_list if hasattr(w, "path_list") else [tmp])]
         gen = _Generator(spec)
         total = sum(fmt(q).tensor_bytes(s) for _, s, q, _ in plan)
         with bar(total, f"writing {out.name}", enabled=progress, unit="B") as pb:

@@ -57,6 +57,7 @@ QWEN3_CHAT_TEMPLATE = """\
 """
 
 MIN_VOCAB = 512
+MAX_LEARNED = 8192  # beyond this, filler tokens: training a 151k vocabulary would take minutes
 _SEED = 20240917
 
 _PROSE = """\
@@ -113,10 +114,7 @@ _WORDS = (
     "quantize block scale offset shard file read write load store compute merge split encode "
     "value number string list dict return import class def self none true false print range"
 ).split()
-_SYLLABLES = (
-    "ka ri to ne mo sa lu vi pe do ga shi ren tal mor ex in con pre sub tra ver ing ed ly "
-    "er ion ment ness able ous ful less ity ize al an or ist"
-).split()
+_SYLLABLES = [c + v for c in "b c d f g h k l m n p r s t v w z ch sh th".split() for v in "aeiou"]
 _CODE_NAMES = "x y i j k n idx buf out row col acc tmp val key data args kwargs cfg".split()
 _OPS = " = ; + ; - ; * ; / ; // ; % ; ** ; == ; != ; <= ; >= ; += ; -= ; -> ; : ".split(";")
 _SNIPPETS = (
@@ -169,8 +167,10 @@ def _corpus(n_lines: int) -> list[str]:
             words[0] = words[0].capitalize()
             lines.append(" ".join(words) + rng.choice((". ", ", ", "? ", "!\n", ".\n")))
         elif kind == 1:  # invented words: gives the trainer fresh pairs for large vocabularies
-            word = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 4)))
-            lines.append(f" {word} {word.capitalize()} {word}s {rng.randint(0, 9999)}\n")
+            for _ in range(3):
+                word = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3)))
+                lines.append(f" {word} {word.capitalize()} {word}s")
+            lines.append(f" {rng.randint(0, 9999)}\n")
         elif kind == 2:  # code
             a, b = rng.choice(_CODE_NAMES), rng.choice(_CODE_NAMES)
             indent = " " * (4 * rng.randint(0, 3))
@@ -192,25 +192,46 @@ def _trainer_tokenizer() -> Tokenizer:
     return tok
 
 
+def _fillers(n: int, taken: set[str]) -> list[str]:
+    """`n` distinct byte-level words (" " is "Ġ") not in `taken`, in a fixed order."""
+    out: list[str] = []
+    k = len(_SYLLABLES)
+    i = 0
+    while len(out) < n:
+        j, word = i, ""
+        while True:  # i in base k, one syllable per digit
+            word += _SYLLABLES[j % k]
+            j //= k
+            if j == 0:
+                break
+        i += 1
+        for w in ("Ġ" + word, "Ġ" + word.capitalize()):
+            if w not in taken and len(out) < n:
+                taken.add(w)
+                out.append(w)
+    return out
+
+
 @functools.lru_cache(maxsize=8)
 def synth_vocab(n_vocab: int) -> SynthVocab:
     """The synthetic vocabulary of exactly `n_vocab` tokens (cached; treat the result as read-only).
 
-    Ids 0..255 are the byte-level alphabet, then learned merges, then `[PAD<i>]` fillers (UNUSED)
-    only if the corpus ran out of pairs, then the five special tokens as the last ids.
+    Ids 0..255 are the byte-level alphabet, then up to MAX_LEARNED tokens from learned merges,
+    then (large vocabularies only) NORMAL filler words no merge produces, so that sampling any
+    id still prints text, then the five special tokens as the last ids.
     """
     if n_vocab < MIN_VOCAB:
         raise ValueError(f"n_vocab={n_vocab} is too small for a synthetic vocab (min {MIN_VOCAB})")
     n_learned = n_vocab - len(SPECIAL_TOKENS)
     tok = _trainer_tokenizer()
     trainer = trainers.BpeTrainer(
-        vocab_size=n_learned,
+        vocab_size=min(n_learned, MAX_LEARNED),
         min_frequency=2,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
-    tok.train_from_iterator(_corpus(max(2000, 3 * n_learned)), trainer=trainer)
+    tok.train_from_iterator(_corpus(max(2000, 2 * min(n_learned, MAX_LEARNED))), trainer=trainer)
     model = json.loads(tok.to_str())["model"]
     vocab: dict[str, int] = model["vocab"]
     tokens = sorted(vocab, key=vocab.__getitem__)
@@ -220,9 +241,8 @@ def synth_vocab(n_vocab: int) -> SynthVocab:
     types = [int(TokenType.NORMAL)] * len(tokens)
     if len(tokens) > n_learned:
         raise RuntimeError(f"BPE trainer produced {len(tokens)} tokens, asked for {n_learned}")
-    for i in range(len(tokens), n_learned):
-        tokens.append(f"[PAD{i}]")
-        types.append(int(TokenType.UNUSED))
+    tokens += _fillers(n_learned - len(tokens), set(tokens))
+    types += [int(TokenType.NORMAL)] * (n_learned - len(types))
     special: dict[str, int] = {}
     for text, ttype in SPECIAL_TOKENS:
         special[text] = len(tokens)

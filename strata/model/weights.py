@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
 import gguf.quants
+import numpy as np
 
 from strata.model.gguf_file import TensorRef
 

@@ -40,7 +40,8 @@ class BlockFormat:
         """Bytes of one row of `n` elements; `n` must be a whole number of blocks."""
         if n % self.block_elems:
             raise ValueError(
-                f"{self.name}: row length {n} is not a multiple of the block size {self.block_elems}"
+                f"{self.name}: row length {n} is not a multiple of "
+                f"the block size {self.block_elems}"
             )
         return n // self.block_elems * self.block_bytes
 
@@ -69,25 +70,77 @@ _register(QT.F32, QT.F32, [("v", "<f4", 1)])
 _register(QT.F16, QT.F16, [("v", "<f2", 1)])
 _register(QT.BF16, QT.BF16, [("v", "<u2", 1)])
 _register(QT.Q8_0, QT.Q8_0, [("d", "<f2", 1), ("qs", "i1", 32)])
-_register(QT.Q4_K, QT.Q8_K, [("d", "<f2", 1), ("dmin", "<f2", 1), ("scales", "u1", 12),
-                             ("qs", "u1", QK_K // 2)])
-_register(QT.Q5_K, QT.Q8_K, [("d", "<f2", 1), ("dmin", "<f2", 1), ("scales", "u1", 12),
-                             ("qh", "u1", QK_K // 8), ("qs", "u1", QK_K // 2)])
-_register(QT.Q6_K, QT.Q8_K, [("ql", "u1", QK_K // 2), ("qh", "u1", QK_K // 4),
-                             ("scales", "i1", QK_K // 16), ("d", "<f2", 1)])
-_register(QT.IQ4_XS, QT.Q8_K, [("d", "<f2", 1), ("scales_h", "<u2", 1),
-                               ("scales_l", "u1", QK_K // 64), ("qs", "u1", QK_K // 2)])
-_register(QT.IQ3_S, QT.Q8_K, [("d", "<f2", 1), ("qs", "u1", QK_K // 4), ("qh", "u1", QK_K // 32),
-                              ("signs", "u1", QK_K // 8), ("scales", "u1", QK_K // 64)])
+_register(
+    QT.Q4_K,
+    QT.Q8_K,
+    [("d", "<f2", 1), ("dmin", "<f2", 1), ("scales", "u1", 12), ("qs", "u1", QK_K // 2)],
+)
+_register(
+    QT.Q5_K,
+    QT.Q8_K,
+    [
+        ("d", "<f2", 1),
+        ("dmin", "<f2", 1),
+        ("scales", "u1", 12),
+        ("qh", "u1", QK_K // 8),
+        ("qs", "u1", QK_K // 2),
+    ],
+)
+_register(
+    QT.Q6_K,
+    QT.Q8_K,
+    [
+        ("ql", "u1", QK_K // 2),
+        ("qh", "u1", QK_K // 4),
+        ("scales", "i1", QK_K // 16),
+        ("d", "<f2", 1),
+    ],
+)
+_register(
+    QT.IQ4_XS,
+    QT.Q8_K,
+    [
+        ("d", "<f2", 1),
+        ("scales_h", "<u2", 1),
+        ("scales_l", "u1", QK_K // 64),
+        ("qs", "u1", QK_K // 2),
+    ],
+)
+_register(
+    QT.IQ3_S,
+    QT.Q8_K,
+    [
+        ("d", "<f2", 1),
+        ("qs", "u1", QK_K // 4),
+        ("qh", "u1", QK_K // 32),
+        ("signs", "u1", QK_K // 8),
+        ("scales", "u1", QK_K // 64),
+    ],
+)
 _register(QT.IQ3_XXS, QT.Q8_K, [("d", "<f2", 1), ("qs", "u1", 3 * QK_K // 8)])
 _register(QT.IQ2_XXS, QT.Q8_K, [("d", "<f2", 1), ("qs", "<u2", QK_K // 8)])
-_register(QT.IQ2_S, QT.Q8_K, [("d", "<f2", 1), ("qs", "u1", QK_K // 4), ("qh", "u1", QK_K // 32),
-                              ("scales", "u1", QK_K // 32)])
-_register(QT.IQ1_M, QT.Q8_K, [("qs", "u1", QK_K // 8), ("qh", "u1", QK_K // 16),
-                              ("scales", "u1", QK_K // 32)])
+_register(
+    QT.IQ2_S,
+    QT.Q8_K,
+    [
+        ("d", "<f2", 1),
+        ("qs", "u1", QK_K // 4),
+        ("qh", "u1", QK_K // 32),
+        ("scales", "u1", QK_K // 32),
+    ],
+)
+_register(
+    QT.IQ1_M,
+    QT.Q8_K,
+    [("qs", "u1", QK_K // 8), ("qh", "u1", QK_K // 16), ("scales", "u1", QK_K // 32)],
+)
 # activation-only format (never stored in a model file by Strata, used by the CPU kernels)
-_register(QT.Q8_K, QT.Q8_K, [("d", "<f4", 1), ("qs", "i1", QK_K), ("bsums", "<i2", QK_K // 16)],
-          can_hold_experts=False)
+_register(
+    QT.Q8_K,
+    QT.Q8_K,
+    [("d", "<f4", 1), ("qs", "i1", QK_K), ("bsums", "<i2", QK_K // 16)],
+    can_hold_experts=False,
+)
 
 
 def fmt(qtype: GGMLQuantizationType | int | str) -> BlockFormat:

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible chat server: `create_app` (in `strata.serve.app`) and `strata serve`."""

@@ -1,4 +1,4 @@
-"""Reasoning: `<think>…</think>` split out of the output, and how reasoning effort reaches the model.
+"""Reasoning: `<think>…</think>` split out of the output; how reasoning effort reaches the model.
 
 Output. Qwen3-style models write their reasoning between `<think>` and `</think>` before the
 answer. `ReasoningParser` turns generated text, in pieces of any size, into ("reasoning", text)

@@ -1,0 +1,82 @@
+"""Scalar helpers every kernel family shares: half/bfloat conversions as LLVM does them.
+
+Numba has no float16 scalar on the CPU; these intrinsics emit plain (target-independent) LLVM IR
+(`fpext`/`fptrunc half`, `bitcast`), which x86 lowers to F16C and Arm to its native converts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+F32 = ir.FloatType()
+HALF = ir.HalfType()
+I16 = ir.IntType(16)
+I32 = ir.IntType(32)
+
+
+@intrinsic
+def f16_bits_to_f32(typingctx, bits):
+    """The float32 value of an IEEE half given by its 16 bits (any integer type)."""
+    sig = types.float32(bits)
+
+    def codegen(context, builder, signature, args):
+        v = builder.trunc(args[0], I16) if args[0].type.width > 16 else args[0]
+        if v.type.width < 16:
+            v = builder.zext(v, I16)
+        return builder.fpext(builder.bitcast(v, HALF), F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def round_f16(typingctx, x):
+    """float32 -> half (round to nearest even, overflow to inf, as F16C) -> float32."""
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.fptrunc(args[0], HALF), F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """The 32 bits of a float32 as uint32."""
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], I32)
+
+    return sig, codegen
+
+
+@intrinsic
+def bits_f32(typingctx, u):
+    """The float32 whose bits are the uint32 `u`."""
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], F32)
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def round_bf16(x):
+    """float32 -> bf16 -> float32 as GGML_FP32_TO_BF16: nearest even, NaN kept quiet."""
+    u = f32_bits(x)
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        r = (u >> np.uint32(16)) | np.uint32(64)
+    else:
+        r = (u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
+    return bits_f32(r << np.uint32(16))
+
+
+@njit(cache=True, inline="always")
+def f16_at(w, r, o):
+    """The f16 stored little-endian at bytes o, o+1 of row r of the uint8 matrix w, as float32."""
+    return f16_bits_to_f32(np.uint16(w[r, o]) | (np.uint16(w[r, o + 1]) << np.uint16(8)))
+
