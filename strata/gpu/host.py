@@ -16,6 +16,7 @@ from gguf.constants import GGMLQuantizationType
 
 from strata.model.loader import Model
 from strata.model.weights import dequant
+from strata.progress import bar
 from strata.quant import fmt
 from strata.quant.activation import roundtrip
 
@@ -59,34 +60,46 @@ class HostTier:
         a = self.args = model.args
         self.model = model
         self.n_ctx = n_ctx
+        self._slot_budget_mib = expert_cache_mib
         self.eps = np.float32(a.rms_eps)
         self.embd = model.tensor(MT.TOKEN_EMBD)
         self.layers = []
-        for i in range(a.n_layer):
+        with bar(a.n_layer + 1, "loading dense weights", unit="layer") as pb:
+            for i in range(a.n_layer):
+                self.layers.append(self._load_layer(i))
+                pb.update()
+            self.out_norm = dequant(model.tensor(MT.OUTPUT_NORM))
+            self.lm_head = _Linear(model, MT.OUTPUT)
+            pb.update()
+        self._init_rest(model)
 
-            def bias(n: str, i: int = i) -> str | None:
-                return f"blk.{i}.attn_{n}.bias" if a.qkv_bias else None
+    def _load_layer(self, i: int) -> dict:
+        model, a = self.model, self.args
 
-            L = {
-                "attn_norm": dequant(model.tensor(MT.ATTN_NORM, i)),
-                "q": _Linear(model, MT.ATTN_Q, i, bias("q")),
-                "k": _Linear(model, MT.ATTN_K, i, bias("k")),
-                "v": _Linear(model, MT.ATTN_V, i, bias("v")),
-                "o": _Linear(model, MT.ATTN_OUT, i),
-                "ffn_norm": dequant(model.tensor(MT.FFN_NORM, i)),
-                "router": _Linear(model, MT.FFN_GATE_INP, i),
-            }
-            if a.qk_norm:
-                L["q_norm"] = dequant(model.tensor(MT.ATTN_Q_NORM, i))
-                L["k_norm"] = dequant(model.tensor(MT.ATTN_K_NORM, i))
-            if a.shared_ff:
-                L["sh_gate"] = _Linear(model, MT.FFN_GATE_SHEXP, i)
-                L["sh_up"] = _Linear(model, MT.FFN_UP_SHEXP, i)
-                L["sh_down"] = _Linear(model, MT.FFN_DOWN_SHEXP, i)
-                L["sh_inp"] = dequant(model.tensor(MT.FFN_GATE_INP_SHEXP, i))
-            self.layers.append(L)
-        self.out_norm = dequant(model.tensor(MT.OUTPUT_NORM))
-        self.lm_head = _Linear(model, MT.OUTPUT)
+        def bias(n: str) -> str | None:
+            return f"blk.{i}.attn_{n}.bias" if a.qkv_bias else None
+
+        L = {
+            "attn_norm": dequant(model.tensor(MT.ATTN_NORM, i)),
+            "q": _Linear(model, MT.ATTN_Q, i, bias("q")),
+            "k": _Linear(model, MT.ATTN_K, i, bias("k")),
+            "v": _Linear(model, MT.ATTN_V, i, bias("v")),
+            "o": _Linear(model, MT.ATTN_OUT, i),
+            "ffn_norm": dequant(model.tensor(MT.FFN_NORM, i)),
+            "router": _Linear(model, MT.FFN_GATE_INP, i),
+        }
+        if a.qk_norm:
+            L["q_norm"] = dequant(model.tensor(MT.ATTN_Q_NORM, i))
+            L["k_norm"] = dequant(model.tensor(MT.ATTN_K_NORM, i))
+        if a.shared_ff:
+            L["sh_gate"] = _Linear(model, MT.FFN_GATE_SHEXP, i)
+            L["sh_up"] = _Linear(model, MT.FFN_UP_SHEXP, i)
+            L["sh_down"] = _Linear(model, MT.FFN_DOWN_SHEXP, i)
+            L["sh_inp"] = dequant(model.tensor(MT.FFN_GATE_INP_SHEXP, i))
+        return L
+
+    def _init_rest(self, model: Model) -> None:
+        a, n_ctx = self.args, self.n_ctx
         self.inv_freq = rope_inv_freq(a.head_dim, a.rope_theta)  # [Dh/2]
         # f16 KV cache, allocated once: [L, S, G, Dh]
         self.k_cache = np.zeros((a.n_layer, n_ctx, a.n_head_kv, a.head_dim), np.float16)
@@ -97,7 +110,7 @@ class HostTier:
         ]
         self._slots: OrderedDict[tuple[int, int], tuple[np.ndarray, ...]] = OrderedDict()
         self._slot_bytes = 0
-        self._slot_budget = expert_cache_mib << 20
+        self._slot_budget = self._slot_budget_mib << 20
         self.expert_bytes_read = 0  # dequantized-slot misses, in source bytes
 
     # ---- small ops ----
