@@ -85,7 +85,7 @@ def _memmap_base(a: np.ndarray) -> np.memmap | None:
 
 def test_tensors_are_views_into_the_file_mapping_not_copies(models):
     model = load_model(models.single)
-    mapping = model.gguf.readers[0].data
+    mapping = model.gguf.readers[0].mm
     assert isinstance(mapping, np.memmap) and mapping.mode == "r"
     for tname, t in model.gguf.tensors.items():
         assert not t.data.flags.owndata, tname
@@ -103,6 +103,19 @@ def test_tensor_views_hold_the_bytes_at_their_file_offset(models):
         assert np.array_equal(t.raw().reshape(-1), raw[start : start + t.nbytes]), info.name
 
 
+def test_fast_header_reader_agrees_with_gguf_reader(models):
+    """Our header reader (fast on 151k-token vocabularies) reads what gguf.GGUFReader reads."""
+    from strata.model.gguf_reader import GGUFHeader
+
+    ours, theirs = GGUFHeader(models.single), GGUFReader(models.single)
+    want = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
+    assert ours.fields == want
+    assert ours.data_offset == theirs.data_offset
+    for mine, t in zip(ours.tensors, theirs.tensors, strict=True):
+        assert (mine.name, mine.ggml_type, mine.ne) == (t.name, int(t.tensor_type), tuple(t.shape))
+        assert ours.data_offset + mine.offset == t.data_offset
+
+
 # ---- shard sets ----
 
 
@@ -117,7 +130,7 @@ def test_shard_set_loads_from_its_first_shard_with_the_single_file_tensors(model
         u = one.gguf.tensors[tname]
         assert (t.qtype, t.shape) == (u.qtype, u.shape), tname
         assert np.array_equal(t.raw(), u.raw()), tname
-        assert np.shares_memory(t.data, split.gguf.readers[t.shard].data), tname
+        assert np.shares_memory(t.data, split.gguf.readers[t.shard].mm), tname
     assert {t.shard for t in split.gguf.tensors.values()} == {0, 1, 2}
 
 

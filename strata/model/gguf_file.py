@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
 
 from strata.model.errors import NotGGUF, ShardError, TruncatedFile
+from strata.model.gguf_reader import GGUFFormatError, GGUFHeader
 from strata.quant import UnsupportedType, fmt
 
 GGUF_MAGIC = b"GGUF"
@@ -65,7 +65,7 @@ def shard_paths(path: str | os.PathLike) -> list[Path]:
     return paths
 
 
-def _open_reader(path: Path) -> GGUFReader:
+def _open_reader(path: Path) -> GGUFHeader:
     try:
         with open(path, "rb") as f:
             head = f.read(4)
@@ -74,8 +74,8 @@ def _open_reader(path: Path) -> GGUFReader:
     if head != GGUF_MAGIC:
         raise NotGGUF(f"{path}: not a GGUF file (magic {head!r}, expected b'GGUF')")
     try:
-        return GGUFReader(path, "r")
-    except (ValueError, KeyError, IndexError, OverflowError, MemoryError) as e:
+        return GGUFHeader(path)
+    except (GGUFFormatError, OverflowError, MemoryError) as e:
         size = path.stat().st_size
         raise TruncatedFile(
             f"{path}: truncated or corrupt GGUF file ({size:,} bytes; reader: {_one_line(e)})"
@@ -86,12 +86,13 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-def field_value(field) -> Any:
-    """A metadata field as a plain Python value (str, int, float, bool or list)."""
-    main = field.types[0] if field.types else None
-    if main == GGUFValueType.ARRAY:
-        return field.contents()
-    return field.contents()
+def _typed_view(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...]):
+    """F32/F16 tensors as typed arrays of `shape`; the others as uint8 [.., row_bytes]."""
+    if qtype == GGMLQuantizationType.F32:
+        return raw.view(np.float32).reshape(shape)
+    if qtype == GGMLQuantizationType.F16:
+        return raw.view(np.float16).reshape(shape)
+    return raw.reshape(*shape[:-1], -1)
 
 
 class GGUFModel:
@@ -101,10 +102,7 @@ class GGUFModel:
         self.paths = shard_paths(path)
         self.readers = [_open_reader(p) for p in self.paths]
         self.metadata: dict[str, Any] = {}
-        for k, f in self.readers[0].fields.items():
-            if k.startswith("GGUF."):
-                continue
-            self.metadata[k] = field_value(f)
+        self.metadata.update(self.readers[0].fields)
         self._check_shards()
         self.tensors: dict[str, TensorRef] = {}
         for i, r in enumerate(self.readers):
@@ -123,13 +121,12 @@ class GGUFModel:
         ftype0 = self.metadata.get(Keys.General.FILE_TYPE)
         for i, (p, r) in enumerate(zip(self.paths, self.readers, strict=True)):
             f = r.fields
-            count = f[count_key].contents() if count_key in f else None
-            no = f[idx_key].contents() if idx_key in f else None
+            count, no = f.get(count_key), f.get(idx_key)
             if count is not None and count != n:
                 raise ShardError(f"{p.name}: belongs to a set of {count} shards, found {n}")
             if no is not None and no != i:
                 raise ShardError(f"{p.name}: is shard {no + 1} of its set, expected {i + 1}")
-            ft = f[Keys.General.FILE_TYPE].contents() if Keys.General.FILE_TYPE in f else ftype0
+            ft = f.get(Keys.General.FILE_TYPE, ftype0)
             if ftype0 is not None and ft != ftype0:
                 raise ShardError(
                     f"{p.name}: file type {ft} differs from shard 1's {ftype0} (mixed quants?)"
@@ -141,30 +138,30 @@ class GGUFModel:
             return
         key = Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT
         for p, r in zip(self.paths, self.readers, strict=True):
-            want = r.fields[key].contents() if key in r.fields else None
+            want = r.fields.get(key)
             if want is not None and want != len(self.tensors):
                 raise ShardError(
                     f"{p.name}: belongs to a set of {want} tensors, the shards hold "
                     f"{len(self.tensors)} (shards from different sets?)"
                 )
 
-    def _add_tensors(self, shard: int, r: GGUFReader) -> None:
-        size = os.path.getsize(self.paths[shard])
+    def _add_tensors(self, shard: int, r: GGUFHeader) -> None:
+        size = len(r.mm)
         for t in r.tensors:
             where = f"{self.paths[shard].name}: tensor {t.name}"
             try:
-                qtype = GGMLQuantizationType(int(t.tensor_type))
+                qtype = GGMLQuantizationType(t.ggml_type)
             except ValueError:
-                tid = int(t.tensor_type)
+                tid = t.ggml_type
                 raise UnsupportedType(f"{where}: unknown tensor type id {tid}") from None
             try:
                 fmt(qtype)
             except UnsupportedType as e:
                 raise UnsupportedType(f"{where}: {e}") from None
-            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+            shape = tuple(reversed(t.ne))
             elems, nbytes = GGML_QUANT_SIZES[qtype]
             need = int(np.prod(shape, dtype=np.int64)) // elems * nbytes
-            if t.data_offset + need > size or t.data.nbytes != need:
+            if r.data_offset + t.offset + need > size:
                 raise TruncatedFile(
                     f"{self.paths[shard].name}: tensor {t.name} runs past the end of the file "
                     f"(truncated at {size} bytes)"
@@ -175,7 +172,8 @@ class GGUFModel:
                     f"{self.paths[shard].name}: tensor {t.name} is also in {first} "
                     "(shards from different sets?)"
                 )
-            self.tensors[t.name] = TensorRef(t.name, qtype, shape, t.data, shard)
+            data = _typed_view(r.tensor_bytes(t, need), qtype, shape)
+            self.tensors[t.name] = TensorRef(t.name, qtype, shape, data, shard)
 
     @property
     def architecture(self) -> str:

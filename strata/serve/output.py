@@ -3,8 +3,8 @@
 `ChatOutput.feed(piece)` returns the deltas a streaming response sends for that piece
 (`{"reasoning_content": ...}`, `{"content": ...}`, `{"tool_calls": [...]}`); `finish()` returns
 what was held back. A non-streaming response is the same deltas summed (`message()`), so both
-paths give identical text. Whitespace-only content next to tool calls is formatting, not an
-answer: it is held until real content follows and dropped if a tool call comes instead.
+paths give identical text. Trailing whitespace of the content is held until more content
+follows: whitespace next to a tool call is formatting, not answer, and is dropped.
 """
 
 from __future__ import annotations
@@ -63,10 +63,11 @@ class ChatOutput:
         out.append({"tool_calls": [ev.to_openai(index)]})
 
     def _content(self, text: str, out: list[dict]) -> None:
-        if not text.strip():
+        body = text.rstrip()
+        if not body:
             self._ws += text
             return
-        text, self._ws = self._ws + text, ""
+        text, self._ws = self._ws + body, text[len(body) :]
         self.content.append(text)
         out.append({"content": text})
 

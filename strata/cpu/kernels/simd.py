@@ -1,0 +1,133 @@
+"""x86 SIMD from @njit code: CPU feature detection and LLVM-IR building blocks for intrinsics.
+
+Numba has no vector types, but `numba.extending.intrinsic` lets a kernel emit LLVM IR inline; the
+IR below uses LLVM's x86 intrinsics (vpmaddubsw, vpmaddwd, vpshufb) on 256-bit vectors, so the
+integer dot products run 32 bytes at a time instead of being widened to int64 lanes.
+
+Every SIMD kernel has a plain @njit twin (the portable path and the test oracle). Codegen checks
+the host features: on a machine without AVX2 the intrinsics emit a trap, and the dispatcher never
+selects them (`SIMD` is False there). STRATA_CPU_SIMD=0 forces the portable kernels.
+"""
+
+from __future__ import annotations
+
+import os
+
+from llvmlite import binding as llb
+from llvmlite import ir
+from numba.core import cgutils
+
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+V32I8 = ir.VectorType(I8, 32)
+V16I8 = ir.VectorType(I8, 16)
+V16I16 = ir.VectorType(I16, 16)
+V8I32 = ir.VectorType(I32, 8)
+
+
+def host_features() -> set[str]:
+    """The host CPU's features as LLVM names ("avx2", "avx512vnni", ...)."""
+    try:
+        flat = llb.get_host_cpu_features().flatten()
+    except RuntimeError:  # some platforms cannot report features
+        return set()
+    return {f[1:] for f in flat.split(",") if f.startswith("+")}
+
+
+FEATURES = host_features()
+HAS_AVX2 = {"avx2", "fma", "f16c"} <= FEATURES
+
+
+def simd_enabled() -> bool:
+    """Whether the pool should pick the SIMD kernels (AVX2 present and not switched off)."""
+    return HAS_AVX2 and os.environ.get("STRATA_CPU_SIMD", "1") not in ("0", "off", "no")
+
+
+def simd_level() -> str:
+    return "avx2" if simd_enabled() else "portable"
+
+
+class Emit:
+    """Small IR vocabulary over one `builder` (what the kernels are written in)."""
+
+    def __init__(self, context, builder):
+        self.c = context
+        self.b = builder
+        self.mod = builder.module
+
+    # ---- memory
+    def ptr(self, aryty, ary, *inds):
+        """i8* to element `inds` of a Numba array value (any layout; no bounds check)."""
+        a = self.c.make_array(aryty)(self.c, self.b, ary)
+        shape = cgutils.unpack_tuple(self.b, a.shape, aryty.ndim)
+        strides = cgutils.unpack_tuple(self.b, a.strides, aryty.ndim)
+        p = cgutils.get_item_pointer2(
+            self.c, self.b, a.data, shape, strides, aryty.layout, list(inds)
+        )
+        return self.b.bitcast(p, I8.as_pointer())
+
+    def off(self, p, nbytes):
+        """p + nbytes (nbytes: an int or an IR integer)."""
+        if isinstance(nbytes, int):
+            nbytes = ir.Constant(I64, nbytes)
+        return self.b.gep(p, [nbytes])
+
+    def load(self, p, ty, nbytes=0):
+        q = self.b.bitcast(self.off(p, nbytes) if nbytes else p, ty.as_pointer())
+        return self.b.load(q, align=1)
+
+    # ---- constants and lanes
+    @staticmethod
+    def const(ty, values):
+        return ir.Constant(ty, list(values))
+
+    def splat(self, ty, value):
+        return ir.Constant(ty, [value] * ty.count)
+
+    def shuffle(self, v, lanes):
+        mask = ir.Constant(ir.VectorType(I32, len(lanes)), list(lanes))
+        return self.b.shuffle_vector(v, ir.Constant(v.type, None), mask)
+
+    def bcast(self, scalar, ty):
+        """A vector of type ty with every lane the scalar (same element type)."""
+        v = self.b.insert_element(ir.Constant(ty, None), scalar, ir.Constant(I32, 0))
+        return self.shuffle(v, [0] * ty.count)
+
+    # ---- x86 intrinsics (AVX2)
+    def _call(self, name, ret, args):
+        fn = cgutils.get_or_insert_function(
+            self.mod, ir.FunctionType(ret, [a.type for a in args]), name
+        )
+        return self.b.call(fn, args)
+
+    def maddubs(self, u8, s8):
+        """vpmaddubsw: u8 x s8 byte products summed in pairs to int16 (saturating; keep u8 <= 127
+        or the pair sums in range and it is exact)."""
+        return self._call("llvm.x86.avx2.pmadd.ub.sw", V16I16, [u8, s8])
+
+    def madd(self, a16, b16):
+        """vpmaddwd: int16 products summed in pairs to int32 (exact)."""
+        return self._call("llvm.x86.avx2.pmadd.wd", V8I32, [a16, b16])
+
+    def pshufb(self, table, idx):
+        """vpshufb: per 128-bit lane, byte i = table[idx[i] & 15] (0 where idx[i] < 0)."""
+        return self._call("llvm.x86.avx2.pshuf.b", V32I8, [table, idx])
+
+    def hsum(self, v8i32):
+        return self._call("llvm.vector.reduce.add.v8i32", I32, [v8i32])
+
+    # ---- byte nibbles
+    def nibbles(self, v32i8):
+        """(low nibbles, high nibbles) of 32 bytes, each as 32 bytes 0..15."""
+        m = self.splat(V32I8, 0x0F)
+        lo = self.b.and_(v32i8, m)
+        hi = self.b.and_(self.b.lshr(v32i8, self.splat(V32I8, 4)), m)
+        return lo, hi
+
+    def trap(self):
+        self._call("llvm.trap", ir.VoidType(), [])
+
+
+def f16_load(e: Emit, p):
+    """float32 from the f16 at i8* p."""
+    h = e.load(p, I16)
+    return e.b.fpext(e.b.bitcast(h, ir.HalfType()), ir.FloatType())
