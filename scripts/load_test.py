@@ -42,8 +42,9 @@ class Stats:
         self.failed: list[str] = []
 
 
-async def one_request(http: httpx.AsyncClient, url: str, body: dict, st: Stats,
-                      retries: int = 20) -> None:
+async def one_request(
+    http: httpx.AsyncClient, url: str, body: dict, st: Stats, retries: int = 20
+) -> None:
     for _ in range(retries):
         t0 = time.perf_counter()
         first = last = None
@@ -93,13 +94,19 @@ async def client(http: httpx.AsyncClient, url: str, i: int, n: int, body: dict, 
 async def run(url: str, args: argparse.Namespace) -> Stats:
     st = Stats()
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    body = {"model": "default", "max_tokens": args.max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": 0.8,
-            "messages": [{"role": "user", "content": args.prompt}]}
+    body = {
+        "model": "default",
+        "max_tokens": args.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.8,
+        "messages": [{"role": "user", "content": args.prompt}],
+    }
     limits = httpx.Limits(max_connections=args.clients + 4, max_keepalive_connections=args.clients)
     async with httpx.AsyncClient(timeout=args.timeout, headers=headers, limits=limits) as http:
-        await asyncio.gather(*(client(http, url, i, args.requests, body, st)
-                               for i in range(args.clients)))
+        await asyncio.gather(
+            *(client(http, url, i, args.requests, body, st) for i in range(args.clients))
+        )
     return st
 
 
@@ -111,8 +118,19 @@ def _free_port() -> int:
 
 def _start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "strata.serve", "--port", str(port), "--log-level", "warning",
-           "--max-queue", str(args.max_queue)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "strata.serve",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--max-queue",
+        str(args.max_queue),
+        "--slots",
+        str(args.slots),
+    ]
     if args.model:
         cmd += ["--model", args.model]
     proc = subprocess.Popen(cmd)
@@ -137,6 +155,7 @@ def main() -> int:
     ap.add_argument("--api-key", default=os.environ.get("STRATA_API_KEY"))
     ap.add_argument("--model", help="model for the server this script starts")
     ap.add_argument("--max-queue", type=int, default=64, help="for the server this script starts")
+    ap.add_argument("--slots", type=int, default=1, help="for the server this script starts")
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--requests", type=int, default=4, help="requests per client")
     ap.add_argument("--max-tokens", type=int, default=16)
@@ -159,8 +178,10 @@ def main() -> int:
 
     total = args.clients * args.requests
     done = st.completed
-    print(f"load test: {args.clients} clients x {args.requests} requests = {total}, "
-          f"max_tokens {args.max_tokens}, {os.cpu_count()} CPUs, {url}")
+    print(
+        f"load test: {args.clients} clients x {args.requests} requests = {total}, "
+        f"max_tokens {args.max_tokens}, {os.cpu_count()} CPUs, {url}"
+    )
     print(f"  completed        {done}/{total} in {wall:.1f} s")
     print(f"  HTTP status      {dict(sorted(st.status.items()))}")
     print(f"  TTFT p50 / p99   {_pct(st.ttft, 50):.2f} s / {_pct(st.ttft, 99):.2f} s")

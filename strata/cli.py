@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from strata.config import ConfigError
 from strata.model.errors import ModelError
 from strata.quant import UnsupportedType
 
@@ -52,6 +53,76 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
         "--ctx", type=int, default=None, help="context length (default min(train, 4096))"
     )
     p.add_argument("--stats", action="store_true", help="print prefill/decode speed to stderr")
+    _add_engine(p)
+
+
+def _add_engine(p: argparse.ArgumentParser) -> None:
+    """Engine knobs; each also reads its STRATA_* variable (a flag wins)."""
+    g = p.add_argument_group("engine (flags beat STRATA_* environment variables)")
+    g.add_argument("--vram-budget-mib", type=int, default=None, help="VRAM budget (10240)")
+    g.add_argument(
+        "--expert-cache",
+        default=None,
+        help="resident experts: all (default), auto (what the budget leaves) or N",
+    )
+    g.add_argument("--profile", default=None, help="usage profile ranking experts for the cache")
+    g.add_argument(
+        "--adapt-swaps",
+        type=int,
+        default=None,
+        help="most cache swaps per request (96; 0 = static cache)",
+    )
+    g.add_argument(
+        "--car-threshold",
+        type=float,
+        default=None,
+        help="cache-aware routing ratio threshold (0.35; 1.0 = off)",
+    )
+    g.add_argument("--car-warmup", type=int, default=None, help="decode steps before CAR engages")
+    g.add_argument(
+        "--car-budget",
+        type=int,
+        default=None,
+        help="most substitutions per token and layer (0 = no limit)",
+    )
+    g.add_argument(
+        "--car-free-ratio",
+        type=float,
+        default=None,
+        help="ratio at or above which a substitution is free of the budget",
+    )
+    g.add_argument("--car-dampen", type=int, default=None, help="(refused: not supported)")
+    g.add_argument("--threads", type=int, default=None, help="CPU pool threads (0 = all cores)")
+
+
+def _engine_config(ns):
+    from strata.config import resolve
+
+    keys = [
+        "vram_budget_mib",
+        "expert_cache",
+        "profile",
+        "adapt_swaps",
+        "car_threshold",
+        "car_warmup",
+        "car_budget",
+        "car_free_ratio",
+        "car_dampen",
+        "threads",
+    ]
+    flags = {k: getattr(ns, k, None) for k in keys}
+    flags["model"] = getattr(ns, "model", None)
+    flags["n_ctx"] = getattr(ns, "ctx", None)
+    return resolve(flags)
+
+
+def _build_engine(model, cfg):
+    from strata.engine.builder import build_engine
+
+    engine = build_engine(model, cfg)
+    for note in cfg.notices:
+        print(f"strata: {note}", file=sys.stderr)
+    return engine
 
 
 def _sampling(ns):
@@ -68,8 +139,11 @@ def _stream(ns, prompt) -> int:
 
     if ns.max_tokens < 1:
         raise UserError(f"--max-tokens must be >= 1, got {ns.max_tokens}")
-    model = _load(ns.model)
-    session = Session(model, n_ctx=ns.ctx)
+    cfg = _engine_config(ns)
+    model = _load(cfg.model)
+    if callable(prompt):  # chat: the prompt is rendered with the model's own template
+        prompt = prompt(model)
+    session = Session(model, engine=_build_engine(model, cfg))
     res = Generation()
     if isinstance(prompt, str):
         sys.stdout.write(prompt)
@@ -77,10 +151,14 @@ def _stream(ns, prompt) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    session.engine.close()
     if ns.stats:
+        st = session.engine.stats
         print(
             f"prompt {res.prompt_tokens} tok, {res.prefill_tps:.1f} tok/s | "
-            f"generated {len(res.tokens)} tok, {res.decode_tps:.1f} tok/s | {res.finish_reason}",
+            f"generated {len(res.tokens)} tok, {res.decode_tps:.1f} tok/s | {res.finish_reason} | "
+            f"cache hit {st.hit_rate:.1%}, CAR substituted {st.substitution_rate:.1%} of "
+            f"decode misses, {st.swaps} swaps",
             file=sys.stderr,
         )
     return 0
@@ -93,20 +171,22 @@ def cmd_generate(ns) -> int:
 def cmd_chat(ns) -> int:
     from strata.model.chat_template import render_chat
 
-    model = _load(ns.model)
     msgs = ([{"role": "system", "content": ns.system}] if ns.system else []) + [
         {"role": "user", "content": ns.prompt}
     ]
-    tok = model.tokenizer
-    text = render_chat(
-        msgs,
-        model.chat_template,
-        add_generation_prompt=True,
-        bos_token=tok.token_text(tok.bos_id),
-        eos_token=tok.token_text(tok.eos_id),
-    )
-    ids = tok.encode(text)
-    return _stream(ns, ids)
+
+    def prompt_ids(model) -> list[int]:
+        tok = model.tokenizer
+        text = render_chat(
+            msgs,
+            model.chat_template,
+            add_generation_prompt=True,
+            bos_token=tok.token_text(tok.bos_id),
+            eos_token=tok.token_text(tok.eos_id),
+        )
+        return tok.encode(text)
+
+    return _stream(ns, prompt_ids)
 
 
 def cmd_inspect(ns) -> int:
@@ -199,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         return ns.fn(ns)
-    except (UserError, ModelError, UnsupportedType, OSError, ValueError) as e:
+    except (UserError, ModelError, UnsupportedType, OSError, ValueError, ConfigError) as e:
         # one line, whatever the message: a user error is never a traceback
         print(f"strata: error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return EXIT_USAGE

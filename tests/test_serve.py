@@ -74,8 +74,13 @@ def client(server):
 
 def _prompt_tokens(model, messages, **kw) -> int:
     tok = model.tokenizer
-    text = render_prompt(messages, model.chat_template, bos_token=tok.token_text(tok.bos_id),
-                         eos_token=tok.token_text(tok.eos_id), **kw)
+    text = render_prompt(
+        messages,
+        model.chat_template,
+        bos_token=tok.token_text(tok.bos_id),
+        eos_token=tok.token_text(tok.eos_id),
+        **kw,
+    )
     return len(tok.encode(text))
 
 
@@ -117,8 +122,9 @@ def test_chat_returns_text_and_exact_usage(client, model):
 def test_streaming_chat_gives_the_same_text_and_a_final_usage_chunk(client):
     kw = dict(model="default", messages=USER, max_tokens=8, temperature=0)
     whole = client.chat.completions.create(**kw)
-    chunks = list(client.chat.completions.create(
-        **kw, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
@@ -129,8 +135,9 @@ def test_streaming_chat_gives_the_same_text_and_a_final_usage_chunk(client):
 
 
 def test_stream_without_include_usage_still_reports_usage_on_the_last_chunk(client):
-    chunks = list(client.chat.completions.create(model="default", messages=USER, max_tokens=3,
-                                                 stream=True))
+    chunks = list(
+        client.chat.completions.create(model="default", messages=USER, max_tokens=3, stream=True)
+    )
     assert chunks[-1].choices[0].finish_reason == "length"
     assert chunks[-1].usage.completion_tokens == 3
 
@@ -138,43 +145,60 @@ def test_stream_without_include_usage_still_reports_usage_on_the_last_chunk(clie
 def test_stop_strings_end_the_text_before_the_stop(client):
     kw = dict(model="default", messages=USER, max_tokens=12, temperature=0)
     text = client.chat.completions.create(**kw).choices[0].message.content
-    stop = next(text[k:k + 2] for k in range(2, len(text) - 1)
-                if text[k:k + 2].isascii() and text[k:k + 2].strip() and
-                text.find(text[k:k + 2]) == k)
+    stop = next(
+        text[k : k + 2]
+        for k in range(2, len(text) - 1)
+        if text[k : k + 2].isascii() and text[k : k + 2].strip() and text.find(text[k : k + 2]) == k
+    )
     r = client.chat.completions.create(**kw, stop=[stop, "never-seen"])
-    assert r.choices[0].message.content == text[:text.find(stop)]
+    assert r.choices[0].message.content == text[: text.find(stop)]
     assert r.choices[0].finish_reason == "stop"
-    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        **kw, stop=stop, stream=True) if c.choices)
-    assert streamed == text[:text.find(stop)]
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(**kw, stop=stop, stream=True)
+        if c.choices
+    )
+    assert streamed == text[: text.find(stop)]
 
 
 def test_a_seed_makes_sampling_reproducible(client):
-    kw = dict(model="default", messages=USER, max_tokens=10, temperature=1.0, top_p=1.0,
-              extra_body={"top_k": 0, "min_p": 0.0})
+    kw = dict(
+        model="default",
+        messages=USER,
+        max_tokens=10,
+        temperature=1.0,
+        top_p=1.0,
+        extra_body={"top_k": 0, "min_p": 0.0},
+    )
     a = client.chat.completions.create(**kw, seed=1234).choices[0].message.content
     b = client.chat.completions.create(**kw, seed=1234).choices[0].message.content
     assert a == b
-    others = {client.chat.completions.create(**kw, seed=s).choices[0].message.content
-              for s in (1, 2)}
+    others = {
+        client.chat.completions.create(**kw, seed=s).choices[0].message.content for s in (1, 2)
+    }
     assert others != {a}  # the seed is what made them equal
 
 
 def test_completions_endpoint_streams_and_echoes(client, model):
-    r = client.completions.create(model="default", prompt="Once upon", max_tokens=5,
-                                  temperature=0, echo=True)
+    r = client.completions.create(
+        model="default", prompt="Once upon", max_tokens=5, temperature=0, echo=True
+    )
     assert r.choices[0].text.startswith("Once upon") and r.usage.completion_tokens == 5
     assert r.usage.prompt_tokens == len(model.tokenizer.encode("Once upon"))
-    chunks = list(client.completions.create(model="default", prompt="Once upon", max_tokens=5,
-                                            temperature=0, stream=True))
+    chunks = list(
+        client.completions.create(
+            model="default", prompt="Once upon", max_tokens=5, temperature=0, stream=True
+        )
+    )
     assert "Once upon" + "".join(c.choices[0].text for c in chunks) == r.choices[0].text
     ids = client.completions.create(model="default", prompt=[11, 12, 13], max_tokens=2)
     assert ids.usage.prompt_tokens == 3
 
 
 def test_reasoning_effort_none_prefills_an_empty_think_block(client, model):
-    r = client.chat.completions.create(model="default", messages=USER, max_tokens=1,
-                                       reasoning_effort="none")
+    r = client.chat.completions.create(
+        model="default", messages=USER, max_tokens=1, reasoning_effort="none"
+    )
     assert r.usage.prompt_tokens == _prompt_tokens(model, USER, effort="none")
     assert r.usage.prompt_tokens > _prompt_tokens(model, USER)
 
@@ -193,8 +217,11 @@ def test_a_client_that_disconnects_cancels_its_stream(server):
 def test_a_client_that_times_out_cancels_its_plain_request(server):
     before = _metric(server, "strata_requests_cancelled_total")
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server + "/v1/chat/completions", timeout=0.5,
-                   json={"messages": USER, "max_tokens": 3000})
+        httpx.post(
+            server + "/v1/chat/completions",
+            timeout=0.5,
+            json={"messages": USER, "max_tokens": 3000},
+        )
     _wait(lambda: _metric(server, "strata_requests_cancelled_total") == before + 1)
     assert httpx.get(server + "/health").json()["active"] == 0
 
@@ -211,21 +238,52 @@ def _error(url: str, body, path: str = "/v1/chat/completions", status: int = 400
     return err
 
 
-@pytest.mark.parametrize("body", [b"{not json", b"", b"[1, 2]", b'"text"', b"\xff\xfe",
-                                  b'{"messages": [], "temperature": NaN}', b"[" * 100_000])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b"",
+        b"[1, 2]",
+        b'"text"',
+        b"\xff\xfe",
+        b'{"messages": [], "temperature": NaN}',
+        b"[" * 100_000,
+    ],
+)
 def test_malformed_json_is_a_400(server, body):
     assert _error(server, body)["code"] == "invalid_json" or body.startswith(b'{"messages"')
 
 
-@pytest.mark.parametrize("field,value", [
-    ("temperature", "hot"), ("temperature", -1), ("temperature", True), ("max_tokens", "10"),
-    ("max_tokens", 0), ("max_tokens", 1.5), ("top_p", 0), ("top_k", "x"), ("min_p", 2),
-    ("seed", "s"), ("stream", "yes"), ("stop", 5), ("stop", ["a", 1]), ("messages", "hi"),
-    ("messages", [{"role": "robot", "content": "x"}]), ("messages", [{"role": "user"}]),
-    ("messages", [{"role": "user", "content": [{"type": "image_url"}]}]), ("messages", [1]),
-    ("tools", {"a": 1}), ("tools", [{"type": "function"}]), ("tool_choice", "required"),
-    ("reasoning_effort", "maximal"), ("stream_options", "yes"), ("model", 3), ("logprobs", True),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", "hot"),
+        ("temperature", -1),
+        ("temperature", True),
+        ("max_tokens", "10"),
+        ("max_tokens", 0),
+        ("max_tokens", 1.5),
+        ("top_p", 0),
+        ("top_k", "x"),
+        ("min_p", 2),
+        ("seed", "s"),
+        ("stream", "yes"),
+        ("stop", 5),
+        ("stop", ["a", 1]),
+        ("messages", "hi"),
+        ("messages", [{"role": "robot", "content": "x"}]),
+        ("messages", [{"role": "user"}]),
+        ("messages", [{"role": "user", "content": [{"type": "image_url"}]}]),
+        ("messages", [1]),
+        ("tools", {"a": 1}),
+        ("tools", [{"type": "function"}]),
+        ("tool_choice", "required"),
+        ("reasoning_effort", "maximal"),
+        ("stream_options", "yes"),
+        ("model", 3),
+        ("logprobs", True),
+    ],
+)
 def test_a_wrong_field_is_a_400_naming_the_field(server, field, value):
     body = {"model": "default", "messages": USER, "max_tokens": 1, field: value}
     err = _error(server, body)
@@ -247,11 +305,13 @@ def test_n_other_than_one_is_a_400(client):
 
 def test_response_format_other_than_text_is_a_400(client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="default", messages=USER,
-                                       response_format={"type": "json_object"})
+        client.chat.completions.create(
+            model="default", messages=USER, response_format={"type": "json_object"}
+        )
     assert e.value.body["param"] == "response_format"
-    r = client.chat.completions.create(model="default", messages=USER, max_tokens=1,
-                                       response_format={"type": "text"})
+    r = client.chat.completions.create(
+        model="default", messages=USER, max_tokens=1, response_format={"type": "text"}
+    )
     assert r.usage.completion_tokens == 1
 
 
@@ -293,12 +353,18 @@ def test_with_an_api_key_requests_need_the_bearer_token(auth_server):
     assert r.json()["error"]["message"].startswith("Missing API key")
     good = openai.OpenAI(api_key="s3cret", **kw)
     assert good.models.list().data[0].id == "default"
-    assert good.chat.completions.create(model="default", messages=USER,
-                                        max_tokens=1).usage.completion_tokens == 1
+    assert (
+        good.chat.completions.create(
+            model="default", messages=USER, max_tokens=1
+        ).usage.completion_tokens
+        == 1
+    )
     assert httpx.get(auth_server + "/health").status_code == 200  # health stays open
     assert httpx.get(auth_server + "/metrics").status_code == 401
-    assert httpx.get(auth_server + "/metrics",
-                     headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert (
+        httpx.get(auth_server + "/metrics", headers={"Authorization": "Bearer s3cret"}).status_code
+        == 200
+    )
 
 
 def test_without_an_api_key_any_token_is_accepted(client):
@@ -369,11 +435,20 @@ def _oai(url: str):
 
 
 THOUGHT = "<think>\nThe user wants a greeting.\n</think>\n\nHello there!"
-CALL = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-        '</tool_call>')
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+CALL = (
+    'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+    "</tool_call>"
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
 
 
 def test_scripted_think_block_goes_to_reasoning_content(scripted):
@@ -413,22 +488,35 @@ def test_scripted_tool_call_comes_back_as_tool_calls(scripted):
     assert msg.content == "Let me check."
     (call,) = msg.tool_calls
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {
-        "city": "Paris"}
+        "city": "Paris"
+    }
     assert call.id.startswith("call_") and call.type == "function"
 
 
 def test_scripted_tool_call_streams_and_a_follow_up_turn_renders(scripted):
     url, engine = scripted()
     engine.say(CALL)
-    chunks = list(_oai(url).chat.completions.create(model="m", messages=USER, tools=TOOLS,
-                                                    stream=True))
+    chunks = list(
+        _oai(url).chat.completions.create(model="m", messages=USER, tools=TOOLS, stream=True)
+    )
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert [(c.index, c.function.name) for c in calls] == [(0, "get_weather")]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    history = [*USER, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": calls[0].id, "type": "function",
-         "function": {"name": "get_weather", "arguments": calls[0].function.arguments}}]},
-        {"role": "tool", "tool_call_id": calls[0].id, "content": "sunny, 21 C"}]
+    history = [
+        *USER,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": calls[0].id,
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": calls[0].function.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "sunny, 21 C"},
+    ]
     engine.say("It is sunny.")
     r = _oai(url).chat.completions.create(model="m", messages=history, tools=TOOLS)
     assert r.choices[0].message.content == "It is sunny."
@@ -497,8 +585,10 @@ def test_a_failing_generation_is_a_500_and_the_server_keeps_serving(scripted):
     assert e.value.status_code == 500 and e.value.body["code"] == "generation_failed"
     engine.fail = False
     engine.say("fine")
-    assert _oai(url).chat.completions.create(model="m", messages=USER).choices[
-        0].message.content == "fine"
+    assert (
+        _oai(url).chat.completions.create(model="m", messages=USER).choices[0].message.content
+        == "fine"
+    )
 
 
 def test_metrics_read_cache_and_car_rates_from_the_engine_stats(scripted):
@@ -511,19 +601,46 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-                     | st.text(max_size=8),
-                     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c,
-                                                                         max_size=3),
-                     max_leaves=8)
-_FIELDS = ["messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-           "min_p", "seed", "stop", "n", "stream", "stream_options", "tools", "tool_choice",
-           "reasoning_effort", "response_format", "prompt", "echo", "logprobs"]
+_SCALAR = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=8)
+    | st.floats(allow_nan=False, allow_infinity=False)
+)
+_JSON = st.recursive(
+    _SCALAR,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+    max_leaves=8,
+)
+_FIELDS = [
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "tools",
+    "tool_choice",
+    "reasoning_effort",
+    "response_format",
+    "prompt",
+    "echo",
+    "logprobs",
+]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=6),
-       st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
+@given(
+    st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=6),
+    st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
+)
 def test_random_request_bodies_never_get_a_5xx(scripted, body, path):
     url, _ = scripted()
     r = httpx.post(url + path, json=body, timeout=30)

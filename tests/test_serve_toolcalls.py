@@ -66,8 +66,17 @@ def test_string_arguments_pass_through_and_parameters_is_an_alias():
     assert c1.arguments == '{"q": 1}' and json.loads(c2.arguments) == {"q": 2}
 
 
-@pytest.mark.parametrize("body", ["{not json}", '{"arguments": {}}', "[1, 2]", '{"name": 3}',
-                                  '{"name": "f", "arguments": 5}', ""])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "{not json}",
+        '{"arguments": {}}',
+        "[1, 2]",
+        '{"name": 3}',
+        '{"name": "f", "arguments": 5}',
+        "",
+    ],
+)
 def test_a_malformed_call_is_delivered_as_content_with_its_tags(body):
     text = f"x {OPEN}{body}{CLOSE} y"
     assert parse_all(text) == [text]
@@ -116,10 +125,11 @@ def test_the_cap_counts_utf8_bytes_not_characters():
 
 # ---- tool calls: properties -----------------------------------------------------------------
 
-_TAGGY = st.text(alphabet="<>/_tolcaé{}\":, \nnme", max_size=30)
+_TAGGY = st.text(alphabet='<>/_tolcaé{}":, \nnme', max_size=30)
 _PLAIN = st.text(alphabet=st.characters(blacklist_characters="<", codec="utf-8"), max_size=20)
-_NAME = st.text(alphabet=st.characters(blacklist_characters="<", codec="utf-8"), min_size=1,
-               max_size=8)
+_NAME = st.text(
+    alphabet=st.characters(blacklist_characters="<", codec="utf-8"), min_size=1, max_size=8
+)
 _ARGS = st.dictionaries(_PLAIN, st.integers() | _PLAIN, max_size=3)
 
 
@@ -160,8 +170,11 @@ def test_any_split_gives_the_calls_and_all_other_text(segs, cuts):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_TAGGY | st.sampled_from([OPEN, CLOSE, _call("f", {"a": 1})]), max_size=8),
-       st.lists(st.integers(0, 10_000), max_size=12), st.integers(1, 40))
+@given(
+    st.lists(_TAGGY | st.sampled_from([OPEN, CLOSE, _call("f", {"a": 1})]), max_size=8),
+    st.lists(st.integers(0, 10_000), max_size=12),
+    st.integers(1, 40),
+)
 def test_splits_never_change_the_result_and_the_buffer_stays_under_the_cap(parts, cuts, cap):
     text = "".join(parts)
     whole = _feed(ToolCallParser(cap), [text])
@@ -172,7 +185,8 @@ def test_splits_never_change_the_result_and_the_buffer_stays_under_the_cap(parts
         assert p.buffered_bytes <= cap + len(CLOSE) - 1
     split = _merge(out + p.finish())
     assert [(e.name, e.arguments) if isinstance(e, ToolCall) else e for e in split] == [
-        (e.name, e.arguments) if isinstance(e, ToolCall) else e for e in whole]
+        (e.name, e.arguments) if isinstance(e, ToolCall) else e for e in whole
+    ]
     # nothing is lost: without calls, the content is the text itself
     if not any(isinstance(e, ToolCall) for e in whole):
         assert "".join(whole) == text
@@ -184,8 +198,10 @@ def test_splits_never_change_the_result_and_the_buffer_stays_under_the_cap(parts
 def _reason(pieces: list[str], in_reasoning: bool = False) -> tuple[str, str]:
     p = ReasoningParser(in_reasoning)
     parts = [x for piece in pieces for x in p.feed(piece)] + p.finish()
-    return ("".join(t for k, t in parts if k == "reasoning"),
-            "".join(t for k, t in parts if k == "content"))
+    return (
+        "".join(t for k, t in parts if k == "reasoning"),
+        "".join(t for k, t in parts if k == "content"),
+    )
 
 
 def test_think_block_goes_to_reasoning_and_the_rest_to_content():
@@ -207,11 +223,16 @@ def test_an_unclosed_think_block_is_reasoning():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet="ab \n", max_size=10), st.text(alphabet="ab<>/ \n", max_size=15),
-       st.text(alphabet="ab \n<", max_size=10), st.booleans(),
-       st.lists(st.integers(0, 1000), max_size=10))
-def test_reasoning_split_does_not_depend_on_where_the_stream_is_cut(lead, think, answer, close,
-                                                                   cuts):
+@given(
+    st.text(alphabet="ab \n", max_size=10),
+    st.text(alphabet="ab<>/ \n", max_size=15),
+    st.text(alphabet="ab \n<", max_size=10),
+    st.booleans(),
+    st.lists(st.integers(0, 1000), max_size=10),
+)
+def test_reasoning_split_does_not_depend_on_where_the_stream_is_cut(
+    lead, think, answer, close, cuts
+):
     text = lead.replace("a", "").replace("b", "") + "<think>" + think  # no `</think>` in think
     text += ("</think>" + answer) if close else ""
     whole = _reason([text])
@@ -247,7 +268,9 @@ def test_without_tools_tool_call_text_is_plain_content():
 def test_effort_none_turns_thinking_off_through_the_template_or_the_soft_switch():
     msgs = [{"role": "user", "content": "hi"}]
     assert apply_effort(msgs, "{{ enable_thinking }}", "none") == (
-        msgs, {"reasoning_effort": "none", "enable_thinking": False})
+        msgs,
+        {"reasoning_effort": "none", "enable_thinking": False},
+    )
     m2, kw = apply_effort(msgs, "...<think>...", "none")
     assert m2[-1]["content"] == "hi /no_think" and "enable_thinking" not in kw
     assert apply_effort(msgs, "{{ x }}", "high") == (msgs, {"reasoning_effort": "high"})

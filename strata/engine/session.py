@@ -87,6 +87,8 @@ class Session:
         sampler = Sampler(sampling)
         stops = [s for s in stop if s]
         res.prompt_tokens = len(ids)
+        if self.engine.adaptive is not None:
+            self.engine.adaptive.new_window()  # --adapt-swaps counts per request
         t0 = time.perf_counter()
         res.reused_tokens, logits = self._prefill(ids)
         res.prefill_s = time.perf_counter() - t0

@@ -74,26 +74,41 @@ class ServerState:
                 raise APIError(
                     f"This model's maximum context length is {n_ctx} tokens. However, your "
                     f"prompt is {n_prompt} tokens, which leaves no room for a completion.",
-                    param=prompt_param, code="context_length_exceeded")
+                    param=prompt_param,
+                    code="context_length_exceeded",
+                )
             return n_ctx - n_prompt
         if n_prompt + max_tokens > n_ctx:
             raise APIError(
                 f"This model's maximum context length is {n_ctx} tokens. However, you requested "
                 f"{n_prompt + max_tokens} tokens ({n_prompt} in the prompt, {max_tokens} for the "
                 f"completion). Please reduce the prompt or max_tokens.",
-                param="max_tokens", code="context_length_exceeded")
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         return max_tokens
 
-    def submit(self, ids: list[int], max_tokens: int, sampling: SamplingParams,
-               stop: Sequence[str], arrived: float) -> Job:
+    def submit(
+        self,
+        ids: list[int],
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str],
+        arrived: float,
+    ) -> Job:
         job = Job(ids, max_tokens, sampling, stop, asyncio.get_running_loop())
         job.submitted = arrived
         try:
             return self.scheduler.submit(job)
         except QueueFull as e:
             self.metrics.reject()
-            raise APIError(str(e), status=503, type="server_error", code="queue_full",
-                           headers={"Retry-After": str(e.retry_after)}) from None
+            raise APIError(
+                str(e),
+                status=503,
+                type="server_error",
+                code="queue_full",
+                headers={"Retry-After": str(e.retry_after)},
+            ) from None
 
 
 def _error_response(e: APIError) -> JSONResponse:
@@ -103,14 +118,20 @@ def _error_response(e: APIError) -> JSONResponse:
 async def _read_body(request: Request) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise APIError(f"request body of {declared} bytes is over the {MAX_BODY_BYTES} limit",
-                       status=413, code="request_too_large")
+        raise APIError(
+            f"request body of {declared} bytes is over the {MAX_BODY_BYTES} limit",
+            status=413,
+            code="request_too_large",
+        )
     chunks, n = [], 0
     async for chunk in request.stream():
         n += len(chunk)
         if n > MAX_BODY_BYTES:
-            raise APIError(f"request body is over the {MAX_BODY_BYTES} byte limit", status=413,
-                           code="request_too_large")
+            raise APIError(
+                f"request body is over the {MAX_BODY_BYTES} byte limit",
+                status=413,
+                code="request_too_large",
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -146,15 +167,24 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
     tok = st.tokenizer
     try:
         text = await run_in_threadpool(
-            render_prompt, req.messages, st.model.chat_template, tools=tools, effort=effort,
-            bos_token=st.special(tok.bos_id), eos_token=st.special(tok.eos_id))
+            render_prompt,
+            req.messages,
+            st.model.chat_template,
+            tools=tools,
+            effort=effort,
+            bos_token=st.special(tok.bos_id),
+            eos_token=st.special(tok.eos_id),
+        )
     except ValueError as e:
         raise APIError(str(e), param="messages", code="invalid_messages") from None
     ids = await run_in_threadpool(tok.encode, text)
     max_tokens = st.fit(len(ids), req.max_tokens, "messages")
     job = st.submit(ids, max_tokens, req.sampling, req.stop, arrived)
-    out = ChatOutput(in_reasoning=prompt_opens_think(text), tools=tools is not None,
-                     max_call_bytes=st.max_call_bytes)
+    out = ChatOutput(
+        in_reasoning=prompt_opens_think(text),
+        tools=tools is not None,
+        max_call_bytes=st.max_call_bytes,
+    )
     env = Envelope(new_id("chatcmpl"), st.model_id)
     if req.stream:
         return _sse_response(_chat_stream(job, out, env, req.include_usage))
@@ -168,8 +198,12 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
                     out.finish()
                     res = payload
                 elif kind == "error":
-                    raise APIError(f"generation failed: {payload}", status=500,
-                                   type="server_error", code="generation_failed")
+                    raise APIError(
+                        f"generation failed: {payload}",
+                        status=500,
+                        type="server_error",
+                        code="generation_failed",
+                    )
     finally:
         job.cancel()
     if res is None:
@@ -178,19 +212,24 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
     return JSONResponse(env.chat(out.message(), out.finish_reason(res.finish_reason), u))
 
 
-async def _chat_stream(job: Job, out: ChatOutput, env: Envelope,
-                       include_usage: bool) -> AsyncIterator[str]:
+async def _chat_stream(
+    job: Job, out: ChatOutput, env: Envelope, include_usage: bool
+) -> AsyncIterator[str]:
     try:
-        yield sse(env.chat_chunk({"role": "assistant", "content": ""},
-                                 with_usage_field=include_usage))
+        yield sse(
+            env.chat_chunk({"role": "assistant", "content": ""}, with_usage_field=include_usage)
+        )
         async for kind, payload in job.events():
             if kind == "piece":
                 deltas = out.feed(payload)
             elif kind == "done":
                 deltas = out.finish()
             elif kind == "error":
-                yield sse(error_body(f"generation failed: {payload}", "server_error",
-                                     code="generation_failed"))
+                yield sse(
+                    error_body(
+                        f"generation failed: {payload}", "server_error", code="generation_failed"
+                    )
+                )
                 break
             else:  # cancelled (server shutting down)
                 return
@@ -200,8 +239,11 @@ async def _chat_stream(job: Job, out: ChatOutput, env: Envelope,
                 u = usage(payload.prompt_tokens, len(payload.tokens), payload.reused_tokens)
                 fr = out.finish_reason(payload.finish_reason)
                 # usage on the last choice chunk unless the client asked for OpenAI's usage chunk
-                yield sse(env.chat_chunk({}, fr, None if include_usage else u,
-                                         with_usage_field=include_usage))
+                yield sse(
+                    env.chat_chunk(
+                        {}, fr, None if include_usage else u, with_usage_field=include_usage
+                    )
+                )
                 if include_usage:
                     yield sse(env.chat_chunk(None, usage_=u))
         yield SSE_DONE
@@ -220,8 +262,11 @@ async def completions(request: Request, st: ServerState) -> Response:
         ids = req.prompt
         bad = [t for t in ids if not 0 <= t < tok.vocab_size]
         if bad:
-            raise APIError(f"prompt: token id {bad[0]} is outside the vocabulary of "
-                           f"{tok.vocab_size} tokens", param="prompt", code="invalid_value")
+            raise APIError(
+                f"prompt: token id {bad[0]} is outside the vocabulary of {tok.vocab_size} tokens",
+                param="prompt",
+                code="invalid_value",
+            )
         prompt_text = tok.decode(ids) if req.echo else ""
     if not ids:
         raise APIError("prompt: the prompt has no tokens", param="prompt", code="invalid_value")
@@ -241,8 +286,12 @@ async def completions(request: Request, st: ServerState) -> Response:
                 elif kind == "done":
                     res = payload
                 elif kind == "error":
-                    raise APIError(f"generation failed: {payload}", status=500,
-                                   type="server_error", code="generation_failed")
+                    raise APIError(
+                        f"generation failed: {payload}",
+                        status=500,
+                        type="server_error",
+                        code="generation_failed",
+                    )
     finally:
         job.cancel()
     if res is None:
@@ -251,8 +300,9 @@ async def completions(request: Request, st: ServerState) -> Response:
     return JSONResponse(env.completion("".join(pieces), res.finish_reason, u))
 
 
-async def _completion_stream(job: Job, env: Envelope, include_usage: bool,
-                             echo: str) -> AsyncIterator[str]:
+async def _completion_stream(
+    job: Job, env: Envelope, include_usage: bool, echo: str
+) -> AsyncIterator[str]:
     kw = {"chunk": True, "with_usage_field": include_usage}
     try:
         if echo:
@@ -262,13 +312,17 @@ async def _completion_stream(job: Job, env: Envelope, include_usage: bool,
                 yield sse(env.completion(payload, None, **kw))
             elif kind == "done":
                 u = usage(payload.prompt_tokens, len(payload.tokens), payload.reused_tokens)
-                yield sse(env.completion("", payload.finish_reason,
-                                         None if include_usage else u, **kw))
+                yield sse(
+                    env.completion("", payload.finish_reason, None if include_usage else u, **kw)
+                )
                 if include_usage:
                     yield sse(env.completion(None, None, u, **kw))
             elif kind == "error":
-                yield sse(error_body(f"generation failed: {payload}", "server_error",
-                                     code="generation_failed"))
+                yield sse(
+                    error_body(
+                        f"generation failed: {payload}", "server_error", code="generation_failed"
+                    )
+                )
             else:
                 return
         yield SSE_DONE
@@ -283,26 +337,44 @@ async def list_models(request: Request, st: ServerState) -> Response:
 async def get_model(request: Request, st: ServerState) -> Response:
     mid = request.path_params["model_id"]
     if mid != st.model_id:
-        raise APIError(f"The model '{mid}' does not exist", status=404, param="model",
-                       code="model_not_found")
+        raise APIError(
+            f"The model '{mid}' does not exist", status=404, param="model", code="model_not_found"
+        )
     return JSONResponse(_model_card(st))
 
 
 def _model_card(st: ServerState) -> dict:
-    return {"id": st.model_id, "object": "model", "created": st.started, "owned_by": "strata",
-            "context_length": st.n_ctx, "architecture": st.model.args.arch}
+    return {
+        "id": st.model_id,
+        "object": "model",
+        "created": st.started,
+        "owned_by": "strata",
+        "context_length": st.n_ctx,
+        "architecture": st.model.args.arch,
+    }
 
 
 async def health(request: Request, st: ServerState) -> Response:
     s = st.scheduler
-    return JSONResponse({"status": "ok", "model": st.model_id, "slots": s.slots,
-                         "active": s.active, "queued": s.queued})
+    return JSONResponse(
+        {
+            "status": "ok",
+            "model": st.model_id,
+            "slots": s.slots,
+            "active": s.active,
+            "queued": s.queued,
+        }
+    )
 
 
 async def metrics(request: Request, st: ServerState) -> Response:
     s = st.scheduler
-    text = st.metrics.render(queued=s.queued, active=s.active, slots=s.slots,
-                             engine_stats=[getattr(x.engine, "stats", None) for x in s.sessions])
+    text = st.metrics.render(
+        queued=s.queued,
+        active=s.active,
+        slots=s.slots,
+        engine_stats=[getattr(x.engine, "stats", None) for x in s.sessions],
+    )
     return Response(text, media_type=CONTENT_TYPE)
 
 
@@ -310,8 +382,11 @@ async def metrics(request: Request, st: ServerState) -> Response:
 
 
 def _sse_response(gen: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(gen, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        gen,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 @contextlib.asynccontextmanager
@@ -327,10 +402,14 @@ def _check_auth(request: Request, key: str) -> None:
     got = request.headers.get("authorization", "")
     scheme, _, token = got.partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-        raise APIError("Incorrect API key provided. Send it as 'Authorization: Bearer KEY'."
-                       if got else "Missing API key. Send it as 'Authorization: Bearer KEY'.",
-                       status=401, code="invalid_api_key",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise APIError(
+            "Incorrect API key provided. Send it as 'Authorization: Bearer KEY'."
+            if got
+            else "Missing API key. Send it as 'Authorization: Bearer KEY'.",
+            status=401,
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
 
 Handler = Callable[[Request, ServerState], Awaitable[Response]]
@@ -348,8 +427,11 @@ def _endpoint(st: ServerState, name: str, fn: Handler, auth: bool = True):
             resp = Response(status_code=CLIENT_CLOSED)
         except Exception:  # never crash on input we did not foresee; say so and log it
             log.exception("unhandled error in %s", name)
-            resp = _error_response(APIError("internal server error", status=500,
-                                            type="server_error", code="internal_error"))
+            resp = _error_response(
+                APIError(
+                    "internal server error", status=500, type="server_error", code="internal_error"
+                )
+            )
         st.metrics.request(name, resp.status_code)
         return resp
 
@@ -359,8 +441,9 @@ def _endpoint(st: ServerState, name: str, fn: Handler, auth: bool = True):
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return JSONResponse(error_body(str(exc.detail), code=code), status_code=exc.status_code,
-                        headers=exc.headers)
+    return JSONResponse(
+        error_body(str(exc.detail), code=code), status_code=exc.status_code, headers=exc.headers
+    )
 
 
 def create_app(
@@ -422,7 +505,8 @@ def create_app(
         Route("/health", _endpoint(st, "health", health, auth=False), methods=["GET"]),
         Route("/metrics", _endpoint(st, "metrics", metrics), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: _http_error})
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
+    )
     app.state.strata = st
     return app

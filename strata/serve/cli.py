@@ -14,14 +14,15 @@ import sys
 from strata.serve.reasoning import EFFORTS
 
 
-def _positive(name: str, lo: int):
+def _int(name: str, lo: int, hi: int | None = None):
     def parse(v: str) -> int:
         try:
             n = int(v)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be an integer, got {v!r}") from None
-        if n < lo:
-            raise argparse.ArgumentTypeError(f"{name} must be >= {lo}, got {n}")
+        if n < lo or (hi is not None and n > hi):
+            bound = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"{name} must be {bound}, got {n}")
         return n
 
     return parse
@@ -29,52 +30,98 @@ def _positive(name: str, lo: int):
 
 def add_serve_parser(subparsers) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible chat server (uvicorn)")
-    p.add_argument("-m", "--model", default=None,
-                   help="GGUF file or first shard (default: env STRATA_MODEL, then the embedded "
-                        "model)")
+    p.add_argument(
+        "-m",
+        "--model",
+        default=None,
+        help="GGUF file or first shard (default: env STRATA_MODEL, then the embedded model)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
-    p.add_argument("--port", type=_positive("--port", 0), default=8000)
-    p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' (default: env STRATA_API_KEY)")
-    p.add_argument("--reasoning-effort", choices=EFFORTS, default=None,
-                   help="default reasoning effort (env STRATA_REASONING_EFFORT); none/minimal "
-                        "turn thinking off, a request's reasoning_effort overrides it")
-    p.add_argument("--ctx", type=_positive("--ctx", 1), default=None,
-                   help="context length (default min(train, 4096))")
-    p.add_argument("--max-queue", type=_positive("--max-queue", 0), default=64,
-                   help="requests that may wait for a slot before 503 (default 64)")
-    p.add_argument("--slots", type=_positive("--slots", 1), default=1,
-                   help="generation slots, each with its own engine and KV cache (default 1)")
-    p.add_argument("--log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--port", type=_int("--port", 0, 65535), default=8000)
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' (default: env STRATA_API_KEY)",
+    )
+    p.add_argument(
+        "--reasoning-effort",
+        choices=EFFORTS,
+        default=None,
+        help="default reasoning effort (env STRATA_REASONING_EFFORT); none/minimal "
+        "turn thinking off, a request's reasoning_effort overrides it",
+    )
+    p.add_argument(
+        "--ctx",
+        type=_int("--ctx", 1),
+        default=None,
+        help="context length (default min(train, 4096))",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=_int("--max-queue", 0),
+        default=64,
+        help="requests that may wait for a slot before 503 (default 64)",
+    )
+    p.add_argument(
+        "--slots",
+        type=_int("--slots", 1),
+        default=1,
+        help="generation slots, each with its own engine and KV cache (default 1)",
+    )
+    p.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
     p.set_defaults(fn=cmd_serve)
 
 
-def cmd_serve(ns: argparse.Namespace) -> int:
-    import uvicorn
-
-    from strata.serve.app import create_app
+def serve_options(ns: argparse.Namespace, environ=os.environ) -> dict:
+    """`create_app` arguments from the flags, then `STRATA_*` variables, then defaults."""
     from strata.serve.reasoning import check_effort
 
-    model = ns.model or os.environ.get("STRATA_MODEL")
+    model = ns.model or environ.get("STRATA_MODEL")
     if model is None:
         from strata.cli import DEFAULT_MODEL
 
         model = str(DEFAULT_MODEL)
     if not os.path.exists(model):
         raise ValueError(f"{model}: no such file")
-    api_key = ns.api_key if ns.api_key is not None else os.environ.get("STRATA_API_KEY")
-    effort = ns.reasoning_effort or os.environ.get("STRATA_REASONING_EFFORT") or None
-    check_effort(effort)
-    app = create_app(model, api_key=api_key, reasoning_effort=effort, max_queue=ns.max_queue,
-                     slots=ns.slots, n_ctx=ns.ctx)
+    api_key = ns.api_key if ns.api_key is not None else environ.get("STRATA_API_KEY")
+    effort = ns.reasoning_effort or environ.get("STRATA_REASONING_EFFORT") or None
+    try:
+        check_effort(effort)
+    except ValueError as e:
+        raise ValueError(f"STRATA_REASONING_EFFORT: {e}") from None
+    return dict(
+        model=model,
+        api_key=api_key or None,
+        reasoning_effort=effort,
+        max_queue=ns.max_queue,
+        slots=ns.slots,
+        n_ctx=ns.ctx,
+    )
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    import uvicorn
+
+    from strata.serve.app import create_app
+
+    opts = serve_options(ns)
+    app = create_app(opts.pop("model"), **opts)
     st = app.state.strata
-    if not api_key and not _is_loopback(ns.host):
-        print(f"strata: warning: serving on {ns.host} without an API key (set --api-key or "
-              "STRATA_API_KEY)", file=sys.stderr)
-    print(f"strata: serving {st.model_id} ({st.n_ctx} tokens of context, {ns.slots} slot(s), "
-          f"queue {ns.max_queue}) on http://{ns.host}:{ns.port}/v1"
-          f"{' (API key required)' if api_key else ''}", file=sys.stderr)
+    if not st.api_key and not _is_loopback(ns.host):
+        print(
+            f"strata: warning: serving on {ns.host} without an API key (set --api-key or "
+            "STRATA_API_KEY)",
+            file=sys.stderr,
+        )
+    print(
+        f"strata: serving {st.model_id} ({st.n_ctx} tokens of context, {ns.slots} slot(s), "
+        f"queue {ns.max_queue}) on http://{ns.host}:{ns.port}/v1"
+        f"{' (API key required)' if st.api_key else ''}",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level)
     return 0
 

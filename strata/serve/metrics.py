@@ -62,8 +62,9 @@ class Metrics:
         with self._lock:
             self.requests[(endpoint, status)] += 1
 
-    def generation(self, prompt_tokens: int, completion_tokens: int, decode_s: float,
-                   decode_tps: float) -> None:
+    def generation(
+        self, prompt_tokens: int, completion_tokens: int, decode_s: float, decode_tps: float
+    ) -> None:
         with self._lock:
             self.prompt_tokens += prompt_tokens
             self.completion_tokens += completion_tokens
@@ -95,21 +96,49 @@ class Metrics:
 
         with self._lock:
             reqs = sorted(self.requests.items())
-            metric("strata_requests_total", "counter", "HTTP requests by endpoint and status.",
-                   [(f'{{endpoint="{_esc(e)}",status="{s}"}}', n) for (e, s), n in reqs])
-            metric("strata_prompt_tokens_total", "counter", "Prompt tokens processed.",
-                   [("", self.prompt_tokens)])
-            metric("strata_completion_tokens_total", "counter", "Tokens generated.",
-                   [("", self.completion_tokens)])
-            metric("strata_requests_cancelled_total", "counter",
-                   "Generations cancelled because the client went away.", [("", self.cancelled)])
-            metric("strata_requests_rejected_total", "counter",
-                   "Requests refused with 503 because the queue was full.", [("", self.rejected)])
+            metric(
+                "strata_requests_total",
+                "counter",
+                "HTTP requests by endpoint and status.",
+                [(f'{{endpoint="{_esc(e)}",status="{s}"}}', n) for (e, s), n in reqs],
+            )
+            metric(
+                "strata_prompt_tokens_total",
+                "counter",
+                "Prompt tokens processed.",
+                [("", self.prompt_tokens)],
+            )
+            metric(
+                "strata_completion_tokens_total",
+                "counter",
+                "Tokens generated.",
+                [("", self.completion_tokens)],
+            )
+            metric(
+                "strata_requests_cancelled_total",
+                "counter",
+                "Generations cancelled because the client went away.",
+                [("", self.cancelled)],
+            )
+            metric(
+                "strata_requests_rejected_total",
+                "counter",
+                "Requests refused with 503 because the queue was full.",
+                [("", self.rejected)],
+            )
             tps = self.completion_tokens / self.gen_seconds if self.gen_seconds > 0 else 0.0
-            metric("strata_tokens_per_second", "gauge",
-                   "Generated tokens per second of decoding, over the server's life.", [("", tps)])
-            metric("strata_last_decode_tokens_per_second", "gauge",
-                   "Decode speed of the last finished generation.", [("", self.last_decode_tps)])
+            metric(
+                "strata_tokens_per_second",
+                "gauge",
+                "Generated tokens per second of decoding, over the server's life.",
+                [("", tps)],
+            )
+            metric(
+                "strata_last_decode_tokens_per_second",
+                "gauge",
+                "Decode speed of the last finished generation.",
+                [("", self.last_decode_tps)],
+            )
             cum, buckets = 0, []
             for b, n in zip((*TTFT_BUCKETS, float("inf")), self._ttft, strict=True):
                 cum += n
@@ -119,8 +148,9 @@ class Metrics:
             lines.extend(f"strata_time_to_first_token_seconds_bucket{lb} {v}" for lb, v in buckets)
             lines.append(f"strata_time_to_first_token_seconds_sum {_num(self._ttft_sum)}")
             lines.append(f"strata_time_to_first_token_seconds_count {cum}")
-        metric("strata_queue_depth", "gauge", "Requests waiting for a generation slot.",
-               [("", queued)])
+        metric(
+            "strata_queue_depth", "gauge", "Requests waiting for a generation slot.", [("", queued)]
+        )
         metric("strata_active_generations", "gauge", "Requests generating now.", [("", active)])
         metric("strata_generation_slots", "gauge", "Generation slots.", [("", slots)])
         rates = engine_rates(engine_stats)

@@ -17,8 +17,13 @@ from strata.serve.toolcalls import DEFAULT_MAX_CALL_BYTES, ToolCall, ToolCallPar
 
 
 class ChatOutput:
-    def __init__(self, *, in_reasoning: bool = False, tools: bool = False,
-                 max_call_bytes: int = DEFAULT_MAX_CALL_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        in_reasoning: bool = False,
+        tools: bool = False,
+        max_call_bytes: int = DEFAULT_MAX_CALL_BYTES,
+    ) -> None:
         self._reasoning = ReasoningParser(in_reasoning)
         self._tools = ToolCallParser(max_call_bytes) if tools else None
         self._ws = ""  # whitespace-only content held back
@@ -74,8 +79,10 @@ class ChatOutput:
     def message(self) -> dict[str, Any]:
         """The assistant message of a non-streaming response."""
         content = "".join(self.content)
-        msg: dict[str, Any] = {"role": "assistant",
-                               "content": None if self.tool_calls and not content else content}
+        msg: dict[str, Any] = {
+            "role": "assistant",
+            "content": None if self.tool_calls and not content else content,
+        }
         if self.reasoning:
             msg["reasoning_content"] = "".join(self.reasoning)
         if self.tool_calls:

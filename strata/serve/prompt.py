@@ -22,8 +22,10 @@ def _inline_tool_calls(messages: list[dict]) -> list[dict]:
         if m["role"] == "assistant" and calls:
             text = "".join(
                 f"\n{OPEN}\n"
-                + json.dumps({"name": c["function"]["name"],
-                              "arguments": c["function"]["arguments"]}, ensure_ascii=False)
+                + json.dumps(
+                    {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                    ensure_ascii=False,
+                )
                 + f"\n{CLOSE}"
                 for c in calls
             )
@@ -63,5 +65,11 @@ def render_prompt(
             messages = _with_tools_system(messages, tools)
     messages, effort_kwargs = apply_effort(messages, template, effort)
     kwargs.update(effort_kwargs)
-    return render_chat(messages, template, add_generation_prompt=True, bos_token=bos_token,
-                       eos_token=eos_token, **kwargs)
+    return render_chat(
+        messages,
+        template,
+        add_generation_prompt=True,
+        bos_token=bos_token,
+        eos_token=eos_token,
+        **kwargs,
+    )

@@ -33,8 +33,14 @@ _END = frozenset({"done", "error", "cancelled"})
 class SessionLike(Protocol):
     engine: Any
 
-    def generate(self, prompt: Sequence[int], max_tokens: int, sampling: SamplingParams,
-                 stop: Sequence[str], result: Generation) -> Iterator[str]: ...
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str],
+        result: Generation,
+    ) -> Iterator[str]: ...
 
 
 class QueueFull(Exception):
@@ -44,8 +50,14 @@ class QueueFull(Exception):
 
 
 class Job:
-    def __init__(self, prompt: list[int], max_tokens: int, sampling: SamplingParams,
-                 stop: Sequence[str], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self.prompt, self.max_tokens, self.sampling, self.stop = prompt, max_tokens, sampling, stop
         self.result = Generation()
         self.loop = loop
@@ -119,8 +131,9 @@ class Scheduler:
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
                 self._stop = False
-                self._thread = threading.Thread(target=self._run, name="strata-generate",
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="strata-generate", daemon=True
+                )
                 self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:

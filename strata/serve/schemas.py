@@ -29,9 +29,16 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class APIError(Exception):
-    def __init__(self, message: str, *, status: int = 400, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message, self.status, self.type = message, status, type
         self.param, self.code, self.headers = param, code, headers
@@ -40,8 +47,12 @@ class APIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
+def error_body(
+    message: str,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
@@ -55,8 +66,9 @@ def parse_json(raw: bytes) -> dict:
         obj = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         msg = " ".join(str(e).split())[:200]
-        raise APIError(f"could not parse the JSON body of the request: {msg}",
-                       code="invalid_json") from None
+        raise APIError(
+            f"could not parse the JSON body of the request: {msg}", code="invalid_json"
+        ) from None
     if not isinstance(obj, dict):
         raise APIError("the request body must be a JSON object", code="invalid_json")
     return obj
@@ -68,8 +80,11 @@ _MISSING = object()
 
 
 def _type_error(param: str, want: str, got: Any) -> APIError:
-    return APIError(f"{param}: expected {want}, got {type(got).__name__} {_short(got)}",
-                    param=param, code="invalid_type")
+    return APIError(
+        f"{param}: expected {want}, got {type(got).__name__} {_short(got)}",
+        param=param,
+        code="invalid_type",
+    )
 
 
 def _short(v: Any) -> str:
@@ -84,8 +99,9 @@ def _value_error(param: str, msg: str) -> APIError:
     return APIError(f"{param}: {msg}", param=param, code="invalid_value")
 
 
-def get_int(body: dict, key: str, default: Any = None, *, lo: int | None = None,
-            hi: int | None = None) -> Any:
+def get_int(
+    body: dict, key: str, default: Any = None, *, lo: int | None = None, hi: int | None = None
+) -> Any:
     v = body.get(key, _MISSING)
     if v is _MISSING or v is None:
         return default
@@ -100,8 +116,15 @@ def get_int(body: dict, key: str, default: Any = None, *, lo: int | None = None,
     return v
 
 
-def get_float(body: dict, key: str, default: Any = None, *, lo: float | None = None,
-              hi: float | None = None, lo_open: bool = False) -> Any:
+def get_float(
+    body: dict,
+    key: str,
+    default: Any = None,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+) -> Any:
     v = body.get(key, _MISSING)
     if v is _MISSING or v is None:
         return default
@@ -192,8 +215,9 @@ def _refuse_unsupported(body: dict, *, chat: bool) -> None:
         if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
             raise _type_error("response_format", 'an object like {"type": "text"}', rf)
         if rf["type"] != "text":
-            raise _value_error("response_format",
-                               f"only type 'text' is supported, got {rf['type']!r}")
+            raise _value_error(
+                "response_format", f"only type 'text' is supported, got {rf['type']!r}"
+            )
     get_str(body, "model")
 
 
@@ -210,8 +234,9 @@ def _content_text(content: Any, param: str) -> str | None:
             if not isinstance(part, dict):
                 raise _type_error(p, "a content part object", part)
             if part.get("type") != "text":
-                raise _value_error(p, f"only text content parts are supported, got "
-                                   f"{_short(part.get('type'))}")
+                raise _value_error(
+                    p, f"only text content parts are supported, got {_short(part.get('type'))}"
+                )
             if not isinstance(part.get("text"), str):
                 raise _type_error(f"{p}.text", "a string", part.get("text"))
             parts.append(part["text"])
@@ -227,8 +252,9 @@ def _tool_calls(v: Any, param: str) -> list[dict]:
         p = f"{param}[{i}]"
         fn = tc.get("function") if isinstance(tc, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise _type_error(p, 'an object like {"type": "function", "function": {"name": ...}}',
-                              tc)
+            raise _type_error(
+                p, 'an object like {"type": "function", "function": {"name": ...}}', tc
+            )
         args = fn.get("arguments", "{}")
         if isinstance(args, str):  # templates expect a mapping, as HF transformers passes it
             try:
@@ -237,16 +263,24 @@ def _tool_calls(v: Any, param: str) -> list[dict]:
                 pass
         elif not isinstance(args, dict):
             raise _type_error(f"{p}.function.arguments", "a JSON string", args)
-        out.append({"id": tc.get("id") if isinstance(tc.get("id"), str) else f"call_{i}",
-                    "type": "function", "function": {"name": fn["name"], "arguments": args}})
+        out.append(
+            {
+                "id": tc.get("id") if isinstance(tc.get("id"), str) else f"call_{i}",
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": args},
+            }
+        )
     return out
 
 
 def parse_messages(v: Any) -> list[dict]:
     """Messages normalized for templates: string content, `developer` as `system`."""
     if v is None:
-        raise APIError("missing required parameter: 'messages'", param="messages",
-                       code="missing_required_parameter")
+        raise APIError(
+            "missing required parameter: 'messages'",
+            param="messages",
+            code="missing_required_parameter",
+        )
     if not isinstance(v, list):
         raise _type_error("messages", "a list of messages", v)
     if not v:
@@ -258,8 +292,9 @@ def parse_messages(v: Any) -> list[dict]:
             raise _type_error(p, "a message object", m)
         role = m.get("role")
         if role not in ROLES:
-            raise _value_error(f"{p}.role", f"must be one of {', '.join(ROLES)}, got "
-                               f"{_short(role)}")
+            raise _value_error(
+                f"{p}.role", f"must be one of {', '.join(ROLES)}, got {_short(role)}"
+            )
         content = _content_text(m.get("content"), f"{p}.content")
         msg: dict[str, Any] = {"role": "system" if role == "developer" else role}
         if role == "assistant" and m.get("tool_calls") is not None:
@@ -285,18 +320,27 @@ def parse_tools(body: dict) -> tuple[list[dict] | None, str]:
             raise _type_error("tools", "a list of tools", tools)
         for i, t in enumerate(tools):
             fn = t.get("function") if isinstance(t, dict) else None
-            if (not isinstance(t, dict) or t.get("type", "function") != "function"
-                    or not isinstance(fn, dict) or not isinstance(fn.get("name"), str)):
-                raise _type_error(f"tools[{i}]",
-                                  'an object like {"type": "function", "function": {"name": ...}}',
-                                  t)
+            if (
+                not isinstance(t, dict)
+                or t.get("type", "function") != "function"
+                or not isinstance(fn, dict)
+                or not isinstance(fn.get("name"), str)
+            ):
+                raise _type_error(
+                    f"tools[{i}]",
+                    'an object like {"type": "function", "function": {"name": ...}}',
+                    t,
+                )
         tools = tools or None
     choice = body.get("tool_choice")
     if choice is None:
         choice = "auto"
     elif choice in ("required",) or isinstance(choice, dict):
-        raise _value_error("tool_choice", "only 'auto' and 'none' are supported (forcing a call "
-                           "needs constrained decoding, which Strata does not have yet)")
+        raise _value_error(
+            "tool_choice",
+            "only 'auto' and 'none' are supported (forcing a call "
+            "needs constrained decoding, which Strata does not have yet)",
+        )
     elif choice not in ("auto", "none"):
         raise _value_error("tool_choice", f"must be 'auto' or 'none', got {_short(choice)}")
     return tools, choice
@@ -326,10 +370,21 @@ def parse_chat(body: dict) -> ChatRequest:
     tools, choice = parse_tools(body)
     effort = get_str(body, "reasoning_effort")
     if effort is not None and effort not in EFFORTS:
-        raise _value_error("reasoning_effort", f"must be one of {', '.join(EFFORTS)}, got "
-                           f"{_short(effort)}")
-    return ChatRequest(messages, max_tokens, parse_sampling(body), parse_stop(body), stream,
-                       include_usage, tools, choice, effort, body.get("model"))
+        raise _value_error(
+            "reasoning_effort", f"must be one of {', '.join(EFFORTS)}, got {_short(effort)}"
+        )
+    return ChatRequest(
+        messages,
+        max_tokens,
+        parse_sampling(body),
+        parse_stop(body),
+        stream,
+        include_usage,
+        tools,
+        choice,
+        effort,
+        body.get("model"),
+    )
 
 
 # ---- completions -------------------------------------------------------------------------------
@@ -349,14 +404,20 @@ class CompletionRequest:
 
 
 def _is_ids(v: Any) -> bool:
-    return isinstance(v, list) and bool(v) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in v)
+    return (
+        isinstance(v, list)
+        and bool(v)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+    )
 
 
 def parse_prompt(v: Any) -> str | list[int]:
     if v is None:
-        raise APIError("missing required parameter: 'prompt'", param="prompt",
-                       code="missing_required_parameter")
+        raise APIError(
+            "missing required parameter: 'prompt'",
+            param="prompt",
+            code="missing_required_parameter",
+        )
     if isinstance(v, list) and len(v) == 1 and (isinstance(v[0], str) or _is_ids(v[0])):
         v = v[0]  # a batch of one
     if isinstance(v, str):
@@ -410,32 +471,59 @@ class Envelope:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def chat(self, message: dict, finish_reason: str | None, usage_: dict) -> dict:
-        return {"id": self.id, "object": "chat.completion", "created": self.created,
-                "model": self.model, "system_fingerprint": "strata",
-                "choices": [{"index": 0, "message": message, "logprobs": None,
-                             "finish_reason": finish_reason}],
-                "usage": usage_}
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "strata",
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+            ],
+            "usage": usage_,
+        }
 
-    def chat_chunk(self, delta: dict | None, finish_reason: str | None = None,
-                   usage_: dict | None = None, *, with_usage_field: bool = False) -> dict:
-        d: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk",
-                             "created": self.created, "model": self.model,
-                             "system_fingerprint": "strata",
-                             "choices": [] if delta is None else [
-                                 {"index": 0, "delta": delta, "logprobs": None,
-                                  "finish_reason": finish_reason}]}
+    def chat_chunk(
+        self,
+        delta: dict | None,
+        finish_reason: str | None = None,
+        usage_: dict | None = None,
+        *,
+        with_usage_field: bool = False,
+    ) -> dict:
+        d: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "strata",
+            "choices": []
+            if delta is None
+            else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
         if usage_ is not None or with_usage_field:
             d["usage"] = usage_
         return d
 
-    def completion(self, text: str | None, finish_reason: str | None,
-                   usage_: dict | None = None, *, chunk: bool = False,
-                   with_usage_field: bool = False) -> dict:
-        d: dict[str, Any] = {"id": self.id, "object": "text_completion", "created": self.created,
-                             "model": self.model, "system_fingerprint": "strata",
-                             "choices": [] if text is None else [
-                                 {"index": 0, "text": text, "logprobs": None,
-                                  "finish_reason": finish_reason}]}
+    def completion(
+        self,
+        text: str | None,
+        finish_reason: str | None,
+        usage_: dict | None = None,
+        *,
+        chunk: bool = False,
+        with_usage_field: bool = False,
+    ) -> dict:
+        d: dict[str, Any] = {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "strata",
+            "choices": []
+            if text is None
+            else [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        }
         if not chunk or usage_ is not None or with_usage_field:
             d["usage"] = usage_
         return d

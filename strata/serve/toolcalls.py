@@ -35,8 +35,11 @@ class ToolCall:
     id: str = field(default_factory=new_call_id, compare=False)
 
     def to_openai(self, index: int | None = None) -> dict:
-        d = {"id": self.id, "type": "function",
-             "function": {"name": self.name, "arguments": self.arguments}}
+        d = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
         return d if index is None else {"index": index, **d}
 
 

@@ -135,7 +135,8 @@ def _blk_avx2(typingctx, w, r, qo, do, so, xq, a, xo, x8, go):
         ls = b.and_(b.lshr(words, e.const(_V16I32, [3 * (s % 4) for s in range(16)])),
                     e.splat(_V16I32, 7))
         sc = b.trunc(b.or_(b.shl(ls, e.splat(_V16I32, 1)), e.splat(_V16I32, 1)), V16I16)
-        sc8 = b.shl(sc, e.splat(V16I16, 3))
+        # even scales in the low 128-bit lane, odd in the high: the plane splats are lane-local
+        sc8 = e.shuffle(b.shl(sc, e.splat(V16I16, 3)), [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15])
         acc = e.splat(V8I32, 0)
         three = e.splat(V32I8, 3)
         for c in range(2):
@@ -144,7 +145,7 @@ def _blk_avx2(typingctx, w, r, qo, do, so, xq, a, xo, x8, go):
                 u = b.and_(b.lshr(v, e.splat(V32I8, 2 * k)), three) if k else b.and_(v, three)
                 p = e.maddubs(u, e.load(px, V32I8, 128 * c + 32 * k))
                 s = 8 * c + 2 * k
-                acc = b.add(acc, e.madd(p, e.shuffle(sc8, [s] * 8 + [s + 1] * 8)))
+                acc = b.add(acc, e.madd(p, e.shuffle(sc8, [s // 2] * 8 + [8 + s // 2] * 8)))
         # the delta/offset term: sc_{g/2} (-7 - 2 bit_g) X8_g over the 32 groups
         bits = e.load(pd, I32)
         lanes = e.const(V16I16, [1 << i for i in range(16)])

@@ -141,16 +141,17 @@ def _blk_avx2(typingctx, w, r, qo, so, xq, a, xo, xb, bo):
         ls = b.and_(b.lshr(s, e.const(V8I32, range(0, 32, 4))), e.splat(V8I32, 15))
         sc = b.trunc(b.add(b.shl(ls, e.splat(V8I32, 1)), e.splat(V8I32, 1)),
                      ir.VectorType(ir.IntType(16), 8))
+        sc = e.shuffle(sc, list(range(8)) * 2)  # both 128-bit lanes: splats become vpshufb
         lut = e.const(V32I8, _LUT_U8)
         acc = e.splat(V8I32, 0)
         for j in range(4):
             lo, hi = e.nibbles(e.load(pw, V32I8, 32 * j))
             pl = e.maddubs(e.pshufb(lut, lo), e.load(px, V32I8, 64 * j))
             ph = e.maddubs(e.pshufb(lut, hi), e.load(px, V32I8, 64 * j + 32))
-            acc = b.add(acc, e.madd(pl, e.shuffle(sc, [2 * j] * 16)))
-            acc = b.add(acc, e.madd(ph, e.shuffle(sc, [2 * j + 1] * 16)))
+            acc = b.add(acc, e.madd(pl, e.shuffle(sc, [2 * j] * 8 + [8 + 2 * j] * 8)))
+            acc = b.add(acc, e.madd(ph, e.shuffle(sc, [2 * j + 1] * 8 + [9 + 2 * j] * 8)))
         # the +64 offset: 64 * sum_s sc_s * (bsum[2s] + bsum[2s+1])
-        corr = e.madd(e.load(pb, V16I16), e.shuffle(sc, [k // 2 for k in range(16)]))
+        corr = e.madd(e.load(pb, V16I16), e.shuffle(sc, [k // 2 for k in range(8)] + [8 + 4 + k // 2 for k in range(8)]))
         acc = b.sub(acc, b.shl(corr, e.splat(V8I32, 6)))
         return e.hsum(acc)
 

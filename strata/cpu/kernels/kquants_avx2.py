@@ -48,13 +48,14 @@ def _blk_q4_k(typingctx, w, r, o, xq, a, xo, xb, bo):
         for i, t in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
             v = b.insert_element(v, t, ir.Constant(I32, i))
         sm = b.zext(b.bitcast(v, _V16I8), V16I16)  # lanes 0..7 scales, 8..15 mins
+        sc = e.shuffle(sm, list(range(8)) * 2)  # scales in both 128-bit lanes: vpshufb splats
         acc = e.splat(V8I32, 0)
         for j in range(4):
             lo, hi = e.nibbles(e.load(pw, V32I8, 16 + 32 * j))
             pl = e.maddubs(lo, e.load(px, V32I8, 64 * j))
             ph = e.maddubs(hi, e.load(px, V32I8, 64 * j + 32))
-            acc = b.add(acc, e.madd(pl, e.shuffle(sm, [2 * j] * 16)))
-            acc = b.add(acc, e.madd(ph, e.shuffle(sm, [2 * j + 1] * 16)))
+            acc = b.add(acc, e.madd(pl, e.shuffle(sc, [2 * j] * 8 + [8 + 2 * j] * 8)))
+            acc = b.add(acc, e.madd(ph, e.shuffle(sc, [2 * j + 1] * 8 + [9 + 2 * j] * 8)))
         mins = e.madd(e.load(pb, V16I16), e.shuffle(sm, [8 + k // 2 for k in range(16)]))
         return context.make_tuple(builder, ret, [e.hsum(acc), e.hsum(mins)])
 

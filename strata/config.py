@@ -1,0 +1,117 @@
+"""`EngineConfig`: every knob in one place, resolved once.
+
+Precedence: command-line flag > `STRATA_*` environment variable > built-in default (per-release
+defaults join when the launcher lands). `resolve` also refuses impossible combinations with a
+one-line reason (`ConfigError`) and records every automatic downgrade as a notice the caller
+prints once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from strata.routing.car import DEFAULT_THRESHOLD
+
+CAR_OFF_NOTICE = "cache-aware routing is OFF for this run"
+
+
+class ConfigError(ValueError):
+    """An impossible or refused setting; the message is one line."""
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None
+    n_ctx: int | None = None
+    vram_budget_mib: int = 10240
+    expert_cache: str = "all"  # "all" | "auto" | a slot count (resident experts)
+    profile: str | None = None  # usage profile that ranks experts for the cache
+    adapt_swaps: int = 96
+    car_threshold: float = DEFAULT_THRESHOLD
+    car_warmup: int = 0
+    car_budget: int = 0
+    car_free_ratio: float = 1.0
+    car_dampen: int = 0
+    dump_router_scores: str | None = None
+    threads: int = 0  # CPU pool threads (0 = all cores)
+    # which fields the user set explicitly (flag or environment), for refusals vs downgrades
+    explicit: set[str] = field(default_factory=set, repr=False)
+    notices: list[str] = field(default_factory=list, repr=False)
+
+
+# field -> (environment variable, parser)
+ENV = {
+    "model": ("STRATA_MODEL", str),
+    "n_ctx": ("STRATA_CTX", int),
+    "vram_budget_mib": ("STRATA_VRAM_BUDGET_MIB", int),
+    "expert_cache": ("STRATA_EXPERT_CACHE", str),
+    "profile": ("STRATA_PROFILE", str),
+    "adapt_swaps": ("STRATA_ADAPT_SWAPS", int),
+    "car_threshold": ("STRATA_CAR_THRESHOLD", float),
+    "car_warmup": ("STRATA_CAR_WARMUP", int),
+    "car_budget": ("STRATA_CAR_BUDGET", int),
+    "car_free_ratio": ("STRATA_CAR_FREE_RATIO", float),
+    "car_dampen": ("STRATA_CAR_DAMPEN", int),
+    "dump_router_scores": ("STRATA_DUMP_ROUTER_SCORES", str),
+    "threads": ("STRATA_THREADS", int),
+}
+
+
+def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> EngineConfig:
+    """Build the config from flags (None = not given) over environment over defaults."""
+    env = os.environ if env is None else env
+    cfg = EngineConfig()
+    names = {f.name for f in fields(EngineConfig)} - {"explicit", "notices"}
+    for name in names:
+        value = flags.get(name)
+        if value is None and name in ENV:
+            var, parse = ENV[name]
+            raw = env.get(var)
+            if raw not in (None, ""):
+                try:
+                    value = parse(raw)
+                except ValueError:
+                    raise ConfigError(f"{var}={raw!r} is not a valid {parse.__name__}") from None
+        if value is not None:
+            setattr(cfg, name, value)
+            cfg.explicit.add(name)
+    _check(cfg)
+    return cfg
+
+
+def _check(cfg: EngineConfig) -> None:
+    if cfg.car_dampen:
+        raise ConfigError("--car-dampen 1 is not supported (refused rather than ignored)")
+    if not 0 < cfg.car_threshold:
+        raise ConfigError(f"--car-threshold must be > 0 (1.0 = off), got {cfg.car_threshold}")
+    if cfg.car_warmup < 0 or cfg.car_budget < 0 or cfg.adapt_swaps < 0:
+        raise ConfigError("--car-warmup, --car-budget and --adapt-swaps must be >= 0")
+    if cfg.car_free_ratio <= 0:
+        raise ConfigError(f"--car-free-ratio must be > 0, got {cfg.car_free_ratio}")
+    if cfg.expert_cache not in ("all", "auto"):
+        try:
+            n = int(cfg.expert_cache)
+        except ValueError:
+            raise ConfigError(
+                f"--expert-cache must be 'all', 'auto' or a slot count, got {cfg.expert_cache!r}"
+            ) from None
+        if n < 0:
+            raise ConfigError(f"--expert-cache must be >= 0, got {n}")
+    if not 1281 <= cfg.vram_budget_mib <= 10240 and "vram_budget_mib" in cfg.explicit:
+        if os.environ.get("STRATA_VRAM_BUDGET_WIDEN") != "1":
+            raise ConfigError(
+                f"--vram-budget-mib {cfg.vram_budget_mib} is outside 1281..10240 "
+                "(set STRATA_VRAM_BUDGET_WIDEN=1 to allow it)"
+            )
+
+
+def car_unwired(cfg: EngineConfig, reason: str) -> None:
+    """CAR cannot act on this path: refuse if asked for explicitly, else downgrade (a notice)."""
+    if "car_threshold" in cfg.explicit and cfg.car_threshold < 1.0:
+        raise ConfigError(f"--car-threshold {cfg.car_threshold} cannot apply: {reason}")
+    if cfg.car_threshold < 1.0:
+        cfg.notices.append(f"{CAR_OFF_NOTICE} ({reason})")
+    cfg.car_threshold = 1.0

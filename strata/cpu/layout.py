@@ -1,0 +1,101 @@
+"""Expert tensors prepared for the pool: the kernel each gets and the bytes it reads.
+
+`ExpertMatrix` is one expert tensor [E, R, C] (R output rows of C inputs per expert) as a uint8
+matrix [E * R, row_bytes] plus the integer kernel code that reads it. GGUF bytes are used in
+place (a view into the mmap) unless a repacked layout makes the SIMD kernel cheaper:
+
+    IQ3_XXS -> LUT4 (4-bit codes, 1.37x the bytes; iq3_lut4.py)
+    IQ1_M   -> T2   (2-bit ternary codes, 1.36x the bytes; iq1_t2.py)
+
+Both transforms are lossless (tests rebuild the GGUF bytes); `gguf_bytes` is what the file
+holds, `nbytes` what the kernel reads, so bandwidth can be reported either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType
+
+from strata.cpu.kernels import dispatch as K
+from strata.cpu.kernels import iq1_t2, iq3_lut4
+from strata.cpu.kernels.simd import simd_enabled
+from strata.cpu.quantize import act_code
+from strata.quant.formats import QT, fmt
+
+LAYOUTS = ("auto", "gguf")
+
+
+@dataclass(frozen=True)
+class ExpertMatrix:
+    """One expert tensor ready for the kernels."""
+
+    qtype: GGMLQuantizationType
+    n_expert: int  # E
+    rows: int  # R: outputs per expert
+    cols: int  # C: inputs per expert
+    data: np.ndarray  # uint8 [E * R, row_bytes]
+    kernel: int  # dispatch code
+    act: int  # activation code (the weight's vec_dot type)
+    layout: str  # "gguf", "lut4" or "t2"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kernel reads for the whole tensor."""
+        return int(self.data.nbytes)
+
+    @property
+    def gguf_bytes(self) -> int:
+        """Bytes of the tensor in the GGUF's own encoding."""
+        return fmt(self.qtype).tensor_bytes((self.n_expert, self.rows, self.cols))
+
+    @property
+    def expert_nbytes(self) -> int:
+        return self.nbytes // self.n_expert
+
+    @property
+    def expert_gguf_bytes(self) -> int:
+        return self.gguf_bytes // self.n_expert
+
+    def gguf_rows(self) -> np.ndarray:
+        """The GGUF bytes [E * R, row_bytes] (undoing the repack; tests and the pack writer)."""
+        if self.layout == "lut4":
+            return iq3_lut4.unpack(self.data)
+        if self.layout == "t2":
+            return iq1_t2.unpack(self.data)
+        return self.data
+
+
+def prepare(qtype, shape, data, layout: str = "auto", simd: bool | None = None) -> ExpertMatrix:
+    """An `ExpertMatrix` from a GGUF expert tensor: type, numpy shape [E, R, C] and raw bytes.
+
+    layout "auto" repacks where the SIMD kernel wants it; "gguf" keeps the file's bytes (and the
+    kernel that reads them). simd=None follows the host (`simd_enabled()`).
+    """
+    f = fmt(qtype)
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
+    if len(shape) != 3:
+        raise ValueError(f"an expert tensor has shape [E, R, C], got {list(shape)}")
+    e, r, c = (int(s) for s in shape)
+    if c % 256 and f.vec_dot == QT.Q8_K:
+        raise ValueError(f"{f.name}: input length {c} is not a multiple of 256")
+    raw = np.asarray(data).view(np.uint8).reshape(e * r, f.row_bytes(c))
+    simd = simd_enabled() if simd is None else simd
+    qt = f.qtype
+    kernel, lay = K.PORTABLE[qt], "gguf"
+    if simd and qt == QT.Q4_K:
+        kernel = K.K_Q4_K_AVX2
+    elif simd and layout == "auto" and qt == QT.IQ3_XXS:
+        raw, kernel, lay = iq3_lut4.repack(raw), K.K_IQ3_XXS_LUT4_AVX2, "lut4"
+    elif simd and layout == "auto" and qt == QT.IQ1_M:
+        raw, kernel, lay = iq1_t2.repack(raw), K.K_IQ1_M_T2_AVX2, "t2"
+    return ExpertMatrix(qt, e, r, c, raw, kernel, act_code(f.vec_dot), lay)
+
+
+def prepare_tensor(t, layout: str = "auto", simd: bool | None = None) -> ExpertMatrix:
+    """`prepare` for anything with `.qtype`, `.shape` and `.data` (a model's TensorRef)."""
+    if isinstance(t, ExpertMatrix):
+        return t
+    return prepare(t.qtype, t.shape, t.data, layout, simd)

@@ -1,0 +1,257 @@
+"""The CPU expert pool: one layer's missed experts, all three matrices, in one jitted call.
+
+    # T = tokens, D = hidden dim, F = expert FFN dim, E = experts, N = (token, expert) tasks
+    out[t] = sum_{tasks j of token t, by expert id} weight[j] * down_e(silu(gate_e(x_t)) * up_e(x_t))
+
+with the roundings of llama.cpp's CPU matmul (`HostTier.experts` is the NumPy statement of it):
+x quantized once to the gate/up weights' vec_dot type, the intermediate quantized to the down
+weights' vec_dot type. Phases inside the one jitted function:
+
+    0. tasks grouped by expert (counting sort, ascending expert ids)       serial, tiny
+    1. quantize x [T, D]                                                   parallel over tokens
+    2. gate + up + SiLU.up: items (active expert, F-row chunk)             parallel
+    3. quantize the intermediate [N, F]                                    parallel over tasks
+    4. down + weighted sum: items (D-row chunk) over all active experts    parallel
+
+Each output element is summed by exactly one item, in ascending expert order from zero (as
+HostTier does), so results are deterministic and do not depend on the thread count. Phases 1 and
+3 run on the calling thread below `quant_min_tasks` rows, or always with parallel_quant off
+(STRATA_POOL_PARALLEL_QUANT=0: the sequential A/B arm). Workspaces are allocated on the first
+call and when a larger shape arrives; nothing else is allocated per call.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from strata.cpu.kernels.dispatch import dot
+from strata.cpu.layout import ExpertMatrix, prepare_tensor
+from strata.cpu.quantize import alloc_act, quantize_row
+
+ERR_TOKEN, ERR_EXPERT = 1, 2
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    gate: ExpertMatrix  # [E, F, D]
+    up: ExpertMatrix  # [E, F, D]
+    down: ExpertMatrix  # [E, D, F]
+
+    def __post_init__(self):
+        g, u, d = self.gate, self.up, self.down
+        e, f, dim = g.n_expert, g.rows, g.cols
+        if (u.n_expert, u.rows, u.cols) != (e, f, dim) or (d.n_expert, d.rows, d.cols) != (e, dim, f):
+            raise ValueError(
+                f"expert shapes do not fit: gate {[e, f, dim]}, up {[u.n_expert, u.rows, u.cols]},"
+                f" down {[d.n_expert, d.rows, d.cols]} (want down [E, D, F])"
+            )
+
+    @property
+    def expert_nbytes(self) -> int:
+        """Bytes the kernels read for one expert (gate + up + down)."""
+        return self.gate.expert_nbytes + self.up.expert_nbytes + self.down.expert_nbytes
+
+    @property
+    def expert_gguf_bytes(self) -> int:
+        return self.gate.expert_gguf_bytes + self.up.expert_gguf_bytes + self.down.expert_gguf_bytes
+
+
+def prepare_layer(gate, up, down, layout: str = "auto", simd: bool | None = None) -> LayerWeights:
+    """LayerWeights from three expert tensors (TensorRef-like or ExpertMatrix)."""
+    return LayerWeights(*(prepare_tensor(t, layout, simd) for t in (gate, up, down)))
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    v = os.environ.get(name)
+    return default if v is None else v.strip().lower() not in ("0", "false", "off", "no", "")
+
+
+@njit(cache=True, parallel=True)
+def _run_layer(x, tok, ex, wt, gw, gk, uw, uk, dw, dk, n_expert, ag, actg, au, actu, ad, acth,
+               h, order, cnt, start, active, out, nt, par_quant, min_tasks, chunk, stats):
+    t_n = x.shape[0]
+    n = tok.shape[0]
+    f = gw.shape[0] // n_expert
+    dim = dw.shape[0] // n_expert
+    # ---- 0. group the tasks by expert (ascending), check ids
+    stats[0] = 0
+    stats[1] = 0
+    for e in range(n_expert):
+        cnt[e] = 0
+    for j in range(n):
+        if tok[j] < 0 or tok[j] >= t_n:
+            stats[1] = 1
+            return
+        if ex[j] < 0 or ex[j] >= n_expert:
+            stats[1] = 2
+            return
+        cnt[ex[j]] += 1
+    na = 0
+    s = 0
+    for e in range(n_expert):
+        start[e] = s
+        if cnt[e] > 0:
+            active[na] = e
+            na += 1
+        s += cnt[e]
+        cnt[e] = start[e]  # becomes the fill cursor, then the end of e's tasks
+    for j in range(n):
+        order[cnt[ex[j]]] = j
+        cnt[ex[j]] += 1
+    stats[0] = na
+    gq, gd, gb, g8, gf = actg
+    uq, ud, ub, u8, uf = actu
+    hq, hd, hb, h8, hf = acth
+    # ---- 1. quantize x once (for up too if its weights pair with another activation type)
+    if par_quant and t_n >= min_tasks:
+        for t in prange(t_n):
+            quantize_row(x[t], ag, t, gq, gd, gb, g8, gf)
+            if au != ag:
+                quantize_row(x[t], au, t, uq, ud, ub, u8, uf)
+    else:
+        for t in range(t_n):
+            quantize_row(x[t], ag, t, gq, gd, gb, g8, gf)
+            if au != ag:
+                quantize_row(x[t], au, t, uq, ud, ub, u8, uf)
+    # ---- 2. gate, up, silu(gate) * up: items = (active expert, chunk of F rows)
+    nch = (f + chunk - 1) // chunk
+    n_items = na * nch
+    for tid in prange(nt):
+        for it in range(tid, n_items, nt):
+            e = active[it // nch]
+            r0 = (it % nch) * chunk
+            for r in range(r0, min(f, r0 + chunk)):
+                wr = e * f + r
+                for p in range(start[e], cnt[e]):
+                    t = tok[order[p]]
+                    g = dot(gk, gw, wr, gq, gd, gb, g8, gf, t)
+                    u = dot(uk, uw, wr, uq, ud, ub, u8, uf, t)
+                    h[p, r] = g / (np.float32(1.0) + np.exp(-g)) * u
+    # ---- 3. quantize the intermediate rows (one per task, in grouped order)
+    if par_quant and n >= min_tasks:
+        for p in prange(n):
+            quantize_row(h[p], ad, p, hq, hd, hb, h8, hf)
+    else:
+        for p in range(n):
+            quantize_row(h[p], ad, p, hq, hd, hb, h8, hf)
+    # ---- 4. down and the weighted sum: items = chunks of D rows, all active experts
+    nch = (dim + chunk - 1) // chunk
+    for tid in prange(nt):
+        for c in range(tid, nch, nt):
+            r0 = c * chunk
+            for r in range(r0, min(dim, r0 + chunk)):
+                for t in range(t_n):
+                    out[t, r] = 0
+                for ia in range(na):
+                    e = active[ia]
+                    wr = e * dim + r
+                    for p in range(start[e], cnt[e]):
+                        j = order[p]
+                        y = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
+                        out[tok[j], r] += wt[j] * y
+
+
+class ExpertPool:
+    """Runs one layer's CPU-side experts on `n_threads` Numba threads.
+
+    run_layer(x [T, D] f32, tok [N] i32, expert [N] i32, weight [N] f32, gate, up, down) -> [T, D]
+
+    gate/up/down are expert tensors [E, F, D] / [E, F, D] / [E, D, F] as `ExpertMatrix` (see
+    `prepare_layer`) or anything with `.qtype/.shape/.data` (prepared once and cached by
+    identity). The result is a view into a workspace, overwritten by the next call, unless `out`
+    is given.
+    """
+
+    def __init__(self, n_threads: int | None = None, parallel_quant: bool | None = None,
+                 quant_min_tasks: int | None = None, row_chunk: int = 32):
+        limit = numba.config.NUMBA_NUM_THREADS
+        n = limit if n_threads is None else int(n_threads)
+        if n < 1:
+            raise ValueError(f"n_threads must be >= 1, got {n}")
+        if n > limit:
+            print(f"strata: CPU pool capped at {limit} threads (NUMBA_NUM_THREADS), {n} asked")
+            n = limit
+        self.n_threads = n
+        if parallel_quant is None:
+            parallel_quant = _env_flag("STRATA_POOL_PARALLEL_QUANT", True)
+        if quant_min_tasks is None:
+            quant_min_tasks = int(os.environ.get("STRATA_POOL_QUANT_MIN_TASKS", "8"))
+        self.parallel_quant = bool(parallel_quant)
+        self.quant_min_tasks = int(quant_min_tasks)
+        self.row_chunk = int(row_chunk)
+        self._prepared: dict[int, tuple[object, ExpertMatrix]] = {}
+        self._ws: dict[str, object] = {}
+        self._stats = np.zeros(2, np.int64)
+        self.last_active_experts = 0
+        self.last_bytes = 0  # bytes the kernels read in the last call
+        self.last_gguf_bytes = 0  # the same experts in the GGUF encoding
+
+    # ---- weights
+    def _matrix(self, t) -> ExpertMatrix:
+        if isinstance(t, ExpertMatrix):
+            return t
+        hit = self._prepared.get(id(t))
+        if hit is None or hit[0] is not t:
+            hit = (t, prepare_tensor(t))
+            self._prepared[id(t)] = hit
+        return hit[1]
+
+    # ---- workspaces
+    def _workspace(self, t_n: int, n: int, dim: int, f: int, n_expert: int, acts) -> dict:
+        ws = self._ws
+        key = (dim, f, n_expert, acts)
+        if ws.get("key") != key or ws["t_cap"] < t_n or ws["n_cap"] < n:
+            t_cap = max(t_n, 2 * ws.get("t_cap", 0) if ws.get("key") == key else t_n, 1)
+            n_cap = max(n, 2 * ws.get("n_cap", 0) if ws.get("key") == key else n, 1)
+            ag, au, _ = acts
+            actg = alloc_act(t_cap, dim)
+            ws.update(
+                key=key, t_cap=t_cap, n_cap=n_cap, actg=actg,
+                actu=actg if au == ag else alloc_act(t_cap, dim),
+                acth=alloc_act(n_cap, f), h=np.zeros((n_cap, f), np.float32),
+                order=np.zeros(n_cap, np.int32), cnt=np.zeros(n_expert, np.int64),
+                start=np.zeros(n_expert, np.int64), active=np.zeros(n_expert, np.int64),
+                out=np.zeros((t_cap, dim), np.float32),
+            )
+        return ws
+
+    # ---- the call
+    def run_layer(self, x, tok, expert, weight, gate, up=None, down=None, out=None) -> np.ndarray:
+        lw = gate if isinstance(gate, LayerWeights) else LayerWeights(
+            self._matrix(gate), self._matrix(up), self._matrix(down))
+        g, u, d = lw.gate, lw.up, lw.down
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        tok = np.ascontiguousarray(tok, dtype=np.int32)
+        expert = np.ascontiguousarray(expert, dtype=np.int32)
+        weight = np.ascontiguousarray(weight, dtype=np.float32)
+        t_n, dim = x.shape
+        n = tok.shape[0]
+        if dim != g.cols:
+            raise ValueError(f"x has {dim} columns, the experts take {g.cols}")
+        if expert.shape[0] != n or weight.shape[0] != n:
+            raise ValueError(f"tok, expert, weight lengths differ: {n}, {expert.shape[0]}, "
+                             f"{weight.shape[0]}")
+        ws = self._workspace(t_n, n, dim, g.rows, g.n_expert, (g.act, u.act, d.act))
+        if out is None:
+            out = ws["out"][:t_n]
+        elif out.shape != (t_n, dim) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous float32 array of shape {(t_n, dim)}")
+        numba.set_num_threads(self.n_threads)
+        _run_layer(x, tok, expert, weight, g.data, g.kernel, u.data, u.kernel, d.data, d.kernel,
+                   g.n_expert, g.act, ws["actg"], u.act, ws["actu"], d.act, ws["acth"], ws["h"],
+                   ws["order"], ws["cnt"], ws["start"], ws["active"], out, self.n_threads,
+                   self.parallel_quant, self.quant_min_tasks, self.row_chunk, self._stats)
+        if self._stats[1] == ERR_TOKEN:
+            raise ValueError(f"a token index is outside 0..{t_n - 1}")
+        if self._stats[1] == ERR_EXPERT:
+            raise ValueError(f"an expert id is outside 0..{g.n_expert - 1}")
+        na = int(self._stats[0])
+        self.last_active_experts = na
+        self.last_bytes = na * lw.expert_nbytes
+        self.last_gguf_bytes = na * lw.expert_gguf_bytes
+        return out

@@ -1,0 +1,72 @@
+"""Build an `Engine` from an `EngineConfig`: tier, expert cache placement, CAR, traces."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.config import ConfigError, EngineConfig, car_unwired
+from strata.engine.forward import Engine
+from strata.model.loader import Model
+from strata.routing.car import CarKnobs
+from strata.routing.profile import AdaptiveCache, UsageProfile, place
+
+MiB = 1 << 20
+
+
+def kv_bytes(model: Model, n_ctx: int) -> int:
+    """f16 K and V for every layer at `n_ctx` positions."""
+    a = model.args
+    return a.n_layer * n_ctx * a.n_head_kv * (a.head_dim + a.v_head_dim) * 2
+
+
+def auto_slots(model: Model, budget_mib: int, n_ctx: int) -> int:
+    """Expert slots that fit the budget after the dense weights and the KV cache."""
+    a = model.args
+    left = budget_mib * MiB - model.dense_bytes() - kv_bytes(model, n_ctx)
+    mean_expert = model.total_expert_bytes() / (a.n_expert * a.n_layer)
+    return int(max(0, min(left // mean_expert, a.n_expert * a.n_layer)))
+
+
+def resident_mask(model: Model, slots: int, profile: UsageProfile | None) -> np.ndarray:
+    """[L, E]: by profile rank, or without one an equal share of slots per layer (lowest ids)."""
+    a = model.args
+    if profile is not None:
+        return place(profile.counts, slots)
+    mask = np.zeros((a.n_layer, a.n_expert), bool)
+    per, extra = divmod(slots, a.n_layer)
+    for i in range(a.n_layer):
+        mask[i, : min(a.n_expert, per + (i < extra))] = True
+    return mask
+
+
+def build_engine(model: Model, cfg: EngineConfig) -> Engine:
+    a = model.args
+    n_ctx = cfg.n_ctx or min(a.n_ctx_train, 4096)
+    if n_ctx < 1:
+        raise ConfigError(f"--ctx must be >= 1, got {n_ctx}")
+    total = a.n_layer * a.n_expert
+    if cfg.expert_cache == "all":
+        slots = total
+    elif cfg.expert_cache == "auto":
+        slots = auto_slots(model, cfg.vram_budget_mib, n_ctx)
+    else:
+        slots = min(int(cfg.expert_cache), total)
+    profile = UsageProfile.load(cfg.profile, a.n_layer, a.n_expert) if cfg.profile else None
+    resident = resident_mask(model, slots, profile)
+    if slots >= total:
+        car_unwired(cfg, "every expert is resident, no expert runs in the CPU pool")
+    car = CarKnobs(cfg.car_threshold, cfg.car_warmup, cfg.car_budget, cfg.car_free_ratio)
+    adaptive = None
+    if slots < total and cfg.adapt_swaps > 0 and slots > 0:
+        adaptive = AdaptiveCache(resident, max_swaps=cfg.adapt_swaps)
+    from strata.gpu.host import HostTier
+
+    tier = HostTier(model, n_ctx=n_ctx)
+    return Engine(
+        model,
+        tier,
+        resident=resident,
+        car=car,
+        adaptive=adaptive,
+        trace_path=cfg.dump_router_scores,
+    )

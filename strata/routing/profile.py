@@ -1,0 +1,108 @@
+"""Usage profiles and cache placement.
+
+A profile is per-layer expert pick counts from real traffic ([L, E]); placement fills a given
+number of cache slots by profile rank across all layers. `AdaptiveCache` keeps a frequency
+estimate during decode and proposes swaps (hot miss in, cold resident out), at most `max_swaps`
+per request window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+PROFILE_VERSION = 1
+
+
+@dataclass
+class UsageProfile:
+    counts: np.ndarray  # [L, E] int64
+    model_id: str = ""
+    tokens: int = 0
+
+    def save(self, path: str | os.PathLike) -> None:
+        doc = {
+            "version": PROFILE_VERSION,
+            "model": self.model_id,
+            "tokens": self.tokens,
+            "counts": self.counts.tolist(),
+        }
+        tmp = Path(str(path) + ".partial")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike, n_layer: int | None = None, n_expert: int | None = None
+    ) -> UsageProfile:
+        doc = json.loads(Path(path).read_text())
+        if doc.get("version") != PROFILE_VERSION:
+            raise ValueError(f"{path}: profile version {doc.get('version')} is not supported")
+        counts = np.asarray(doc["counts"], dtype=np.int64)
+        if n_layer is not None and counts.shape != (n_layer, n_expert):
+            raise ValueError(
+                f"{path}: profile is for {counts.shape[0]} layers x "
+                f"{counts.shape[1]} experts, the model has {n_layer} x {n_expert}"
+            )
+        return cls(counts, doc.get("model", ""), int(doc.get("tokens", 0)))
+
+
+def place(counts: np.ndarray, n_slots: int) -> np.ndarray:
+    """Resident mask [L, E]: the `n_slots` most-used (layer, expert) pairs (ties: lower layer,
+    then lower expert id)."""
+    n_layer, n_expert = counts.shape
+    n_slots = max(0, min(n_slots, counts.size))
+    flat = counts.reshape(-1)
+    order = np.lexsort((np.arange(flat.size), -flat))  # by count desc, then flat index
+    mask = np.zeros(flat.size, dtype=bool)
+    mask[order[:n_slots]] = True
+    return mask.reshape(n_layer, n_expert)
+
+
+@dataclass
+class AdaptiveCache:
+    """Frequency-aware admission/eviction over a fixed resident set (no size change).
+
+    Each pick adds 1 to its (layer, expert) score, scores decay by `decay` per token. A missed
+    expert is admitted when its score exceeds the coldest resident's of the same layer by
+    `margin`, at most `max_swaps` per window (0 = static cache).
+    """
+
+    resident: np.ndarray  # [L, E] bool (modified in place)
+    max_swaps: int = 96
+    decay: float = 0.98
+    margin: float = 1.0
+    score: np.ndarray = field(init=False)
+    swaps_in_window: int = 0
+    swaps_total: int = 0
+
+    def __post_init__(self) -> None:
+        self.score = self.resident.astype(np.float64)  # residents start warm
+
+    def new_window(self) -> None:
+        self.swaps_in_window = 0
+
+    def observe(self, layer: int, ids: np.ndarray) -> list[tuple[int, int]]:
+        """Count the picks of one layer ([T, K]); returns the swaps made as (evicted, admitted)."""
+        s = self.score[layer]
+        s *= self.decay ** ids.shape[0]
+        np.add.at(s, ids.ravel(), 1.0)
+        swaps: list[tuple[int, int]] = []
+        if self.max_swaps == 0:
+            return swaps
+        res = self.resident[layer]
+        for e in np.unique(ids[~res[ids]]):
+            if self.swaps_in_window >= self.max_swaps or not res.any():
+                break
+            residents = np.flatnonzero(res)
+            cold = int(residents[np.argmin(s[residents])])
+            if s[e] > s[cold] + self.margin:
+                res[cold], res[e] = False, True
+                swaps.append((cold, int(e)))
+                self.swaps_in_window += 1
+                self.swaps_total += 1
+        return swaps

@@ -1,0 +1,54 @@
+"""`strata serve` flags: defaults, flag over environment, one-line refusals."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from strata.serve.cli import add_serve_parser, serve_options
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    add_serve_parser(ap.add_subparsers(dest="cmd"))
+    return ap.parse_args(["serve", *argv])
+
+
+def test_defaults_bind_loopback_port_8000_with_the_embedded_model():
+    ns = _parse()
+    assert (ns.host, ns.port, ns.max_queue, ns.slots) == ("127.0.0.1", 8000, 64, 1)
+    opts = serve_options(ns, environ={})
+    assert opts["model"].endswith("default.gguf") and opts["api_key"] is None
+    assert opts["reasoning_effort"] is None and opts["n_ctx"] is None
+
+
+def test_flags_beat_environment_variables():
+    env = {"STRATA_API_KEY": "from-env", "STRATA_REASONING_EFFORT": "low"}
+    assert serve_options(_parse(), env)["api_key"] == "from-env"
+    assert serve_options(_parse(), env)["reasoning_effort"] == "low"
+    opts = serve_options(_parse("--api-key", "flag", "--reasoning-effort", "none"), env)
+    assert (opts["api_key"], opts["reasoning_effort"]) == ("flag", "none")
+
+
+def test_bad_values_are_refused():
+    with pytest.raises(ValueError, match="STRATA_REASONING_EFFORT"):
+        serve_options(_parse(), {"STRATA_REASONING_EFFORT": "max"})
+    with pytest.raises(ValueError, match="no such file"):
+        serve_options(_parse("--model", "/nonexistent.gguf"), {})
+    for argv in (["--reasoning-effort", "max"], ["--port", "70000"], ["--max-queue", "-1"]):
+        with pytest.raises(SystemExit):
+            _parse(*argv)
+
+
+def test_python_m_strata_serve_reports_a_missing_model_in_one_line():
+    r = subprocess.run(
+        [sys.executable, "-m", "strata.serve", "--model", "/nonexistent.gguf"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip() == "strata: error: /nonexistent.gguf: no such file"
