@@ -234,6 +234,66 @@ def cmd_synth(ns) -> int:
     return 0
 
 
+def cmd_car_estimate(ns) -> int:
+    import numpy as np
+
+    from strata.routing.car import CarKnobs
+    from strata.routing.estimate import check_golden, format_table, replay
+    from strata.routing.profile import UsageProfile, place
+    from strata.routing.trace import read_trace
+
+    n = check_golden()
+    try:
+        thresholds = [float(t) for t in ns.threshold.split(",") if t]
+    except ValueError:
+        raise UserError(
+            f"--threshold must be a comma-separated list, got {ns.threshold!r}"
+        ) from None
+    h, _ = read_trace(ns.trace)
+    if ns.resident:
+        resident = np.load(ns.resident).astype(bool)
+    elif ns.cache_profile:
+        if ns.slots is None:
+            raise UserError("--cache-profile needs --slots N")
+        prof = UsageProfile.load(ns.cache_profile, h.n_layer, h.n_expert)
+        resident = place(prof.counts, ns.slots)
+    else:
+        raise UserError(
+            "give the resident experts: --resident MASK.npy or --cache-profile P --slots N"
+        )
+    ests = [
+        replay(ns.trace, resident, CarKnobs(t, ns.warmup, ns.budget, ns.free_ratio))
+        for t in thresholds
+    ]
+    print(f"rule checked against {n} golden cases; {resident.sum()} resident experts")
+    print(format_table(ests))
+    return 0
+
+
+def cmd_profile(ns) -> int:
+    from pathlib import Path
+
+    from strata.engine.forward import Engine
+    from strata.routing.profile import UsageProfile
+
+    model = _load(ns.model)
+    prompts = [line for line in Path(ns.prompts).read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise UserError(f"{ns.prompts}: no prompts (one per line)")
+    engine = Engine(model, n_ctx=ns.ctx)
+    tok = model.tokenizer
+    n = 0
+    for p in prompts:
+        ids = tok.encode(p)[: ns.ctx]
+        engine.reset()
+        engine.forward(ids)
+        n += len(ids)
+    prof = UsageProfile(engine.stats.expert_hist.copy(), str(model.path.name), n)
+    prof.save(ns.out)
+    print(f"wrote {ns.out}: {n} tokens, {len(prompts)} prompts")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="strata", description="Run MoE LLMs larger than the GPU.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -272,6 +332,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--split-max-tensors", type=int, default=0, help="write shards of N tensors")
     s.add_argument("--force", action="store_true", help="overwrite OUT")
     s.set_defaults(fn=cmd_synth)
+    ce = sub.add_parser("car-estimate", help="replay a router-score trace with CAR offline")
+    ce.add_argument("trace", help="STRCS1 file written with STRATA_DUMP_ROUTER_SCORES")
+    ce.add_argument("--threshold", default="0.25,0.35,0.5,0.7", help="comma-separated list")
+    ce.add_argument("--resident", default=None, help="resident mask [L, E] as a .npy file")
+    ce.add_argument("--cache-profile", default=None, help="usage profile to place the cache by")
+    ce.add_argument("--slots", type=int, default=None, help="cache slots (with --cache-profile)")
+    ce.add_argument("--warmup", type=int, default=0)
+    ce.add_argument("--budget", type=int, default=0)
+    ce.add_argument("--free-ratio", type=float, default=1.0)
+    ce.set_defaults(fn=cmd_car_estimate)
+
+    pr = sub.add_parser("profile", help="count expert use over prompts into a usage profile")
+    pr.add_argument("model", nargs="?", default=None)
+    pr.add_argument("--prompts", required=True, help="text file, one prompt per line")
+    pr.add_argument("-o", "--out", default="profile.json")
+    pr.add_argument("--ctx", type=int, default=2048)
+    pr.set_defaults(fn=cmd_profile)
     return ap
 
 

@@ -30,6 +30,7 @@ class TraceHeader:
             [
                 ("step", "<u4"),
                 ("layer", "<u4"),
+                ("flags", "<u4"),
                 ("ids", "<i4", (self.k,)),
                 ("scores", "<f4", (self.n_expert,)),
             ]
