@@ -385,7 +385,8 @@ class ScriptedEngine:
         self.gate = threading.Event()
         self.gate.set()
         self.fail = False
-        self.stats = SimpleNamespace(cache_hit_rate=0.25, car_substitutions=3, expert_picks=12)
+        self.adaptive = None
+        self.stats = SimpleNamespace(hit_rate=0.25, substitution_rate=0.5, swaps=7)
 
     def say(self, text: str) -> None:
         self.script = self.tok.encode(text, add_bos=False)
@@ -591,10 +592,13 @@ def test_a_failing_generation_is_a_500_and_the_server_keeps_serving(scripted):
     )
 
 
-def test_metrics_read_cache_and_car_rates_from_the_engine_stats(scripted):
+def test_metrics_read_cache_and_car_rates_from_the_engine_stats(scripted, server, client):
     url, _ = scripted()
     assert _metric(url, "strata_cache_hit_rate") == 0.25
-    assert _metric(url, "strata_car_substitution_rate") == 0.25  # 3 of 12 picks
+    assert _metric(url, "strata_car_substitution_rate") == 0.5
+    assert _metric(url, "strata_expert_cache_swaps_total") == 7
+    client.chat.completions.create(model="default", messages=USER, max_tokens=1)
+    assert _metric(server, "strata_cache_hit_rate") == 1.0  # the real engine: all resident
 
 
 hypothesis = pytest.importorskip("hypothesis")

@@ -22,7 +22,7 @@ def test_defaults_bind_loopback_port_8000_with_the_embedded_model():
     assert (ns.host, ns.port, ns.max_queue, ns.slots) == ("127.0.0.1", 8000, 64, 1)
     opts = serve_options(ns, environ={})
     assert opts["model"].endswith("default.gguf") and opts["api_key"] is None
-    assert opts["reasoning_effort"] is None and opts["n_ctx"] is None
+    assert opts["reasoning_effort"] is None and opts["config"].n_ctx is None
 
 
 def test_flags_beat_environment_variables():
@@ -31,6 +31,14 @@ def test_flags_beat_environment_variables():
     assert serve_options(_parse(), env)["reasoning_effort"] == "low"
     opts = serve_options(_parse("--api-key", "flag", "--reasoning-effort", "none"), env)
     assert (opts["api_key"], opts["reasoning_effort"]) == ("flag", "none")
+
+
+def test_engine_flags_reach_the_engine_config_over_their_environment_variables():
+    env = {"STRATA_CAR_THRESHOLD": "0.5", "STRATA_CTX": "512"}
+    cfg = serve_options(_parse(), env)["config"]
+    assert (cfg.car_threshold, cfg.n_ctx) == (0.5, 512)
+    cfg = serve_options(_parse("--car-threshold", "0.7", "--ctx", "256"), env)["config"]
+    assert (cfg.car_threshold, cfg.n_ctx) == (0.7, 256)
 
 
 def test_bad_values_are_refused():

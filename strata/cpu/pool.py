@@ -71,6 +71,48 @@ def _env_flag(name: str, default: bool) -> bool:
     return default if v is None else v.strip().lower() not in ("0", "false", "off", "no", "")
 
 
+@njit(cache=True)
+def _gate_up_items(tid, nt, n_items, f, chunk, tok, order, start, cnt, active, gk, gw, actg, uk,
+                   uw, actu, h):
+    """Thread tid's share (round robin) of the (expert, F-row chunk) items of phase 2."""
+    nch = (f + chunk - 1) // chunk
+    for it in range(tid, n_items, nt):
+        e = active[it // nch]
+        r0 = (it % nch) * chunk
+        for r in range(r0, min(f, r0 + chunk)):
+            wr = e * f + r
+            for p in range(start[e], cnt[e]):
+                t = tok[order[p]]
+                g = np.float32(0.0)
+                for m in range(2):  # one call site: two inlined copies of `dot` compile slowly
+                    k, w, act = (gk, gw, actg) if m == 0 else (uk, uw, actu)
+                    v = dot(k, w, wr, act[0], act[1], act[2], act[3], act[4], t)
+                    if m == 0:
+                        g = v
+                    else:
+                        h[p, r] = g / (np.float32(1.0) + np.exp(-g)) * v
+
+
+@njit(cache=True)
+def _down_items(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out):
+    """Thread tid's share of the D-row chunks of phase 4: every active expert, ascending."""
+    hq, hd, hb, h8, hf = acth
+    t_n = out.shape[0]
+    nch = (dim + chunk - 1) // chunk
+    for c in range(tid, nch, nt):
+        r0 = c * chunk
+        for r in range(r0, min(dim, r0 + chunk)):
+            for t in range(t_n):
+                out[t, r] = 0
+            for ia in range(na):
+                e = active[ia]
+                wr = e * dim + r
+                for p in range(start[e], cnt[e]):
+                    j = order[p]
+                    y = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
+                    out[tok[j], r] += wt[j] * y
+
+
 @njit(cache=True, parallel=True)
 def _run_layer(x, tok, ex, wt, gw, gk, uw, uk, dw, dk, n_expert, ag, actg, au, actu, ad, acth,
                h, order, cnt, start, active, out, nt, par_quant, min_tasks, chunk, stats):
@@ -119,19 +161,10 @@ def _run_layer(x, tok, ex, wt, gw, gk, uw, uk, dw, dk, n_expert, ag, actg, au, a
             if au != ag:
                 quantize_row(x[t], au, t, uq, ud, ub, u8, uf)
     # ---- 2. gate, up, silu(gate) * up: items = (active expert, chunk of F rows)
-    nch = (f + chunk - 1) // chunk
-    n_items = na * nch
+    n_items = na * ((f + chunk - 1) // chunk)
     for tid in prange(nt):
-        for it in range(tid, n_items, nt):
-            e = active[it // nch]
-            r0 = (it % nch) * chunk
-            for r in range(r0, min(f, r0 + chunk)):
-                wr = e * f + r
-                for p in range(start[e], cnt[e]):
-                    t = tok[order[p]]
-                    g = dot(gk, gw, wr, gq, gd, gb, g8, gf, t)
-                    u = dot(uk, uw, wr, uq, ud, ub, u8, uf, t)
-                    h[p, r] = g / (np.float32(1.0) + np.exp(-g)) * u
+        _gate_up_items(tid, nt, n_items, f, chunk, tok, order, start, cnt, active, gk, gw, actg,
+                       uk, uw, actu, h)
     # ---- 3. quantize the intermediate rows (one per task, in grouped order)
     if par_quant and n >= min_tasks:
         for p in prange(n):
@@ -140,20 +173,8 @@ def _run_layer(x, tok, ex, wt, gw, gk, uw, uk, dw, dk, n_expert, ag, actg, au, a
         for p in range(n):
             quantize_row(h[p], ad, p, hq, hd, hb, h8, hf)
     # ---- 4. down and the weighted sum: items = chunks of D rows, all active experts
-    nch = (dim + chunk - 1) // chunk
     for tid in prange(nt):
-        for c in range(tid, nch, nt):
-            r0 = c * chunk
-            for r in range(r0, min(dim, r0 + chunk)):
-                for t in range(t_n):
-                    out[t, r] = 0
-                for ia in range(na):
-                    e = active[ia]
-                    wr = e * dim + r
-                    for p in range(start[e], cnt[e]):
-                        j = order[p]
-                        y = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
-                        out[tok[j], r] += wt[j] * y
+        _down_items(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out)
 
 
 class ExpertPool:

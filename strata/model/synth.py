@@ -24,6 +24,7 @@ from strata.quant import fmt
 from strata.quant.synth_blocks import random_quantized
 
 QT = GGMLQuantizationType
+ALPHA = 0.7  # with skew > 0: the share of the embeddings along the popularity direction
 
 # shapes: the hyper-parameters that matter; vocab sizes of the small ones are synthetic
 SHAPES: dict[str, dict] = {
@@ -191,10 +192,13 @@ class _Generator:
             if tname.endswith("ffn_gate_inp.weight") and spec.skew > 0:
                 layer = int(tname.split(".")[1])
                 # align router rows with the popularity direction (the embeddings carry it)
-                w = w + spec.skew * 1.5 * self.pop[layer][:, None] * self.u[None, :]
+                # normed hidden rows carry ~ALPHA*sqrt(D)/sqrt(1+ALPHA^2) along u: scale so the
+                # popularity offset is `skew` nats per unit of popularity score
+                m = ALPHA * np.sqrt(a.n_embd) / np.sqrt(1 + ALPHA**2)
+                w = w + (spec.skew / m) * self.pop[layer][:, None] * self.u[None, :]
             return w.astype(np.float32)
         if tname == name(MT.TOKEN_EMBD) and spec.skew > 0:
-            w = rng.standard_normal(shape) + 0.7 * np.sqrt(a.n_embd) * self.u[None, :]
+            w = rng.standard_normal(shape) + ALPHA * self.u[None, :] * np.sqrt(a.n_embd)
             return _encode(w.astype(np.float32), qt)
         return random_quantized(qt, tuple(shape), rng, std)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
 import os
@@ -31,6 +32,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from strata.config import EngineConfig
 from strata.engine.sampling import SamplingParams
 from strata.model.loader import Model, load_model
 from strata.serve import schemas
@@ -454,6 +456,7 @@ def create_app(
     max_queue: int = 64,
     slots: int = 1,
     n_ctx: int | None = None,
+    config: EngineConfig | None = None,
     model_id: str | None = None,
     session_factory: Callable[[], SessionLike] | None = None,
     max_call_bytes: int = DEFAULT_MAX_CALL_BYTES,
@@ -461,8 +464,9 @@ def create_app(
     """The server app for `model` (a GGUF path or a loaded `Model`).
 
     `slots` generation slots share the request queue of `max_queue` waiting requests; each slot
-    is one `Session` (its own engine and KV cache), made by `session_factory` (default: a
-    `Session` of `n_ctx` tokens, min(train context, 4096) when None).
+    is one `Session` (its own engine and KV cache), made by `session_factory`. By default that is
+    an engine built from `config` (`build_engine`: expert cache, CAR, traces) or, without one, a
+    plain `Engine`; `n_ctx` (default min(train context, 4096)) overrides `config.n_ctx`.
     """
     check_effort(reasoning_effort)
     if slots < 1:
@@ -472,8 +476,18 @@ def create_app(
     if session_factory is None:
         from strata.engine.session import Session
 
-        def session_factory() -> SessionLike:
-            return Session(model, n_ctx=n_ctx)
+        if config is not None:
+            from strata.engine.builder import build_engine
+
+            cfg = config if n_ctx is None else dataclasses.replace(config, n_ctx=n_ctx)
+
+            def session_factory() -> SessionLike:
+                return Session(model, engine=build_engine(model, cfg))
+
+        else:
+
+            def session_factory() -> SessionLike:
+                return Session(model, n_ctx=n_ctx)
 
     scheduler = Scheduler([session_factory() for _ in range(slots)], max_queue=max_queue)
     st = ServerState(

@@ -10,6 +10,7 @@ import argparse
 import ipaddress
 import os
 import sys
+from collections.abc import Mapping
 
 from strata.serve.reasoning import EFFORTS
 
@@ -71,20 +72,26 @@ def add_serve_parser(subparsers) -> None:
     p.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
+    from strata.cli import _add_engine  # the engine knobs `generate` and `chat` take
+
+    _add_engine(p)
     p.set_defaults(fn=cmd_serve)
 
 
-def serve_options(ns: argparse.Namespace, environ=os.environ) -> dict:
-    """`create_app` arguments from the flags, then `STRATA_*` variables, then defaults."""
+def serve_options(ns: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> dict:
+    """`create_app` arguments: flags, then `STRATA_*` variables, then defaults."""
+    from strata.config import ENV, resolve
     from strata.serve.reasoning import check_effort
 
-    model = ns.model or environ.get("STRATA_MODEL")
-    if model is None:
+    flags = {name: getattr(ns, name, None) for name in ENV}
+    flags["n_ctx"] = ns.ctx
+    cfg = resolve(flags, environ)
+    if cfg.model is None:
         from strata.cli import DEFAULT_MODEL
 
-        model = str(DEFAULT_MODEL)
-    if not os.path.exists(model):
-        raise ValueError(f"{model}: no such file")
+        cfg.model = str(DEFAULT_MODEL)
+    if not os.path.exists(cfg.model):
+        raise ValueError(f"{cfg.model}: no such file")
     api_key = ns.api_key if ns.api_key is not None else environ.get("STRATA_API_KEY")
     effort = ns.reasoning_effort or environ.get("STRATA_REASONING_EFFORT") or None
     try:
@@ -92,12 +99,12 @@ def serve_options(ns: argparse.Namespace, environ=os.environ) -> dict:
     except ValueError as e:
         raise ValueError(f"STRATA_REASONING_EFFORT: {e}") from None
     return dict(
-        model=model,
+        model=cfg.model,
+        config=cfg,
         api_key=api_key or None,
         reasoning_effort=effort,
         max_queue=ns.max_queue,
         slots=ns.slots,
-        n_ctx=ns.ctx,
     )
 
 
@@ -108,6 +115,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
 
     opts = serve_options(ns)
     app = create_app(opts.pop("model"), **opts)
+    for note in dict.fromkeys(opts["config"].notices):  # each once, however many slots
+        print(f"strata: {note}", file=sys.stderr)
     st = app.state.strata
     if not st.api_key and not _is_loopback(ns.host):
         print(
@@ -136,13 +145,13 @@ def _is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m strata.serve")
+    ap = argparse.ArgumentParser(prog="python -m strata")
     sub = ap.add_subparsers(dest="cmd")
     add_serve_parser(sub)
     ns = ap.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
     try:
         return ns.fn(ns)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError) as e:  # ModelError, ConfigError, UnsupportedType included
         print(f"strata: error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,10 +1,9 @@
 """Server metrics in Prometheus text format (exposition 0.0.4), no client library needed.
 
 Counters and gauges are kept under one lock; `render` is called by `GET /metrics`. Engine-side
-rates (expert-cache hit rate, CAR substitution rate) are read from the engines' `stats` objects
-through `engine_rates`, which accepts either ready rates (`cache_hit_rate`,
-`car_substitution_rate`) or counts over `expert_picks` (`cache_hits`, `car_substitutions`); an
-engine that reports neither gives 0 and a comment saying so.
+figures (expert-cache hit rate, CAR substitution rate, cache swaps) are read from the engines'
+`stats` (`EngineStats.hit_rate`, `.substitution_rate`, `.swaps`) through `engine_rates`; an
+engine whose stats lack one gives 0 and a comment saying so.
 """
 
 from __future__ import annotations
@@ -18,26 +17,25 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-def _rate(stats: Any, rate_attr: str, count_attr: str) -> float | None:
-    v = getattr(stats, rate_attr, None)
-    if v is not None:
-        return float(v() if callable(v) else v)
-    n, picks = getattr(stats, count_attr, None), getattr(stats, "expert_picks", None)
-    if n is None or not picks:
+def _rate(stats: Any, attr: str) -> float | None:
+    v = getattr(stats, attr, None)
+    if v is None:
         return None
-    return float(n) / float(picks)
+    return float(v() if callable(v) else v)
 
 
 def engine_rates(stats_list: Iterable[Any]) -> dict[str, float | None]:
     """Mean cache-hit and CAR substitution rates over engines (None where none reports one)."""
     out: dict[str, float | None] = {}
     stats_list = list(stats_list)
-    for key, rate_attr, count_attr in (
-        ("cache_hit_rate", "cache_hit_rate", "cache_hits"),
-        ("car_substitution_rate", "car_substitution_rate", "car_substitutions"),
+    for key, attr in (
+        ("cache_hit_rate", "hit_rate"),
+        ("car_substitution_rate", "substitution_rate"),
     ):
-        vals = [r for s in stats_list if (r := _rate(s, rate_attr, count_attr)) is not None]
+        vals = [r for s in stats_list if (r := _rate(s, attr)) is not None]
         out[key] = sum(vals) / len(vals) if vals else None
+    swaps = [getattr(s, "swaps", None) for s in stats_list]
+    out["swaps"] = sum(swaps) if swaps and None not in swaps else None
     return out
 
 
@@ -154,13 +152,19 @@ class Metrics:
         metric("strata_active_generations", "gauge", "Requests generating now.", [("", active)])
         metric("strata_generation_slots", "gauge", "Generation slots.", [("", slots)])
         rates = engine_rates(engine_stats)
-        for key, help_ in (
-            ("cache_hit_rate", "Share of routed experts found resident in the expert cache."),
-            ("car_substitution_rate", "Share of routed experts replaced by cache-aware routing."),
+        for key, kind, help_ in (
+            ("cache_hit_rate", "gauge", "Share of expert picks served by resident experts."),
+            (
+                "car_substitution_rate",
+                "gauge",
+                "Share of decode-time cache misses that cache-aware routing substituted.",
+            ),
+            ("swaps", "counter", "Experts swapped into the cache (adaptive placement)."),
         ):
+            name = f"strata_{key}" if key != "swaps" else "strata_expert_cache_swaps_total"
             if rates[key] is None:
-                lines.append(f"# strata_{key}: the engine does not report it; 0 until it does")
-            metric(f"strata_{key}", "gauge", help_, [("", rates[key] or 0.0)])
+                lines.append(f"# {name}: the engine does not report it; 0 until it does")
+            metric(name, kind, help_, [("", rates[key] or 0)])
         return "\n".join(lines) + "\n"
 
 

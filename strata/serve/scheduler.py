@@ -143,6 +143,13 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        for session in self.sessions:  # flush traces, stop CPU pools
+            close = getattr(session.engine, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:
+                    log.exception("closing an engine failed")
 
     def retry_after(self) -> int:
         waiting = len(self._pending) + len(self._active)

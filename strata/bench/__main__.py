@@ -1,0 +1,160 @@
+"""`python -m strata.bench --arm ARM [...]`: one table per run, JSON on request.
+
+Arms: car-off, car-on, all-cpu, all-gpu (whole model, prefill + decode), car-quality (CAR's cost
+on perplexity/KL, teacher-forced), cpu-pool (the CPU expert pool alone), gpu-kernels (device
+kernels alone). Each result carries machine, commit and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from strata.bench.common import stamp, synthetic_model, write_json
+
+ENGINE_ARMS = ("car-off", "car-on", "all-cpu", "all-gpu")
+ARMS = ENGINE_ARMS + ("car-quality", "cpu-pool", "gpu-kernels")
+DEFAULT_TEXT = Path(__file__).parent / "car_quality_text.txt"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m strata.bench", description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--arm", action="append", required=True, choices=ARMS, help="arm to run (repeatable)"
+    )
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--model", help="GGUF file (default: the embedded model)")
+    src.add_argument("--synthetic", metavar="SHAPE", help="synthetic model shape (cached)")
+    src.add_argument("--shape", help="shape for the cpu-pool arm (no model file needed)")
+    ap.add_argument("--quant", default="IQ3_XXS", help="expert quant of --synthetic/--shape")
+    ap.add_argument("--skew", type=float, default=1.0, help="expert popularity skew (synthetic)")
+    ap.add_argument("--layers", type=int, default=None, help="override the synthetic layer count")
+    ap.add_argument("--vram-budget-mib", type=int, default=10240)
+    ap.add_argument(
+        "--expert-cache",
+        default=None,
+        help="resident experts for car-off/car-on (default: what the budget leaves)",
+    )
+    ap.add_argument("-p", "--prompt-tokens", type=int, default=64)
+    ap.add_argument("-n", "--gen-tokens", type=int, default=32)
+    ap.add_argument("-r", "--repeats", type=int, default=3)
+    ap.add_argument("-t", "--tokens", type=int, default=1, help="tokens per call (cpu-pool)")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all)")
+    ap.add_argument("--thresholds", default="0.25,0.35,0.5,0.7", help="car-quality thresholds")
+    ap.add_argument("--text", default=None, help="car-quality text file")
+    ap.add_argument("--slots", type=int, default=None, help="car-quality resident experts")
+    ap.add_argument("--json", dest="json_path", default=None, help="write results as JSON")
+    return ap
+
+
+def _model_path(ns) -> Path:
+    if ns.synthetic:
+        return synthetic_model(ns.synthetic, ns.quant, ns.skew, layers=ns.layers)
+    if ns.model:
+        return Path(ns.model)
+    from strata.cli import DEFAULT_MODEL
+
+    return DEFAULT_MODEL
+
+
+def _engine_table(rows: list[dict]) -> str:
+    head = (
+        f"{'arm':10} {'prefill t/s':>11} {'decode t/s (min-max)':>24} {'window ms':>9} "
+        f"{'hit %':>6} {'CAR %':>6} {'miss GB/s':>9} {'tier':>5}"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r['arm']:10} {r['prefill_tps']:11.1f} {r['decode_tps']:8.1f} "
+            f"({r['decode_tps_min']:6.1f}-{r['decode_tps_max']:6.1f}) {r['window_ms']:9.2f} "
+            f"{100 * r['hit_rate']:6.1f} {100 * r['car_substitution_rate']:6.1f} "
+            f"{r['miss_expert_gbps']:9.3f} {r['tier']:>5}"
+        )
+    return "\n".join(lines)
+
+
+def _quality_table(res: dict) -> str:
+    lines = [
+        f"car-quality: {res['tokens']} tokens teacher-forced, {res['resident_experts']} "
+        "resident experts",
+        f"{'threshold':>9} {'ppl off':>9} {'ppl on':>9} {'KL(on|off)':>11} {'top-1 agree':>11} "
+        f"{'subst %':>8} {'hit %':>6}",
+    ]
+    for r in res["rows"]:
+        lines.append(
+            f"{r['threshold']:9.2f} {r['ppl_off']:9.3f} {r['ppl_on']:9.3f} "
+            f"{r['mean_kl']:11.5f} {100 * r['top1_agreement']:10.1f}% "
+            f"{100 * r['substitution_rate']:8.1f} {100 * r['hit_rate']:6.1f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    doc = {
+        "stamp": stamp(),
+        "command": "python -m strata.bench " + " ".join(argv or sys.argv[1:]),
+        "results": [],
+    }
+    try:
+        engine_rows = []
+        for arm in ns.arm:
+            if arm in ENGINE_ARMS:
+                from strata.bench.engine_arms import run_engine_arm
+
+                engine_rows.append(
+                    run_engine_arm(
+                        arm,
+                        _model_path(ns),
+                        ns.prompt_tokens,
+                        ns.gen_tokens,
+                        ns.repeats,
+                        ns.vram_budget_mib,
+                        {"expert_cache": ns.expert_cache}
+                        if ns.expert_cache and arm in ("car-off", "car-on")
+                        else None,
+                    )
+                )
+                doc["results"].append(engine_rows[-1])
+            elif arm == "car-quality":
+                from strata.bench.car_quality import run_car_quality
+
+                text = Path(ns.text).read_text() if ns.text else DEFAULT_TEXT.read_text()
+                ths = [float(t) for t in ns.thresholds.split(",") if t]
+                res = run_car_quality(_model_path(ns), text, ths, ns.slots, ns.gen_tokens * 8)
+                print(_quality_table(res))
+                doc["results"].append(res)
+            elif arm == "cpu-pool":
+                from strata.bench.cpu_pool import run_cpu_pool_arm
+
+                res = run_cpu_pool_arm(
+                    ns.shape or ns.synthetic or "qwen3-30b-a3b",
+                    ns.quant,
+                    ns.tokens,
+                    ns.threads,
+                    ns.repeats,
+                    None,
+                )
+                doc["results"].append(res)
+            elif arm == "gpu-kernels":
+                from strata.bench.gpu_kernels import run_gpu_kernels_arm
+
+                doc["results"].append(run_gpu_kernels_arm(None))
+        if engine_rows:
+            print(_engine_table(engine_rows))
+            for r in engine_rows:
+                for n in r["notices"]:
+                    print(f"note ({r['arm']}): {n}")
+    except (ValueError, OSError, ImportError) as e:
+        print(f"strata.bench: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    s = doc["stamp"]
+    print(f"machine: {s['machine']} | commit {s['commit']} | {s['date']}")
+    if ns.json_path:
+        write_json(ns.json_path, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

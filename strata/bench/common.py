@@ -1,0 +1,90 @@
+"""What every benchmark result carries: machine, commit, date; synthetic models on demand."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+CACHE = Path(os.environ.get("STRATA_CACHE_DIR", Path.home() / ".cache" / "strata"))
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version()}
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            info["gpu"] = out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return info
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).parent,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "?"
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+def stamp() -> dict[str, Any]:
+    return {
+        "machine": machine(),
+        "commit": commit(),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def synthetic_model(
+    shape: str, quant: str, skew: float = 0.0, seed: int = 0, layers: int | None = None
+) -> Path:
+    """A cached synthetic GGUF (written on first use)."""
+    from strata.model.synth import SynthSpec, make_args, write_synthetic
+    from strata.quant import fmt
+
+    name = f"{shape}-{quant.upper()}-skew{skew:g}-seed{seed}" + (f"-L{layers}" if layers else "")
+    path = CACHE / "synth" / f"{name}.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        spec = SynthSpec(
+            make_args(shape, n_layer=layers), expert_quant=fmt(quant).qtype, skew=skew, seed=seed
+        )
+        write_synthetic(path, spec)
+    return path
+
+
+def write_json(path: str | os.PathLike, doc: dict[str, Any]) -> None:
+    tmp = Path(str(path) + ".partial")
+    tmp.write_text(json.dumps(doc, indent=2, default=float))
+    os.replace(tmp, path)

@@ -1,0 +1,144 @@
+// Shared by every Strata kernel: integer types, warp primitives, f16/bf16 conversions, dp4a.
+// One source for CUDA (NVRTC) and HIP (hipRTC/hipcc): no vendor header is included, and every
+// vendor intrinsic sits behind a guard with a portable fallback. STRATA_WARP (the device's warp
+// size: 32 on NVIDIA and RDNA, 64 on CDNA) is passed by the launcher as -DSTRATA_WARP=N.
+#pragma once
+#ifndef STRATA_WARP
+#define STRATA_WARP 32
+#endif
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef short i16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+typedef long long i64;
+struct alignas(16) i32x4 {
+    int x, y, z, w;
+};
+
+#define NEG_INF (-__int_as_float(0x7f800000))  // -inf without <cmath>
+
+// ---- warp shuffles (full warp; `width` keeps CDNA's wave64 honest) ----
+#if defined(STRATA_EMU)
+#define SHFL_XOR(v, m) emu::shfl_xor((v), (m))
+#elif defined(__HIP__)
+#define SHFL_XOR(v, m) __shfl_xor((v), (m), STRATA_WARP)
+#else
+#define SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), STRATA_WARP)
+#endif
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+    for (int o = STRATA_WARP / 2; o > 0; o >>= 1) v += SHFL_XOR(v, o);
+    return v;
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_max(T v) {
+#pragma unroll
+    for (int o = STRATA_WARP / 2; o > 0; o >>= 1) {
+        T w = SHFL_XOR(v, o);
+        v = w > v ? w : v;
+    }
+    return v;
+}
+
+// Block-wide sum of a double (blockDim.x a multiple of STRATA_WARP, <= 1024); every thread
+// gets the total. `scratch` is caller-provided shared memory of 1024 / STRATA_WARP doubles.
+__device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int nw = blockDim.x / STRATA_WARP;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[wid] = v;
+    __syncthreads();
+    double t = 0.0;
+    for (int w = 0; w < nw; ++w) t += scratch[w];  // fixed order: deterministic
+    return t;
+}
+
+__device__ __forceinline__ float block_max_f32(float v, float* scratch) {
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int nw = blockDim.x / STRATA_WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[wid] = v;
+    __syncthreads();
+    float t = scratch[0];
+    for (int w = 1; w < nw; ++w) t = scratch[w] > t ? scratch[w] : t;
+    return t;
+}
+
+__device__ __forceinline__ float block_sum_f32(float v, float* scratch) {
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int nw = blockDim.x / STRATA_WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[wid] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int w = 0; w < nw; ++w) t += scratch[w];
+    return t;
+}
+
+// ---- f16 / bf16 by bits (IEEE round to nearest even, as F16C and numpy do) ----
+__device__ __forceinline__ float h2f(u16 h) {
+    const u32 s = (u32)(h & 0x8000u) << 16;
+    const u32 e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        const float f = (float)m * 5.9604644775390625e-8f;  // m * 2^-24, exact
+        return s ? -f : f;
+    }
+    if (e == 31) return __uint_as_float(s | 0x7f800000u | (m << 13));
+    return __uint_as_float(s | ((e + 112u) << 23) | (m << 13));
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    const u32 x = __float_as_uint(f);
+    const u32 s = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (u16)(s | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));
+    if (a >= 0x477ff000u) return (u16)(s | 0x7c00u);  // rounds past 65504: inf
+    if (a < 0x38800000u) {                            // below 2^-14: subnormal or zero
+        const u32 m = (u32)__float2int_rn(__uint_as_float(a) * 16777216.0f);  // |f| / 2^-24
+        return (u16)(s | m);
+    }
+    u32 r = a - 0x38000000u;  // rebias the exponent by 112
+    r = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
+    return (u16)(s | r);
+}
+
+__device__ __forceinline__ float round_f16(float f) { return h2f(f2h(f)); }
+
+__device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float((u32)b << 16); }
+
+__device__ __forceinline__ float round_bf16(float f) {  // GGML_FP32_TO_BF16, then back
+    const u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float(((u >> 16) | 64u) << 16);
+    return __uint_as_float(((u + (0x7fffu + ((u >> 16) & 1u))) >> 16) << 16);
+}
+
+// ---- unaligned-safe loads: GGML blocks are only 2-byte aligned ----
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
+    const u16* q = (const u16*)p;
+    return (u32)q[0] | ((u32)q[1] << 16);
+}
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
+
+// ---- int8 x4 dot product with accumulate ----
+__device__ __forceinline__ int dot4(int a, int b, int c) {
+#if defined(__HIP__) && (defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__))
+    return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
+#elif !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+    return __dp4a(a, b, c);
+#else
+    return c + (int)(i8)(a) * (int)(i8)(b) + (int)(i8)(a >> 8) * (int)(i8)(b >> 8) +
+           (int)(i8)(a >> 16) * (int)(i8)(b >> 16) + (int)(i8)(a >> 24) * (int)(i8)(b >> 24);
+#endif
+}
+
+// the four bytes of w as int8 sum (for Q4_K/Q5_K mins: sum of the activation quants)
+__device__ __forceinline__ int sum4(int a, int c) { return dot4(a, 0x01010101, c); }

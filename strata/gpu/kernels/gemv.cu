@@ -1,0 +1,117 @@
+// Quantized GEMV / skinny GEMM: out[t, r] = sum_i W[r, i] * x[t, i] (+ bias[r]) (+ resid[t, r]).
+//
+// One warp per output row; each lane takes 32-element sub-blocks of the row (decoded once into
+// int8, then dotted with every token's Q8 activation by dp4a), tokens in passes of NT. The
+// activation is the device-quantized x (norm_quant.cu): int8 quants xq [T, cols] and scales xd
+// with one scale per 32 << xd_shift elements (Q8_0: shift 0, Q8_K: shift 3). Float weights
+// (F32/F16/BF16) take the already-rounded float activation instead.
+#include "quant_blocks.cuh"
+
+#define GEMV_NT 8
+
+template <int QT>
+__device__ __forceinline__ void gemv_q(const u8* __restrict__ W, const i8* __restrict__ xq,
+                                       const float* __restrict__ xd, int xd_shift,
+                                       const float* __restrict__ bias,
+                                       const float* __restrict__ resid, float* __restrict__ out,
+                                       int rows, int cols, int ntok) {
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int r = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
+    if (r >= rows) return;  // the whole warp leaves together
+    const int nsub = cols / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
+    const u8* wr = W + (i64)r * (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
+    for (int t0 = 0; t0 < ntok; t0 += GEMV_NT) {
+        const int nt = min(GEMV_NT, ntok - t0);
+        float acc[GEMV_NT];
+#pragma unroll
+        for (int k = 0; k < GEMV_NT; ++k) acc[k] = 0.0f;
+        for (int sb = lane; sb < nsub; sb += STRATA_WARP) {
+            int w[8];
+            float s0, s1, mn;
+            Fmt<QT>::decode(wr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, w, s0, s1, mn);
+#pragma unroll
+            for (int k = 0; k < GEMV_NT; ++k) {
+                if (k < nt) {
+                    const i64 t = t0 + k;
+                    const i32x4* xp = (const i32x4*)(xq + t * cols + sb * 32);
+                    const i32x4 a = xp[0], b = xp[1];
+                    const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                    acc[k] += xd[t * nxd + (sb >> xd_shift)] * dot32<QT>(w, s0, s1, mn, xv);
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < GEMV_NT; ++k) {
+            if (k < nt) {
+                float v = warp_sum(acc[k]);
+                if (lane == 0) {
+                    const i64 t = t0 + k;
+                    if (bias) v += bias[r];
+                    if (resid) v += resid[t * rows + r];
+                    out[t * rows + r] = v;
+                }
+            }
+        }
+    }
+}
+
+template <int QT>
+__device__ __forceinline__ float ld_wf(const u8* row, int i) {
+    if (QT == QT_F32) return ((const float*)row)[i];
+    if (QT == QT_F16) return h2f(((const u16*)row)[i]);
+    return bf2f(((const u16*)row)[i]);
+}
+
+template <int QT>
+__device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __restrict__ x,
+                                       const float* __restrict__ bias,
+                                       const float* __restrict__ resid, float* __restrict__ out,
+                                       int rows, int cols, int ntok) {
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int r = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
+    if (r >= rows) return;
+    const int esz = QT == QT_F32 ? 4 : 2;
+    const u8* wr = W + (i64)r * cols * esz;
+    for (int t0 = 0; t0 < ntok; t0 += GEMV_NT) {
+        const int nt = min(GEMV_NT, ntok - t0);
+        float acc[GEMV_NT];
+#pragma unroll
+        for (int k = 0; k < GEMV_NT; ++k) acc[k] = 0.0f;
+        for (int i = lane; i < cols; i += STRATA_WARP) {
+            const float wv = ld_wf<QT>(wr, i);
+#pragma unroll
+            for (int k = 0; k < GEMV_NT; ++k)
+                if (k < nt) acc[k] += wv * x[(i64)(t0 + k) * cols + i];
+        }
+#pragma unroll
+        for (int k = 0; k < GEMV_NT; ++k) {
+            if (k < nt) {
+                float v = warp_sum(acc[k]);
+                if (lane == 0) {
+                    const i64 t = t0 + k;
+                    if (bias) v += bias[r];
+                    if (resid) v += resid[t * rows + r];
+                    out[t * rows + r] = v;
+                }
+            }
+        }
+    }
+}
+
+#define GEMV_Q_KERNEL(name, QT)                                                                 \
+    extern "C" __global__ void gemv_##name(const u8* W, const i8* xq, const float* xd,          \
+                                           int xd_shift, const float* bias, const float* resid, \
+                                           float* out, int rows, int cols, int ntok) {          \
+        gemv_q<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok);                    \
+    }
+STRATA_QFORMATS(GEMV_Q_KERNEL)
+
+#define GEMV_F_KERNEL(name, QT)                                                                 \
+    extern "C" __global__ void gemv_##name(const u8* W, const float* x, const float* bias,      \
+                                           const float* resid, float* out, int rows, int cols,  \
+                                           int ntok) {                                          \
+        gemv_f<QT>(W, x, bias, resid, out, rows, cols, ntok);                                   \
+    }
+GEMV_F_KERNEL(f32, QT_F32)
+GEMV_F_KERNEL(f16, QT_F16)
+GEMV_F_KERNEL(bf16, QT_BF16)

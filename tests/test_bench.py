@@ -1,0 +1,58 @@
+"""`python -m strata.bench`: arms run end to end and report what they promise."""
+
+from __future__ import annotations
+
+import json
+
+from strata.bench.__main__ import main
+
+
+def test_engine_arms_report_speed_hits_and_car(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    rc = main(
+        [
+            "--arm",
+            "car-off",
+            "--arm",
+            "car-on",
+            "-p",
+            "8",
+            "-n",
+            "6",
+            "-r",
+            "1",
+            "--expert-cache",
+            "24",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["stamp"]["commit"] and doc["stamp"]["machine"]["cores"] >= 1
+    off, on = doc["results"]
+    for r in (off, on):
+        assert r["decode_tps"] > 0 and r["prefill_tps"] > 0 and 0 < r["hit_rate"] < 1
+        assert r["resident_experts"] == 24
+    assert off["car_substitution_rate"] == 0.0 and on["car_substitution_rate"] > 0.0
+    assert "decode t/s" in capsys.readouterr().out
+
+
+def test_car_quality_reports_ppl_kl_and_agreement(tmp_path):
+    out = tmp_path / "q.json"
+    assert (
+        main(["--arm", "car-quality", "-n", "4", "--thresholds", "0.35,1.0", "--json", str(out)])
+        == 0
+    )
+    rows = json.loads(out.read_text())["results"][0]["rows"]
+    on, off = rows
+    assert on["substitution_rate"] > 0 and on["mean_kl"] > 0 and on["top1_agreement"] < 1
+    # threshold 1.0 is CAR off: identical to the reference run
+    assert off["substitution_rate"] == 0 and off["mean_kl"] == 0 and off["top1_agreement"] == 1
+    assert off["ppl_on"] == off["ppl_off"]
+
+
+def test_bad_arm_input_is_a_one_line_error(capsys):
+    assert main(["--arm", "car-on", "-n", "2", "-p", "2", "-r", "1"]) == 2  # all fits: no pool
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("strata.bench: error:")
