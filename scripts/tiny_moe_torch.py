@@ -99,10 +99,11 @@ class TinyMoE(nn.Module):
         v = F.linear(h, ly.wv).view(b, t, c.n_head_kv, c.head_dim)  # [B, T, G, Dh]
         q = rope(rms_norm(q, ly.q_norm, c.rms_eps), cos, sin)
         k = rope(rms_norm(k, ly.k_norm, c.rms_eps), cos, sin)
+        rep = c.n_head // c.n_head_kv  # query head h reads KV head h // rep, as ggml does
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)  # [B, T, H, Dh]
         o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-            enable_gqa=True,
-        )  # [B, H, T, Dh]  # fmt: skip
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )  # [B, H, T, Dh]
         return x + F.linear(o.transpose(1, 2).reshape(b, t, -1), ly.wo)
 
     def route(self, ly: Layer, h):

@@ -213,7 +213,7 @@ def cmd_train(ns) -> None:
 
     overrides = {k: v for k, v in vars(ns).items() if k in Config.__annotations__ and v is not None}
     cfg = Config(**overrides)
-    tiny_moe_torch.train(cfg, Path(ns.build), Path(ns.out), device=ns.device)
+    tiny_moe_torch.train(cfg, Path(ns.build), Path(ns.out), ns.device, ns.pack_dtype)
 
 
 # ---- export --------------------------------------------------------------------------------
@@ -389,6 +389,7 @@ def main(argv: list[str] | None = None) -> None:
     t = sub.add_parser("train", help="train on the GPU (torch); writes packs + train_log.json")
     t.add_argument("--out", required=True, help="folder for weights-*.npz and train_log.json")
     t.add_argument("--device", default=None, help="torch device (default cuda if available)")
+    t.add_argument("--pack-dtype", choices=["q8_0", "f32"], default="q8_0")
     for f in dataclasses.fields(Config):
         t.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None)
     e = sub.add_parser("export", help="packs -> Q8_0 GGUF -> llama.cpp-quantized variants")

@@ -1,6 +1,7 @@
 """`python -m strata.bench --arm ARM [...]`: one table per run, JSON on request.
 
-Arms: car-off, car-on, all-cpu, all-gpu (whole model, prefill + decode), car-quality (CAR's cost
+Arms: car-off, car-on, all-cpu, all-gpu (whole model, prefill + decode), llama-cpp (llama.cpp
+through llama-cpp-python on the same file, timed the same way), car-quality (CAR's cost
 on perplexity/KL, teacher-forced), cpu-pool (the CPU expert pool alone), gpu-kernels (device
 kernels alone). Each result carries machine, commit and date.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 from strata.bench.common import stamp, synthetic_model, write_json
 
 ENGINE_ARMS = ("car-off", "car-on", "all-cpu", "all-gpu")
-ARMS = ENGINE_ARMS + ("car-quality", "cpu-pool", "gpu-kernels")
+ARMS = ENGINE_ARMS + ("llama-cpp", "car-quality", "cpu-pool", "gpu-kernels")
 DEFAULT_TEXT = Path(__file__).parent / "car_quality_text.txt"
 
 
@@ -114,6 +115,15 @@ def main(argv: list[str] | None = None) -> int:
                         {"expert_cache": ns.expert_cache}
                         if ns.expert_cache and arm in ("car-off", "car-on")
                         else None,
+                    )
+                )
+                doc["results"].append(engine_rows[-1])
+            elif arm == "llama-cpp":
+                from strata.bench.peer import run_llama_cpp_arm
+
+                engine_rows.append(
+                    run_llama_cpp_arm(
+                        _model_path(ns), ns.prompt_tokens, ns.gen_tokens, ns.repeats, ns.threads
                     )
                 )
                 doc["results"].append(engine_rows[-1])

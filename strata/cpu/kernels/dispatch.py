@@ -1,10 +1,15 @@
-"""Kernel codes and the one dispatching dot: how the pool reaches every format from one
-compiled function (Numba caches functions of integer codes; it cannot cache closures)."""
+"""Kernel codes and the one dispatching dot: how the pool reaches every format.
+
+Callers pass the code as a literal (`numba.literally`), so each compiled specialization holds
+only the kernels it uses (the other branches are pruned before typing): compile time stays
+proportional to the formats a model has, and the result is cached per code (Numba cannot cache
+closures or functions taking other dispatchers as arguments).
+"""
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import literally, njit
 
 from strata.cpu.kernels.floats import dot_bf16, dot_f16, dot_f32
 from strata.cpu.kernels.iq1 import dot_iq1_m
@@ -81,6 +86,7 @@ def dot(code, w, r, xq, xd, xb, x8, xf, a):
 @njit(cache=True)
 def gemv(code, w, xq, xd, xb, x8, xf, y):
     """y [n, R] = every row of w against every act row (single thread; tests and tools)."""
+    literally(code)  # compile only this code's kernel (dead branches pruned)
     for r in range(w.shape[0]):
         for a in range(y.shape[0]):
             y[a, r] = dot(code, w, r, xq, xd, xb, x8, xf, a)

@@ -1,0 +1,56 @@
+// Small element-wise kernels of the dense path (qwen2moe's shared expert) and greedy sampling.
+#include "common.cuh"
+
+// out = silu(g) * u, written as HostTier does: g / (1 + exp(-g)) * u
+extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __restrict__ u,
+                                    float* __restrict__ out, int n) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+// y[t, :] *= sigmoid(gl[t]) (qwen2moe's shared-expert gate); gl: [T] gate logits
+extern "C" __global__ void sigmoid_scale_rows(float* __restrict__ y, const float* __restrict__ gl,
+                                              int D) {
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < D) y[(i64)t * D + i] *= 1.0f / (1.0f + expf(-gl[t]));
+}
+
+// ids[t] = argmax_v logits[t, v], the lowest index among equal maxima (greedy sampling)
+extern "C" __global__ void __launch_bounds__(1024)
+    argmax_rows(const float* __restrict__ logits, int V, i32* __restrict__ ids) {
+    __shared__ float bv[1024 / STRATA_WARP];
+    __shared__ int bi[1024 / STRATA_WARP];
+    const int t = blockIdx.x, tid = threadIdx.x;
+    const int lane = tid % STRATA_WARP, wid = tid / STRATA_WARP, nw = blockDim.x / STRATA_WARP;
+    const float* l = logits + (i64)t * V;
+    float best = NEG_INF;
+    int idx = 0x7fffffff;
+    for (int v = tid; v < V; v += blockDim.x)
+        if (l[v] > best) {  // v grows: the first maximum wins
+            best = l[v];
+            idx = v;
+        }
+#pragma unroll
+    for (int o = STRATA_WARP / 2; o > 0; o >>= 1) {
+        const float ob = SHFL_XOR(best, o);
+        const int oi = SHFL_XOR(idx, o);
+        if (ob > best || (ob == best && oi < idx)) {
+            best = ob;
+            idx = oi;
+        }
+    }
+    if (lane == 0) {
+        bv[wid] = best;
+        bi[wid] = idx;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        for (int w = 1; w < nw; ++w)
+            if (bv[w] > best || (bv[w] == best && bi[w] < idx)) {
+                best = bv[w];
+                idx = bi[w];
+            }
+        ids[t] = idx;
+    }
+}
