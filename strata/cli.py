@@ -349,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("-o", "--out", default="profile.json")
     pr.add_argument("--ctx", type=int, default=2048)
     pr.set_defaults(fn=cmd_profile)
+
+    from strata.serve.cli import add_serve_parser
+
+    add_serve_parser(sub)
     return ap
 
 

@@ -270,6 +270,7 @@ def test_malformed_json_is_a_400(server, body):
         ("stream", "yes"),
         ("stop", 5),
         ("stop", ["a", 1]),
+        ("stop", "x" * 1001),
         ("messages", "hi"),
         ("messages", [{"role": "robot", "content": "x"}]),
         ("messages", [{"role": "user"}]),

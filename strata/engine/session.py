@@ -87,7 +87,7 @@ class Session:
         sampler = Sampler(sampling)
         stops = [s for s in stop if s]
         res.prompt_tokens = len(ids)
-        if self.engine.adaptive is not None:
+        if getattr(self.engine, "adaptive", None) is not None:
             self.engine.adaptive.new_window()  # --adapt-swaps counts per request
         t0 = time.perf_counter()
         res.reused_tokens, logits = self._prefill(ids)

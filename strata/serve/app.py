@@ -190,26 +190,10 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
     env = Envelope(new_id("chatcmpl"), st.model_id)
     if req.stream:
         return _sse_response(_chat_stream(job, out, env, req.include_usage))
-    try:
-        async with _watch_disconnect(request, job):
-            res = None
-            async for kind, payload in job.events():
-                if kind == "piece":
-                    out.feed(payload)
-                elif kind == "done":
-                    out.finish()
-                    res = payload
-                elif kind == "error":
-                    raise APIError(
-                        f"generation failed: {payload}",
-                        status=500,
-                        type="server_error",
-                        code="generation_failed",
-                    )
-    finally:
-        job.cancel()
+    res = await _run_to_end(request, job, out.feed)
     if res is None:
         return JSONResponse(error_body("client closed the request"), status_code=CLIENT_CLOSED)
+    out.finish()
     u = usage(res.prompt_tokens, len(res.tokens), res.reused_tokens)
     return JSONResponse(env.chat(out.message(), out.finish_reason(res.finish_reason), u))
 
@@ -279,14 +263,22 @@ async def completions(request: Request, st: ServerState) -> Response:
     if req.stream:
         return _sse_response(_completion_stream(job, env, req.include_usage, echo))
     pieces = [echo]
+    res = await _run_to_end(request, job, pieces.append)
+    if res is None:
+        return JSONResponse(error_body("client closed the request"), status_code=CLIENT_CLOSED)
+    u = usage(res.prompt_tokens, len(res.tokens), res.reused_tokens)
+    return JSONResponse(env.completion("".join(pieces), res.finish_reason, u))
+
+
+async def _run_to_end(request: Request, job: Job, on_piece: Callable[[str], object]):
+    """Feed the job's pieces to `on_piece`; its `Generation`, or None if the client went away."""
     try:
         async with _watch_disconnect(request, job):
-            res = None
             async for kind, payload in job.events():
                 if kind == "piece":
-                    pieces.append(payload)
+                    on_piece(payload)
                 elif kind == "done":
-                    res = payload
+                    return payload
                 elif kind == "error":
                     raise APIError(
                         f"generation failed: {payload}",
@@ -295,11 +287,8 @@ async def completions(request: Request, st: ServerState) -> Response:
                         code="generation_failed",
                     )
     finally:
-        job.cancel()
-    if res is None:
-        return JSONResponse(error_body("client closed the request"), status_code=CLIENT_CLOSED)
-    u = usage(res.prompt_tokens, len(res.tokens), res.reused_tokens)
-    return JSONResponse(env.completion("".join(pieces), res.finish_reason, u))
+        job.cancel()  # no-op when finished
+    return None
 
 
 async def _completion_stream(

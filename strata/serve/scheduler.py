@@ -62,6 +62,7 @@ class Job:
         self.result = Generation()
         self.loop = loop
         self.submitted = time.monotonic()
+        self.started: float | None = None  # monotonic time it got a slot
         self.first_piece: float | None = None  # monotonic time of the first text piece
         self._queue: asyncio.Queue = asyncio.Queue()
         self._cancel = threading.Event()
@@ -112,7 +113,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
-        self._job_seconds = 1.0  # running mean of a job's wall time, for Retry-After
+        self._job_seconds = 1.0  # running mean of a job's time in a slot, for Retry-After
         self.on_finish: Callable[[Job, str], None] | None = None
 
     @property
@@ -152,8 +153,8 @@ class Scheduler:
                     log.exception("closing an engine failed")
 
     def retry_after(self) -> int:
-        waiting = len(self._pending) + len(self._active)
-        return max(1, min(60, math.ceil(waiting * self._job_seconds / self.slots)))
+        """Seconds until a place in the queue is likely to free up (one job's time per slot)."""
+        return max(1, min(60, math.ceil(self._job_seconds / self.slots)))
 
     def submit(self, job: Job) -> Job:
         """Queue `job`; QueueFull when slots and queue are all taken."""
@@ -177,7 +178,7 @@ class Scheduler:
 
     def _finished(self, job: Job, how: str) -> None:
         if how == "done":
-            spent = time.monotonic() - job.submitted
+            spent = time.monotonic() - (job.started or job.submitted)
             self._job_seconds = 0.8 * self._job_seconds + 0.2 * spent
         if self.on_finish is not None:
             try:
@@ -190,6 +191,7 @@ class Scheduler:
             job = self._pending.popleft()
             session = self._free.pop()
             gen = session.generate(job.prompt, job.max_tokens, job.sampling, job.stop, job.result)
+            job.started = time.monotonic()
             self._active.append((job, gen, session))
 
     def _run(self) -> None:

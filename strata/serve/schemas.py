@@ -25,6 +25,7 @@ from strata.engine.sampling import SamplingParams
 from strata.serve.reasoning import EFFORTS
 
 MAX_STOP = 16
+MAX_STOP_CHARS = 1000  # the session rescans each stop string's prefixes every token
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -176,11 +177,13 @@ def parse_stop(body: dict) -> list[str]:
     if v is None:
         return []
     if isinstance(v, str):
-        return [v] if v else []
+        v = [v]
     if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
         raise _type_error("stop", "a string or a list of strings", v)
     if len(v) > MAX_STOP:
         raise _value_error("stop", f"at most {MAX_STOP} stop strings, got {len(v)}")
+    if any(len(s) > MAX_STOP_CHARS for s in v):
+        raise _value_error("stop", f"a stop string is longer than {MAX_STOP_CHARS} characters")
     return [s for s in v if s]
 
 
@@ -400,7 +403,6 @@ class CompletionRequest:
     include_usage: bool = False
     echo: bool = False
     model: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def _is_ids(v: Any) -> bool:
