@@ -83,8 +83,9 @@ class TinyMoE(nn.Module):
         normal(self.embd, 1.0)
         normal(self.output, 1.0 / math.sqrt(c.n_embd))
         for ly in self.layers:
-            for p in (ly.wq, ly.wk, ly.wv, ly.router, ly.gate, ly.up):
+            for p in (ly.wq, ly.wk, ly.wv, ly.gate, ly.up):
                 normal(p, 1.0 / math.sqrt(c.n_embd))
+            normal(ly.router, 0.02)  # near-uniform routing at first: no early collapse
             normal(ly.wo, resid / math.sqrt(ly.wo.shape[1]))
             normal(ly.down, resid / math.sqrt(c.expert_ff))
 
@@ -104,11 +105,13 @@ class TinyMoE(nn.Module):
         o = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
         )  # [B, H, T, Dh]
-        return x + F.linear(o.transpose(1, 2).reshape(b, t, -1), ly.wo)
+        o = F.linear(o.transpose(1, 2).reshape(b, t, -1), ly.wo)
+        return x + F.dropout(o, self.c.dropout, self.training)
 
     def route(self, ly: Layer, h):
         """Router in float32: probabilities [N, E], top-K ids and renormalized weights [N, K]."""
-        logits = h.float() @ ly.router.float().T  # [N, E]
+        with torch.autocast(h.device.type, enabled=False):  # bf16 would flip near-ties
+            logits = h.float() @ ly.router.float().T  # [N, E]
         p = logits.softmax(-1)
         w, ids = p.topk(self.c.n_expert_used, dim=-1)  # [N, K]
         w = w / w.sum(-1, keepdim=True).clamp_min(MIN_WEIGHT_SUM)
@@ -153,7 +156,7 @@ class TinyMoE(nn.Module):
             h = rms_norm(x, ly.ffn_norm, c.rms_eps).reshape(b * t, -1)  # [N, D]
             p, ids, w = self.route(ly, h)
             y, counts = self.experts(ly, h, ids, w)
-            x = x + y.view(b, t, -1)
+            x = x + F.dropout(y.view(b, t, -1), c.dropout, self.training)
             frac = counts.float() / ids.numel()  # share of assignments per expert [E]
             aux = aux + c.n_expert * (frac * p.mean(0)).sum()  # switch loss: 1.0 when uniform
             if stats is not None:
@@ -165,6 +168,15 @@ class TinyMoE(nn.Module):
 
     def gguf_tensors(self) -> dict[str, np.ndarray]:
         """float32 arrays under their GGUF names (shapes already in GGUF numpy order)."""
+        return {k: v.detach().float().cpu().numpy() for k, v in self.gguf_params().items()}
+
+    def load_gguf_tensors(self, tensors: dict[str, np.ndarray]) -> None:
+        """The inverse of gguf_tensors: set every parameter from its GGUF-named array."""
+        with torch.no_grad():
+            for k, p in self.gguf_params().items():
+                p.copy_(torch.from_numpy(np.asarray(tensors[k], np.float32)).view(p.shape))
+
+    def gguf_params(self) -> dict[str, nn.Parameter]:
         from gguf.constants import MODEL_TENSOR as MT
 
         from strata.model.qwen3moe import name
@@ -191,7 +203,7 @@ class TinyMoE(nn.Module):
                     name(MT.FFN_DOWN_EXP, i): ly.down,
                 }
             )
-        return {k: v.detach().float().cpu().numpy() for k, v in out.items()}
+        return out
 
 
 def write_packs(tensors: dict[str, np.ndarray], out: Path, n_layer: int, dtype: str) -> None:
@@ -215,6 +227,28 @@ def write_packs(tensors: dict[str, np.ndarray], out: Path, n_layer: int, dtype: 
 
 
 # ---- training --------------------------------------------------------------------------------
+
+
+def split_spaces(ids: np.ndarray, build: Path, p: float, seed: int) -> np.ndarray:
+    """BPE-dropout for one merge: a fraction `p` of the tokens " word" become " " + "word".
+
+    The Qwen2 split leaves a prompt's trailing space as a lone " " token, which plain BPE text
+    only ever puts before digits; without this, "def " continues with digits."""
+    tokens = json.loads((build / "tokenizer.json").read_text())["tokens"]
+    ids_of = {t: i for i, t in enumerate(tokens)}
+    space = ids_of["Ġ"]  # byte-level " "
+    rest = np.full(len(tokens), -1, np.int64)  # " word" -> "word"
+    for i, t in enumerate(tokens):
+        if t.startswith("Ġ") and len(t) > 1 and t[1:] in ids_of:
+            rest[i] = ids_of[t[1:]]
+    rng = np.random.default_rng([seed, 0x5B1])
+    pick = (rest[ids] >= 0) & (rng.random(ids.size) < p)
+    at = np.arange(ids.size) + np.cumsum(pick) - pick  # where each token lands
+    out = np.empty(ids.size + int(pick.sum()), ids.dtype)
+    out[at] = np.where(pick, space, ids)
+    out[at[pick] + 1] = rest[ids[pick]]
+    print(f"space split: {int(pick.sum()):,} of {ids.size:,} tokens split")
+    return out
 
 
 def _grouped_mm_works(device) -> bool:
@@ -269,7 +303,9 @@ def evaluate(model, val: torch.Tensor, t: int, batch: int, with_stats: bool = Fa
         for s in range(0, n, batch):
             stats: list = [] if with_stats else None
             logits, _ = model(x[s : s + batch], stats)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y[s : s + batch].flatten(), reduction="sum")
+            loss = F.cross_entropy(
+                logits.float().flatten(0, 1), y[s : s + batch].flatten(), reduction="sum"
+            )
             tot += loss.item()
             cnt += y[s : s + batch].numel()
             if with_stats:
@@ -322,7 +358,10 @@ def train(c, build: Path, out: Path, device: str | None = None, pack_dtype: str 
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         print(f"device {torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
-    train_ids = torch.from_numpy(np.load(build / "train.npy").astype(np.int64)).to(dev)
+    train_np = np.load(build / "train.npy").astype(np.int64)
+    if c.space_split > 0:
+        train_np = split_spaces(train_np, build, c.space_split, c.seed)
+    train_ids = torch.from_numpy(train_np).to(dev)
     val_ids = torch.from_numpy(np.load(build / "val.npy").astype(np.int64)).to(dev)
     grouped = _grouped_mm_works(dev)
     model = TinyMoE(c, grouped=grouped)
@@ -334,10 +373,11 @@ def train(c, build: Path, out: Path, device: str | None = None, pack_dtype: str 
     print(f"params {n_params / 1e6:.2f} M ({active / 1e6:.2f} M active per token)")
     decay = [p for p in model.parameters() if p.ndim >= 2 and p is not model.embd]
     no_decay = [p for p in model.parameters() if p.ndim < 2 or p is model.embd]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0}],
-        lr=c.lr, betas=(0.9, 0.95), eps=1e-8, fused=dev.type == "cuda",
-    )  # fmt: skip
+    groups = [
+        {"params": decay, "weight_decay": c.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=c.lr, betas=(0.9, 0.95), fused=dev.type == "cuda")
     t, b = c.n_ctx_train, c.batch
     arange = torch.arange(t + 1, device=dev)
     decay_steps = max(1, c.steps // 5)
@@ -345,7 +385,6 @@ def train(c, build: Path, out: Path, device: str | None = None, pack_dtype: str 
     log = {"config": {**vars(c)}, "grouped_mm": grouped, "n_params": n_params, "active": active}
     curve, evals = [], []
     best = (float("inf"), -1, None)
-    step_times = []
     train_t0 = time.time()
     step = 0
     while step < total:
@@ -366,18 +405,22 @@ def train(c, build: Path, out: Path, device: str | None = None, pack_dtype: str 
         step += 1
         if step % 25 == 0 or step == 1:
             ce_v, aux_v = ce.item(), aux.item()  # syncs: the step time below is real
+            if not math.isfinite(ce_v):
+                print(f"step {step}: loss {ce_v}; stopping (the best checkpoint is kept)")
+                break
             curve.append({"step": step, "loss": round(ce_v, 4), "aux": round(aux_v, 4), "lr": lr})
             elapsed = time.time() - train_t0
             print(f"step {step:5d}/{total} loss {ce_v:.4f} aux {aux_v:.3f} lr {lr:.2e} "
                   f"[{elapsed:.0f} s, {(time.time() - ts) * 1e3:.0f} ms/step]")  # fmt: skip
-        if step == 40:
-            torch.cuda.synchronize() if dev.type == "cuda" else None
-            step_times.append((time.time() - train_t0) / step)
+        if step == 40:  # the time guard: fit the run into max_seconds
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            per_step = (time.time() - train_t0) / step
             budget = c.max_seconds - (time.time() - t_start) - 30  # evals and packing
-            fit = step + int(budget / step_times[0] / 1.1)
+            fit = step + int(budget / per_step / 1.1)
             if fit < total:
                 total, decay_start = fit, fit - max(1, fit // 5)
-                print(f"time guard: {step_times[0] * 1e3:.0f} ms/step -> {total} steps")
+                print(f"time guard: {per_step * 1e3:.0f} ms/step -> {total} steps")
         if step % c.eval_every == 0 or step == total:
             vl = evaluate(model, val_ids, t, 2 * b)
             evals.append({"step": step, "val_loss": round(vl, 4)})
@@ -389,12 +432,14 @@ def train(c, build: Path, out: Path, device: str | None = None, pack_dtype: str 
                 total = min(total, step + decay_steps)
                 print(f"  val loss rose: decaying the learning rate over steps {step}..{total}")
     train_s = time.time() - train_t0
+    if best[2] is None:
+        raise RuntimeError("no held-out evaluation finished: nothing to save")
     model.load_state_dict(best[2])
     vl, loads, window = evaluate(model, val_ids, t, 2 * b, with_stats=True)
     print(f"best step {best[1]}: val loss {vl:.4f} (ppl {math.exp(vl):.2f}); train {train_s:.0f} s")
     for i, (s, w) in enumerate(zip(loads, window, strict=True)):
         print(f"  layer {i}: load entropy {s['entropy']:.3f} top-25% share "
-              f"{s['top25_share']:.3f} | per 1024-token window {w['entropy']:.3f} "
+              f"{s['top25_share']:.3f} | per {t}-token window {w['entropy']:.3f} "
               f"{w['top25_share']:.3f}")  # fmt: skip
     log.update(
         steps_run=step, best_step=best[1], best_val_loss=vl, train_seconds=round(train_s, 1),

@@ -1,20 +1,23 @@
 """Train the embedded default model: a small qwen3moe on the Python standard library's source.
 
-Three steps, each reproducible from its inputs (and the seed):
+Steps, each reproducible from its inputs (training: from the seed, up to GPU atomics):
 
-  corpus  (here, any machine)  the stdlib's *.py files in sorted order, a held-out split by path
+  corpus  (any machine)        the stdlib's *.py files in sorted order, a held-out split by path
                                hash, a byte-level BPE trained on the train split, both splits
                                tokenized to uint16 arrays                    -> build/tiny_moe/
   train   (GPU machine, torch) the model, AdamW, bf16 autocast; writes the weights as GGUF-named
                                packs (Q8_0 blocks for matrices, f32 for norms and the router)
-  export  (here)               packs + tokenizer -> Q8_0 GGUF, then llama.cpp's quantizer
-                               (llama-cpp-python) -> IQ3_XXS / Q4_K_M variants
-  eval    (here)               perplexity of a GGUF on held-out windows, Strata and llama.cpp
+  export  (any machine)        packs + tokenizer -> Q8_0 GGUF; an importance matrix from train
+                               text; llama.cpp's quantizer (llama-cpp-python) -> Q4_K_M and the
+                               shipped IQ3_XXS mix (--ship copies it to strata/data/default.gguf)
+  eval    (any machine)        perplexity of a GGUF on held-out windows, Strata and llama.cpp
 
     python scripts/train_tiny_moe.py corpus
     python scripts/train_tiny_moe.py train --out build/tiny_moe/packs       # needs torch (+CUDA)
-    python scripts/train_tiny_moe.py export --packs build/tiny_moe/packs
-    python scripts/train_tiny_moe.py eval build/tiny_moe/tiny-moe-IQ3_XXS.gguf
+    python scripts/train_tiny_moe.py export --packs build/tiny_moe/packs --ship
+    python scripts/train_tiny_moe.py eval build/tiny_moe/tiny-moe-IQ3_XXS-mix.gguf
+
+strata/data/MODEL_CARD.md has the shipped model's numbers.
 
 Shape letters as in strata/model/args.py (T, D, V, L, H, G, Dh, E, K, F).
 """
@@ -59,14 +62,16 @@ class Config:
     n_ctx_train: int = 1024  # training window
     n_ctx_meta: int = 4096  # context_length written to the GGUF (the engine's default n_ctx)
     aux_coef: float = 0.01  # switch-style load-balancing loss, over the whole batch
-    batch: int = 64  # windows per step
-    steps: int = 1200
+    dropout: float = 0.1  # on the attention and MoE outputs (training only)
+    space_split: float = 0.03  # share of " word" tokens trained as " " + "word"
+    batch: int = 32  # windows per step
+    steps: int = 3000  # ~13 epochs of the train split (held-out loss decides the end)
     warmup: int = 100
-    lr: float = 3e-3
+    lr: float = 2e-3
     min_lr_frac: float = 0.1
     weight_decay: float = 0.1
-    eval_every: int = 200
-    max_seconds: float = 330.0  # a guard: steps are cut (schedule recomputed) to fit this
+    eval_every: int = 100
+    max_seconds: float = 360.0  # a guard: steps are cut (schedule recomputed) to fit this
 
     def model_dict(self) -> dict:
         """The architecture's hyper-parameters (ModelArgs field names)."""
@@ -107,8 +112,8 @@ def is_val(rel: str) -> bool:
 def train_tokenizer(texts: list[str], n_vocab: int):
     """Byte-level BPE (Qwen2 split) learned on `texts`; the special tokens take the last ids."""
     from gguf import TokenType
-    from tokenizers import trainers
     from tokenizers import pre_tokenizers as pt
+    from tokenizers import trainers
 
     from strata.model.vocab_synth import SPECIAL_TOKENS, SynthVocab, _trainer_tokenizer
 
@@ -154,7 +159,7 @@ def load_vocab(build: Path):
 
 
 def cmd_corpus(ns) -> None:
-    cfg = Config(seed=ns.seed)
+    cfg = Config()
     stdlib = Path(ns.stdlib or sysconfig.get_paths()["stdlib"])
     build = Path(ns.build)
     build.mkdir(parents=True, exist_ok=True)
@@ -236,6 +241,7 @@ def write_gguf(out: Path, cfg: dict, vocab, tensors: dict, log: dict) -> Path:
     """A qwen3moe GGUF of the packed tensors as they are (no re-quantization)."""
     import gguf
     from gguf.constants import GGMLQuantizationType as QT
+    from gguf.constants import Keys
 
     from strata.model import qwen3moe
     from strata.model.args import ModelArgs
@@ -246,7 +252,7 @@ def write_gguf(out: Path, cfg: dict, vocab, tensors: dict, log: dict) -> Path:
     order = list(qwen3moe.global_tensors(args))
     for i in range(args.n_layer):
         order += list(qwen3moe.layer_tensors(args, i))
-    qtypes = {QT(t) for t, _, _ in tensors.values()} - {QT.F32}
+    qtypes = {QT(t) for t, _, _ in tensors.values()} - {QT.F32} or {QT.F32}
     w = gguf.GGUFWriter(out, "qwen3moe")
     w.add_name("strata-tiny-moe")
     w.add_description(
@@ -274,11 +280,18 @@ def write_gguf(out: Path, cfg: dict, vocab, tensors: dict, log: dict) -> Path:
     w.add_uint32("strata.train.ctx", args.n_ctx_train)
     w.add_float32("strata.train.val_loss", log["best_val_loss"])
     add_tokenizer_metadata(w, vocab)
+    # Every training document follows an <|endoftext|>: prompts start the same way (BOS), as
+    # GPT-2 did. Without it a prompt's first token has no "start" to attend to and "def "
+    # continues badly. (add_tokenizer_metadata writes False: replaced, not duplicated.)
+    del w.kv_data[0][Keys.Tokenizer.ADD_BOS]
+    w.add_add_bos_token(True)
     for tname in order:
         if tname not in tensors:
             raise KeyError(f"packs lack {tname}")
         qt, shape, data = tensors[tname]
-        w.add_tensor(tname, data, raw_shape=shape if QT(qt) != QT.F32 else None, raw_dtype=QT(qt))
+        if QT(qt) != QT.F32 and data.shape[:-1] != tuple(shape[:-1]):
+            raise ValueError(f"{tname}: packed blocks {data.shape} do not fit shape {shape}")
+        w.add_tensor(tname, data, raw_dtype=QT(qt))  # quantized: shape from the byte rows
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -286,14 +299,117 @@ def write_gguf(out: Path, cfg: dict, vocab, tensors: dict, log: dict) -> Path:
     return out
 
 
-def llama_quantize(src: Path, dst: Path, ftype: str, threads: int) -> Path:
-    """llama.cpp's own quantizer (llama-cpp-python), requantizing the Q8_0 file (no imatrix)."""
+# The shipped mix: experts 3-bit, the small dense part kept precise (as real MoE quants do).
+# Every byte comes from llama.cpp's quantizer: its IQ3_XXS ftype with tensor-type overrides (what
+# llama-quantize --tensor-type does) and an importance matrix from calibration text (imatrix()).
+SHIP_FTYPE = "IQ3_XXS"
+SHIP_OVERRIDES = {r"attn_(q|k|v|output)\.weight": "Q6_K"}
+SHIP_EMBD, SHIP_OUTPUT = "Q4_K", "Q6_K"
+
+
+def imatrix(q8: Path, build: Path, n_windows: int = 16, n_ctx: int = 512) -> dict:
+    """llama.cpp-style importance matrix of every quantizable matrix: the mean square of each
+    input column over calibration tokens (evenly spaced windows of the *train* split), per
+    expert for expert tensors ([E * in] values). Computed with Strata's float64 reference."""
+    from gguf.constants import MODEL_TENSOR as MT
+
+    from strata.model.loader import load_model
+    from strata.model.qwen3moe import name
+    from strata.model.reference import Reference
+
+    class Recorder(Reference):
+        def __init__(self, model):
+            super().__init__(model, "exact")
+            self.sums, self.counts = {}, {}
+
+        def _add(self, tname: str, x: np.ndarray, rows: int = 1, row: int = 0) -> None:
+            if tname not in self.sums:
+                self.sums[tname] = np.zeros((rows, x.shape[-1]))
+                self.counts[tname] = np.zeros(rows)
+            self.sums[tname][row] += (x * x).sum(0)
+            self.counts[tname][row] += x.shape[0]
+
+        def matmul(self, x, t, layer=None):
+            tname = t if isinstance(t, str) else name(t, layer)
+            if "ffn_gate_inp" not in tname:  # the router stays f32
+                self._add(tname, x)
+            return super().matmul(x, t, layer)
+
+        def moe(self, i, x, record=None):  # grouped by expert: same sums, far fewer calls
+            h = self.rms_norm(x, self.w(MT.FFN_NORM, i))  # [T, D]
+            ids, wts = self.route(i, h)  # [T, K]
+            out = np.zeros_like(x)
+            for e in np.unique(ids):
+                rows, ks = np.nonzero(ids == e)
+                out[rows] += wts[rows, ks, None] * self.expert(i, int(e), h[rows])
+            return x + out
+
+        def expert(self, i, e, h):
+            n_e = self.args.n_expert
+            gate = h @ self.w(MT.FFN_GATE_EXP, i)[e].T  # [n, F]
+            up = h @ self.w(MT.FFN_UP_EXP, i)[e].T
+            act = gate / (1.0 + np.exp(-gate)) * up
+            for t in (MT.FFN_GATE_EXP, MT.FFN_UP_EXP):
+                self._add(name(t, i), h, n_e, e)
+            self._add(name(MT.FFN_DOWN_EXP, i), act, n_e, e)
+            return act @ self.w(MT.FFN_DOWN_EXP, i)[e].T
+
+    rec = Recorder(load_model(q8))
+    train = np.load(build / "train.npy", mmap_mode="r")
+    for s in np.linspace(0, train.size - n_ctx - 1, n_windows).astype(np.int64):
+        rec.forward(np.asarray(train[s : s + n_ctx], np.int64))
+    out = {}
+    for tname, sums in rec.sums.items():
+        cnt = rec.counts[tname]
+        mean = sums.sum(0) / cnt.sum()  # experts never picked fall back to the layer's mean
+        per = np.where(cnt[:, None] > 0, sums / np.maximum(cnt, 1)[:, None], mean[None, :])
+        out[tname] = per.astype(np.float32).ravel()
+    return out
+
+
+def llama_quantize(
+    src: Path,
+    dst: Path,
+    ftype: str,
+    threads: int,
+    imat: dict | None = None,
+    overrides: dict | None = None,
+    embd: str | None = None,
+    output: str | None = None,
+) -> Path:
+    """llama.cpp's quantizer (llama-cpp-python) on `src`; `ftype` a LLAMA_FTYPE_MOSTLY_* name,
+    `overrides` {regex: GGML type name}, `imat` {tensor name: float32 values}."""
+    import ctypes
+
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     params.nthread = threads
-    params.allow_requantize = True
+    params.allow_requantize = True  # src holds Q8_0 blocks: dequantized, then quantized
+    if embd:
+        params.token_embedding_type = getattr(llama_cpp, f"GGML_TYPE_{embd}")
+    if output:
+        params.output_tensor_type = getattr(llama_cpp, f"GGML_TYPE_{output}")
+    keep = []  # what the C arrays point into lives until the call returns
+    if imat:
+        arr = (llama_cpp.llama_model_imatrix_data * (len(imat) + 1))()  # NULL-terminated
+        for i, (tname, vals) in enumerate(sorted(imat.items())):
+            v = np.ascontiguousarray(vals, np.float32)
+            keep += [tname.encode(), v]
+            arr[i].name = keep[-2]
+            arr[i].data = v.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            arr[i].size = v.size
+        params.imatrix = arr
+        keep.append(arr)
+    if overrides:
+        ov = (llama_cpp.llama_model_tensor_override * (len(overrides) + 1))()
+        for i, (pattern, qt) in enumerate(overrides.items()):
+            keep.append(pattern.encode())
+            ov[i].pattern = keep[-1]
+            ov[i].type = getattr(llama_cpp, f"GGML_TYPE_{qt}")
+        params.tt_overrides = ov
+        keep.append(ov)
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize({ftype}) failed with {rc}")
@@ -309,24 +425,29 @@ def cmd_export(ns) -> None:
     tensors, log = read_packs(Path(ns.packs))
     vocab = load_vocab(build)
     cfg = {k: log["config"][k] for k in Config().model_dict()}
-    q8 = write_gguf(build / "tiny-moe-Q8_0.gguf", cfg, vocab, tensors, log)
+    kind = "F32" if all(QT(t) == QT.F32 for t, _, _ in tensors.values()) else "Q8_0"
+    q8 = write_gguf(build / f"tiny-moe-{kind}.gguf", cfg, vocab, tensors, log)
     outs = [q8]
-    for ftype in ns.quants:
-        outs.append(llama_quantize(q8, build / f"tiny-moe-{ftype}.gguf", ftype, ns.threads))
+    t0 = time.time()
+    imat = imatrix(q8, build)
+    print(f"importance matrix of {len(imat)} tensors [{time.time() - t0:.0f} s]")
+    for ftype in ns.quants:  # llama.cpp's own recipes
+        dst = build / f"tiny-moe-{ftype}.gguf"
+        outs.append(llama_quantize(q8, dst, ftype, ns.threads, imat))
+    mix = build / f"tiny-moe-{SHIP_FTYPE}-mix.gguf"
+    outs.append(
+        llama_quantize(
+            q8, mix, SHIP_FTYPE, ns.threads, imat, SHIP_OVERRIDES, SHIP_EMBD, SHIP_OUTPUT
+        )
+    )
     for p in outs:
         m = load_model(p)  # Strata must read every tensor type llama.cpp chose
         types = sorted({QT(m.tensor(n).qtype).name for n in m.gguf.tensors})
         print(f"{p.name}: {p.stat().st_size / 2**20:.2f} MiB, types {', '.join(types)}")
     if ns.ship:
-        src = build / f"tiny-moe-{ns.ship}.gguf"
-        DATA.mkdir(exist_ok=True)
-        os.replace(src, DATA / "default.gguf") if ns.move else _copy(src, DATA / "default.gguf")
-        _copy(build / "heldout.txt", DATA / "heldout.txt")
-        print(f"shipped {src.name} as {DATA / 'default.gguf'}")
-
-
-def _copy(src: Path, dst: Path) -> None:
-    dst.write_bytes(src.read_bytes())
+        (DATA / "default.gguf").write_bytes(mix.read_bytes())
+        (DATA / "heldout.txt").write_bytes((build / "heldout.txt").read_bytes())
+        print(f"shipped {mix.name} as {DATA / 'default.gguf'}")
 
 
 # ---- eval ----------------------------------------------------------------------------------
@@ -385,7 +506,6 @@ def main(argv: list[str] | None = None) -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("corpus", help="stdlib corpus, BPE tokenizer, token arrays")
     c.add_argument("--stdlib", help="stdlib folder (default: this Python's)")
-    c.add_argument("--seed", type=int, default=Config.seed)
     t = sub.add_parser("train", help="train on the GPU (torch); writes packs + train_log.json")
     t.add_argument("--out", required=True, help="folder for weights-*.npz and train_log.json")
     t.add_argument("--device", default=None, help="torch device (default cuda if available)")
@@ -394,9 +514,8 @@ def main(argv: list[str] | None = None) -> None:
         t.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None)
     e = sub.add_parser("export", help="packs -> Q8_0 GGUF -> llama.cpp-quantized variants")
     e.add_argument("--packs", required=True)
-    e.add_argument("--quants", nargs="*", default=["IQ3_XXS", "Q4_K_M"])
-    e.add_argument("--ship", default=None, help="variant to copy to strata/data/default.gguf")
-    e.add_argument("--move", action="store_true", help="move instead of copy when shipping")
+    e.add_argument("--quants", nargs="*", default=["Q4_K_M"], help="llama.cpp recipes to add")
+    e.add_argument("--ship", action="store_true", help="copy the mix to strata/data/default.gguf")
     e.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     v = sub.add_parser("eval", help="held-out perplexity: Strata and llama.cpp on one GGUF")
     v.add_argument("gguf")

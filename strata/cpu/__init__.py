@@ -1,0 +1,31 @@
+"""The CPU tier: Numba kernels for quantized expert weights and the pool that runs them.
+
+    from strata.cpu import ExpertPool, prepare_layer
+    pool = ExpertPool(n_threads=16)
+    lw = prepare_layer(gate, up, down)            # [E, F, D], [E, F, D], [E, D, F] tensors
+    y = pool.run_layer(x, tok, expert, weight, lw)  # x [T, D] -> [T, D]
+
+Importing this package loads numpy, numba, llvmlite, gguf and strata.quant only (no CuPy, no
+engine, no server), so it can be used on its own for quantization experiments.
+"""
+
+from strata.cpu.bandwidth import host_read_bandwidth
+from strata.cpu.kernels.simd import simd_enabled, simd_level
+from strata.cpu.layout import ExpertMatrix, prepare, prepare_tensor
+from strata.cpu.pool import ExpertPool, LayerWeights, prepare_layer
+from strata.cpu.quantize import quantize_act, quantize_q8_0, quantize_q8_K
+
+__all__ = [
+    "ExpertMatrix",
+    "ExpertPool",
+    "LayerWeights",
+    "host_read_bandwidth",
+    "prepare",
+    "prepare_layer",
+    "prepare_tensor",
+    "quantize_act",
+    "quantize_q8_0",
+    "quantize_q8_K",
+    "simd_enabled",
+    "simd_level",
+]

@@ -4,8 +4,12 @@
 matrix [E * R, row_bytes] plus the integer kernel code that reads it. GGUF bytes are used in
 place (a view into the mmap) unless a repacked layout makes the SIMD kernel cheaper:
 
-    IQ3_XXS -> LUT4 (4-bit codes, 1.37x the bytes; iq3_lut4.py)
+    IQ3_XXS -> LUT4 (4-bit codes, 1.37x the bytes; lut4.py)
+    IQ3_S   -> LUT4 (the same layout and kernel, 1.22x the bytes)
+    IQ2_XXS -> LUT4 (2.03x the bytes, yet ~15x faster than decoding its grid on this kernel)
     IQ1_M   -> T2   (2-bit ternary codes, 1.36x the bytes; iq1_t2.py)
+    Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 -> AVX2 kernels on the GGUF bytes
+    IQ2_S, F16, BF16, F32 -> portable @njit kernels only (not yet SIMD)
 
 Both transforms are lossless (tests rebuild the GGUF bytes); `gguf_bytes` is what the file
 holds, `nbytes` what the kernel reads, so bandwidth can be reported either way.
@@ -19,7 +23,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from strata.cpu.kernels import dispatch as K
-from strata.cpu.kernels import iq1_t2, iq3_lut4
+from strata.cpu.kernels import iq1_t2, lut4
 from strata.cpu.kernels.simd import simd_enabled
 from strata.cpu.quantize import act_code
 from strata.quant.formats import QT, fmt
@@ -39,16 +43,18 @@ class ExpertMatrix:
     kernel: int  # dispatch code
     act: int  # activation code (the weight's vec_dot type)
     layout: str  # "gguf", "lut4" or "t2"
+    nbytes: int = 0  # bytes the kernel reads for the whole tensor (set by __post_init__)
+    gguf_bytes: int = 0  # bytes of the tensor in the GGUF's own encoding
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes the kernel reads for the whole tensor."""
-        return int(self.data.nbytes)
+    type_key: tuple = ()  # what Numba's type of `data` depends on (compiled-entry cache key)
 
-    @property
-    def gguf_bytes(self) -> int:
-        """Bytes of the tensor in the GGUF's own encoding."""
-        return fmt(self.qtype).tensor_bytes((self.n_expert, self.rows, self.cols))
+    def __post_init__(self):
+        d = self.data
+        key = (self.kernel, d.dtype.str, d.ndim, d.flags.c_contiguous, d.flags.writeable)
+        object.__setattr__(self, "type_key", key)
+        object.__setattr__(self, "nbytes", int(self.data.nbytes))
+        shape = (self.n_expert, self.rows, self.cols)
+        object.__setattr__(self, "gguf_bytes", fmt(self.qtype).tensor_bytes(shape))
 
     @property
     def expert_nbytes(self) -> int:
@@ -61,7 +67,10 @@ class ExpertMatrix:
     def gguf_rows(self) -> np.ndarray:
         """The GGUF bytes [E * R, row_bytes] (undoing the repack; tests and the pack writer)."""
         if self.layout == "lut4":
-            return iq3_lut4.unpack(self.data)
+            unpack = {QT.IQ3_S: lut4.unpack_s, QT.IQ2_XXS: lut4.unpack_2xxs}.get(
+                self.qtype, lut4.unpack
+            )
+            return unpack(self.data)
         if self.layout == "t2":
             return iq1_t2.unpack(self.data)
         return self.data
@@ -85,10 +94,14 @@ def prepare(qtype, shape, data, layout: str = "auto", simd: bool | None = None) 
     simd = simd_enabled() if simd is None else simd
     qt = f.qtype
     kernel, lay = K.PORTABLE[qt], "gguf"
-    if simd and qt == QT.Q4_K:
-        kernel = K.K_Q4_K_AVX2
+    if simd and qt in K.SIMD_GGUF:
+        kernel = K.SIMD_GGUF[qt]
     elif simd and layout == "auto" and qt == QT.IQ3_XXS:
-        raw, kernel, lay = iq3_lut4.repack(raw), K.K_IQ3_XXS_LUT4_AVX2, "lut4"
+        raw, kernel, lay = lut4.repack(raw), K.K_IQ3_XXS_LUT4_AVX2, "lut4"
+    elif simd and layout == "auto" and qt == QT.IQ3_S:
+        raw, kernel, lay = lut4.repack_s(raw), K.K_IQ3_S_LUT4_AVX2, "lut4"
+    elif simd and layout == "auto" and qt == QT.IQ2_XXS:
+        raw, kernel, lay = lut4.repack_2xxs(raw), K.K_IQ2_XXS_LUT4_AVX2, "lut4"
     elif simd and layout == "auto" and qt == QT.IQ1_M:
         raw, kernel, lay = iq1_t2.repack(raw), K.K_IQ1_M_T2_AVX2, "t2"
     return ExpertMatrix(qt, e, r, c, raw, kernel, act_code(f.vec_dot), lay)

@@ -1,7 +1,7 @@
 """The CPU expert pool: one layer's missed experts, all three matrices, in one jitted call.
 
     # T = tokens, D = hidden dim, F = expert FFN dim, E = experts, N = (token, expert) tasks
-    out[t] = sum_{tasks j of token t, by expert id} weight[j] * down_e(silu(gate_e(x_t)) * up_e(x_t))
+    out[t] = sum_{tasks j of token t, by expert} weight[j] * down_e(silu(gate_e(x_t)) * up_e(x_t))
 
 with the roundings of llama.cpp's CPU matmul (`HostTier.experts` is the NumPy statement of it):
 x quantized once to the gate/up weights' vec_dot type, the intermediate quantized to the down
@@ -9,15 +9,22 @@ weights' vec_dot type. Phases inside the one jitted function:
 
     0. tasks grouped by expert (counting sort, ascending expert ids)       serial, tiny
     1. quantize x [T, D]                                                   parallel over tokens
-    2. gate + up + SiLU.up: items (active expert, F-row chunk)             parallel
+    2. gate + up + SiLU.up: items (active expert, F-row chunk), split by   parallel
+       cost into one contiguous run per thread
     3. quantize the intermediate [N, F]                                    parallel over tasks
-    4. down + weighted sum: items (D-row chunk) over all active experts    parallel
+    4. down + weighted sum: D rows split evenly, all active experts        parallel
 
-Each output element is summed by exactly one item, in ascending expert order from zero (as
-HostTier does), so results are deterministic and do not depend on the thread count. Phases 1 and
-3 run on the calling thread below `quant_min_tasks` rows, or always with parallel_quant off
-(STRATA_POOL_PARALLEL_QUANT=0: the sequential A/B arm). Workspaces are allocated on the first
-call and when a larger shape arrives; nothing else is allocated per call.
+Phases 1 and 3 run on the calling thread below `quant_min_tasks` rows, or always with
+parallel_quant off (STRATA_POOL_PARALLEL_QUANT=0: the sequential A/B arm). The threshold
+(STRATA_POOL_QUANT_MIN_TASKS) defaults to 16: a parallel region costs ~4-5 us to launch on the
+2-core dev box and quantizing one 768-wide row ~0.8 us, so below ~13-16 rows a region costs
+more than it saves (at N = 8 and 16 the two arms measured equal within noise).
+
+Each output element is summed by exactly one thread, in ascending expert order from zero (as
+HostTier does), so results are deterministic and do not depend on the thread count. Rows are
+prefetched a few rows ahead (`PREFETCH_ROWS`): measured, the hardware prefetcher alone left the
+kernels at ~60% of the single-core read bandwidth. Workspaces are allocated on the first call
+and when a larger shape arrives; nothing else is allocated per call.
 """
 
 from __future__ import annotations
@@ -27,9 +34,10 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import literally, njit, prange
 
-from strata.cpu.kernels.dispatch import dot
+from strata.cpu.kernels.dispatch import dot, specialized
+from strata.cpu.kernels.simd import prefetch_row
 from strata.cpu.layout import ExpertMatrix, prepare_tensor
 from strata.cpu.quantize import alloc_act, quantize_row
 
@@ -41,24 +49,22 @@ class LayerWeights:
     gate: ExpertMatrix  # [E, F, D]
     up: ExpertMatrix  # [E, F, D]
     down: ExpertMatrix  # [E, D, F]
+    expert_nbytes: int = 0
+    expert_gguf_bytes: int = 0
 
     def __post_init__(self):
         g, u, d = self.gate, self.up, self.down
         e, f, dim = g.n_expert, g.rows, g.cols
-        if (u.n_expert, u.rows, u.cols) != (e, f, dim) or (d.n_expert, d.rows, d.cols) != (e, dim, f):
+        shapes = [(m.n_expert, m.rows, m.cols) for m in (u, d)]
+        if shapes != [(e, f, dim), (e, dim, f)]:
             raise ValueError(
                 f"expert shapes do not fit: gate {[e, f, dim]}, up {[u.n_expert, u.rows, u.cols]},"
                 f" down {[d.n_expert, d.rows, d.cols]} (want down [E, D, F])"
             )
-
-    @property
-    def expert_nbytes(self) -> int:
-        """Bytes the kernels read for one expert (gate + up + down)."""
-        return self.gate.expert_nbytes + self.up.expert_nbytes + self.down.expert_nbytes
-
-    @property
-    def expert_gguf_bytes(self) -> int:
-        return self.gate.expert_gguf_bytes + self.up.expert_gguf_bytes + self.down.expert_gguf_bytes
+        mats = (g, u, d)
+        # bytes the kernels read for one expert (gate + up + down), and in the GGUF encoding
+        object.__setattr__(self, "expert_nbytes", sum(m.expert_nbytes for m in mats))
+        object.__setattr__(self, "expert_gguf_bytes", sum(m.expert_gguf_bytes for m in mats))
 
 
 def prepare_layer(gate, up, down, layout: str = "auto", simd: bool | None = None) -> LayerWeights:
@@ -71,42 +77,67 @@ def _env_flag(name: str, default: bool) -> bool:
     return default if v is None else v.strip().lower() not in ("0", "false", "off", "no", "")
 
 
+PREFETCH_ROWS = 3  # software prefetch distance: the hardware prefetcher alone left ~40% idle
+
+
 @njit(cache=True)
-def _gate_up_items(tid, nt, n_items, f, chunk, tok, order, start, cnt, active, gk, gw, actg, uk,
-                   uw, actu, h):
-    """Thread tid's share (round robin) of the (expert, F-row chunk) items of phase 2."""
+def _gate_up_items(
+    tid, nt, na, f, chunk, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h
+):
+    """Thread tid's contiguous share of the (expert, F-row chunk) items of phase 2.
+
+    Items are split by cost (tokens of the expert) into nt contiguous runs, so each thread
+    streams whole stretches of one expert's rows and the prefetch ahead lands in its own work.
+    """
     nch = (f + chunk - 1) // chunk
-    for it in range(tid, n_items, nt):
-        e = active[it // nch]
-        r0 = (it % nch) * chunk
-        for r in range(r0, min(f, r0 + chunk)):
-            wr = e * f + r
-            for p in range(start[e], cnt[e]):
-                t = tok[order[p]]
-                g = np.float32(0.0)
-                for m in range(2):  # one call site: two inlined copies of `dot` compile slowly
-                    k, w, act = (gk, gw, actg) if m == 0 else (uk, uw, actu)
-                    v = dot(k, w, wr, act[0], act[1], act[2], act[3], act[4], t)
-                    if m == 0:
-                        g = v
-                    else:
-                        h[p, r] = g / (np.float32(1.0) + np.exp(-g)) * v
+    total = 0
+    for ia in range(na):
+        e = active[ia]
+        total += (cnt[e] - start[e]) * nch
+    lo = tid * total // nt
+    hi = (tid + 1) * total // nt
+    pos = 0
+    for ia in range(na):
+        e = active[ia]
+        n_e = cnt[e] - start[e]
+        for c in range(nch):
+            if pos >= lo and pos < hi:
+                r0 = c * chunk
+                for r in range(r0, min(f, r0 + chunk)):
+                    wr = e * f + r
+                    if r + PREFETCH_ROWS < f:
+                        prefetch_row(gw, wr + PREFETCH_ROWS, gw.shape[1])
+                        prefetch_row(uw, wr + PREFETCH_ROWS, uw.shape[1])
+                    for p in range(start[e], cnt[e]):
+                        t = tok[order[p]]
+                        g = dot(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], t)
+                        u = dot(uk, uw, wr, actu[0], actu[1], actu[2], actu[3], actu[4], t)
+                        h[p, r] = g / (np.float32(1.0) + np.exp(-g)) * u
+            pos += n_e
 
 
 @njit(cache=True)
 def _down_items(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out):
-    """Thread tid's share of the D-row chunks of phase 4: every active expert, ascending."""
+    """Thread tid's contiguous share of the D rows of phase 4, every active expert ascending."""
     hq, hd, hb, h8, hf = acth
     t_n = out.shape[0]
-    nch = (dim + chunk - 1) // chunk
-    for c in range(tid, nch, nt):
-        r0 = c * chunk
-        for r in range(r0, min(dim, r0 + chunk)):
-            for t in range(t_n):
+    lo = tid * dim // nt
+    hi = (tid + 1) * dim // nt
+    for r0 in range(lo, hi, chunk):
+        r1 = min(hi, r0 + chunk)
+        for t in range(t_n):
+            for r in range(r0, r1):
                 out[t, r] = 0
-            for ia in range(na):
-                e = active[ia]
+        for ia in range(na):  # experts outer: each expert's rows stream; sums stay in e order
+            e = active[ia]
+            for r in range(r0, r1):
                 wr = e * dim + r
+                if r + PREFETCH_ROWS < r1:
+                    prefetch_row(dw, wr + PREFETCH_ROWS, dw.shape[1])
+                elif ia + 1 < na:  # the next expert's first rows of this chunk
+                    prefetch_row(
+                        dw, active[ia + 1] * dim + r0 + (r + PREFETCH_ROWS - r1), dw.shape[1]
+                    )
                 for p in range(start[e], cnt[e]):
                     j = order[p]
                     y = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
@@ -114,8 +145,39 @@ def _down_items(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk,
 
 
 @njit(cache=True, parallel=True)
-def _run_layer(x, tok, ex, wt, gw, gk, uw, uk, dw, dk, n_expert, ag, actg, au, actu, ad, acth,
-               h, order, cnt, start, active, out, nt, par_quant, min_tasks, chunk, stats):
+def _run_layer(
+    x,
+    tok,
+    ex,
+    wt,
+    gw,
+    gk,
+    uw,
+    uk,
+    dw,
+    dk,
+    n_expert,
+    ag,
+    actg,
+    au,
+    actu,
+    ad,
+    acth,
+    h,
+    order,
+    cnt,
+    start,
+    active,
+    out,
+    nt,
+    par_quant,
+    min_tasks,
+    chunk,
+    stats,
+):
+    literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
+    literally(uk)
+    literally(dk)
     t_n = x.shape[0]
     n = tok.shape[0]
     f = gw.shape[0] // n_expert
@@ -161,10 +223,10 @@ def _run_layer(x, tok, ex, wt, gw, gk, uw, uk, dw, dk, n_expert, ag, actg, au, a
             if au != ag:
                 quantize_row(x[t], au, t, uq, ud, ub, u8, uf)
     # ---- 2. gate, up, silu(gate) * up: items = (active expert, chunk of F rows)
-    n_items = na * ((f + chunk - 1) // chunk)
     for tid in prange(nt):
-        _gate_up_items(tid, nt, n_items, f, chunk, tok, order, start, cnt, active, gk, gw, actg,
-                       uk, uw, actu, h)
+        _gate_up_items(
+            tid, nt, na, f, chunk, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h
+        )
     # ---- 3. quantize the intermediate rows (one per task, in grouped order)
     if par_quant and n >= min_tasks:
         for p in prange(n):
@@ -175,6 +237,9 @@ def _run_layer(x, tok, ex, wt, gw, gk, uw, uk, dw, dk, n_expert, ag, actg, au, a
     # ---- 4. down and the weighted sum: items = chunks of D rows, all active experts
     for tid in prange(nt):
         _down_items(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out)
+
+
+_LITERAL_ARGS = (5, 7, 9)  # gk, uk, dk in _run_layer's arguments
 
 
 class ExpertPool:
@@ -188,8 +253,13 @@ class ExpertPool:
     is given.
     """
 
-    def __init__(self, n_threads: int | None = None, parallel_quant: bool | None = None,
-                 quant_min_tasks: int | None = None, row_chunk: int = 32):
+    def __init__(
+        self,
+        n_threads: int | None = None,
+        parallel_quant: bool | None = None,
+        quant_min_tasks: int | None = None,
+        row_chunk: int = 32,
+    ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
         if n < 1:
@@ -201,13 +271,14 @@ class ExpertPool:
         if parallel_quant is None:
             parallel_quant = _env_flag("STRATA_POOL_PARALLEL_QUANT", True)
         if quant_min_tasks is None:
-            quant_min_tasks = int(os.environ.get("STRATA_POOL_QUANT_MIN_TASKS", "8"))
+            quant_min_tasks = int(os.environ.get("STRATA_POOL_QUANT_MIN_TASKS", "16"))
         self.parallel_quant = bool(parallel_quant)
         self.quant_min_tasks = int(quant_min_tasks)
         self.row_chunk = int(row_chunk)
         self._prepared: dict[int, tuple[object, ExpertMatrix]] = {}
         self._ws: dict[str, object] = {}
         self._stats = np.zeros(2, np.int64)
+        self._entries: dict[tuple, object] = {}
         self.last_active_experts = 0
         self.last_bytes = 0  # bytes the kernels read in the last call
         self.last_gguf_bytes = 0  # the same experts in the GGUF encoding
@@ -232,19 +303,45 @@ class ExpertPool:
             ag, au, _ = acts
             actg = alloc_act(t_cap, dim)
             ws.update(
-                key=key, t_cap=t_cap, n_cap=n_cap, actg=actg,
+                key=key,
+                t_cap=t_cap,
+                n_cap=n_cap,
+                actg=actg,
                 actu=actg if au == ag else alloc_act(t_cap, dim),
-                acth=alloc_act(n_cap, f), h=np.zeros((n_cap, f), np.float32),
-                order=np.zeros(n_cap, np.int32), cnt=np.zeros(n_expert, np.int64),
-                start=np.zeros(n_expert, np.int64), active=np.zeros(n_expert, np.int64),
+                acth=alloc_act(n_cap, f),
+                h=np.zeros((n_cap, f), np.float32),
+                order=np.zeros(n_cap, np.int32),
+                cnt=np.zeros(n_expert, np.int64),
+                start=np.zeros(n_expert, np.int64),
+                active=np.zeros(n_expert, np.int64),
                 out=np.zeros((t_cap, dim), np.float32),
             )
         return ws
 
+    def _entry(self, args, g, u, d):
+        """The compiled specialization for these kernels, called without Numba's dispatch.
+
+        `_run_layer` takes the kernel codes as literals; through the dispatcher every call
+        would first try (and fail) to type a non-literal version, costing milliseconds.
+        """
+        key = (
+            g.type_key,
+            u.type_key,
+            d.type_key,
+            tuple(a.flags.writeable for a in args[:4]),
+        )  # read-only inputs type differently
+        fn = self._entries.get(key)
+        if fn is None:
+            fn = self._entries[key] = specialized(_run_layer, args, _LITERAL_ARGS)
+        return fn
+
     # ---- the call
     def run_layer(self, x, tok, expert, weight, gate, up=None, down=None, out=None) -> np.ndarray:
-        lw = gate if isinstance(gate, LayerWeights) else LayerWeights(
-            self._matrix(gate), self._matrix(up), self._matrix(down))
+        lw = (
+            gate
+            if isinstance(gate, LayerWeights)
+            else LayerWeights(self._matrix(gate), self._matrix(up), self._matrix(down))
+        )
         g, u, d = lw.gate, lw.up, lw.down
         x = np.ascontiguousarray(x, dtype=np.float32)
         tok = np.ascontiguousarray(tok, dtype=np.int32)
@@ -255,18 +352,52 @@ class ExpertPool:
         if dim != g.cols:
             raise ValueError(f"x has {dim} columns, the experts take {g.cols}")
         if expert.shape[0] != n or weight.shape[0] != n:
-            raise ValueError(f"tok, expert, weight lengths differ: {n}, {expert.shape[0]}, "
-                             f"{weight.shape[0]}")
+            raise ValueError(
+                f"tok, expert, weight lengths differ: {n}, {expert.shape[0]}, {weight.shape[0]}"
+            )
         ws = self._workspace(t_n, n, dim, g.rows, g.n_expert, (g.act, u.act, d.act))
         if out is None:
             out = ws["out"][:t_n]
-        elif out.shape != (t_n, dim) or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise ValueError(f"out must be a C-contiguous float32 array of shape {(t_n, dim)}")
+        elif (
+            out.shape != (t_n, dim)
+            or out.dtype != np.float32
+            or not out.flags.c_contiguous
+            or not out.flags.writeable
+            or out.ndim != 2
+        ):
+            raise ValueError(f"out must be a writable C-contiguous float32 array {(t_n, dim)}")
+        args = (
+            x,
+            tok,
+            expert,
+            weight,
+            g.data,
+            g.kernel,
+            u.data,
+            u.kernel,
+            d.data,
+            d.kernel,
+            g.n_expert,
+            g.act,
+            ws["actg"],
+            u.act,
+            ws["actu"],
+            d.act,
+            ws["acth"],
+            ws["h"],
+            ws["order"],
+            ws["cnt"],
+            ws["start"],
+            ws["active"],
+            out,
+            self.n_threads,
+            self.parallel_quant,
+            self.quant_min_tasks,
+            self.row_chunk,
+            self._stats,
+        )
         numba.set_num_threads(self.n_threads)
-        _run_layer(x, tok, expert, weight, g.data, g.kernel, u.data, u.kernel, d.data, d.kernel,
-                   g.n_expert, g.act, ws["actg"], u.act, ws["actu"], d.act, ws["acth"], ws["h"],
-                   ws["order"], ws["cnt"], ws["start"], ws["active"], out, self.n_threads,
-                   self.parallel_quant, self.quant_min_tasks, self.row_chunk, self._stats)
+        self._entry(args, g, u, d)(*args)
         if self._stats[1] == ERR_TOKEN:
             raise ValueError(f"a token index is outside 0..{t_n - 1}")
         if self._stats[1] == ERR_EXPERT:

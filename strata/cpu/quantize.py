@@ -26,8 +26,13 @@ QK8_0 = 32
 
 # activation codes (the vec_dot type of the weight), stable integers for the jitted code
 ACT_Q8_K, ACT_Q8_0, ACT_F16, ACT_BF16, ACT_F32 = 0, 1, 2, 3, 4
-ACT_CODES = {QT.Q8_K: ACT_Q8_K, QT.Q8_0: ACT_Q8_0, QT.F16: ACT_F16, QT.BF16: ACT_BF16,
-             QT.F32: ACT_F32}
+ACT_CODES = {
+    QT.Q8_K: ACT_Q8_K,
+    QT.Q8_0: ACT_Q8_0,
+    QT.F16: ACT_F16,
+    QT.BF16: ACT_BF16,
+    QT.F32: ACT_F32,
+}
 
 
 def act_code(vec_dot: GGMLQuantizationType) -> int:

@@ -40,7 +40,9 @@ def _c_array(name: str, ctype: str, values: np.ndarray, per_line: int = 8) -> st
     lines = [
         "    " + ", ".join(items[i : i + per_line]) + "," for i in range(0, len(items), per_line)
     ]
-    return f"static __device__ const {ctype} {name}[{len(items)}] = {{\n" + "\n".join(lines) + "\n};\n"
+    return (
+        f"static __device__ const {ctype} {name}[{len(items)}] = {{\n" + "\n".join(lines) + "\n};\n"
+    )
 
 
 def _grid(cls, dtype) -> np.ndarray:

@@ -79,4 +79,3 @@ def round_bf16(x):
 def f16_at(w, r, o):
     """The f16 stored little-endian at bytes o, o+1 of row r of the uint8 matrix w, as float32."""
     return f16_bits_to_f32(np.uint16(w[r, o]) | (np.uint16(w[r, o + 1]) << np.uint16(8)))
-

@@ -8,18 +8,28 @@ closures or functions taking other dispatchers as arguments).
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import literally, njit
+from numba import literally, njit, types
+from numba.extending import overload
 
 from strata.cpu.kernels.floats import dot_bf16, dot_f16, dot_f32
 from strata.cpu.kernels.iq1 import dot_iq1_m
 from strata.cpu.kernels.iq1_t2 import dot_t2_avx2, dot_t2_portable
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
 from strata.cpu.kernels.iq3 import dot_iq3_s, dot_iq3_xxs
-from strata.cpu.kernels.iq3_lut4 import dot_lut4_avx2, dot_lut4_portable
 from strata.cpu.kernels.iq4 import dot_iq4_xs
+from strata.cpu.kernels.iq4_avx2 import dot_iq4_xs_avx2, dot_q8_0_avx2
 from strata.cpu.kernels.kquants import dot_q4_k, dot_q5_k, dot_q6_k
-from strata.cpu.kernels.kquants_avx2 import dot_q4_k_avx2
+from strata.cpu.kernels.kquants_avx2 import dot_q4_k_avx2, dot_q5_k_avx2, dot_q6_k_avx2
+from strata.cpu.kernels.lut4 import (
+    dot_lut4_2xxs_avx2,
+    dot_lut4_2xxs_portable,
+    dot_lut4_avx2,
+    dot_lut4_portable,
+    dot_lut4_s_avx2,
+    dot_lut4_s_portable,
+)
 from strata.cpu.kernels.q8_0 import dot_q8_0
 from strata.quant.formats import QT
 
@@ -29,58 +39,85 @@ K_Q4_K, K_Q5_K, K_Q6_K, K_IQ4_XS = 4, 5, 6, 7
 K_IQ3_XXS, K_IQ3_S, K_IQ2_XXS, K_IQ2_S, K_IQ1_M = 8, 9, 10, 11, 12
 
 # SIMD kernels and repacked layouts (see layout.py for which one a matrix gets)
-K_Q4_K_AVX2 = 20
+K_Q4_K_AVX2, K_Q5_K_AVX2, K_Q6_K_AVX2, K_IQ4_XS_AVX2, K_Q8_0_AVX2 = 20, 25, 26, 27, 28
 K_IQ3_XXS_LUT4, K_IQ3_XXS_LUT4_AVX2 = 21, 22
 K_IQ1_M_T2, K_IQ1_M_T2_AVX2 = 23, 24
+K_IQ3_S_LUT4, K_IQ3_S_LUT4_AVX2 = 29, 30
+K_IQ2_XXS_LUT4, K_IQ2_XXS_LUT4_AVX2 = 31, 32
+SIMD_GGUF = {  # AVX2 kernels on the GGUF bytes
+    QT.Q4_K: K_Q4_K_AVX2,
+    QT.Q5_K: K_Q5_K_AVX2,
+    QT.Q6_K: K_Q6_K_AVX2,
+    QT.IQ4_XS: K_IQ4_XS_AVX2,
+    QT.Q8_0: K_Q8_0_AVX2,
+}
 
 PORTABLE = {
-    QT.F32: K_F32, QT.F16: K_F16, QT.BF16: K_BF16, QT.Q8_0: K_Q8_0,
-    QT.Q4_K: K_Q4_K, QT.Q5_K: K_Q5_K, QT.Q6_K: K_Q6_K, QT.IQ4_XS: K_IQ4_XS,
-    QT.IQ3_XXS: K_IQ3_XXS, QT.IQ3_S: K_IQ3_S, QT.IQ2_XXS: K_IQ2_XXS, QT.IQ2_S: K_IQ2_S,
+    QT.F32: K_F32,
+    QT.F16: K_F16,
+    QT.BF16: K_BF16,
+    QT.Q8_0: K_Q8_0,
+    QT.Q4_K: K_Q4_K,
+    QT.Q5_K: K_Q5_K,
+    QT.Q6_K: K_Q6_K,
+    QT.IQ4_XS: K_IQ4_XS,
+    QT.IQ3_XXS: K_IQ3_XXS,
+    QT.IQ3_S: K_IQ3_S,
+    QT.IQ2_XXS: K_IQ2_XXS,
+    QT.IQ2_S: K_IQ2_S,
     QT.IQ1_M: K_IQ1_M,
 }
 
 
-@njit(cache=True)
+KERNELS = {
+    K_F32: dot_f32,
+    K_F16: dot_f16,
+    K_BF16: dot_bf16,
+    K_Q8_0: dot_q8_0,
+    K_Q4_K: dot_q4_k,
+    K_Q5_K: dot_q5_k,
+    K_Q6_K: dot_q6_k,
+    K_IQ4_XS: dot_iq4_xs,
+    K_IQ3_XXS: dot_iq3_xxs,
+    K_IQ3_S: dot_iq3_s,
+    K_IQ2_XXS: dot_iq2_xxs,
+    K_IQ2_S: dot_iq2_s,
+    K_IQ1_M: dot_iq1_m,
+    K_Q4_K_AVX2: dot_q4_k_avx2,
+    K_Q5_K_AVX2: dot_q5_k_avx2,
+    K_Q6_K_AVX2: dot_q6_k_avx2,
+    K_IQ4_XS_AVX2: dot_iq4_xs_avx2,
+    K_Q8_0_AVX2: dot_q8_0_avx2,
+    K_IQ3_XXS_LUT4: dot_lut4_portable,
+    K_IQ3_XXS_LUT4_AVX2: dot_lut4_avx2,
+    K_IQ1_M_T2: dot_t2_portable,
+    K_IQ1_M_T2_AVX2: dot_t2_avx2,
+    K_IQ3_S_LUT4: dot_lut4_s_portable,
+    K_IQ3_S_LUT4_AVX2: dot_lut4_s_avx2,
+    K_IQ2_XXS_LUT4: dot_lut4_2xxs_portable,
+    K_IQ2_XXS_LUT4_AVX2: dot_lut4_2xxs_avx2,
+}
+
+
 def dot(code, w, r, xq, xd, xb, x8, xf, a):
-    """Row r of w against act row a with kernel `code`; float32."""
-    if code == K_IQ3_XXS_LUT4_AVX2:
-        return dot_lut4_avx2(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_Q4_K_AVX2:
-        return dot_q4_k_avx2(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_IQ1_M_T2_AVX2:
-        return dot_t2_avx2(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_IQ3_XXS_LUT4:
-        return dot_lut4_portable(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_IQ1_M_T2:
-        return dot_t2_portable(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_IQ3_XXS:
-        return dot_iq3_xxs(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_Q4_K:
-        return dot_q4_k(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_IQ1_M:
-        return dot_iq1_m(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_Q5_K:
-        return dot_q5_k(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_Q6_K:
-        return dot_q6_k(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_IQ4_XS:
-        return dot_iq4_xs(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_IQ3_S:
-        return dot_iq3_s(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_IQ2_XXS:
-        return dot_iq2_xxs(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_IQ2_S:
-        return dot_iq2_s(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_Q8_0:
-        return dot_q8_0(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_F16:
-        return dot_f16(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_BF16:
-        return dot_bf16(w, r, xq, xd, xb, x8, xf, a)
-    if code == K_F32:
-        return dot_f32(w, r, xq, xd, xb, x8, xf, a)
-    return np.float32(np.nan)
+    """Row r of w against act row a with kernel `code` (a literal in jitted callers); float32."""
+    raise NotImplementedError("dot is only callable from jitted code")
+
+
+@overload(dot, prefer_literal=True)
+def _dot(code, w, r, xq, xd, xb, x8, xf, a):
+    if not isinstance(code, types.IntegerLiteral):
+        # typed once without the literal before `literally` retypes the caller: compile nothing
+        def unresolved(code, w, r, xq, xd, xb, x8, xf, a):
+            return np.float32(np.nan)
+
+        return unresolved
+    kernel = KERNELS[code.literal_value]
+
+    def impl(code, w, r, xq, xd, xb, x8, xf, a):
+        return kernel(w, r, xq, xd, xb, x8, xf, a)
+
+    return impl
 
 
 @njit(cache=True)
@@ -90,3 +127,16 @@ def gemv(code, w, xq, xd, xb, x8, xf, y):
     for r in range(w.shape[0]):
         for a in range(y.shape[0]):
             y[a, r] = dot(code, w, r, xq, xd, xb, x8, xf, a)
+
+
+def specialized(fn, args: tuple, literal_pos: tuple[int, ...]):
+    """The compiled entry point of jitted `fn` for `args`, with the arguments at `literal_pos`
+    typed as literals. Calling it skips Numba's dispatch, which for a function that asks for
+    literals (`literally`) would re-type a non-literal version on every call (milliseconds)."""
+    sig = [numba.typeof(a) for a in args]
+    for i in literal_pos:
+        sig[i] = types.literal(args[i])
+    sig = tuple(sig)
+    if sig not in fn.overloads:
+        fn.compile(sig)
+    return fn.overloads[sig].entry_point

@@ -38,7 +38,8 @@ def dot_iq1_m(w, r, xq, xd, xb, x8, xf, a):
         xo = b * 256
         isum = 0
         for s in range(16):  # 16 weights: groups 2s, 2s+1
-            word = np.int32(w[r, o + 48 + 2 * (s // 4)]) | (np.int32(w[r, o + 49 + 2 * (s // 4)]) << 8)
+            wo = o + 48 + 2 * (s // 4)
+            word = np.int32(w[r, wo]) | (np.int32(w[r, wo + 1]) << 8)
             ls = (word >> (3 * (s & 3))) & 7
             t = 0
             for h in range(2):

@@ -42,7 +42,7 @@ def repack(w: np.ndarray) -> np.ndarray:
     nib = ((bl[..., 32:48, None] >> np.array([0, 4], np.uint8)) & 15).reshape(n, nb, 32)
     idx = bl[..., 0:32].astype(np.int64) | ((nib & 7).astype(np.int64) << 8)
     u = (IQ1S_GRID[idx] + 1).astype(np.uint8).reshape(n, nb, 2, 4, 32)  # chunk, plane, byte
-    codes = (u[:, :, :, 0] | (u[:, :, :, 1] << 2) | (u[:, :, :, 2] << 4) | (u[:, :, :, 3] << 6))
+    codes = u[:, :, :, 0] | (u[:, :, :, 1] << 2) | (u[:, :, :, 2] << 4) | (u[:, :, :, 3] << 6)
     dbits = ((nib >> 3) & 1).astype(np.uint32)
     delta = np.bitwise_or.reduce(dbits << np.arange(32, dtype=np.uint32), axis=-1)
     out = np.empty((n, nb * BB), np.uint8)
@@ -115,8 +115,18 @@ def dot_t2_portable(w, r, xq, xd, xb, x8, xf, a):
 
 @intrinsic
 def _blk_avx2(typingctx, w, r, qo, do, so, xq, a, xo, x8, go):
-    sig = types.int32(w, types.intp, types.intp, types.intp, types.intp, xq, types.intp,
-                      types.intp, x8, types.intp)
+    sig = types.int32(
+        w,
+        types.intp,
+        types.intp,
+        types.intp,
+        types.intp,
+        xq,
+        types.intp,
+        types.intp,
+        x8,
+        types.intp,
+    )
 
     def codegen(context, builder, sg, args):
         e = Emit(context, builder)
@@ -132,11 +142,13 @@ def _blk_avx2(typingctx, w, r, qo, do, so, xq, a, xo, x8, go):
         p8 = e.ptr(sg.args[8], args[8], args[6], args[9])
         # 16 scales sc = 2 ls + 1: ls_s = (word[s // 4] >> 3 (s % 4)) & 7
         words = b.zext(e.shuffle(e.load(ps, _V4I16), [s // 4 for s in range(16)]), _V16I32)
-        ls = b.and_(b.lshr(words, e.const(_V16I32, [3 * (s % 4) for s in range(16)])),
-                    e.splat(_V16I32, 7))
+        ls = b.and_(
+            b.lshr(words, e.const(_V16I32, [3 * (s % 4) for s in range(16)])), e.splat(_V16I32, 7)
+        )
         sc = b.trunc(b.or_(b.shl(ls, e.splat(_V16I32, 1)), e.splat(_V16I32, 1)), V16I16)
         # even scales in the low 128-bit lane, odd in the high: the plane splats are lane-local
-        sc8 = e.shuffle(b.shl(sc, e.splat(V16I16, 3)), [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15])
+        even_odd = list(range(0, 16, 2)) + list(range(1, 16, 2))
+        sc8 = e.shuffle(b.shl(sc, e.splat(V16I16, 3)), even_odd)
         acc = e.splat(V8I32, 0)
         three = e.splat(V32I8, 3)
         for c in range(2):
@@ -151,8 +163,10 @@ def _blk_avx2(typingctx, w, r, qo, do, so, xq, a, xo, x8, go):
         lanes = e.const(V16I16, [1 << i for i in range(16)])
         for h in range(2):
             half = b.trunc(b.lshr(bits, ir.Constant(I32, 16 * h)), I16)
-            neg = b.sext(b.icmp_unsigned("!=", b.and_(e.bcast(half, V16I16), lanes),
-                                         e.splat(V16I16, 0)), V16I16)  # -1 where bit set
+            neg = b.sext(
+                b.icmp_unsigned("!=", b.and_(e.bcast(half, V16I16), lanes), e.splat(V16I16, 0)),
+                V16I16,
+            )  # -1 where bit set
             coef = b.add(e.splat(V16I16, -7), b.shl(neg, e.splat(V16I16, 1)))
             scg = e.shuffle(sc, [8 * h + g // 2 for g in range(16)])
             acc = b.add(acc, e.madd(e.load(p8, V16I16, 32 * h), b.mul(coef, scg)))

@@ -1,9 +1,11 @@
-"""Q4_K on the GGUF bytes with AVX2 (no repack: its nibbles already run 32 weights per load).
+"""Q4_K, Q5_K and Q6_K on the GGUF bytes with AVX2 (no repack: 32 weights per load already).
 
-Per super-block: the 12 scale bytes unpack to 8 scales + 8 mins with four 32-bit mask/shift
-steps (as ggml's utmp trick); each 32-byte load of quants feeds two vpmaddubsw (low and high
-nibbles against 32 activation bytes each) and vpmaddwd by the broadcast sub-block scale; the mins
-meet the Q8_K bsums in one vpmaddwd. The plain twin is `kquants.dot_q4_k`.
+Q4_K/Q5_K per super-block: the 12 scale bytes unpack to 8 scales + 8 mins with four 32-bit
+mask/shift steps (ggml's utmp trick); each 32-byte load of quants feeds two vpmaddubsw (low and
+high nibbles, Q5_K's fifth bit or-ed in) and vpmaddwd by the broadcast sub-block scale; the mins
+meet the Q8_K bsums in one vpmaddwd. Q6_K: 6-bit quants (0..63) from ql nibbles and qh pairs,
+16 int8 scales per 16 weights, the -32 offset through the bsums. Quants stay <= 63, so
+vpmaddubsw cannot saturate. The plain twins are in `kquants`.
 """
 
 from __future__ import annotations
@@ -14,11 +16,60 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
-from strata.cpu.kernels.kquants import Q4K_BB
+from strata.cpu.kernels.kquants import Q4K_BB, Q5K_BB, Q6K_BB
 from strata.cpu.kernels.simd import HAS_AVX2, I32, V8I32, V16I16, V32I8, Emit
 
 _V4I32 = ir.VectorType(I32, 4)
 _V16I8 = ir.VectorType(ir.IntType(8), 16)
+
+
+def _k4_scales(e, pw):
+    """<16 x i16>: lanes 0..7 the scales, 8..15 the mins of the k4-packed bytes at pw + 4."""
+    b = e.b
+    u0, u1, u2 = (e.load(pw, I32, 4 + 4 * k) for k in range(3))
+    k1, k2, k3 = (ir.Constant(I32, v) for v in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
+    c4, c6 = ir.Constant(I32, 4), ir.Constant(I32, 6)
+    sc_lo = b.and_(u0, k1)  # scales 0..3
+    sc_hi = b.or_(b.and_(u2, k2), b.shl(b.and_(b.lshr(u0, c6), k3), c4))  # scales 4..7
+    mn_lo = b.and_(u1, k1)  # mins 0..3
+    mn_hi = b.or_(b.and_(b.lshr(u2, c4), k2), b.shl(b.and_(b.lshr(u1, c6), k3), c4))
+    v = ir.Constant(_V4I32, None)
+    for i, t in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
+        v = b.insert_element(v, t, ir.Constant(I32, i))
+    return b.zext(b.bitcast(v, _V16I8), V16I16)
+
+
+def _k_block(e, sg, args, bb, fifth_bit):
+    """Q4_K (fifth_bit False) or Q5_K block: (isum, msum) as in `_blk_q4_k`."""
+    b = e.b
+    pw = e.ptr(sg.args[0], args[0], args[1], args[2])
+    px = e.ptr(sg.args[3], args[3], args[4], args[5])
+    pb = e.ptr(sg.args[6], args[6], args[4], args[7])
+    sm = _k4_scales(e, pw)  # lanes 0..7 scales, 8..15 mins
+    sc = e.shuffle(sm, list(range(8)) * 2)  # scales in both 128-bit lanes: vpshufb splats
+    qo = 16 if not fifth_bit else 48
+    qh = e.load(pw, V32I8, 16) if fifth_bit else None
+    acc = e.splat(V8I32, 0)
+    for j in range(4):
+        lo, hi = e.nibbles(e.load(pw, V32I8, qo + 32 * j))
+        if fifth_bit:  # bit s of qh[i] is bit 4 of weight 32 s + i
+            for s, q in ((2 * j, "lo"), (2 * j + 1, "hi")):
+                bit = (
+                    b.shl(qh, e.splat(V32I8, 4 - s))
+                    if s <= 4
+                    else b.lshr(qh, e.splat(V32I8, s - 4))
+                )
+                bit = b.and_(bit, e.splat(V32I8, 16))
+                if q == "lo":
+                    lo = b.or_(lo, bit)
+                else:
+                    hi = b.or_(hi, bit)
+        pl = e.maddubs(lo, e.load(px, V32I8, 64 * j))
+        ph = e.maddubs(hi, e.load(px, V32I8, 64 * j + 32))
+        acc = b.add(acc, e.madd(pl, e.shuffle(sc, [2 * j] * 8 + [8 + 2 * j] * 8)))
+        acc = b.add(acc, e.madd(ph, e.shuffle(sc, [2 * j + 1] * 8 + [9 + 2 * j] * 8)))
+    mins = e.madd(e.load(pb, V16I16), e.shuffle(sm, [8 + k // 2 for k in range(16)]))
+    return e.hsum(acc), e.hsum(mins)
 
 
 @intrinsic
@@ -29,35 +80,11 @@ def _blk_q4_k(typingctx, w, r, o, xq, a, xo, xb, bo):
 
     def codegen(context, builder, sg, args):
         e = Emit(context, builder)
-        b = builder
         if not HAS_AVX2:
             e.trap()
             zero = ir.Constant(I32, 0)
             return context.make_tuple(builder, ret, [zero, zero])
-        pw = e.ptr(sg.args[0], args[0], args[1], args[2])
-        px = e.ptr(sg.args[3], args[3], args[4], args[5])
-        pb = e.ptr(sg.args[6], args[6], args[4], args[7])
-        u0, u1, u2 = (e.load(pw, I32, 4 + 4 * k) for k in range(3))
-        k1, k2, k3 = (ir.Constant(I32, v) for v in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
-        c4, c6 = ir.Constant(I32, 4), ir.Constant(I32, 6)
-        sc_lo = b.and_(u0, k1)  # scales 0..3
-        sc_hi = b.or_(b.and_(u2, k2), b.shl(b.and_(b.lshr(u0, c6), k3), c4))  # scales 4..7
-        mn_lo = b.and_(u1, k1)  # mins 0..3
-        mn_hi = b.or_(b.and_(b.lshr(u2, c4), k2), b.shl(b.and_(b.lshr(u1, c6), k3), c4))
-        v = ir.Constant(_V4I32, None)
-        for i, t in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
-            v = b.insert_element(v, t, ir.Constant(I32, i))
-        sm = b.zext(b.bitcast(v, _V16I8), V16I16)  # lanes 0..7 scales, 8..15 mins
-        sc = e.shuffle(sm, list(range(8)) * 2)  # scales in both 128-bit lanes: vpshufb splats
-        acc = e.splat(V8I32, 0)
-        for j in range(4):
-            lo, hi = e.nibbles(e.load(pw, V32I8, 16 + 32 * j))
-            pl = e.maddubs(lo, e.load(px, V32I8, 64 * j))
-            ph = e.maddubs(hi, e.load(px, V32I8, 64 * j + 32))
-            acc = b.add(acc, e.madd(pl, e.shuffle(sc, [2 * j] * 8 + [8 + 2 * j] * 8)))
-            acc = b.add(acc, e.madd(ph, e.shuffle(sc, [2 * j + 1] * 8 + [9 + 2 * j] * 8)))
-        mins = e.madd(e.load(pb, V16I16), e.shuffle(sm, [8 + k // 2 for k in range(16)]))
-        return context.make_tuple(builder, ret, [e.hsum(acc), e.hsum(mins)])
+        return context.make_tuple(builder, ret, list(_k_block(e, sg, args, Q4K_BB, False)))
 
     return sig, codegen
 
@@ -72,4 +99,87 @@ def dot_q4_k_avx2(w, r, xq, xd, xb, x8, xf, a):
         acc += np.float32(dx * f16_at(w, r, o)) * np.float32(isum) - np.float32(
             dx * f16_at(w, r, o + 2)
         ) * np.float32(msum)
+    return acc
+
+
+@intrinsic
+def _blk_q5_k(typingctx, w, r, o, xq, a, xo, xb, bo):
+    """As `_blk_q4_k` for the Q5_K block at w[r, o:o+176]."""
+    ret = types.UniTuple(types.int32, 2)
+    sig = ret(w, types.intp, types.intp, xq, types.intp, types.intp, xb, types.intp)
+
+    def codegen(context, builder, sg, args):
+        e = Emit(context, builder)
+        if not HAS_AVX2:
+            e.trap()
+            zero = ir.Constant(I32, 0)
+            return context.make_tuple(builder, ret, [zero, zero])
+        return context.make_tuple(builder, ret, list(_k_block(e, sg, args, Q5K_BB, True)))
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def dot_q5_k_avx2(w, r, xq, xd, xb, x8, xf, a):
+    acc = np.float32(0.0)
+    for b in range(w.shape[1] // Q5K_BB):
+        o = b * Q5K_BB
+        isum, msum = _blk_q5_k(w, r, o, xq, a, 256 * b, xb, 16 * b)
+        dx = xd[a, b]
+        acc += np.float32(dx * f16_at(w, r, o)) * np.float32(isum) - np.float32(
+            dx * f16_at(w, r, o + 2)
+        ) * np.float32(msum)
+    return acc
+
+
+@intrinsic
+def _blk_q6_k(typingctx, w, r, o, xq, a, xo, xb, bo):
+    """sum_s sc_s (sum q x - 32 bsum_s) of the Q6_K block at w[r, o:o+210] (int32)."""
+    sig = types.int32(w, types.intp, types.intp, xq, types.intp, types.intp, xb, types.intp)
+
+    def codegen(context, builder, sg, args):
+        e = Emit(context, builder)
+        b = builder
+        if not HAS_AVX2:
+            e.trap()
+            return ir.Constant(I32, 0)
+        pw = e.ptr(sg.args[0], args[0], args[1], args[2])
+        px = e.ptr(sg.args[3], args[3], args[4], args[5])
+        pb = e.ptr(sg.args[6], args[6], args[4], args[7])
+        sc = b.sext(e.load(pw, _V16I8, 192), V16I16)  # 16 int8 scales, one per 16 weights
+        # even scales in the low 128-bit lane, odd in the high: the pair splats are lane-local
+        sc2 = e.shuffle(sc, [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15])
+        acc = e.splat(V8I32, 0)
+        m15, m48 = e.splat(V32I8, 15), e.splat(V32I8, 0x30)
+        for h in range(2):
+            qh = e.load(pw, V32I8, 128 + 32 * h)
+            ql = [e.load(pw, V32I8, 64 * h + 32 * c) for c in range(2)]
+            for k in range(4):
+                v = ql[k & 1]
+                lo = b.and_(v, m15) if k < 2 else b.and_(b.lshr(v, e.splat(V32I8, 4)), m15)
+                hi = (
+                    b.shl(qh, e.splat(V32I8, 4 - 2 * k))
+                    if k < 2
+                    else b.lshr(qh, e.splat(V32I8, 2 * k - 4))
+                    if k > 2
+                    else qh
+                )
+                q = b.or_(lo, b.and_(hi, m48))
+                p = e.maddubs(q, e.load(px, V32I8, 128 * h + 32 * k))
+                pair = 4 * h + k  # sub-blocks 2 pair and 2 pair + 1
+                acc = b.add(acc, e.madd(p, e.shuffle(sc2, [pair] * 8 + [8 + pair] * 8)))
+        off = e.madd(e.load(pb, V16I16), sc)  # sum_s sc_s bsum_s
+        acc = b.sub(acc, b.shl(off, e.splat(V8I32, 5)))
+        return e.hsum(acc)
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def dot_q6_k_avx2(w, r, xq, xd, xb, x8, xf, a):
+    acc = np.float32(0.0)
+    for b in range(w.shape[1] // Q6K_BB):
+        o = b * Q6K_BB
+        isum = _blk_q6_k(w, r, o, xq, a, 256 * b, xb, 16 * b)
+        acc += np.float32(xd[a, b] * f16_at(w, r, o + 208)) * np.float32(isum)
     return acc

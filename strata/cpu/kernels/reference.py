@@ -17,7 +17,7 @@ import numpy as np
 
 
 def ref_gemv(terms, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
-    """y [n, R] float64 from `terms` [(F [R, nb] float, SW [R, n_in] int, block)] and xq [n, n_in]."""
+    """y [n, R] float64 from `terms` [(F [R, nb], SW [R, n_in] int, block)] and xq [n, n_in]."""
     y = 0.0
     for f, sw, blk in terms:
         r, n_in = sw.shape
@@ -27,8 +27,12 @@ def ref_gemv(terms, xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
             sw.reshape(r, nb, blk).astype(np.int64),
             xq.reshape(xq.shape[0], nb, blk).astype(np.int64),
         )  # [n, R, nb] exact
-        y = y + np.einsum("trb,rb,tb->tr", isum.astype(np.float64), f.astype(np.float64),
-                          xd[:, :nb].astype(np.float64))
+        y = y + np.einsum(
+            "trb,rb,tb->tr",
+            isum.astype(np.float64),
+            f.astype(np.float64),
+            xd[:, :nb].astype(np.float64),
+        )
     return y
 
 

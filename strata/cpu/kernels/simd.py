@@ -15,7 +15,9 @@ import os
 
 from llvmlite import binding as llb
 from llvmlite import ir
+from numba import types
 from numba.core import cgutils
+from numba.extending import intrinsic
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 V32I8 = ir.VectorType(I8, 32)
@@ -131,3 +133,45 @@ def f16_load(e: Emit, p):
     """float32 from the f16 at i8* p."""
     h = e.load(p, I16)
     return e.b.fpext(e.b.bitcast(h, ir.HalfType()), ir.FloatType())
+
+
+@intrinsic
+def prefetch_row(typingctx, w, r, nbytes):
+    """Software-prefetch `nbytes` of row r of the 2-D array w (every 64-byte line), for reading."""
+    sig = types.void(w, types.intp, types.intp)
+
+    def codegen(context, builder, sg, args):
+        e = Emit(context, builder)
+        p = e.ptr(sg.args[0], args[0], args[1], ir.Constant(I64, 0))
+        fn = cgutils.get_or_insert_function(
+            builder.module,
+            ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
+            "llvm.prefetch.p0i8" if not _opaque() else "llvm.prefetch.p0",
+        )
+        with cgutils.for_range(builder, builder.udiv(args[2], ir.Constant(I64, 64))) as loop:
+            q = builder.gep(p, [builder.mul(loop.index, ir.Constant(I64, 64))])
+            builder.call(fn, [q, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _opaque() -> bool:
+    return not isinstance(ir.PointerType(I8), ir.PointerType) or not hasattr(
+        ir.PointerType(I8), "pointee"
+    )
+
+
+def absb(e: Emit, v):
+    """|v| of signed bytes (vpabsb)."""
+    return e._call("llvm.abs.v32i8", V32I8, [v, ir.Constant(ir.IntType(1), 0)])
+
+
+def signb(e: Emit, x, s):
+    """x with the sign of s applied, 0 where s is 0 (vpsignb)."""
+    return e._call("llvm.x86.avx2.psign.b", V32I8, [x, s])
+
+
+def concat16(e: Emit, lo, hi):
+    """Two <16 x i8> halves into one <32 x i8> (vinserti128)."""
+    return e.b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 32), list(range(32))))

@@ -18,6 +18,9 @@ typedef long long i64;
 struct alignas(16) i32x4 {
     int x, y, z, w;
 };
+struct alignas(16) f32x4 {
+    float x, y, z, w;
+};
 
 #define NEG_INF (-__int_as_float(0x7f800000))  // -inf without <cmath>
 
@@ -85,8 +88,10 @@ __device__ __forceinline__ float block_sum_f32(float v, float* scratch) {
     return t;
 }
 
-// ---- f16 / bf16 by bits (IEEE round to nearest even, as F16C and numpy do) ----
-__device__ __forceinline__ float h2f(u16 h) {
+// ---- f16 / bf16 (IEEE round to nearest even, as F16C and numpy do) ----
+// The hardware conversion where there is one (CUDA: cvt; HIP: _Float16); the bit-exact software
+// version elsewhere (the CPU emulation) and as the reference the others are tested against.
+__device__ __forceinline__ float h2f_soft(u16 h) {
     const u32 s = (u32)(h & 0x8000u) << 16;
     const u32 e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
     if (e == 0) {
@@ -97,7 +102,7 @@ __device__ __forceinline__ float h2f(u16 h) {
     return __uint_as_float(s | ((e + 112u) << 23) | (m << 13));
 }
 
-__device__ __forceinline__ u16 f2h(float f) {
+__device__ __forceinline__ u16 f2h_soft(float f) {
     const u32 x = __float_as_uint(f);
     const u32 s = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
     if (a >= 0x7f800000u) return (u16)(s | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));
@@ -110,6 +115,34 @@ __device__ __forceinline__ u16 f2h(float f) {
     r = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
     return (u16)(s | r);
 }
+
+#if defined(__HIP__)
+__device__ __forceinline__ float h2f(u16 h) {
+    _Float16 v;
+    __builtin_memcpy(&v, &h, 2);
+    return (float)v;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    const _Float16 v = (_Float16)f;
+    u16 h;
+    __builtin_memcpy(&h, &v, 2);
+    return h;
+}
+#elif defined(__CUDA_ARCH__) && !defined(STRATA_EMU)
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#else
+__device__ __forceinline__ float h2f(u16 h) { return h2f_soft(h); }
+__device__ __forceinline__ u16 f2h(float f) { return f2h_soft(f); }
+#endif
 
 __device__ __forceinline__ float round_f16(float f) { return h2f(f2h(f)); }
 

@@ -54,3 +54,14 @@ extern "C" __global__ void __launch_bounds__(1024)
         ids[t] = idx;
     }
 }
+
+// the f16 conversions every kernel uses, exposed for an exhaustive test against NumPy
+extern "C" __global__ void f16_convert(const u16* __restrict__ hin, float* __restrict__ fout,
+                                       const float* __restrict__ fin, u16* __restrict__ hout,
+                                       int n) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        fout[i] = h2f(hin[i]);
+        hout[i] = f2h(fin[i]);
+    }
+}

@@ -4,7 +4,8 @@
 //                (= p / K): gate and up rows share the token's Q8 activation and one warp;
 //                act[p, f] = silu(gate) * up, as HostTier: g / (1 + exp(-g)) * u.
 //   moe_down     grid (D / warps, T): out[t, d] = sum_k w[t, k] * down_slot(act_q[t*K + k])[d],
-//                the K pairs of a token summed in order by one warp (deterministic, no atomics).
+//                the K pairs of a token summed by one warp in a fixed order (deterministic, no
+//                atomics).
 // Slots are fixed VRAM buffers: slot s of a matrix starts at base + s * slot_stride bytes and
 // holds that expert's rows in GGUF order. pair_slot[p] < 0 skips the pair (a missed expert the
 // CPU pool computes, or an empty entry).
@@ -58,23 +59,23 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
     if (d >= D) return;
     const int nsub = F / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
     const i64 row_bytes = (i64)(F / Fmt<QT>::QK) * Fmt<QT>::BB;
+    // the lanes share out the (pair, sub-block) items of all K pairs: every pair's weights are
+    // in flight at once (F = 768 is only 24 sub-blocks: one pair alone would idle the warp)
     float acc = 0.0f;
-    for (int k = 0; k < K; ++k) {
+#pragma unroll 2
+    for (int j = lane; j < K * nsub; j += STRATA_WARP) {
+        const int k = j / nsub, sb = j - k * nsub;
         const i64 p = t * K + k;
         const int slot = pair_slot[p];
-        if (slot < 0) continue;  // warp-uniform
+        if (slot < 0) continue;
         const u8* dr = down + slot * slot_stride + d * row_bytes;
-        float part = 0.0f;
-        for (int sb = lane; sb < nsub; sb += STRATA_WARP) {
-            const i32x4* xp = (const i32x4*)(aq + p * F + sb * 32);
-            const i32x4 a = xp[0], b = xp[1];
-            const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-            int w[8];
-            float s0, s1, mn;
-            Fmt<QT>::decode(dr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, w, s0, s1, mn);
-            part += ad[p * nxd + (sb >> xd_shift)] * dot32<QT>(w, s0, s1, mn, xv);
-        }
-        acc += pair_w[p] * part;
+        const i32x4* xp = (const i32x4*)(aq + p * F + sb * 32);
+        const i32x4 a = xp[0], b = xp[1];
+        const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        int w[8];
+        float s0, s1, mn;
+        Fmt<QT>::decode(dr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, w, s0, s1, mn);
+        acc += pair_w[p] * (ad[p * nxd + (sb >> xd_shift)] * dot32<QT>(w, s0, s1, mn, xv));
     }
     acc = warp_sum(acc);
     if (lane == 0) out[t * D + d] = acc;

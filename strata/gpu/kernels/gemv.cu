@@ -1,7 +1,9 @@
-// Quantized GEMV / skinny GEMM: out[t, r] = sum_i W[r, i] * x[t, i] (+ bias[r]) (+ resid[t, r]).
+// Quantized GEMV / skinny GEMM: out[t, r] = sum_i W[r, i] * x[t, i] (+ bias[r]) (+ resid[t, r]),
+// out and resid rows `ldo` floats apart (a slice of a wider buffer, e.g. the fused q|k|v row).
 //
 // One warp per output row; each lane takes 32-element sub-blocks of the row (decoded once into
-// int8, then dotted with every token's Q8 activation by dp4a), tokens in passes of NT. The
+// int8, then dotted with every token's Q8 activation by dp4a), tokens in passes of NT: NT = 1
+// (gemv1_*, decode: few registers, high occupancy) or GEMV_NT (gemv_*, prefill). The
 // activation is the device-quantized x (norm_quant.cu): int8 quants xq [T, cols] and scales xd
 // with one scale per 32 << xd_shift elements (Q8_0: shift 0, Q8_K: shift 3). Float weights
 // (F32/F16/BF16) take the already-rounded float activation instead.
@@ -9,28 +11,29 @@
 
 #define GEMV_NT 8
 
-template <int QT>
+template <int QT, int NT>
 __device__ __forceinline__ void gemv_q(const u8* __restrict__ W, const i8* __restrict__ xq,
                                        const float* __restrict__ xd, int xd_shift,
                                        const float* __restrict__ bias,
                                        const float* __restrict__ resid, float* __restrict__ out,
-                                       int rows, int cols, int ntok) {
+                                       int rows, int cols, int ntok, int ldo) {
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int r = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
     if (r >= rows) return;  // the whole warp leaves together
     const int nsub = cols / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
     const u8* wr = W + (i64)r * (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
-    for (int t0 = 0; t0 < ntok; t0 += GEMV_NT) {
-        const int nt = min(GEMV_NT, ntok - t0);
-        float acc[GEMV_NT];
+    for (int t0 = 0; t0 < ntok; t0 += NT) {
+        const int nt = min(NT, ntok - t0);
+        float acc[NT];
 #pragma unroll
-        for (int k = 0; k < GEMV_NT; ++k) acc[k] = 0.0f;
+        for (int k = 0; k < NT; ++k) acc[k] = 0.0f;
+#pragma unroll 2
         for (int sb = lane; sb < nsub; sb += STRATA_WARP) {
             int w[8];
             float s0, s1, mn;
             Fmt<QT>::decode(wr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, w, s0, s1, mn);
 #pragma unroll
-            for (int k = 0; k < GEMV_NT; ++k) {
+            for (int k = 0; k < NT; ++k) {
                 if (k < nt) {
                     const i64 t = t0 + k;
                     const i32x4* xp = (const i32x4*)(xq + t * cols + sb * 32);
@@ -41,14 +44,14 @@ __device__ __forceinline__ void gemv_q(const u8* __restrict__ W, const i8* __res
             }
         }
 #pragma unroll
-        for (int k = 0; k < GEMV_NT; ++k) {
+        for (int k = 0; k < NT; ++k) {
             if (k < nt) {
                 float v = warp_sum(acc[k]);
                 if (lane == 0) {
                     const i64 t = t0 + k;
                     if (bias) v += bias[r];
-                    if (resid) v += resid[t * rows + r];
-                    out[t * rows + r] = v;
+                    if (resid) v += resid[t * ldo + r];
+                    out[t * ldo + r] = v;
                 }
             }
         }
@@ -66,7 +69,7 @@ template <int QT>
 __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __restrict__ x,
                                        const float* __restrict__ bias,
                                        const float* __restrict__ resid, float* __restrict__ out,
-                                       int rows, int cols, int ntok) {
+                                       int rows, int cols, int ntok, int ldo) {
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int r = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
     if (r >= rows) return;
@@ -90,8 +93,8 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
                 if (lane == 0) {
                     const i64 t = t0 + k;
                     if (bias) v += bias[r];
-                    if (resid) v += resid[t * rows + r];
-                    out[t * rows + r] = v;
+                    if (resid) v += resid[t * ldo + r];
+                    out[t * ldo + r] = v;
                 }
             }
         }
@@ -101,16 +104,22 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
 #define GEMV_Q_KERNEL(name, QT)                                                                 \
     extern "C" __global__ void gemv_##name(const u8* W, const i8* xq, const float* xd,          \
                                            int xd_shift, const float* bias, const float* resid, \
-                                           float* out, int rows, int cols, int ntok) {          \
-        gemv_q<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok);                    \
+                                           float* out, int rows, int cols, int ntok, int ldo) { \
+        gemv_q<QT, GEMV_NT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok, ldo);      \
+    }                                                                                           \
+    extern "C" __global__ void gemv1_##name(const u8* W, const i8* xq, const float* xd,         \
+                                            int xd_shift, const float* bias,                    \
+                                            const float* resid, float* out, int rows, int cols, \
+                                            int ntok, int ldo) {                                \
+        gemv_q<QT, 1>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok, ldo);            \
     }
 STRATA_QFORMATS(GEMV_Q_KERNEL)
 
 #define GEMV_F_KERNEL(name, QT)                                                                 \
     extern "C" __global__ void gemv_##name(const u8* W, const float* x, const float* bias,      \
                                            const float* resid, float* out, int rows, int cols,  \
-                                           int ntok) {                                          \
-        gemv_f<QT>(W, x, bias, resid, out, rows, cols, ntok);                                   \
+                                           int ntok, int ldo) {                                 \
+        gemv_f<QT>(W, x, bias, resid, out, rows, cols, ntok, ldo);                              \
     }
 GEMV_F_KERNEL(f32, QT_F32)
 GEMV_F_KERNEL(f16, QT_F16)

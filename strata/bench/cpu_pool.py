@@ -1,0 +1,256 @@
+"""The `cpu-pool` arm: one layer of random experts through the CPU pool, against host bandwidth.
+
+No model file is needed: expert tensors of a named shape (`strata.model.synth.SHAPES`) are drawn
+with `strata.quant.random_quantized`, every repeat routes each token to K random experts (so the
+weights come from DRAM, as in decode), and the pool is timed warm (median of repeats). The host
+read bandwidth is measured in the same run with the same threads; the ratio is the figure of
+merit. Bytes are counted in the GGUF's own encoding (and in the repacked layout where the
+kernels read a fatter one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from datetime import UTC, datetime
+
+import numba
+import numpy as np
+
+from strata.cpu.bandwidth import host_read_bandwidth
+from strata.cpu.kernels.simd import simd_level
+from strata.cpu.pool import ExpertPool, prepare_layer
+from strata.model.synth import SHAPES
+from strata.quant import fmt, random_quantized
+
+
+class _Tensor:
+    __slots__ = ("qtype", "shape", "data")
+
+    def __init__(self, qtype, shape, data):
+        self.qtype, self.shape, self.data = qtype, shape, data
+
+
+def machine() -> dict:
+    model = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "simd": simd_level(),
+        "numba": numba.__version__,
+        "threading_layer": _threading_layer(),
+    }
+
+
+def _threading_layer() -> str:
+    try:
+        return numba.threading_layer()
+    except ValueError:  # no parallel region has run yet
+        return "?"
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(__file__),
+            timeout=5,
+        )
+        return out.stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def make_layer(shape: str, quant: str, seed: int = 0, layout: str = "auto"):
+    """Random gate/up/down expert tensors of one layer of `shape`, prepared for the pool."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+    s = SHAPES[shape]
+    e, f, d = s["n_expert"], s["expert_ff"], s["n_embd"]
+    qt = fmt(quant).qtype
+    rng = np.random.default_rng(seed)
+    mats = [
+        _Tensor(qt, sh, random_quantized(qt, sh, rng, 1.0 / np.sqrt(sh[-1])))
+        for sh in ((e, f, d), (e, f, d), (e, d, f))
+    ]
+    return prepare_layer(*mats, layout=layout)
+
+
+def _routes(rng, t_n: int, n_expert: int, k: int):
+    ids = np.argsort(rng.random((t_n, n_expert)), axis=1)[:, :k]  # K distinct experts per token
+    tok = np.repeat(np.arange(t_n, dtype=np.int32), k)
+    w = rng.random((t_n, k)).astype(np.float32)
+    w /= w.sum(axis=1, keepdims=True)
+    return tok, ids.ravel().astype(np.int32), w.ravel()
+
+
+def time_pool(pool: ExpertPool, lw, d: int, tokens: int, k: int, repeats: int, seed: int = 1):
+    """Median seconds of `pool.run_layer` over `repeats` fresh routings; bytes of the last."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((tokens, d)).astype(np.float32)
+    routes = [_routes(rng, tokens, lw.gate.n_expert, k) for _ in range(repeats + 1)]
+    pool.run_layer(x, *routes[0], lw)  # compile / warm
+    times, nbytes, gbytes, active = [], [], [], []
+    for r in routes[1:]:
+        t0 = time.perf_counter()
+        pool.run_layer(x, *r, lw)
+        times.append(time.perf_counter() - t0)
+        nbytes.append(pool.last_bytes)
+        gbytes.append(pool.last_gguf_bytes)
+        active.append(pool.last_active_experts)
+    i = int(np.argsort(times)[len(times) // 2])
+    return times[i], nbytes[i], gbytes[i], active[i]
+
+
+def run_cpu_pool_arm(
+    shape: str = "qwen3-30b-a3b",
+    quant: str = "IQ3_XXS",
+    tokens: int = 1,
+    threads: int | None = None,
+    repeats: int = 20,
+    json_path: str | None = None,
+    layout: str = "auto",
+    parallel_quant: bool | None = None,
+    print_table: bool = True,
+) -> dict:
+    """Time one layer of `shape` experts in `quant` through the pool; report GB/s vs the host.
+
+    Returns (and with `json_path` writes) a dict: tokens, experts per token, tasks, active
+    experts, weight bytes read (GGUF encoding and the kernels' layout), seconds, achieved GB/s
+    both ways, the host read bandwidth of the same run and the ratios, and for T = 1 the decode
+    rate all layers would give if every expert ran on the CPU.
+    """
+    threads = threads or numba.config.NUMBA_NUM_THREADS
+    s = SHAPES[shape]
+    k, d, n_layer = s["n_expert_used"], s["n_embd"], s["n_layer"]
+    lw = make_layer(shape, quant, layout=layout)
+    pool = ExpertPool(threads, parallel_quant=parallel_quant)
+    sec, nbytes, gbytes, active = time_pool(pool, lw, d, tokens, k, repeats)
+    host = host_read_bandwidth(threads)
+    res = {
+        "arm": "cpu-pool",
+        "shape": shape,
+        "quant": fmt(quant).name,
+        "layout": f"{lw.gate.layout}/{lw.up.layout}/{lw.down.layout}",
+        "threads": threads,
+        "tokens": tokens,
+        "experts_per_token": k,
+        "tasks": tokens * k,
+        "active_experts": active,
+        "repeats": repeats,
+        "parallel_quant": pool.parallel_quant,
+        "quant_min_tasks": pool.quant_min_tasks,
+        "weight_bytes_gguf": gbytes,
+        "weight_bytes_read": nbytes,
+        "seconds": sec,
+        "gbps_gguf": gbytes / sec / 1e9,
+        "gbps_read": nbytes / sec / 1e9,
+        "host_read_gbps": host["gbps"],
+        "host_read_best_gbps": host["best_gbps"],
+        "ratio_gguf": gbytes / sec / 1e9 / host["gbps"],
+        "ratio_read": nbytes / sec / 1e9 / host["gbps"],
+        "decode_tok_s_all_cpu": 1.0 / (sec * n_layer) if tokens == 1 else None,
+        "machine": machine(),
+        "commit": _commit(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    if print_table:
+        print(format_table([res]))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(res, f, indent=2)
+    return res
+
+
+def run_quant_ab(
+    shape: str = "qwen3-30b-a3b",
+    quant: str = "IQ3_XXS",
+    tokens: tuple[int, ...] = (1, 8, 64, 512),
+    threads: int | None = None,
+    repeats: int = 10,
+    print_table: bool = True,
+) -> list[dict]:
+    """The intermediate-quant A/B: parallel phase against the sequential loop.
+
+    The two arms alternate call by call on the same routings (so drift and noise from other
+    processes fall on both); reported per arm: median and best seconds.
+    """
+    threads = threads or numba.config.NUMBA_NUM_THREADS
+    s = SHAPES[shape]
+    k = s["n_expert_used"]
+    lw = make_layer(shape, quant)
+    arms = {
+        "parallel": ExpertPool(threads, parallel_quant=True, quant_min_tasks=1),
+        "sequential": ExpertPool(threads, parallel_quant=False),
+    }
+    default = ExpertPool(threads)
+    rows = []
+    rng = np.random.default_rng(3)
+    for t in tokens:
+        x = rng.standard_normal((t, s["n_embd"])).astype(np.float32)
+        routes = [_routes(rng, t, lw.gate.n_expert, k) for _ in range(repeats)]
+        times = {a: [] for a in arms}
+        for pool in arms.values():
+            pool.run_layer(x, *routes[0], lw)  # compile / warm
+        for i, r in enumerate(routes):
+            order = list(arms) if i % 2 == 0 else list(arms)[::-1]
+            for a in order:
+                t0 = time.perf_counter()
+                arms[a].run_layer(x, *r, lw)
+                times[a].append(time.perf_counter() - t0)
+        row = {"tokens": t, "tasks": t * k}
+        for a, ts in times.items():
+            row[a] = float(np.median(ts))
+            row[a + "_best"] = min(ts)
+        row["default"] = (
+            "parallel"
+            if default.parallel_quant and t * k >= default.quant_min_tasks
+            else "sequential"
+        )
+        rows.append(row)
+    if print_table:
+        print(f"intermediate-quant A/B, {shape} {quant}, {threads} threads (seconds per layer)")
+        print(
+            f"{'T':>5} {'tasks':>6} {'par med':>9} {'seq med':>9} {'par best':>9} "
+            f"{'seq best':>9} {'best p/s':>8} default"
+        )
+        for r in rows:
+            print(
+                f"{r['tokens']:>5} {r['tasks']:>6} {r['parallel']:>9.5f} {r['sequential']:>9.5f} "
+                f"{r['parallel_best']:>9.5f} {r['sequential_best']:>9.5f} "
+                f"{r['parallel_best'] / r['sequential_best']:>8.3f} {r['default']}"
+            )
+    return rows
+
+
+def format_table(results: list[dict]) -> str:
+    head = (
+        f"{'shape':<14} {'quant':<8} {'layout':<14} {'thr':>3} {'T':>4} {'K':>2} "
+        f"{'experts':>7} {'MB gguf':>8} {'MB read':>8} {'ms':>8} {'GB/s gguf':>9} "
+        f"{'GB/s read':>9} {'host GB/s':>9} {'ratio':>6} {'tok/s':>6}"
+    )
+    lines = [head]
+    for r in results:
+        tps = r.get("decode_tok_s_all_cpu")
+        lines.append(
+            f"{r['shape']:<14} {r['quant']:<8} {r['layout']:<14} {r['threads']:>3} "
+            f"{r['tokens']:>4} {r['experts_per_token']:>2} {r['active_experts']:>7} "
+            f"{r['weight_bytes_gguf'] / 1e6:>8.2f} {r['weight_bytes_read'] / 1e6:>8.2f} "
+            f"{r['seconds'] * 1e3:>8.3f} {r['gbps_gguf']:>9.2f} {r['gbps_read']:>9.2f} "
+            f"{r['host_read_gbps']:>9.2f} {r['ratio_gguf']:>6.2f} "
+            f"{(f'{tps:.1f}' if tps else '-'):>6}"
+        )
+    return "\n".join(lines)

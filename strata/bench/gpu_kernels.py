@@ -1,0 +1,383 @@
+"""`--arm gpu-kernels`: each device kernel's achieved bandwidth against the device-to-device copy
+bandwidth measured in the same run, at Qwen3-30B-A3B shapes (D=2048, F=768, 32 q / 4 kv heads of
+128, 128 experts, 8 used), plus decode attention at 4K and 32K context and one whole layer.
+
+Method (METHOD.md): CUDA events, warm-up first, median of repeats; each timed region replays a
+CUDA graph of R launches that cycle over distinct weight copies (more bytes than the L2 holds),
+so the time is the device's, not Python's launch rate; bytes = weights + activations read once
++ outputs written once. The layer is also timed eagerly (Python launches, the router read-back
+and host top-k included): that is what a decode step costs today.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType
+
+QT = GGMLQuantizationType
+D, F, E, KUSED = 2048, 768, 128, 8
+H, G, DH = 32, 4, 128
+L2_BYTES = 64 << 20
+GEMV_QUANTS = (
+    QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S,
+    QT.IQ1_M,
+)  # fmt: skip
+SHAPES = {  # name: (rows, cols)
+    "expert_gate": (F, D),
+    "expert_down": (D, F),
+    "attn_q": (H * DH, D),
+    "attn_kv": (G * DH, D),
+    "attn_o": (D, H * DH),
+}
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+
+
+def _git_head() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+            cwd=Path(__file__).parent,
+        )  # fmt: skip
+        head = out.stdout.strip()
+        return head if out.returncode == 0 and len(head) == 40 else "?"
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+class _Timer:
+    """Median device time of `fn` replayed from a CUDA graph (eager launches if capture fails)."""
+
+    def __init__(self, cp):
+        self.cp = cp
+        self.stream = cp.cuda.Stream(non_blocking=True)
+
+    def graph_us(self, launches, repeats: int = 15) -> tuple[float, str]:
+        """launches: list of zero-argument callables; returns (median us per launch, how)."""
+        cp, s = self.cp, self.stream
+        with s:
+            for f in launches[: min(4, len(launches))]:
+                f()  # compile + warm
+            s.synchronize()
+            graph, how = None, "graph"
+            try:
+                s.begin_capture()
+                for f in launches:
+                    f()
+                graph = s.end_capture()
+            except Exception:
+                try:
+                    s.end_capture()
+                except Exception:
+                    pass
+                how = "eager"
+            if graph is not None:
+                run = lambda: graph.launch(s)  # noqa: E731
+            else:
+                run = lambda: [f() for f in launches]  # noqa: E731
+            run()
+            s.synchronize()
+            times = []
+            for _ in range(repeats):
+                a, b = cp.cuda.Event(), cp.cuda.Event()
+                a.record(s)
+                run()
+                b.record(s)
+                b.synchronize()
+                times.append(cp.cuda.get_elapsed_time(a, b) * 1e3 / len(launches))
+        return float(np.median(times)), how
+
+
+def _copy_gbps(cp, timer: _Timer) -> dict:
+    """Device-to-device copy of 1 GiB, bytes read + written: cudaMemcpyAsync and a copy
+    kernel (CuPy's elementwise copy); the larger is the ceiling the kernels are held to."""
+    n = 1 << 30
+    src = cp.empty(n // 4, np.float32)
+    src[...] = 1
+    dst = cp.empty(n // 4, np.float32)
+    kind = cp.cuda.runtime.memcpyDeviceToDevice
+
+    def memcpy(d=dst.data.ptr, s=src.data.ptr):
+        cp.cuda.runtime.memcpyAsync(d, s, n, kind, timer.stream.ptr)
+
+    def kernel(d=dst, s=src):
+        cp.copyto(d, s)
+
+    us_m, _ = timer.graph_us([memcpy] * 4)
+    us_k, _ = timer.graph_us([kernel] * 4)
+    return {"memcpy": 2 * n / (us_m * 1e-6) / 1e9, "kernel": 2 * n / (us_k * 1e-6) / 1e9}
+
+
+def _weights(cp, qt, rows: int, cols: int, copies: int, rng):
+    """`copies` DeviceWeight-like views into one buffer of random blocks (for L2-cold reads)."""
+    from strata.gpu.gemv import DeviceWeight
+    from strata.quant import random_quantized
+
+    one = random_quantized(qt, (rows, cols), rng, 1 / np.sqrt(cols))
+    base = DeviceWeight(cp, one, qt, rows, cols)
+    big = cp.empty((copies, *base.buf.shape), np.uint8)
+    big[...] = base.buf[None]
+    ws = []
+    for c in range(copies):
+        w = DeviceWeight.__new__(DeviceWeight)
+        w.qtype, w.rows, w.cols, w.vec_dot, w.bias = base.qtype, rows, cols, base.vec_dot, None
+        w.buf = big[c]
+        ws.append(w)
+    return ws, big
+
+
+def _copies(nbytes: int) -> int:
+    return int(min(512, max(4, -(-4 * L2_BYTES // max(nbytes, 1)))))
+
+
+def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
+    from strata.gpu.gemv import gemv
+    from strata.gpu.norm_quant import ActBuf, norm_quant
+    from strata.quant import fmt
+
+    rows_out = []
+    for qt in GEMV_QUANTS:
+        for shape, (rows, cols) in SHAPES.items():
+            nbytes = fmt(qt).row_bytes(cols) * rows
+            ncp = _copies(nbytes)
+            ws, big = _weights(cp, qt, rows, cols, ncp, rng)
+            act = ActBuf(cp, cols, 1, ws[0].vec_dot)
+            x = cp.asarray(rng.standard_normal((1, cols)).astype(np.float32))
+            norm_quant(K, x, 1, act=act)
+            out = cp.empty((1, rows), np.float32)
+            us, how = timer.graph_us([lambda w=w, a=act, o=out: gemv(K, w, a, o, 1) for w in ws])
+            moved = nbytes + cols + 4 * rows
+            gbps = moved / (us * 1e-6) / 1e9
+            rows_out.append(
+                dict(
+                    kernel="gemv",
+                    qtype=qt.name,
+                    shape=shape,
+                    rows=rows,
+                    cols=cols,
+                    bytes=moved,
+                    us=round(us, 2),
+                    gbps=round(gbps, 1),
+                    pct_copy=round(100 * gbps / copy_gbps, 1),
+                    timing=how,
+                )  # fmt: skip
+            )
+            del ws, big
+    return rows_out
+
+
+def bench_attention(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
+    from strata.gpu.attention import AttnWorkspace, attention
+
+    out_rows = []
+    for ctx in (4096, 32768):
+        kv_bytes = 2 * G * ctx * DH * 2
+        layers = max(2, -(-4 * L2_BYTES // kv_bytes))
+        kc = cp.asarray(rng.standard_normal((layers, G, ctx, DH)).astype(np.float16)).view(
+            np.uint16
+        )
+        vc = cp.asarray(rng.standard_normal((layers, G, ctx, DH)).astype(np.float16)).view(
+            np.uint16
+        )
+        q = cp.asarray(rng.standard_normal((1, H, DH)).astype(np.float16).astype(np.float32))
+        ws = AttnWorkspace(cp, K, H, G, ctx, DH, 1)
+        o = cp.empty((1, H * DH), np.float32)
+        scale = float(np.float32(1 / np.sqrt(DH)))
+
+        def call(i, ws=ws, q=q, kc=kc, vc=vc, ctx=ctx, o=o, scale=scale):
+            attention(K, ws, q, kc[i], vc[i], 1, ctx - 1, (H, G, DH, DH), scale, o)
+
+        us, how = timer.graph_us([lambda i=i: call(i) for i in range(layers)])
+        scores = 2 * 4 * H * ctx  # written by attn_scores, read by attn_pv
+        gbps = kv_bytes / (us * 1e-6) / 1e9
+        out_rows.append(
+            dict(
+                kernel="attention_decode",
+                context=ctx,
+                bytes_kv=kv_bytes,
+                bytes_scores=scores,
+                us=round(us, 2),
+                gbps_kv=round(gbps, 1),
+                gbps_all=round((kv_bytes + scores) / (us * 1e-6) / 1e9, 1),
+                pct_copy=round(100 * gbps / copy_gbps, 1),
+                timing=how,
+            )  # fmt: skip
+        )
+        del kc, vc, ws
+    return out_rows
+
+
+class _Layer:
+    """A Qwen3-30B-A3B-shaped layer on the device with random weights (no model file)."""
+
+    def __init__(self, cp, K, rng, expert_qt, dense_qt, ctx: int):
+        from strata.gpu.attention import AttnWorkspace
+        from strata.gpu.experts import SlotStore
+        from strata.gpu.gemv import DeviceWeight
+        from strata.gpu.host import rope_inv_freq
+        from strata.gpu.norm_quant import ActBuf
+        from strata.quant import fmt, random_quantized
+
+        self.cp, self.K, self.ctx = cp, K, ctx
+        self.eqt = (expert_qt, expert_qt, expert_qt)
+        qkv_rows = (H + 2 * G) * DH
+        raw_qkv = random_quantized(dense_qt, (qkv_rows, D), rng, 0.02)
+        self.qkv = DeviceWeight(cp, raw_qkv, dense_qt, qkv_rows, D)
+        raw_o = random_quantized(dense_qt, (D, H * DH), rng, 0.02)
+        self.o = DeviceWeight(cp, raw_o, dense_qt, D, H * DH)
+        self.router = DeviceWeight(cp, random_quantized(QT.F32, (E, D), rng, 0.02), QT.F32, E, D)
+        norm = cp.asarray((1 + 0.1 * rng.standard_normal(D)).astype(np.float32))
+        self.attn_norm = self.ffn_norm = norm
+        self.qn = self.kn = cp.asarray(np.ones(DH, np.float32))
+        self.inv = cp.asarray(rope_inv_freq(DH, 1e6))
+        self.kc = cp.asarray(rng.standard_normal((G, ctx, DH)).astype(np.float16)).view(np.uint16)
+        self.vc = cp.asarray(rng.standard_normal((G, ctx, DH)).astype(np.float16)).view(np.uint16)
+        f = fmt(expert_qt)
+        sizes = (f.row_bytes(D) * F, f.row_bytes(D) * F, f.row_bytes(F) * D)
+        self.stores = tuple(SlotStore(cp, E, n) for n in sizes)
+        for st, (rows, cols) in zip(self.stores, ((F, D), (F, D), (D, F)), strict=True):
+            one = random_quantized(expert_qt, (rows, cols), rng, 1 / np.sqrt(cols)).reshape(-1)
+            st.buf[...] = cp.asarray(one)[None]
+        self.expert_bytes = KUSED * sum(sizes)
+        self.act_qkv = ActBuf(cp, D, 1, self.qkv.vec_dot)
+        self.act_o = ActBuf(cp, H * DH, 1, self.o.vec_dot)
+        self.act_h = ActBuf(cp, D, 1, f.vec_dot)
+        self.act_i = ActBuf(cp, F, KUSED, f.vec_dot)
+        self.qkv_buf = cp.empty((1, qkv_rows), np.float32)
+        self.q = cp.empty((1, H, DH), np.float32)
+        self.obuf = cp.empty((1, H * DH), np.float32)
+        self.h = cp.empty((1, D), np.float32)
+        self.logits = cp.empty((1, E), np.float32)
+        self.moe_act = cp.empty((KUSED, F), np.float32)
+        self.pair_slot = cp.asarray(rng.permutation(E)[:KUSED].astype(np.int32))
+        self.pair_w = cp.asarray(np.full(KUSED, 1 / KUSED, np.float32))
+        self.ws = AttnWorkspace(cp, K, H, G, ctx, DH, 1)
+        self.x = cp.asarray(rng.standard_normal((1, D)).astype(np.float32))
+        self.x2 = cp.empty((1, D), np.float32)
+        self.y = cp.empty((1, D), np.float32)
+
+    def attention_part(self):
+        from strata.gpu.attention import attention
+        from strata.gpu.gemv import gemv
+        from strata.gpu.norm_quant import norm_quant
+        from strata.gpu.rope_kv import qk_norm_rope_kv
+
+        K, pos = self.K, self.ctx - 1
+        norm_quant(K, self.x, 1, self.attn_norm, 1e-6, act=self.act_qkv)
+        gemv(K, self.qkv, self.act_qkv, self.qkv_buf, 1)
+        qk_norm_rope_kv(K, self.qkv_buf, 1, (H, G, DH, DH), self.qn, self.kn, 1e-6, self.inv, pos,
+                        self.q, self.kc, self.vc)  # fmt: skip
+        attention(K, self.ws, self.q, self.kc, self.vc, 1, pos, (H, G, DH, DH),
+                  float(np.float32(1 / np.sqrt(DH))), self.obuf)  # fmt: skip
+        norm_quant(K, self.obuf, 1, act=self.act_o)
+        gemv(K, self.o, self.act_o, self.x2, 1, resid=self.x)
+        norm_quant(K, self.x2, 1, self.ffn_norm, 1e-6, out_f=self.h, act=self.act_h)
+        gemv(K, self.router, self.h, self.logits, 1)
+
+    def moe_part(self):
+        from strata.gpu.experts import moe_experts
+
+        moe_experts(self.K, self.eqt, (D, F), self.stores, self.act_h, self.pair_slot,
+                    self.pair_w, 1, KUSED, self.moe_act, self.act_i, self.y)  # fmt: skip
+
+    def eager_step(self):
+        """What a decode layer costs from Python today: launches, read-back, host top-k."""
+        from strata.routing import route_topk
+
+        self.attention_part()
+        logits = self.cp.asnumpy(self.logits)
+        ids, w, _ = route_topk(logits, KUSED, True)
+        self.pair_slot.set(ids.reshape(-1).astype(np.int32))
+        self.pair_w.set(w.reshape(-1))
+        self.moe_part()
+
+
+def bench_layer(cp, K, timer, rng, copy_gbps: float, expert_qt) -> dict:
+    lay = _Layer(cp, K, rng, expert_qt, QT.Q8_0, 4096)
+    moe_us, how = timer.graph_us([lay.moe_part] * 8)
+    dev_us, _ = timer.graph_us([lambda: (lay.attention_part(), lay.moe_part())] * 4)
+    for _ in range(5):
+        lay.eager_step()
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(30):
+        t0 = time.perf_counter()
+        lay.eager_step()
+        cp.cuda.Device().synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    eager_us = float(np.median(times))
+    moe_gbps = lay.expert_bytes / (moe_us * 1e-6) / 1e9
+    return dict(
+        kernel="layer", expert_qtype=expert_qt.name, dense_qtype="Q8_0", context=4096,
+        moe_us=round(moe_us, 2), moe_gbps=round(moe_gbps, 1),
+        moe_pct_copy=round(100 * moe_gbps / copy_gbps, 1), device_us=round(dev_us, 2),
+        eager_us=round(eager_us, 1),
+        tokps_48_layers_device=round(1e6 / (48 * dev_us), 1),
+        tokps_48_layers_eager=round(1e6 / (48 * eager_us), 1), timing=how,
+    )  # fmt: skip
+
+
+def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
+    from strata.bench.common import stamp
+    from strata.gpu.device import primary_device
+    from strata.gpu.rawmod import Kernels
+
+    info = primary_device()
+    if info is None:
+        raise ImportError("gpu-kernels needs CuPy and a GPU")
+    import cupy as cp
+
+    K = Kernels(cp, info.warp_size, info.sm_count)
+    timer = _Timer(cp)
+    rng = np.random.default_rng(0)
+    copies = _copy_gbps(cp, timer)
+    copy = max(copies.values())
+    doc = {
+        "arm": "gpu-kernels",
+        "stamp": stamp(),
+        "commit_full": os.environ.get("STRATA_COMMIT") or _git_head(),
+        "command": "python -m strata.bench " + " ".join(sys.argv[1:]),
+        "device": info.describe(),
+        "copy_gbps": round(copy, 1),
+        "copy_gbps_by_method": {k: round(v, 1) for k, v in copies.items()},
+        "gemv": bench_gemv(cp, K, timer, rng, copy),
+        "attention": bench_attention(cp, K, timer, rng, copy),
+        "layer": [bench_layer(cp, K, timer, rng, copy, q) for q in (QT.IQ3_XXS, QT.Q4_K)],
+    }
+    print(table(doc))
+    if json_path is None:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        day = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        json_path = str(RESULTS / f"gpu-kernels-{day}.json")
+    Path(json_path).write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def table(doc: dict) -> str:
+    by = ", ".join(f"{k} {v:.0f}" for k, v in doc["copy_gbps_by_method"].items())
+    lines = [f"{doc['device']} | device-to-device copy {doc['copy_gbps']:.0f} GB/s ({by})"]
+    lines.append(f"{'gemv':8} {'shape':12} {'us':>8} {'GB/s':>8} {'% copy':>7}")
+    for r in doc["gemv"]:
+        lines.append(
+            f"{r['qtype']:8} {r['shape']:12} {r['us']:8.2f} {r['gbps']:8.1f} {r['pct_copy']:6.1f}%"
+        )
+    for r in doc["attention"]:
+        lines.append(
+            f"attention decode ctx {r['context']:6}: {r['us']:8.2f} us, KV {r['gbps_kv']:.0f} GB/s "
+            f"({r['pct_copy']:.1f}% of copy), KV+scores {r['gbps_all']:.0f} GB/s"
+        )
+    for r in doc["layer"]:
+        lines.append(
+            f"layer ({r['expert_qtype']} experts, ctx 4K): device {r['device_us']:.1f} us, "
+            f"experts {r['moe_us']:.1f} us = {r['moe_gbps']:.0f} GB/s ({r['moe_pct_copy']:.1f}%), "
+            f"eager {r['eager_us']:.1f} us -> 48 layers: {r['tokps_48_layers_device']:.0f} tok/s "
+            f"device-bound, {r['tokps_48_layers_eager']:.0f} tok/s eager"
+        )
+    return "\n".join(lines)

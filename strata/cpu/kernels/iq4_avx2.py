@@ -1,0 +1,139 @@
+"""IQ4_XS and Q8_0 on the GGUF bytes with AVX2: signed 8-bit weights, the vpsignb trick.
+
+Both formats give signed int8 weights (IQ4_XS through the 16-entry kvalues table, one vpshufb per
+32 weights; Q8_0 directly). vpmaddubsw wants an unsigned operand, so it gets |w| and the
+activation takes w's sign (vpsignb), as ggml does; |w| <= 127 keeps the int16 pairs exact.
+
+IQ4_XS: the 32 bytes of two sub-blocks hold, in their low nibbles, the first 16 weights of each
+and in their high nibbles the last 16, so each nibble vector meets two 16-byte activation halves
+joined by vinserti128. Plain twins: `iq4.dot_iq4_xs`, `q8_0.dot_q8_0`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from strata.cpu.kernels.common import f16_at
+from strata.cpu.kernels.iq4 import BB as IQ4_BB
+from strata.cpu.kernels.q8_0 import BB as Q8_BB
+from strata.cpu.kernels.simd import (
+    HAS_AVX2,
+    I16,
+    I32,
+    V8I32,
+    V16I8,
+    V16I16,
+    V32I8,
+    Emit,
+    absb,
+    concat16,
+    signb,
+)
+from strata.cpu.kernels.tables import KVALUES_IQ4NL
+
+_KV = [int(v) & 0xFF for v in KVALUES_IQ4NL] * 2
+_V8I16 = ir.VectorType(I16, 8)
+
+
+def _sdot(e, w, x):
+    """int16 pair sums of the signed bytes w and x (vpmaddubsw with the sign trick)."""
+    return e.maddubs(absb(e, w), signb(e, x, w))
+
+
+@intrinsic
+def _blk_iq4_xs(typingctx, w, r, o, xq, a, xo):
+    """sum_s (ls_s - 32) sum_{i in s} kv[q_i] x_i over the IQ4_XS block at w[r, o:o+136]."""
+    sig = types.int32(w, types.intp, types.intp, xq, types.intp, types.intp)
+
+    def codegen(context, builder, sg, args):
+        e = Emit(context, builder)
+        b = builder
+        if not HAS_AVX2:
+            e.trap()
+            return ir.Constant(I32, 0)
+        pw = e.ptr(sg.args[0], args[0], args[1], args[2])
+        px = e.ptr(sg.args[3], args[3], args[4], args[5])
+        # ls_s = (nibble s of the 4 scales_l bytes) | ((scales_h >> 2 s) & 3) << 4, minus 32
+        lo = b.and_(
+            b.lshr(e.bcast(e.load(pw, I32, 4), V8I32), e.const(V8I32, range(0, 32, 4))),
+            e.splat(V8I32, 15),
+        )
+        sh = e.bcast(b.zext(e.load(pw, I16, 2), I32), V8I32)
+        hi = b.and_(b.lshr(sh, e.const(V8I32, range(0, 16, 2))), e.splat(V8I32, 3))
+        ls = b.sub(b.or_(lo, b.shl(hi, e.splat(V8I32, 4))), e.splat(V8I32, 32))
+        ls = b.trunc(ls, _V8I16)
+        # even sub-blocks' scales in the low 128-bit lane, odd in the high
+        sc2 = e.shuffle(ls, [0, 2, 4, 6, 0, 0, 0, 0, 1, 3, 5, 7, 1, 1, 1, 1])
+        kv = e.const(V32I8, _KV)
+        acc = e.splat(V8I32, 0)
+        for c in range(4):  # sub-blocks 2c, 2c+1
+            qlo, qhi = e.nibbles(e.load(pw, V32I8, 8 + 32 * c))
+            xlo = concat16(e, e.load(px, V16I8, 64 * c), e.load(px, V16I8, 64 * c + 32))
+            xhi = concat16(e, e.load(px, V16I8, 64 * c + 16), e.load(px, V16I8, 64 * c + 48))
+            s = e.shuffle(sc2, [c] * 8 + [8 + c] * 8)
+            acc = b.add(acc, e.madd(_sdot(e, e.pshufb(kv, qlo), xlo), s))
+            acc = b.add(acc, e.madd(_sdot(e, e.pshufb(kv, qhi), xhi), s))
+        return e.hsum(acc)
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def dot_iq4_xs_avx2(w, r, xq, xd, xb, x8, xf, a):
+    acc = np.float32(0.0)
+    for b in range(w.shape[1] // IQ4_BB):
+        o = b * IQ4_BB
+        isum = _blk_iq4_xs(w, r, o, xq, a, 256 * b)
+        acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum)
+    return acc
+
+
+@intrinsic
+def _blk_q8_0x8(typingctx, w, r, o, xq, a, xo, xd, bo):
+    """sum over 8 Q8_0 blocks at w[r, o:o+272] of d_w d_x sum(w x), as float32."""
+    sig = types.float32(w, types.intp, types.intp, xq, types.intp, types.intp, xd, types.intp)
+
+    def codegen(context, builder, sg, args):
+        e = Emit(context, builder)
+        b = builder
+        f32 = ir.FloatType()
+        v8f = ir.VectorType(f32, 8)
+        if not HAS_AVX2:
+            e.trap()
+            return ir.Constant(f32, 0)
+        pw = e.ptr(sg.args[0], args[0], args[1], args[2])
+        px = e.ptr(sg.args[3], args[3], args[4], args[5])
+        pd = e.ptr(sg.args[6], args[6], args[4], args[7])
+        ones = e.splat(V16I16, 1)
+        acc = ir.Constant(v8f, [0.0] * 8)
+        for k in range(8):
+            wv = e.load(pw, V32I8, Q8_BB * k + 2)
+            s = e.madd(_sdot(e, wv, e.load(px, V32I8, 32 * k)), ones)  # 8 partial int32 sums
+            dw = b.fpext(b.bitcast(e.load(pw, I16, Q8_BB * k), ir.HalfType()), f32)
+            d = b.fmul(dw, e.load(pd, f32, 4 * k))
+            acc = b.fadd(acc, b.fmul(b.sitofp(s, v8f), e.bcast(d, v8f)))
+        # lanes summed pairwise (a fixed order: results do not depend on the row)
+        r4 = b.fadd(e.shuffle(acc, range(4)), e.shuffle(acc, range(4, 8)))
+        r2 = b.fadd(e.shuffle(r4, range(2)), e.shuffle(r4, range(2, 4)))
+        return b.fadd(
+            b.extract_element(r2, ir.Constant(I32, 0)), b.extract_element(r2, ir.Constant(I32, 1))
+        )
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def dot_q8_0_avx2(w, r, xq, xd, xb, x8, xf, a):
+    nb = w.shape[1] // Q8_BB
+    acc = np.float32(0.0)
+    for b in range(0, nb - 7, 8):  # eight blocks (256 weights) per step
+        acc += _blk_q8_0x8(w, r, b * Q8_BB, xq, a, 32 * b, xd, b)
+    for b in range(nb - nb % 8, nb):  # rows that are not a multiple of 256
+        s = 0
+        for i in range(32):
+            s += np.int8(w[r, b * Q8_BB + 2 + i]) * xq[a, 32 * b + i]
+        acc += np.float32(f16_at(w, r, b * Q8_BB) * xd[a, b]) * np.float32(s)
+    return acc

@@ -1,0 +1,131 @@
+"""Split-K attention over the f16 KV cache (kernels/attention.cu): launcher, workspace, reference.
+
+Decode (T = 1) and causal prefill (T > 1) share the three launches; the scores of a call live in
+a preallocated workspace [T*H, S_cap], so `AttnWorkspace.tmax` bounds the query rows per call
+(the tier feeds longer prompts in chunks of that size).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.gpu.rawmod import Kernels, f32, i32
+
+TILE = 64  # ATT_TILE in attention.cu
+MAX_REP = 16
+MAX_DH = 128
+
+
+class AttnWorkspace:
+    """Scores [tmax*H, S_cap], tile partials and split partials, sized once."""
+
+    def __init__(self, cp, K: Kernels, n_head: int, n_kv: int, s_cap: int, dv: int, tmax: int):
+        self.h, self.s_cap, self.dv, self.tmax = n_head, s_cap, dv, tmax
+        self.ntc = -(-s_cap // TILE)
+        self.max_split = MAX_SPLIT
+        self.scores = cp.empty((tmax * n_head, s_cap), np.float32)
+        self.pmax = cp.empty((tmax * n_head, self.ntc), np.float32)
+        self.psum = cp.empty((tmax * n_head, self.ntc), np.float32)
+        cap = max(t * n_splits(K, s_cap, n_kv, t, MAX_SPLIT) for t in range(1, tmax + 1))
+        self.opart = cp.empty((cap * n_head * dv,), np.float32)
+
+    @staticmethod
+    def bytes_for(K: Kernels, n_head: int, n_kv: int, s_cap: int, dv: int, tmax: int) -> int:
+        ntc = -(-s_cap // TILE)
+        cap = max(t * n_splits(K, s_cap, n_kv, t, MAX_SPLIT) for t in range(1, tmax + 1))
+        return 4 * (tmax * n_head * (s_cap + 2 * ntc) + cap * n_head * dv)
+
+
+MAX_SPLIT = 256
+
+
+def n_splits(K: Kernels, s: int, g: int, t: int, max_split: int = MAX_SPLIT) -> int:
+    """Key splits: enough blocks for four per SM, each split at least one tile."""
+    want = -(-4 * K.sm_count // max(1, g * t))
+    return int(max(1, min(max_split, -(-s // TILE), want)))
+
+
+def attention(
+    K: Kernels,
+    ws: AttnWorkspace,
+    q,
+    k_cache,
+    v_cache,
+    t: int,
+    pos0: int,
+    dims: tuple[int, int, int, int],
+    scale: float,
+    out,
+) -> None:
+    """out [T, H*Dv] = softmax(q k^T * scale, causal) v for q [T, H, Dh] (f16 values)."""
+    h, g, dh, dv = dims
+    if h // g > MAX_REP or dh > MAX_DH or dv > MAX_DH or h % g or dh % 8 or dv % 8:
+        raise ValueError(f"attention shape H={h} G={g} Dh={dh} Dv={dv} is not supported")
+    s = pos0 + t
+    s_cap = k_cache.shape[1]
+    ntiles = -(-s // TILE)
+    K.fn("attention.cu", "attn_scores")(
+        (ntiles, g, t),
+        (TILE,),
+        (
+            q,
+            k_cache,
+            i32(s_cap),
+            i32(dh),
+            i32(h),
+            i32(g),
+            i32(pos0),
+            i32(s),
+            f32(scale),
+            ws.scores,
+            i32(ws.s_cap),
+            ws.pmax,
+            ws.psum,
+            i32(ws.ntc),
+        ),
+    )
+    nsplit = n_splits(K, s, g, t, ws.max_split)
+    chunk = -(-s // nsplit)
+    threads = -(-dv // K.warp) * K.warp
+    K.fn("attention.cu", "attn_pv")(
+        (nsplit, g, t),
+        (threads,),
+        (
+            ws.scores,
+            i32(ws.s_cap),
+            ws.pmax,
+            ws.psum,
+            i32(ws.ntc),
+            i32(ntiles),
+            v_cache,
+            i32(s_cap),
+            i32(dv),
+            i32(h),
+            i32(g),
+            i32(s),
+            i32(chunk),
+            ws.opart,
+            i32(nsplit),
+        ),
+    )
+    K.fn("attention.cu", "attn_combine")(
+        (t * h,), (threads,), (ws.opart, i32(nsplit), i32(dv), out)
+    )
+
+
+def attention_ref(q, k, v, pos0: int, scale: float) -> np.ndarray:
+    """HostTier's attention core. q [T, H, Dh] (f16 values), k [S, G, Dh] f16, v [S, G, Dv] f16
+    with S = pos0 + T -> o [T, H*Dv]."""
+    t, h, dh = q.shape
+    s, g, dv = v.shape
+    rep = h // g
+    kc, vc = k.astype(np.float32), v.astype(np.float32)
+    qg = q.astype(np.float32).reshape(t, g, rep, dh)
+    scores = np.einsum("tgrd,sgd->grts", qg, kc) * np.float32(scale)
+    mask = np.arange(s)[None, :] > (pos0 + np.arange(t))[:, None]
+    scores[..., mask] = -np.inf
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    p = p.astype(np.float16).astype(np.float32)
+    return np.einsum("grts,sgd->tgrd", p, vc).reshape(t, h * dv)

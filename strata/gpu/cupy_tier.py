@@ -1,0 +1,478 @@
+"""`CupyTier`: the DeviceTier interface (strata/gpu/tier.py) on the card, with CuPy RawKernels.
+
+Numerics copy HostTier's (and so llama.cpp's): activations are quantized on the device to each
+weight's vec_dot type exactly as strata.quant.activation does, the KV cache is f16, q meets it
+as f16 and the softmax probabilities are rounded to f16. What differs is float32 summation
+order, so logits agree with HostTier to ~1e-5 relative except where a Q8 rounding flips.
+
+Arrays at the boundary: `embed` returns a device (CuPy) array; every other method accepts NumPy
+or CuPy and returns the same kind it was given, so the engine's x stays on the card between
+calls. Router logits always come back as NumPy (routing runs on the host: the one read-back of
+a layer); `output` returns NumPy logits. `router`'s h is a view of a tier buffer, valid until
+the next `router` call (passing it back to `experts` reuses its Q8 form).
+
+Memory: dense weights, the KV cache, the workspace and the expert slots are reserved in the
+`DeviceBudget` and allocated once; a call allocates only the arrays it returns (from CuPy's
+capped pool). Experts live in fixed slots ((layer, expert) -> slot, least recently used out);
+a missing expert is uploaded into a slot when it is first needed (synchronously for now).
+
+T = tokens, D = hidden, H/G = query/KV heads, Dh/Dv = head dims, E = experts, K = used,
+F = expert FFN, V = vocab, L = layers, S = context.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+from gguf.constants import MODEL_TENSOR as MT
+from gguf.constants import GGMLQuantizationType
+
+from strata.gpu.attention import AttnWorkspace, attention
+from strata.gpu.budget import MIB, DeviceBudget
+from strata.gpu.device import DeviceError, DeviceInfo, import_cupy, primary_device
+from strata.gpu.elementwise import sigmoid_scale_rows, silu_mul
+from strata.gpu.embed import embed
+from strata.gpu.experts import SlotStore, moe_experts
+from strata.gpu.gemv import DeviceWeight, gemv
+from strata.gpu.host import EXPERT_MATS, rope_inv_freq
+from strata.gpu.norm_quant import ActBuf, norm_quant
+from strata.gpu.rawmod import kernels_for
+from strata.gpu.rope_kv import qk_norm_rope_kv
+from strata.model.loader import Model
+from strata.model.qwen3moe import name
+from strata.model.weights import dequant
+from strata.quant import fmt
+
+QT = GGMLQuantizationType
+ATTN_SCORES_BYTES = 64 * MIB  # bound on the attention scores workspace (sets its query chunk)
+
+
+class _Layer:
+    __slots__ = (
+        "attn_norm", "ffn_norm", "q_norm", "k_norm", "qkv", "o", "router", "sh", "exp_qt",
+    )  # fmt: skip
+
+
+class CupyTier:
+    name = "cupy"
+
+    def __init__(
+        self,
+        model: Model,
+        n_ctx: int = 4096,
+        budget: DeviceBudget | None = None,
+        expert_slots: int | str = "auto",
+        device: DeviceInfo | None = None,
+        tmax: int = 32,
+    ):
+        cp = self.cp = import_cupy()
+        info = device or primary_device()
+        if cp is None or info is None:
+            raise DeviceError("no GPU: CupyTier needs CuPy and a device (use the host tier)")
+        self.info = info
+        self.K = kernels_for(info)
+        self.budget = budget if budget is not None else DeviceBudget.from_env()
+        self.budget.install_pool_cap(cp)
+        a = self.args = model.args
+        self.model, self.n_ctx, self.tmax = model, int(n_ctx), int(tmax)
+        self.eps = float(np.float32(a.rms_eps))
+        self.dims = (a.n_head, a.n_head_kv, a.head_dim, a.v_head_dim)
+        self.qkv_dim = (a.n_head + a.n_head_kv) * a.head_dim + a.n_head_kv * a.v_head_dim
+        self.scale = float(np.float32(1.0 / np.sqrt(a.head_dim)))
+
+        self.budget.reserve("weights", self._dense_bytes())
+        self._load_dense()
+        kv_shape = (a.n_layer, a.n_head_kv, self.n_ctx)
+        kv_bytes = 2 * int(np.prod(kv_shape)) * (a.head_dim + a.v_head_dim)
+        self.budget.reserve("kv", kv_bytes)
+        self.k_cache = cp.zeros((*kv_shape, a.head_dim), np.uint16)  # f16 bits
+        self.v_cache = cp.zeros((*kv_shape, a.v_head_dim), np.uint16)
+        self.inv_freq = cp.asarray(rope_inv_freq(a.head_dim, a.rope_theta))
+        self._alloc_workspace()
+        self._init_slots(expert_slots)
+
+    # ---- loading ----
+    def _dense_bytes(self) -> int:
+        m = self.model
+        return m.dense_bytes()
+
+    def _weight(self, t: MT | str, layer: int | None = None, bias: str | None = None):
+        ref = self.model.tensor(t, layer)
+        rows, cols = (int(np.prod(ref.shape[:-1])), int(ref.shape[-1]))
+        b = dequant(self.model.tensor(bias)) if bias else None
+        return DeviceWeight(self.cp, ref.raw(), ref.qtype, rows, cols, bias=b)
+
+    def _vec(self, t: MT | str, layer: int | None = None):
+        return self.cp.asarray(dequant(self.model.tensor(t, layer)).reshape(-1))
+
+    def _load_dense(self) -> None:
+        a, m, cp = self.args, self.model, self.cp
+        self.embd = self._weight(MT.TOKEN_EMBD)
+        self.layers: list[_Layer] = []
+        for i in range(a.n_layer):
+            L = _Layer()
+            L.attn_norm, L.ffn_norm = self._vec(MT.ATTN_NORM, i), self._vec(MT.FFN_NORM, i)
+            L.q_norm = self._vec(MT.ATTN_Q_NORM, i) if a.qk_norm else None
+            L.k_norm = self._vec(MT.ATTN_K_NORM, i) if a.qk_norm else None
+            L.qkv = self._load_qkv(i)
+            L.o = self._weight(MT.ATTN_OUT, i)
+            L.router = self._weight(MT.FFN_GATE_INP, i)
+            L.sh = None
+            if a.shared_ff:
+                inp = dequant(m.tensor(MT.FFN_GATE_INP_SHEXP, i)).reshape(1, -1)
+                L.sh = {
+                    "gate": self._weight(MT.FFN_GATE_SHEXP, i),
+                    "up": self._weight(MT.FFN_UP_SHEXP, i),
+                    "down": self._weight(MT.FFN_DOWN_SHEXP, i),
+                    "inp": DeviceWeight(cp, inp, QT.F32, 1, inp.shape[1]),
+                }
+            L.exp_qt = tuple(m.tensor(t, i).qtype for t in EXPERT_MATS)
+            if L.exp_qt[0] != L.exp_qt[1]:
+                raise DeviceError(
+                    f"layer {i}: gate and up experts differ in type "
+                    f"({L.exp_qt[0].name}, {L.exp_qt[1].name}); the fused kernel needs one"
+                )
+            self.layers.append(L)
+        self.out_norm = self._vec(MT.OUTPUT_NORM)
+        tied = not m.has(name(MT.OUTPUT))  # tied embeddings: one upload serves both
+        self.lm_head = self.embd if tied else self._weight(MT.OUTPUT)
+
+    def _load_qkv(self, i: int) -> list[tuple[DeviceWeight, int]]:
+        """[(weight, column offset in the q|k|v row)]: one fused weight when types agree."""
+        a, m = self.args, self.model
+        parts = [m.tensor(t, i) for t in (MT.ATTN_Q, MT.ATTN_K, MT.ATTN_V)]
+        biases = None
+        if a.qkv_bias:
+            biases = [dequant(m.tensor(f"blk.{i}.attn_{n}.bias")) for n in ("q", "k", "v")]
+        if len({p.qtype for p in parts}) == 1:
+            raw = np.concatenate([p.raw() for p in parts], axis=0)
+            b = None if biases is None else np.concatenate(biases)
+            w = DeviceWeight(self.cp, raw, parts[0].qtype, raw.shape[0], parts[0].shape[-1], b)
+            return [(w, 0)]
+        out, off = [], 0
+        for j, p in enumerate(parts):
+            rows = int(np.prod(p.shape[:-1]))
+            b = None if biases is None else biases[j]
+            out.append((DeviceWeight(self.cp, p.raw(), p.qtype, rows, p.shape[-1], b), off))
+            off += rows
+        return out
+
+    # ---- workspace ----
+    def _act_specs(self) -> dict[tuple, tuple[int, int, QT]]:
+        """(n, vec_dot[, tag]) -> (n, rows, vec_dot) for every activation a matmul needs."""
+        a, tm = self.args, self.tmax
+        specs: dict = {}
+
+        def add(n: int, vd, rows: int = tm, tag: str = "") -> None:
+            key = (n, int(vd), tag) if tag else (n, int(vd))
+            old = specs.get(key)
+            specs[key] = (n, max(rows, old[1] if old else 0), QT(int(vd)))
+
+        for L in self.layers:
+            add(a.n_embd, L.qkv[0][0].vec_dot)
+            for w, _ in L.qkv[1:]:
+                add(a.n_embd, w.vec_dot)
+            add(a.n_head * a.v_head_dim, L.o.vec_dot)
+            add(a.n_embd, L.router.vec_dot)
+            add(a.n_embd, fmt(L.exp_qt[0]).vec_dot)
+            add(a.expert_ff, fmt(L.exp_qt[2]).vec_dot, tm * a.n_expert_used, "moe")
+            if L.sh:
+                add(a.n_embd, L.sh["gate"].vec_dot)
+                add(a.n_embd, L.sh["up"].vec_dot)
+                add(a.shared_ff, L.sh["down"].vec_dot)
+        add(a.n_embd, self.lm_head.vec_dot)
+        return specs
+
+    def _alloc_workspace(self) -> None:
+        a, cp, tm = self.args, self.cp, self.tmax
+        h, g, dh, dv = self.dims
+        self.att_tmax = max(1, min(tm, ATTN_SCORES_BYTES // (4 * h * self.n_ctx)))
+        specs = self._act_specs()
+        nbytes = sum(ActBuf.bytes_for(n, r, vd) for n, r, vd in specs.values())
+        nbytes += AttnWorkspace.bytes_for(self.K, h, g, self.n_ctx, dv, self.att_tmax)
+        fs = max(a.shared_ff, 1)
+        floats = tm * (
+            self.qkv_dim + h * dh + h * dv + 2 * a.n_embd + a.n_vocab + a.n_expert + 3 * fs + 1
+        )
+        floats += tm * a.n_expert_used * (a.expert_ff + 2)
+        nbytes += 4 * floats + 4 * tm
+        self.budget.reserve("workspace", nbytes)
+        self.acts = {k: ActBuf(cp, n, r, vd) for k, (n, r, vd) in specs.items()}
+        self.attn_ws = AttnWorkspace(cp, self.K, h, g, self.n_ctx, dv, self.att_tmax)
+        self.qkv_buf = cp.empty((tm, self.qkv_dim), np.float32)
+        self.q_buf = cp.empty((tm, h, dh), np.float32)
+        self.o_buf = cp.empty((tm, h * dv), np.float32)
+        self.h_buf = cp.empty((tm, a.n_embd), np.float32)
+        self.xn_buf = cp.empty((tm, a.n_embd), np.float32)
+        self.logits_buf = cp.empty((tm, a.n_vocab), np.float32)
+        self.rlogits_buf = cp.empty((tm, a.n_expert), np.float32)
+        self.sh_buf = cp.empty((3, tm, fs), np.float32)
+        self.sh_gate_buf = cp.empty((tm, 1), np.float32)
+        self.moe_act = cp.empty((tm * a.n_expert_used, a.expert_ff), np.float32)
+        self.pair_slot = cp.empty((tm * a.n_expert_used,), np.int32)
+        self.pair_w = cp.empty((tm * a.n_expert_used,), np.float32)
+        self.ids_buf = cp.empty((tm,), np.int32)
+        self._last_h = None  # (h view handed out by router, layer)
+
+    def act(self, n: int, vec_dot) -> ActBuf:
+        return self.acts[(n, int(vec_dot))]
+
+    # ---- expert slots ----
+    def _init_slots(self, expert_slots: int | str) -> None:
+        a, m = self.args, self.model
+        per = [[m.tensor(t, i).nbytes // a.n_expert for t in EXPERT_MATS] for i in range(a.n_layer)]
+        self.slot_bytes = [max(p[j] for p in per) for j in range(3)]
+        one = sum(self.slot_bytes)
+        total = a.n_layer * a.n_expert
+        if expert_slots == "auto":
+            n = min(total, self.budget.free_bytes // one)
+        else:
+            n = min(total, int(expert_slots))
+        if n < a.n_expert_used:
+            raise DeviceError(
+                f"the VRAM budget leaves room for {n} expert slots, fewer than the "
+                f"{a.n_expert_used} one token needs ({one / MIB:.1f} MiB each)\n"
+                + self.budget.table()
+            )
+        self.budget.reserve("expert_slots", n * one)
+        self.n_slots = int(n)
+        self.stores = tuple(SlotStore(self.cp, n, b) for b in self.slot_bytes)
+        self.slot_of = np.full((a.n_layer, a.n_expert), -1, np.int32)  # (layer, e) -> slot
+        self._lru: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._free = list(range(n - 1, -1, -1))
+        self.expert_uploads = 0
+        self.expert_bytes_uploaded = 0
+        if n == total:  # everything fits: load it all now, no upload on the hot path
+            for i in range(a.n_layer):
+                for e in range(a.n_expert):
+                    self._upload(i, e)
+
+    def resident_mask(self, layer: int) -> np.ndarray:
+        """[E] bool: experts of `layer` in a VRAM slot now (for cache-aware routing)."""
+        return self.slot_of[layer] >= 0
+
+    def load_resident(self, mask: np.ndarray) -> np.ndarray:
+        """Fill the slots with the experts of `mask` [L, E] (a placement from the usage
+        profile), in order, up to the slot count; returns the resident mask [L, E] after."""
+        for i, e in zip(*np.nonzero(mask), strict=True):
+            if self.slot_of[i, e] < 0 and (self._free or len(self._lru) >= self.n_slots):
+                if not self._free and bool(mask[self._lru_oldest()]):
+                    break  # every slot already holds a wanted expert
+                self._upload(int(i), int(e))
+        return self.slot_of >= 0
+
+    def _lru_oldest(self) -> tuple[int, int]:
+        return next(iter(self._lru))
+
+    # the engine's host-side helpers: the CPU pool reads h on the host and returns host rows
+    def to_host(self, a) -> np.ndarray:
+        return self.cp.asnumpy(a) if isinstance(a, self.cp.ndarray) else np.asarray(a)
+
+    def to_device(self, a):
+        return a if isinstance(a, self.cp.ndarray) else self.cp.asarray(a)
+
+    def _upload(self, layer: int, e: int, keep: frozenset = frozenset()) -> int:
+        if self._free:
+            s = self._free.pop()
+        else:
+            for key in self._lru:  # least recently used first
+                if key[0] != layer or key[1] not in keep:
+                    break
+            else:
+                raise DeviceError("expert cache too small for one layer's picks")
+            s = self._lru.pop(key)
+            self.slot_of[key] = -1
+        for j, t in enumerate(EXPERT_MATS):
+            raw = self.model.tensor(t, layer).raw()  # [E*rows, row_bytes]
+            per = raw.shape[0] // self.args.n_expert
+            src = np.ascontiguousarray(raw[e * per : (e + 1) * per]).reshape(-1)
+            self.stores[j].buf[s, : src.nbytes].set(src)
+            self.expert_bytes_uploaded += src.nbytes
+        self.expert_uploads += 1
+        self.slot_of[layer, e] = s
+        self._lru[(layer, e)] = s
+        return s
+
+    def slots_for(self, layer: int, ids: np.ndarray) -> np.ndarray:
+        """Slots of ids [T, K] (uploading missing experts); -1 where ids < 0."""
+        need = np.unique(ids[ids >= 0])
+        keep = frozenset(int(e) for e in need)
+        for e in need:
+            key = (layer, int(e))
+            if self.slot_of[key] < 0:
+                self._upload(layer, int(e), keep)
+            else:
+                self._lru.move_to_end(key)
+        row = self.slot_of[layer]
+        return np.where(ids >= 0, row[np.maximum(ids, 0)], -1).astype(np.int32)
+
+    # ---- boundary ----
+    def _in(self, x) -> tuple[object, bool]:
+        cp = self.cp
+        if isinstance(x, cp.ndarray):
+            return cp.ascontiguousarray(x, dtype=np.float32), False
+        return cp.asarray(np.ascontiguousarray(x, dtype=np.float32)), True
+
+    def _out(self, y, to_host: bool):
+        return self.cp.asnumpy(y) if to_host else y
+
+    def _chunks(self, t: int, size: int | None = None):
+        size = size or self.tmax
+        for c0 in range(0, t, size):
+            yield c0, min(size, t - c0)
+
+    # ---- the DeviceTier interface ----
+    def embed(self, ids: np.ndarray):
+        ids = np.asarray(ids, dtype=np.int32).reshape(-1)
+        x = self.cp.empty((ids.size, self.args.n_embd), np.float32)
+        for c0, n in self._chunks(ids.size):
+            self.ids_buf[:n].set(ids[c0 : c0 + n])
+            embed(self.K, self.embd, self.ids_buf, n, x[c0 : c0 + n])
+        return x
+
+    def attention(self, layer: int, x, pos0: int):
+        xd, host = self._in(x)
+        t = xd.shape[0]
+        if pos0 + t > self.n_ctx:
+            raise ValueError(f"context is full: {pos0 + t} tokens > n_ctx {self.n_ctx}")
+        out = self.cp.empty_like(xd)
+        for c0, n in self._chunks(t, self.att_tmax):
+            self._attention(layer, xd[c0 : c0 + n], pos0 + c0, out[c0 : c0 + n], n)
+        return self._out(out, host)
+
+    def _attention(self, layer: int, x, pos0: int, out, t: int) -> None:
+        K, L, a = self.K, self.layers[layer], self.args
+        act = self.act(a.n_embd, L.qkv[0][0].vec_dot)
+        norm_quant(K, x, t, L.attn_norm, self.eps, act=act)
+        flat = self.qkv_buf.reshape(-1)
+        for w, off in L.qkv:
+            wa = self.act(a.n_embd, w.vec_dot)
+            if wa is not act:
+                norm_quant(K, x, t, L.attn_norm, self.eps, act=wa)
+            gemv(K, w, wa, flat[off:], t, ldo=self.qkv_dim)
+        kc, vc = self.k_cache[layer], self.v_cache[layer]
+        qk_norm_rope_kv(
+            K,
+            self.qkv_buf,
+            t,
+            self.dims,
+            L.q_norm,
+            L.k_norm,
+            self.eps,
+            self.inv_freq,
+            pos0,
+            self.q_buf,
+            kc,
+            vc,
+        )
+        attention(K, self.attn_ws, self.q_buf, kc, vc, t, pos0, self.dims, self.scale, self.o_buf)
+        oact = self.act(self.o_buf.shape[1], L.o.vec_dot)
+        norm_quant(K, self.o_buf, t, act=oact)
+        gemv(K, L.o, oact, out, t, resid=x)
+
+    def router(self, layer: int, x):
+        xd, host = self._in(x)
+        t = xd.shape[0]
+        K, L, a = self.K, self.layers[layer], self.args
+        small = t <= self.tmax
+        h = self.h_buf[:t] if small else self.cp.empty((t, a.n_embd), np.float32)
+        logits = np.empty((t, a.n_expert), np.float32)
+        eact = self.act(a.n_embd, fmt(L.exp_qt[0]).vec_dot)
+        for c0, n in self._chunks(t):
+            hc = h[c0 : c0 + n]
+            norm_quant(K, xd[c0 : c0 + n], n, L.ffn_norm, self.eps, out_f=hc, act=eact)
+            self._linear(L.router, hc, n, self.rlogits_buf)
+            logits[c0 : c0 + n] = self.cp.asnumpy(self.rlogits_buf[:n])
+        self._last_h = (h, layer) if small else None
+        return self._out(h, host), logits
+
+    def _linear(self, w: DeviceWeight, x, t: int, out, resid=None) -> None:
+        """out[:t] = HostTier's _Linear(w)(x[:t]): quantize x for w, then the GEMV."""
+        if w.qtype == QT.F32:
+            gemv(self.K, w, x, out, t, resid=resid)  # F32: the activation is used as is
+            return
+        act = self.act(int(x.shape[-1]), w.vec_dot)
+        norm_quant(self.K, x, t, act=act)
+        gemv(self.K, w, act, out, t, resid=resid)
+
+    def experts(self, layer: int, h, ids: np.ndarray, weights: np.ndarray):
+        hd, host = self._in(h)
+        ids = np.asarray(ids)
+        w = np.ascontiguousarray(weights, dtype=np.float32)
+        need = np.unique(ids[ids >= 0])
+        out = self.cp.empty((hd.shape[0], self.args.n_embd), np.float32)
+        if need.size <= self.n_slots:
+            self._experts(layer, hd, h, self.slots_for(layer, ids), w, out)
+        else:  # more distinct experts than slots (a long prefill, a tiny cache): in passes
+            cached, tmp = self._last_h, self.cp.empty_like(out)
+            out[...] = 0
+            for grp in np.array_split(need, -(-need.size // self.n_slots)):
+                sel = np.where(np.isin(ids, grp), ids, -1)
+                self._last_h = cached
+                self._experts(layer, hd, h, self.slots_for(layer, sel), w, tmp)
+                out += tmp
+        self._last_h = None
+        return self._out(out, host)
+
+    def _experts(self, layer: int, hd, h, slots: np.ndarray, w: np.ndarray, out) -> None:
+        t, k = slots.shape
+        a, L = self.args, self.layers[layer]
+        hact = self.act(a.n_embd, fmt(L.exp_qt[0]).vec_dot)
+        aact = self.acts[(a.expert_ff, int(fmt(L.exp_qt[2]).vec_dot), "moe")]
+        cached = self._last_h is not None and self._last_h[1] == layer and self._last_h[0] is h
+        for c0, n in self._chunks(t):
+            if not (cached and c0 == 0 and n == t):
+                norm_quant(self.K, hd[c0 : c0 + n], n, act=hact)
+            self.pair_slot[: n * k].set(slots[c0 : c0 + n].reshape(-1))
+            self.pair_w[: n * k].set(w[c0 : c0 + n].reshape(-1))
+            moe_experts(
+                self.K,
+                L.exp_qt,
+                (a.n_embd, a.expert_ff),
+                self.stores,
+                hact,
+                self.pair_slot,
+                self.pair_w,
+                n,
+                k,
+                self.moe_act,
+                aact,
+                out[c0 : c0 + n],
+            )
+
+    def shared_expert(self, layer: int, h):
+        hd, host = self._in(h)
+        t = hd.shape[0]
+        L, a = self.layers[layer], self.args
+        out = self.cp.zeros((t, a.n_embd), np.float32)
+        if L.sh is None:
+            return self._out(out, host)
+        fs = a.shared_ff
+        g, u, act = self.sh_buf[0], self.sh_buf[1], self.sh_buf[2]
+        for c0, n in self._chunks(t):
+            hc = hd[c0 : c0 + n]
+            self._linear(L.sh["gate"], hc, n, g)
+            self._linear(L.sh["up"], hc, n, u)
+            silu_mul(self.K, g, u, act, n * fs)
+            y = out[c0 : c0 + n]
+            self._linear(L.sh["down"], act[:n], n, y)
+            gemv(self.K, L.sh["inp"], hc, self.sh_gate_buf, n)  # h @ sh_inp, unrounded h
+            sigmoid_scale_rows(self.K, y, self.sh_gate_buf, n, a.n_embd)
+        return self._out(out, host)
+
+    def output(self, x) -> np.ndarray:
+        xd, _ = self._in(x)
+        t = xd.shape[0]
+        a = self.args
+        logits = np.empty((t, a.n_vocab), np.float32)
+        act = self.act(a.n_embd, self.lm_head.vec_dot)
+        for c0, n in self._chunks(t):
+            if self.lm_head.qtype == QT.F32:
+                norm_quant(self.K, xd[c0 : c0 + n], n, self.out_norm, self.eps, out_f=self.xn_buf)
+                gemv(self.K, self.lm_head, self.xn_buf, self.logits_buf, n)
+            else:
+                norm_quant(self.K, xd[c0 : c0 + n], n, self.out_norm, self.eps, act=act)
+                gemv(self.K, self.lm_head, act, self.logits_buf, n)
+            logits[c0 : c0 + n] = self.cp.asnumpy(self.logits_buf[:n])
+        return logits

@@ -1,0 +1,92 @@
+"""Quantized GEMV / skinny GEMM (kernels/gemv.cu): device weights, launcher, NumPy reference.
+
+A `DeviceWeight` is a GGUF tensor's bytes uploaded unchanged ([rows, row_bytes] uint8) with the
+activation type llama.cpp pairs it with (`vec_dot`); `gemv()` multiplies it by an activation
+already prepared in an `ActBuf` (norm_quant.py), as ggml's mmvq does with its q8_1 input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from strata.gpu.norm_quant import ActBuf, xd_shift
+from strata.gpu.rawmod import Kernels, i32, ptr
+from strata.quant import fmt
+from strata.quant.activation import roundtrip
+
+QT = GGMLQuantizationType
+Q_NAMES = {
+    QT.Q8_0: "q8_0",
+    QT.Q4_K: "q4_k",
+    QT.Q5_K: "q5_k",
+    QT.Q6_K: "q6_k",
+    QT.IQ4_XS: "iq4_xs",
+    QT.IQ3_XXS: "iq3_xxs",
+    QT.IQ3_S: "iq3_s",
+    QT.IQ2_XXS: "iq2_xxs",
+    QT.IQ2_S: "iq2_s",
+    QT.IQ1_M: "iq1_m",
+}
+F_NAMES = {QT.F32: "f32", QT.F16: "f16", QT.BF16: "bf16"}
+SUPPORTED = tuple(Q_NAMES) + tuple(F_NAMES)
+THREADS = 128
+
+
+def kernel_name(prefix: str, qtype) -> str:
+    q = QT(int(qtype))
+    name = Q_NAMES.get(q) or F_NAMES.get(q)
+    if name is None:
+        raise ValueError(f"no device kernel for {q.name} weights")
+    return f"{prefix}_{name}"
+
+
+class DeviceWeight:
+    """A [rows, cols] GGUF weight on the device, raw blocks; optional float32 bias [rows]."""
+
+    def __init__(self, cp, raw: np.ndarray, qtype, rows: int, cols: int, bias=None):
+        self.qtype = QT(int(qtype))
+        if self.qtype not in SUPPORTED:
+            raise ValueError(f"no device kernel for {self.qtype.name} weights")
+        f = fmt(self.qtype)
+        self.rows, self.cols = int(rows), int(cols)
+        self.vec_dot = f.vec_dot
+        raw = np.ascontiguousarray(raw).view(np.uint8).reshape(self.rows, f.row_bytes(self.cols))
+        self.buf = cp.asarray(raw)
+        self.bias = None if bias is None else cp.asarray(np.asarray(bias, np.float32))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.buf.nbytes) + (0 if self.bias is None else int(self.bias.nbytes))
+
+    @property
+    def quantized(self) -> bool:
+        return self.qtype in Q_NAMES
+
+
+def gemv(K: Kernels, w: DeviceWeight, act, out, t: int, resid=None, ldo: int | None = None) -> None:
+    """out[:t] = act[:t] @ w.T (+ w.bias) (+ resid[:t]); out and resid rows `ldo` floats apart
+    (default: rows). `act` is an ActBuf prepared for w.vec_dot; for F32 weights it may also be
+    the float activation itself."""
+    wpb = K.warps_per_block(THREADS)
+    grid = ((w.rows + wpb - 1) // wpb,)
+    block = (wpb * K.warp,)
+    if w.quantized:
+        args = (w.buf, act.q, act.d, i32(xd_shift(act.mode)), ptr(w.bias), ptr(resid), out)
+    else:
+        x = act.r if isinstance(act, ActBuf) else act
+        args = (w.buf, x, ptr(w.bias), ptr(resid), out)
+    prefix = "gemv1" if t == 1 and w.quantized else "gemv"  # decode: the 1-token variant
+    K.fn("gemv.cu", kernel_name(prefix, w.qtype))(
+        grid, block, args + (i32(w.rows), i32(w.cols), i32(t), i32(ldo or w.rows))
+    )
+
+
+def gemv_ref(raw: np.ndarray, qtype, x: np.ndarray, bias=None, resid=None) -> np.ndarray:
+    """HostTier's `_Linear`: roundtrip(x, vec_dot) @ dequant(W).T (+ bias) (+ resid)."""
+    w = dequantize(np.ascontiguousarray(raw), QT(int(qtype))).astype(np.float32)
+    y = roundtrip(x, fmt(qtype).vec_dot) @ w.reshape(raw.shape[0], -1).T
+    if bias is not None:
+        y = y + bias
+    return y if resid is None else resid + y

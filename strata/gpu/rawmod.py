@@ -1,0 +1,76 @@
+"""Compiled kernel modules of one device, built on first use (`cupy.RawModule`).
+
+Every source is compiled with `-DSTRATA_WARP=<the device's warp size>`; nothing in the kernels
+hard-codes 32. CuPy caches the compiled binaries on disk, so a second process starts fast.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.gpu.source import expand
+
+NULL = np.uint64(0)  # a null pointer argument
+
+
+def i32(v) -> np.int32:
+    return np.int32(v)
+
+
+def i64(v) -> np.int64:
+    return np.int64(v)
+
+
+def f32(v) -> np.float32:
+    return np.float32(v)
+
+
+def ptr(a):
+    """A device array, or NULL for None (kernels treat null pointers as 'absent')."""
+    return NULL if a is None else a
+
+
+class Kernels:
+    """The RawModules of one device; `fn(source, name)` returns a launchable kernel."""
+
+    def __init__(self, cp, warp_size: int, sm_count: int = 1):
+        self.cp = cp
+        self.warp = int(warp_size)
+        self.sm_count = int(sm_count)
+        self._mods: dict[str, object] = {}
+        self._fns: dict[tuple[str, str], object] = {}
+
+    def options(self) -> tuple[str, ...]:
+        return (f"-DSTRATA_WARP={self.warp}",)
+
+    def module(self, source: str):
+        m = self._mods.get(source)
+        if m is None:
+            m = self.cp.RawModule(code=expand(source), options=self.options())
+            self._mods[source] = m
+        return m
+
+    def fn(self, source: str, name: str):
+        key = (source, name)
+        f = self._fns.get(key)
+        if f is None:
+            f = self.module(source).get_function(name)
+            self._fns[key] = f
+        return f
+
+    def warps_per_block(self, threads: int = 128) -> int:
+        return max(1, threads // self.warp)
+
+
+_by_device: dict[int, Kernels] = {}
+
+
+def kernels_for(info) -> Kernels:
+    """The shared `Kernels` of a `DeviceInfo` (one per device ordinal)."""
+    k = _by_device.get(info.index)
+    if k is None:
+        from strata.gpu.device import import_cupy
+
+        k = Kernels(import_cupy(), info.warp_size, info.sm_count)
+        _by_device[info.index] = k
+    return k

@@ -1,0 +1,223 @@
+"""CPU kernels: activation quantizers bit-exact with the NumPy oracle, quantized dots against
+gguf's dequantization, SIMD kernels against their plain twins, repacks lossless."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from gguf.quants import dequantize
+
+from strata.cpu.kernels import dispatch as K
+from strata.cpu.kernels import iq1, iq1_t2, iq2, iq3, iq4, kquants, lut4, q8_0, reference
+from strata.cpu.kernels.simd import HAS_AVX2
+from strata.cpu.layout import prepare
+from strata.cpu.quantize import act_code, quantize_act, quantize_q8_0, quantize_q8_K
+from strata.quant import activation as A
+from strata.quant import fmt, random_quantized
+from strata.quant.formats import QT
+
+TERMS = {
+    QT.Q8_0: q8_0.terms,
+    QT.Q4_K: kquants.q4_k_terms,
+    QT.Q5_K: kquants.q5_k_terms,
+    QT.Q6_K: kquants.q6_k_terms,
+    QT.IQ4_XS: iq4.terms,
+    QT.IQ3_XXS: iq3.iq3_xxs_terms,
+    QT.IQ3_S: iq3.iq3_s_terms,
+    QT.IQ2_XXS: iq2.iq2_xxs_terms,
+    QT.IQ2_S: iq2.iq2_s_terms,
+    QT.IQ1_M: iq1.terms,
+}
+FLOATS = (QT.F16, QT.BF16, QT.F32)
+needs_avx2 = pytest.mark.skipif(not HAS_AVX2, reason="host has no AVX2")
+
+
+def _activations(rng, n, d):
+    """Rows that hit the quantizers' edge cases: zero blocks, outliers, ties, tiny values."""
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    x[0, :256] = 0  # an all-zero Q8_K block
+    x[1, 3] = 1e3  # one outlier
+    x[2] = np.round(x[2] * 8) / 8  # values on coarse grid: many exact .5 ties
+    x[3, 7] = -x[3].max() * 2  # negative element of largest magnitude
+    x[3, 9] = -x[3, 7]  # ... and a positive one of the same size after it
+    x[4] *= 1e-30
+    return x
+
+
+def _gemv(code, w, act, n):
+    y = np.zeros((n, w.shape[0]), np.float32)
+    K.gemv(code, w, *act, y)
+    return y
+
+
+# ---------------------------------------------------------------- activation quantization
+
+
+def test_q8_K_is_bit_identical_to_the_numpy_oracle():
+    x = _activations(np.random.default_rng(), 6, 1024)
+    d, q = quantize_q8_K(x)
+    d0, q0 = A.quantize_q8_K(x)
+    assert np.array_equal(q, q0)
+    assert np.array_equal(d.view(np.uint32), d0.view(np.uint32))
+
+
+def test_q8_0_is_bit_identical_to_the_numpy_oracle():
+    x = _activations(np.random.default_rng(), 6, 1024)
+    d, q = quantize_q8_0(x)
+    d0, q0 = A.quantize_q8_0(x)
+    assert np.array_equal(q, q0)
+    assert np.array_equal(d.view(np.uint16), d0.view(np.uint16))
+
+
+def test_q8_K_block_sums_are_sums_of_the_quants():
+    x = _activations(np.random.default_rng(), 5, 512)
+    xq, _, xb, x8, _ = quantize_act(x, QT.Q8_K)
+    q = xq.astype(np.int64)
+    assert np.array_equal(xb, q.reshape(5, -1, 16).sum(-1))
+    assert np.array_equal(x8, q.reshape(5, -1, 8).sum(-1))
+
+
+@pytest.mark.parametrize("vd", [QT.F16, QT.BF16, QT.F32], ids=lambda q: q.name)
+def test_float_activations_round_as_ggml(vd):
+    x = _activations(np.random.default_rng(), 5, 512)
+    x[0, 0] = 7e4  # beyond f16 range: inf, as F16C
+    xf = quantize_act(x, vd)[4]
+    with np.errstate(over="ignore"):
+        assert np.array_equal(xf, A.roundtrip(x, vd))
+
+
+# ---------------------------------------------------------------- portable kernels
+
+
+@pytest.mark.parametrize("qtype", list(TERMS), ids=lambda q: q.name)
+def test_reference_terms_are_the_dequantized_weights(qtype):
+    w = random_quantized(qtype, (4, 512), np.random.default_rng(), 0.05)
+    want = dequantize(w, qtype).astype(np.float64)
+    got = reference.dequant_terms(TERMS[qtype](w))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("qtype", list(TERMS) + list(FLOATS), ids=lambda q: q.name)
+def test_portable_kernel_matches_dequant_matmul(qtype):
+    rng = np.random.default_rng()
+    r, d, n = 6, 512, 3
+    w = random_quantized(qtype, (r, d), rng, 0.05)
+    x = _activations(rng, 5, d)[1:4]
+    vd = fmt(qtype).vec_dot
+    act = quantize_act(x, vd)
+    y = _gemv(K.PORTABLE[qtype], w, act, n)
+    # the float64 matmul on the activation as ggml rounds it: the integer dot is exact
+    want = A.roundtrip(x.astype(np.float64), vd) @ dequantize(w, qtype).astype(np.float64).T
+    scale = np.abs(want).max()
+    assert np.abs(y - want).max() <= 2e-6 * scale
+    if qtype in TERMS:  # and the NumPy reference of the integer dot agrees too
+        ref = reference.ref_gemv(TERMS[qtype](w), act[0], act[1])
+        assert np.abs(ref - want).max() <= 1e-12 * scale
+        assert np.abs(y - ref).max() <= 2e-6 * scale
+
+
+# ---------------------------------------------------------------- repacks and SIMD kernels
+
+REPACKS = [
+    pytest.param(QT.IQ3_XXS, lut4, K.K_IQ3_XXS_LUT4, K.K_IQ3_XXS_LUT4_AVX2, id="IQ3_XXS"),
+    pytest.param(QT.IQ1_M, iq1_t2, K.K_IQ1_M_T2, K.K_IQ1_M_T2_AVX2, id="IQ1_M"),
+    pytest.param(
+        QT.IQ3_S,
+        SimpleNamespace(repack=lut4.repack_s, unpack=lut4.unpack_s, BB=lut4.BB),
+        K.K_IQ3_S_LUT4,
+        K.K_IQ3_S_LUT4_AVX2,
+        id="IQ3_S",
+    ),
+    pytest.param(
+        QT.IQ2_XXS,
+        SimpleNamespace(repack=lut4.repack_2xxs, unpack=lut4.unpack_2xxs, BB=lut4.BB),
+        K.K_IQ2_XXS_LUT4,
+        K.K_IQ2_XXS_LUT4_AVX2,
+        id="IQ2_XXS",
+    ),
+]
+
+
+@pytest.mark.parametrize("qtype,mod,_p,_s", REPACKS)
+def test_repack_is_lossless(qtype, mod, _p, _s):
+    w = random_quantized(qtype, (7, 1024), np.random.default_rng(), 0.05)
+    p = mod.repack(w)
+    assert p.shape == (7, 1024 // 256 * mod.BB)
+    assert np.array_equal(mod.unpack(p), w)
+
+
+def test_iq3_xxs_repack_covers_every_grid_entry_and_sign_field():
+    rng = np.random.default_rng()
+    w = random_quantized(QT.IQ3_XXS, (4, 256 * 8), rng, 0.05)
+    bl = w.reshape(-1, 98)
+    bl[:, 2:66] = np.arange(256, dtype=np.uint8).reshape(4, 64)[np.arange(bl.shape[0]) % 4]
+    assert np.array_equal(lut4.unpack(lut4.repack(w)), w)
+
+
+@pytest.mark.parametrize("qtype,mod,portable,_s", REPACKS)
+def test_repacked_portable_kernel_matches_gguf_kernel(qtype, mod, portable, _s):
+    rng = np.random.default_rng()
+    w = random_quantized(qtype, (5, 768), rng, 0.05)
+    act = quantize_act(_activations(rng, 5, 768)[1:4], QT.Q8_K)
+    want = _gemv(K.PORTABLE[qtype], w, act, 3)
+    got = _gemv(portable, mod.repack(w), act, 3)
+    assert np.array_equal(got, want)  # same integer sums, same float steps
+
+
+@needs_avx2
+@pytest.mark.parametrize("qtype,mod,portable,simd", REPACKS)
+def test_avx2_kernel_is_bit_identical_to_its_portable_twin(qtype, mod, portable, simd):
+    rng = np.random.default_rng()
+    w = mod.repack(random_quantized(qtype, (9, 1024), rng, 0.05))
+    act = quantize_act(_activations(rng, 5, 1024), QT.Q8_K)
+    assert np.array_equal(_gemv(simd, w, act, 5), _gemv(portable, w, act, 5))
+
+
+@needs_avx2
+@pytest.mark.parametrize("qtype", list(K.SIMD_GGUF), ids=lambda q: q.name)
+def test_avx2_kernel_on_gguf_bytes_matches_the_portable_kernel(qtype):
+    rng = np.random.default_rng()
+    w = random_quantized(qtype, (9, 1024), rng, 0.05)
+    if qtype in (QT.Q4_K, QT.Q5_K):
+        w.reshape(-1, fmt(qtype).block_bytes)[:3, 4:16] = 0xFF  # 6-bit scales and mins at max
+    act = quantize_act(_activations(rng, 5, 1024), fmt(qtype).vec_dot)
+    got = _gemv(K.SIMD_GGUF[qtype], w, act, 5)
+    want = _gemv(K.PORTABLE[qtype], w, act, 5)
+    if qtype == QT.Q8_0:  # sums its 8 blocks in vector lanes: another float order
+        assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
+    else:  # same integer sums, same float steps
+        assert np.array_equal(got, want)
+
+
+@needs_avx2
+def test_lut4_extreme_activations_do_not_saturate():
+    """vpmaddubsw saturates int16 pairs: the LUT keeps u8 <= 126 so +-127 activations are exact."""
+    rng = np.random.default_rng()
+    w = random_quantized(QT.IQ3_XXS, (4, 512), rng, 0.05)
+    bl = w.reshape(-1, 98)
+    bl[:, 2:66] = 255  # grid entry 255: the largest magnitudes
+    act = quantize_act(
+        np.full((2, 512), 1.0, np.float32) * np.array([[1], [-1]], np.float32), QT.Q8_K
+    )
+    p = lut4.repack(w)
+    assert np.array_equal(_gemv(K.K_IQ3_XXS_LUT4_AVX2, p, act, 2), _gemv(K.K_IQ3_XXS, w, act, 2))
+
+
+def test_prepare_picks_the_simd_layout_only_when_asked(monkeypatch):
+    rng = np.random.default_rng()
+    shape = (2, 8, 512)
+    w = random_quantized(QT.IQ3_XXS, shape, rng, 0.05)
+    off = prepare(QT.IQ3_XXS, shape, w, simd=False)
+    assert (off.layout, off.kernel) == ("gguf", K.K_IQ3_XXS)
+    assert off.nbytes == off.gguf_bytes == w.nbytes
+    on = prepare(QT.IQ3_XXS, shape, w, simd=True)
+    assert (on.layout, on.kernel) == ("lut4", K.K_IQ3_XXS_LUT4_AVX2)
+    assert on.gguf_bytes == w.nbytes and on.nbytes == w.nbytes // 98 * 134
+    assert np.array_equal(on.gguf_rows(), w.reshape(16, -1))
+    kept = prepare(QT.IQ3_XXS, shape, w, layout="gguf", simd=True)
+    assert kept.layout == "gguf" and np.shares_memory(kept.data, w)
+    monkeypatch.setenv("STRATA_CPU_SIMD", "0")
+    assert prepare(QT.Q4_K, shape, random_quantized(QT.Q4_K, shape, rng, 0.1)).kernel == K.K_Q4_K
+    assert act_code(fmt(QT.Q4_K).vec_dot) == act_code(QT.Q8_K)

@@ -1,0 +1,196 @@
+"""The CPU expert pool reproduces HostTier.experts (llama.cpp's roundings), deterministically,
+without allocating per call; `import strata.cpu` stays free of the GPU tier and the server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf.constants import MODEL_TENSOR as MT
+from gguf.quants import dequantize
+
+from strata.cpu import ExpertPool, prepare_layer
+from strata.quant import fmt, random_quantized, roundtrip
+from strata.quant.formats import QT
+
+E, F, D = 8, 256, 512
+# per-token tolerance: most tokens agree to float32 noise; a Q8 rounding flip of one
+# intermediate value (float32 noise on a .5 boundary) moves a token by about one quant step
+TOL, MIN_FRAC, FLIP_BOUND = 2e-5, 0.6, 2e-2
+
+
+class _T:
+    def __init__(self, qtype, shape, data):
+        self.qtype, self.shape, self.data = qtype, shape, data
+
+
+def _layer(rng, quants):
+    shapes = ((E, F, D), (E, F, D), (E, D, F))
+    return [
+        _T(fmt(q).qtype, s, random_quantized(fmt(q).qtype, s, rng, 1 / np.sqrt(s[-1])))
+        for q, s in zip(quants, shapes, strict=True)
+    ]
+
+
+def _routes(rng, t_n, k):
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(t_n)])  # [T, K]
+    w = rng.uniform(0.1, 1.0, (t_n, k)).astype(np.float32)
+    return ids, w
+
+
+def _flat(ids, w):
+    tok = np.repeat(np.arange(ids.shape[0]), ids.shape[1]).astype(np.int32)
+    return tok, ids.ravel().astype(np.int32), w.ravel()
+
+
+def reference_experts(x, ids, w, mats):
+    """HostTier.experts' arithmetic on the same tensors (NumPy, float32, ggml's roundings)."""
+    g, u, d = mats
+    vg, vu, vd = (fmt(m.qtype).vec_dot for m in mats)
+    out = np.zeros_like(x)
+    hg, hu = roundtrip(x, vg), roundtrip(x, vu)
+    for e in np.unique(ids[ids >= 0]):
+        rows, ks = np.nonzero(ids == e)
+        a = hg[rows] @ dequantize(g.data[e], g.qtype).T
+        b = hu[rows] @ dequantize(u.data[e], u.qtype).T
+        act = a / (np.float32(1.0) + np.exp(-a)) * b
+        y = roundtrip(act, vd) @ dequantize(d.data[e], d.qtype).T
+        out[rows] += w[rows, ks][:, None] * y
+    return out
+
+
+def assert_matches(got, want):
+    errs = np.abs(got - want).max(axis=1) / np.abs(want).max()
+    assert (errs <= TOL).mean() >= MIN_FRAC, np.sort(errs)[::-1][:6]
+    assert errs.max() <= FLIP_BOUND, errs.max()
+
+
+@pytest.mark.parametrize(
+    "quants", [("IQ3_XXS",) * 3, ("Q4_K", "Q4_K", "Q6_K"), ("IQ1_M",) * 3], ids="-".join
+)
+def test_pool_matches_the_numpy_expert_computation(quants):
+    rng = np.random.default_rng()
+    mats = _layer(rng, quants)
+    x = rng.standard_normal((6, D)).astype(np.float32)
+    ids, w = _routes(rng, 6, 3)
+    got = ExpertPool(2).run_layer(x, *_flat(ids, w), *mats)
+    assert_matches(got, reference_experts(x, ids, w, mats))
+
+
+def test_pool_matches_host_tier_on_a_model(synth_model):
+    from strata.gpu.host import HostTier
+    from strata.model.loader import load_model
+
+    model = load_model(synth_model("tiny", quant="IQ3_XXS"))
+    host = HostTier(model, n_ctx=16, expert_cache_mib=64)
+    rng = np.random.default_rng()
+    a = model.args
+    x = rng.standard_normal((5, a.n_embd)).astype(np.float32)
+    ids = np.stack([rng.choice(a.n_expert, a.n_expert_used, replace=False) for _ in range(5)])
+    ids[2, 0] = -1  # an expert another tier runs: not ours
+    w = rng.uniform(0.1, 1.0, ids.shape).astype(np.float32)
+    layer = 1
+    want = host.experts(layer, x, ids, w)
+    keep = ids >= 0
+    tok = np.nonzero(keep)[0].astype(np.int32)
+    got = ExpertPool(2).run_layer(
+        x,
+        tok,
+        ids[keep].astype(np.int32),
+        w[keep],
+        *(model.tensor(m, layer) for m in (MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP)),
+    )
+    assert_matches(got, want)
+
+
+def test_pool_is_deterministic_across_calls_threads_and_quant_arms():
+    rng = np.random.default_rng()
+    lw = prepare_layer(*_layer(rng, ("IQ3_XXS",) * 3))
+    x = rng.standard_normal((9, D)).astype(np.float32)
+    args = _flat(*_routes(rng, 9, 3))
+    first = ExpertPool(2).run_layer(x, *args, lw).copy()
+    for pool in (
+        ExpertPool(2),
+        ExpertPool(1),
+        ExpertPool(2, parallel_quant=False),
+        ExpertPool(2, quant_min_tasks=1),
+    ):
+        assert np.array_equal(pool.run_layer(x, *args, lw), first)
+
+
+def test_pool_reuses_its_workspaces():
+    rng = np.random.default_rng()
+    lw = prepare_layer(*_layer(rng, ("IQ3_XXS",) * 3))
+    pool = ExpertPool(2)
+    x = rng.standard_normal((4, D)).astype(np.float32)
+    y1 = pool.run_layer(x, *_flat(*_routes(rng, 4, 2)), lw)
+    ws = dict(pool._ws)
+    y2 = pool.run_layer(x[:3], *_flat(*_routes(rng, 3, 2)), lw)
+    assert np.shares_memory(y1, y2)  # the same output buffer
+    assert all(pool._ws[k] is v for k, v in ws.items() if isinstance(v, np.ndarray | tuple))
+    out = np.empty((3, D), np.float32)
+    assert pool.run_layer(x[:3], *_flat(*_routes(rng, 3, 2)), lw, out=out) is out
+
+
+def test_pool_counts_the_bytes_of_the_experts_it_read():
+    rng = np.random.default_rng()
+    lw = prepare_layer(*_layer(rng, ("IQ3_XXS",) * 3))
+    pool = ExpertPool(2)
+    ids, w = _routes(rng, 2, 3)
+    pool.run_layer(rng.standard_normal((2, D)).astype(np.float32), *_flat(ids, w), lw)
+    n = np.unique(ids).size
+    assert pool.last_active_experts == n
+    assert pool.last_gguf_bytes == n * 3 * fmt(QT.IQ3_XXS).tensor_bytes((F, D))
+    assert pool.last_bytes == n * lw.expert_nbytes >= pool.last_gguf_bytes
+
+
+def test_pool_without_tasks_returns_zeros_and_refuses_bad_ids():
+    rng = np.random.default_rng()
+    lw = prepare_layer(*_layer(rng, ("IQ3_XXS",) * 3))
+    pool = ExpertPool(2)
+    x = rng.standard_normal((2, D)).astype(np.float32)
+    pool.run_layer(x, *_flat(*_routes(rng, 2, 2)), lw)  # leave garbage in the workspace
+    empty = np.zeros(0, np.int32)
+    assert not pool.run_layer(x, empty, empty, np.zeros(0, np.float32), lw).any()
+    one = np.ones(1, np.float32)
+    with pytest.raises(ValueError, match="token index"):
+        pool.run_layer(x, np.array([2], np.int32), np.array([0], np.int32), one, lw)
+    with pytest.raises(ValueError, match="expert id"):
+        pool.run_layer(x, np.array([0], np.int32), np.array([E], np.int32), one, lw)
+
+
+def test_pool_knobs_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("STRATA_POOL_PARALLEL_QUANT", "0")
+    monkeypatch.setenv("STRATA_POOL_QUANT_MIN_TASKS", "32")
+    pool = ExpertPool(1)
+    assert (pool.parallel_quant, pool.quant_min_tasks) == (False, 32)
+    assert ExpertPool(1, parallel_quant=True).parallel_quant
+
+
+def test_cpu_pool_arm_reports_bandwidth(tmp_path):
+    from strata.bench.cpu_pool import run_cpu_pool_arm
+
+    path = tmp_path / "arm.json"
+    res = run_cpu_pool_arm(
+        "tiny", "IQ3_XXS", tokens=1, threads=1, repeats=2, json_path=str(path), print_table=False
+    )
+    assert json.loads(path.read_text())["quant"] == "IQ3_XXS"
+    assert res["tokens"] == 1 and res["experts_per_token"] == 2
+    assert res["weight_bytes_read"] >= res["weight_bytes_gguf"] > 0
+    assert res["gbps_gguf"] > 0 and res["host_read_gbps"] > 0
+    assert res["ratio_gguf"] == pytest.approx(res["gbps_gguf"] / res["host_read_gbps"])
+
+
+def test_importing_strata_cpu_pulls_in_no_gpu_engine_or_server():
+    code = (
+        "import sys, strata.cpu\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('cupy', 'starlette', 'uvicorn')\n"
+        "       or m.startswith(('strata.engine', 'strata.gpu', 'strata.serve'))]\n"
+        "print(bad)\n"
+        "sys.exit(1 if bad else 0)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -1,0 +1,380 @@
+"""Every device kernel against its NumPy reference, on fresh random inputs, for every format.
+
+Skipped cleanly where CuPy or a device is missing. Comparisons: the activation quantization and
+the embedding gather are bit-exact (same float32 operations); dot products differ from NumPy's
+only by summation order (relative error < 1e-5 of the output's scale); attention and the RoPE
+angles may differ by a few float32 ulps (libm vs device cosf/expf), and attention's f16-rounded
+probabilities may flip by one f16 step where they sit within noise of a rounding midpoint.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType
+
+cp = pytest.importorskip("cupy")
+
+from gguf.quants import dequantize  # noqa: E402
+
+from strata.gpu.attention import AttnWorkspace, attention, attention_ref  # noqa: E402
+from strata.gpu.device import primary_device  # noqa: E402
+from strata.gpu.elementwise import (  # noqa: E402
+    argmax_rows,
+    f16_convert,
+    silu_mul,
+    silu_mul_ref,
+)
+from strata.gpu.embed import embed, embed_ref  # noqa: E402
+from strata.gpu.experts import SlotStore, expert_ref, moe_experts  # noqa: E402
+from strata.gpu.gemv import DeviceWeight, gemv, gemv_ref  # noqa: E402
+from strata.gpu.host import rope_inv_freq  # noqa: E402
+from strata.gpu.norm_quant import ActBuf, norm_quant, quant_ref, rms_norm_ref  # noqa: E402
+from strata.gpu.rawmod import Kernels  # noqa: E402
+from strata.gpu.rope_kv import qk_norm_rope_kv, qk_norm_rope_kv_ref  # noqa: E402
+from strata.gpu.router_topk import router_topk  # noqa: E402
+from strata.quant import fmt, random_quantized  # noqa: E402
+from strata.quant.activation import roundtrip  # noqa: E402
+from strata.routing import route_topk  # noqa: E402
+
+QT = GGMLQuantizationType
+pytestmark = pytest.mark.gpu
+
+QUANTS = [
+    QT.Q8_0,
+    QT.Q4_K,
+    QT.Q5_K,
+    QT.Q6_K,
+    QT.IQ4_XS,
+    QT.IQ3_XXS,
+    QT.IQ3_S,
+    QT.IQ2_XXS,
+    QT.IQ2_S,
+    QT.IQ1_M,
+]
+FLOATS = [QT.F32, QT.F16, QT.BF16]
+
+
+@pytest.fixture(scope="module")
+def K():
+    try:
+        info = primary_device()
+    except Exception as e:  # an unusable device is a skip here, not a failure
+        pytest.skip(f"no usable GPU: {e}")
+    if info is None:
+        pytest.skip("no GPU")
+    return Kernels(cp, info.warp_size, info.sm_count)
+
+
+def rng() -> np.random.Generator:
+    return np.random.default_rng()
+
+
+def rel(a, b) -> float:
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def act_input(g, t, n):
+    """Activations with a few outliers and an exact tie for the Q8_K max rule."""
+    x = g.standard_normal((t, n)).astype(np.float32) * np.float32(g.uniform(0.1, 3))
+    x[0, 5] = 9.0
+    x[0, 7] = -9.0  # equal |max| in one block: the first one (positive) sets the sign
+    if t > 1:
+        x[1, : min(n, 256)] = 0  # an all-zero block: d = 0, q = 0
+    return x
+
+
+# ---- norm_quant ----
+@pytest.mark.parametrize("mode", [QT.Q8_K, QT.Q8_0, QT.F16, QT.BF16, QT.F32])
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_norm_quant_matches_reference(K, mode, with_norm):
+    g = rng()
+    t, n = 5, 768
+    x = act_input(g, t, n)
+    w = (1 + 0.1 * g.standard_normal(n)).astype(np.float32) if with_norm else None
+    eps = 1e-6
+    act = ActBuf(cp, n, 8, mode)
+    out_f = cp.empty((8, n), np.float32)
+    norm_quant(K, cp.asarray(x), t, None if w is None else cp.asarray(w), eps, out_f, act)
+    y_ref = rms_norm_ref(x, w, eps)
+    y = cp.asnumpy(out_f)[:t]
+    if with_norm:
+        np.testing.assert_allclose(y, y_ref, rtol=2e-7, atol=0)
+    else:
+        np.testing.assert_array_equal(y, x)
+    ref = quant_ref(y, mode)  # quantize what the device normalized: must be bit-exact
+    if "q" in ref:
+        nb = ref["d"].shape[-1]
+        np.testing.assert_array_equal(cp.asnumpy(act.q)[:t], ref["q"])
+        d = cp.asnumpy(act.d).ravel()[: t * nb].reshape(t, nb)
+        np.testing.assert_array_equal(d, ref["d"])
+    else:
+        np.testing.assert_array_equal(cp.asnumpy(act.r)[:t], ref["r"])
+
+
+# ---- GEMV ----
+def _cols(qt) -> int:
+    return 96 if fmt(qt).block_elems == 32 else 768  # 3 blocks: not a multiple of the warp
+
+
+@pytest.mark.parametrize("qt", QUANTS + FLOATS, ids=lambda q: q.name)
+@pytest.mark.parametrize("t", [1, 11])
+def test_gemv_matches_reference(K, qt, t):
+    g = rng()
+    rows, cols = 67, _cols(qt)  # rows not a multiple of the warps per block
+    raw = random_quantized(qt, (rows, cols), g, 1 / np.sqrt(cols))
+    bias = g.standard_normal(rows).astype(np.float32)
+    resid = g.standard_normal((t, rows)).astype(np.float32)
+    x = act_input(g, t, cols)
+    w = DeviceWeight(cp, raw, qt, rows, cols, bias=bias)
+    act = ActBuf(cp, cols, 16, w.vec_dot)
+    norm_quant(K, cp.asarray(x), t, act=act)
+    out = cp.empty((16, rows), np.float32)
+    gemv(K, w, act, out, t, resid=cp.asarray(np.pad(resid, ((0, 16 - t), (0, 0)))))
+    want = gemv_ref(raw, qt, x, bias, resid)
+    assert rel(cp.asnumpy(out)[:t], want) < 1e-5
+
+
+# ---- embedding ----
+@pytest.mark.parametrize("qt", QUANTS + FLOATS, ids=lambda q: q.name)
+def test_embed_is_bit_exact(K, qt):
+    g = rng()
+    v, d = 50, _cols(qt) * (1 if fmt(qt).block_elems > 32 else 4)
+    raw = random_quantized(qt, (v, d), g, 1.0)
+    ids = g.integers(0, v, size=6).astype(np.int32)
+    table = DeviceWeight(cp, raw, qt, v, d)
+    out = cp.empty((8, d), np.float32)
+    embed(K, table, cp.asarray(ids), len(ids), out)
+    np.testing.assert_array_equal(cp.asnumpy(out)[: len(ids)], embed_ref(raw, qt, ids))
+
+
+# ---- q/k norm + RoPE + KV append ----
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_qk_norm_rope_kv_matches_reference(K, qk_norm):
+    g = rng()
+    h, gk, dh, dv = 8, 2, 128, 128
+    t, pos0, s_cap = 3, 1000, 1024
+    qkv = g.standard_normal((t, (h + gk) * dh + gk * dv)).astype(np.float32)
+    qn = (1 + 0.1 * g.standard_normal(dh)).astype(np.float32) if qk_norm else None
+    kn = (1 + 0.1 * g.standard_normal(dh)).astype(np.float32) if qk_norm else None
+    inv = rope_inv_freq(dh, 1e6)
+    q_out = cp.empty((t, h, dh), np.float32)
+    kc = cp.zeros((gk, s_cap, dh), np.uint16)
+    vc = cp.zeros((gk, s_cap, dv), np.uint16)
+    qk_norm_rope_kv(
+        K,
+        cp.asarray(qkv),
+        t,
+        (h, gk, dh, dv),
+        None if qn is None else cp.asarray(qn),
+        None if kn is None else cp.asarray(kn),
+        1e-6,
+        cp.asarray(inv),
+        pos0,
+        q_out,
+        kc,
+        vc,
+    )
+    q_ref, k_ref, v_ref = qk_norm_rope_kv_ref(qkv, (h, gk, dh, dv), qn, kn, 1e-6, inv, pos0)
+    # cos/sin of angles up to ~1000 rad: device and libm differ by an ulp or so, then f16
+    assert rel(cp.asnumpy(q_out), q_ref) < 2e-3
+    assert np.mean(cp.asnumpy(q_out) == q_ref) > 0.95
+    k = cp.asnumpy(kc).view(np.float16)[:, pos0 : pos0 + t].transpose(1, 0, 2)
+    assert rel(k.astype(np.float32), k_ref.astype(np.float32)) < 2e-3
+    v = cp.asnumpy(vc).view(np.float16)[:, pos0 : pos0 + t].transpose(1, 0, 2)
+    np.testing.assert_array_equal(v, v_ref)
+    assert not cp.asnumpy(kc)[:, :pos0].any()  # nothing else written
+
+
+# ---- attention ----
+@pytest.mark.parametrize(
+    "t,pos0,h,gk,dh",
+    [(1, 0, 4, 2, 64), (1, 700, 8, 2, 128), (5, 300, 32, 4, 128), (9, 0, 4, 4, 64)],
+)
+def test_attention_matches_reference(K, t, pos0, h, gk, dh):
+    g = rng()
+    s_cap = 1024
+    s = pos0 + t
+    q = g.standard_normal((t, h, dh)).astype(np.float16).astype(np.float32)
+    k = g.standard_normal((s, gk, dh)).astype(np.float16)
+    v = g.standard_normal((s, gk, dh)).astype(np.float16)
+    kc = np.zeros((gk, s_cap, dh), np.float16)
+    vc = np.zeros((gk, s_cap, dh), np.float16)
+    kc[:, :s] = k.transpose(1, 0, 2)
+    vc[:, :s] = v.transpose(1, 0, 2)
+    ws = AttnWorkspace(cp, K, h, gk, s_cap, dh, 16)
+    out = cp.empty((16, h * dh), np.float32)
+    scale = float(np.float32(1.0 / np.sqrt(dh)))
+    attention(
+        K,
+        ws,
+        cp.asarray(q),
+        cp.asarray(kc.view(np.uint16)),
+        cp.asarray(vc.view(np.uint16)),
+        t,
+        pos0,
+        (h, gk, dh, dh),
+        scale,
+        out,
+    )
+    want = attention_ref(q, k, v, pos0, scale)
+    # each probability is rounded to f16 after normalizing; where it sits within float32 noise of
+    # an f16 rounding midpoint either neighbour is right, so the bound grants one f16 step there
+    err = np.abs(cp.asnumpy(out)[:t] - want)
+    assert np.all(err <= 1e-5 * np.abs(want).max() + flip_allowance(q, k, v, pos0, scale))
+
+
+def flip_allowance(q, k, v, pos0, scale, rel_noise=1e-5):
+    """Per output [T, H*Dv]: sum over probabilities near an f16 midpoint of step * |v|."""
+    t, h, dh = q.shape
+    s, g, dv = v.shape
+    rep = h // g
+    qg = q.astype(np.float64).reshape(t, g, rep, dh)
+    sc = np.einsum("tgrd,sgd->grts", qg, k.astype(np.float64)) * scale
+    sc[..., np.arange(s)[None, :] > (pos0 + np.arange(t))[:, None]] = -np.inf
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    lo = p.astype(np.float16).astype(np.float64)
+    hi = np.where(lo <= p, np.nextafter(lo.astype(np.float16), np.float16(1)), lo)
+    lo = np.where(lo <= p, lo, np.nextafter(lo.astype(np.float16), np.float16(0)))
+    step = hi.astype(np.float64) - lo.astype(np.float64)
+    amb = np.abs(p - (lo + step / 2)) <= rel_noise * p
+    return np.einsum("grts,sgd->tgrd", amb * step, np.abs(v.astype(np.float64))).reshape(t, -1)
+
+
+# ---- router ----
+@pytest.mark.parametrize("renorm", [True, False])
+def test_router_topk_matches_route_topk(K, renorm):
+    g = rng()
+    t, e, k = 6, 128, 8
+    logits = (g.standard_normal((t, e)) * 3).astype(np.float32)
+    ids = cp.empty((t, k), np.int32)
+    w = cp.empty((t, k), np.float32)
+    router_topk(K, cp.asarray(logits), t, e, k, renorm, ids, w)
+    want_ids, want_w, _ = route_topk(logits, k, renorm)
+    np.testing.assert_array_equal(cp.asnumpy(ids), want_ids)
+    np.testing.assert_allclose(cp.asnumpy(w), want_w, rtol=1e-5)
+
+
+def test_argmax_and_silu(K):
+    g = rng()
+    logits = g.standard_normal((3, 5000)).astype(np.float32)
+    logits[1, [10, 4000]] = 50.0  # tie: the lower index
+    ids = cp.empty(3, np.int32)
+    argmax_rows(K, cp.asarray(logits), 3, 5000, ids)
+    np.testing.assert_array_equal(cp.asnumpy(ids), [np.argmax(r) for r in logits])
+    a, b = (g.standard_normal(1000).astype(np.float32) * 4 for _ in range(2))
+    out = cp.empty(1000, np.float32)
+    silu_mul(K, cp.asarray(a), cp.asarray(b), out, 1000)
+    np.testing.assert_allclose(cp.asnumpy(out), silu_mul_ref(a, b), rtol=1e-6, atol=1e-7)
+
+
+def _f16_inputs(g, halves):
+    return np.concatenate(
+        [
+            g.standard_normal(50000).astype(np.float32)
+            * np.float32(10.0) ** g.integers(-9, 6, 50000),
+            halves.view(np.float16).astype(np.float32),  # exact f16 values
+            (halves.view(np.float16).astype(np.float32) * np.float32(1 + 2**-11)),  # ties
+            np.array([65504, 65519.99, 65520, 1e-8, -6e-8, 3e-8, np.inf, -np.inf], np.float32),
+        ]
+    ).astype(np.float32)
+
+
+def test_f16_conversions_are_exact(K):
+    g = rng()
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)  # every f16 value
+    with np.errstate(invalid="ignore"):  # the NaN halves
+        x = _f16_inputs(g, halves)
+    n = max(len(halves), len(x))
+    hin = np.resize(halves, n)
+    x = np.resize(x, n)
+    fout, hout = cp.empty(n, np.float32), cp.empty(n, np.uint16)
+    f16_convert(K, cp.asarray(hin), fout, cp.asarray(x), hout, n)
+    want_f = hin.view(np.float16).astype(np.float32)
+    got_f = cp.asnumpy(fout)
+    nan = np.isnan(want_f)
+    np.testing.assert_array_equal(np.isnan(got_f), nan)
+    np.testing.assert_array_equal(got_f[~nan].view(np.uint32), want_f[~nan].view(np.uint32))
+    with np.errstate(over="ignore"):
+        want_h = x.astype(np.float16).view(np.uint16)
+    finite = np.isfinite(x)
+    np.testing.assert_array_equal(cp.asnumpy(hout)[finite], want_h[finite])
+
+
+# ---- resident experts ----
+@pytest.mark.parametrize(
+    "qts",
+    [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.IQ3_XXS, QT.IQ3_XXS, QT.IQ3_XXS), (QT.Q8_0,) * 3]
+    + [(q, q, q) for q in (QT.Q5_K, QT.IQ4_XS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S, QT.IQ1_M)],
+    ids=lambda q: "-".join(x.name for x in q),
+)
+def test_moe_experts_match_reference(K, qts):
+    g = rng()
+    d, f, n_exp, t, k = 512, 256, 6, 3, 4
+    raws = [
+        random_quantized(qts[0], (n_exp, f, d), g, 1 / np.sqrt(d)),
+        random_quantized(qts[1], (n_exp, f, d), g, 1 / np.sqrt(d)),
+        random_quantized(qts[2], (n_exp, d, f), g, 1 / np.sqrt(f)),
+    ]
+    stores = [SlotStore(cp, n_exp + 1, r[0].nbytes) for r in raws]
+    perm = g.permutation(n_exp + 1)[:n_exp]  # expert e lives in slot perm[e]
+    for st, r in zip(stores, raws, strict=True):
+        host = np.zeros((n_exp + 1, r[0].nbytes), np.uint8)
+        host[perm] = r.reshape(n_exp, -1)
+        st.buf[...] = cp.asarray(host)
+    h = act_input(g, t, d)
+    ids = np.stack([g.permutation(n_exp)[:k] for _ in range(t)]).astype(np.int32)
+    ids[1, 2] = -1  # a missed expert: skipped
+    w = g.uniform(0.1, 1, (t, k)).astype(np.float32)
+    slots = np.where(ids >= 0, perm[np.maximum(ids, 0)], -1).astype(np.int32)
+    hact = ActBuf(cp, d, 8, fmt(qts[0]).vec_dot)
+    norm_quant(K, cp.asarray(h), t, act=hact)
+    act = cp.zeros((8 * k, f), np.float32)  # skipped pairs leave their rows as they were
+    aact = ActBuf(cp, f, 8 * k, fmt(qts[2]).vec_dot)
+    out = cp.empty((8, d), np.float32)
+    moe_experts(
+        K,
+        qts,
+        (d, f),
+        stores,
+        hact,
+        cp.asarray(slots.ravel()),
+        cp.asarray(w.ravel()),
+        t,
+        k,
+        act,
+        aact,
+        out,
+    )
+    # the intermediate: silu(gate) * up from the same Q8 h (bit-exact quantization) -> 1e-5
+    gq = fmt(qts[0]).vec_dot
+    act_dev = cp.asnumpy(act)[: t * k].reshape(t, k, f)
+    shapes = ((f, d), (f, d), (d, f))
+    deq = [dequantize(r, q).reshape(n_exp, *sh) for r, q, sh in zip(raws, qts, shapes, strict=True)]
+    hr = roundtrip(h, gq)
+    # the output, from the device's own Q8 intermediate (a flip there is no error of moe_down)
+    aq = cp.asnumpy(aact.q)[: t * k].reshape(t, k, f).astype(np.float32)
+    nb = f // (256 if fmt(qts[2]).vec_dot == QT.Q8_K else 32)
+    ad = cp.asnumpy(aact.d).ravel()[: t * k * nb].reshape(t, k, nb)
+    a_deq = (aq.reshape(t, k, nb, -1) * ad[..., None]).reshape(t, k, f)
+    want = np.zeros((t, d), np.float32)
+    for ti in range(t):
+        for ki in range(k):
+            e = ids[ti, ki]
+            if e < 0:
+                continue
+            g_ = hr[ti] @ deq[0][e].T
+            u_ = hr[ti] @ deq[1][e].T
+            assert rel(act_dev[ti, ki], g_ / (np.float32(1) + np.exp(-g_)) * u_) < 1e-5
+            want[ti] += w[ti, ki] * (a_deq[ti, ki] @ deq[2][e].T)
+    assert rel(cp.asnumpy(out)[:t], want) < 1e-5
+    # and the whole expert against HostTier's formula (one Q8 flip in the intermediate allowed)
+    ref = np.zeros((t, d), np.float32)
+    for ti in range(t):
+        for ki in range(k):
+            e = ids[ti, ki]
+            if e >= 0:
+                y = expert_ref(h[ti : ti + 1], raws[0][e], raws[1][e], raws[2][e], qts)
+                ref[ti] += w[ti, ki] * y[0]
+    assert rel(cp.asnumpy(out)[:t], ref) < 5e-3

@@ -1,0 +1,204 @@
+"""CupyTier against HostTier on synthetic models, and the VRAM budget cap on a real pool.
+
+Tolerance: both tiers quantize activations to Q8 the same way and keep f16 q/KV/probabilities,
+so they differ only in float32 summation order and in libm vs device cosf/expf (~1e-7 of the
+logits) until a rounding flips (tests/oracle.py): a value within float32 noise of a Q8 or f16
+rounding boundary goes one way on one side and the other way on the other, and through the KV
+cache that reaches every later position. So:
+- short independent sequences (prefill and cached decode): at least 60% of positions within
+  1e-5 of HostTier's logits (max |cupy - host| / max |host| over the vocabulary), none beyond a
+  flip (FLIP_BOUND = 0.15) unless the two sides' routers picked different experts at or before
+  that position (a near-tie: one expert swapped for another moves logits by more than a flip);
+- 32 greedy decode steps (both tiers fed the host's tokens): every step within FLIP_BOUND (or
+  after a router near-tie, as above), and the greedy token equal at every step except near-ties,
+  where the host's gap between its token and the GPU's is no more than twice that step's logit
+  error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+from strata.engine.forward import Engine  # noqa: E402
+from strata.gpu.budget import MIB, BudgetExceeded, DeviceBudget  # noqa: E402
+from strata.gpu.cupy_tier import CupyTier  # noqa: E402
+from strata.gpu.device import primary_device  # noqa: E402
+from strata.model.loader import load_model  # noqa: E402
+from strata.routing import route_topk  # noqa: E402
+from tests.oracle import FLIP_BOUND, assert_logits_match, position_errors  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def device():
+    try:
+        info = primary_device()
+    except Exception as e:
+        pytest.skip(f"no usable GPU: {e}")
+    if info is None:
+        pytest.skip("no GPU")
+    return info
+
+
+def small_budget() -> DeviceBudget:
+    return DeviceBudget(total_mib=2048, runtime_reserve_mib=512, slack_mib=256)
+
+
+def greedy_lockstep(host: Engine, dev: Engine, prompt: list[int], steps: int):
+    """Both engines fed the host's greedy tokens: per step (error, host gap to the GPU's token,
+    whether the routers have picked different experts anywhere so far)."""
+    args = host.model.args
+    hlog, dlog = record_routing(host.tier), record_routing(dev.tier)
+    hl, dl = host.forward(prompt), dev.forward(prompt)
+    errs, gaps, routed_apart = [], [], []
+    for _ in range(steps):
+        errs.append(position_errors(dl[None], hl[None])[0])
+        tok = int(np.argmax(hl))
+        gaps.append((hl[tok] - hl[int(np.argmax(dl))]) / np.abs(hl).max())
+        routed_apart.append(bool((routes(hlog, args) != routes(dlog, args)).any()))
+        hl, dl = host.forward([tok]), dev.forward([tok])
+    return np.array(errs), np.array(gaps), np.array(routed_apart)
+
+
+CASES = [
+    ("qwen3moe", "IQ3_XXS", "Q8_0"),
+    ("qwen3moe", "Q4_K", "Q6_K"),
+    ("qwen3moe", "Q6_K", "Q8_0"),
+    ("qwen2moe", "Q4_K", "Q8_0"),
+]
+
+
+@pytest.mark.parametrize("arch,quant,dense", CASES)
+def test_greedy_decode_matches_host_tier_for_32_steps(synth_model, device, arch, quant, dense):
+    model = load_model(synth_model("tiny", quant, dense=dense, arch=arch, seed=7))
+    host = Engine(model, n_ctx=128)
+    dev = Engine(model, tier=CupyTier(model, n_ctx=128, budget=small_budget(), device=device))
+    prompt = np.random.default_rng().integers(0, model.args.n_vocab, size=6).tolist()
+    errs, gaps, apart = greedy_lockstep(host, dev, prompt, 32)
+    assert np.all((errs <= FLIP_BOUND) | apart), errs  # beyond a flip only after a router tie
+    assert np.all(gaps <= 2 * errs), f"greedy token differs beyond the logit error: {gaps}"
+
+
+def record_routing(tier) -> list[np.ndarray]:
+    """Keep a copy of every router-logits array the tier hands the engine, in call order."""
+    log: list[np.ndarray] = []
+    router = tier.router
+
+    def recording(i, x):
+        h, logits = router(i, x)
+        log.append(np.array(logits, copy=True))
+        return h, logits
+
+    tier.router = recording
+    return log
+
+
+def routes(log: list[np.ndarray], args) -> np.ndarray:
+    """[L, T, K] sorted expert ids per layer and position of one sequence's router calls."""
+    per_layer: list[list[np.ndarray]] = [[] for _ in range(args.n_layer)]
+    for j, logits in enumerate(log):
+        per_layer[j % args.n_layer].append(logits)
+    ids = [route_topk(np.concatenate(p), args.n_expert_used, args.norm_topk)[0] for p in per_layer]
+    return np.sort(np.stack(ids), axis=-1)
+
+
+def check_against(errs: np.ndarray, ra: np.ndarray, rb: np.ndarray, positions) -> np.ndarray:
+    """Errors of `positions`; a position beyond FLIP_BOUND must follow a routing near-tie (the
+    two sides picked different experts at or before it). Returns those errors."""
+    diff = (ra != rb).any(axis=(0, 2))  # [T] positions whose expert sets differ
+    first = int(np.argmax(diff)) if diff.any() else len(diff)
+    for e, pos in zip(errs, positions, strict=True):
+        assert e <= FLIP_BOUND or pos >= first, (
+            f"position {pos} off by {e:.3g} with identical routing up to it"
+        )
+    return errs
+
+
+@pytest.mark.parametrize("arch,quant,dense", CASES)
+def test_logits_match_host_tier_on_short_sequences(synth_model, device, arch, quant, dense):
+    model = load_model(synth_model("tiny", quant, dense=dense, arch=arch, seed=3))
+    rng = np.random.default_rng()
+    host = Engine(model, n_ctx=64)
+    dev = Engine(model, tier=CupyTier(model, n_ctx=64, budget=small_budget(), device=device))
+    hlog, dlog = record_routing(host.tier), record_routing(dev.tier)
+    errs, step_errs = [], []
+    for _ in range(6):
+        tokens = rng.integers(0, model.args.n_vocab, size=7).tolist()
+        host.reset()
+        dev.reset()
+        hlog.clear()
+        dlog.clear()
+        want = host.forward(tokens, all_logits=True)
+        full = dev.forward(tokens, all_logits=True)
+        r_host, r_full = routes(hlog, model.args), routes(dlog, model.args)
+        errs.append(check_against(position_errors(full, want), r_full, r_host, range(7)))
+        dev.reset()
+        dlog.clear()
+        step = [dev.forward(tokens[:4])] + [dev.forward([t]) for t in tokens[4:]]
+        r_step = routes(dlog, model.args)
+        e = position_errors(np.stack(step), full[3:])
+        step_errs.append(check_against(e, r_step, r_full, range(3, 7)))
+    for e in (np.concatenate(errs), np.concatenate(step_errs)):
+        frac = float((e <= 1e-5).mean())
+        assert frac >= 0.6, f"only {frac:.0%} of positions within 1e-5: {np.sort(e)[::-1][:8]}"
+
+
+def test_expert_slots_fewer_than_experts_give_the_same_logits(synth_model, device):
+    model = load_model(synth_model("tiny", "Q4_K", seed=9))
+    a = model.args
+    full = CupyTier(model, n_ctx=64, budget=small_budget(), device=device)
+    assert full.n_slots == a.n_layer * a.n_expert and full.resident_mask(0).all()
+    few = CupyTier(
+        model, n_ctx=64, budget=small_budget(), expert_slots=a.n_expert_used + 1, device=device
+    )
+    assert few.n_slots == a.n_expert_used + 1
+    want = np.zeros((a.n_layer, a.n_expert), bool)
+    want[1, [5, 6, 7]] = True
+    got = few.load_resident(want)
+    assert got[1, [5, 6, 7]].all() and got.sum() == 3
+    tokens = np.random.default_rng().integers(0, a.n_vocab, size=12).tolist()
+    x = Engine(model, tier=full).forward(tokens, all_logits=True)
+    y = Engine(model, tier=few).forward(tokens, all_logits=True)
+    assert few.expert_uploads > few.n_slots  # slots were recycled
+    assert few.resident_mask(0).sum() <= few.n_slots
+    assert_logits_match(position_errors(y, x), 1e-6, min_frac=0.9)
+
+
+def test_tier_methods_accept_numpy_and_return_numpy(synth_model, device):
+    model = load_model(synth_model("tiny", "Q4_K", seed=10))
+    tier = CupyTier(model, n_ctx=32, budget=small_budget(), device=device)
+    x = tier.embed(np.array([1, 2, 3]))
+    assert isinstance(x, cp.ndarray)
+    xn = cp.asnumpy(x)
+    y = tier.attention(0, xn, 0)
+    assert isinstance(y, np.ndarray) and y.shape == xn.shape
+    h, logits = tier.router(0, y)
+    assert isinstance(h, np.ndarray) and isinstance(logits, np.ndarray)
+    with pytest.raises(ValueError, match="context is full"):
+        tier.attention(0, np.zeros((40, model.args.n_embd), np.float32), 0)
+
+
+def test_budget_reservations_and_pool_cap_hold(device):
+    budget = DeviceBudget(total_mib=1536, runtime_reserve_mib=256, slack_mib=128)
+    budget.reserve("weights", 800 * MIB)
+    with pytest.raises(BudgetExceeded, match="1536 MiB"):
+        budget.reserve("kv", 400 * MIB)
+    budget.install_pool_cap(cp)
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    held = []
+    try:
+        with pytest.raises(BudgetExceeded) as exc:
+            for _ in range(40):  # 40 x 64 MiB = 2.5 GiB > 1280 MiB pool limit
+                held.append(cp.empty(64 * MIB, np.uint8))
+        msg = str(exc.value)
+        assert "1536 MiB" in msg and "weights 800 MiB" in msg
+        assert sum(a.nbytes for a in held) <= budget.pool_limit_bytes
+    finally:
+        held.clear()
+        pool.free_all_blocks()
+        DeviceBudget(total_mib=10240).install_pool_cap(cp)
