@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--ab", action="store_true", help="also the intermediate-quant A/B")
     ap.add_argument("--out", default="", help="path stem for .md and .json")
+    ap.add_argument("--wait-quiet", action="store_true", help="wait for an idle machine first")
     a = ap.parse_args()
     quants = a.quant.split(",")
     threads = (
@@ -83,9 +84,19 @@ def main() -> None:
     pool = []
     for q in quants:
         for t in threads:
-            pool.append(run_cpu_pool_arm(a.shape, q, a.tokens, t, a.repeats, print_table=False))
+            pool.append(
+                run_cpu_pool_arm(
+                    a.shape, q, a.tokens, t, a.repeats, print_table=False, wait_quiet=a.wait_quiet
+                )
+            )
             gc.collect()
-    ab = run_quant_ab(a.shape, "IQ3_XXS", threads=max(threads), print_table=False) if a.ab else []
+    ab = (
+        run_quant_ab(
+            a.shape, "IQ3_XXS", threads=max(threads), print_table=False, wait_quiet=a.wait_quiet
+        )
+        if a.ab
+        else []
+    )
     md = _markdown(a, ceil, pool, ab)
     print(md)
     if a.out:

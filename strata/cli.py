@@ -61,6 +61,19 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine (flags beat STRATA_* environment variables)")
     g.add_argument("--vram-budget-mib", type=int, default=None, help="VRAM budget (10240)")
     g.add_argument(
+        "--vram-budget-widen",
+        action="store_const",
+        const=True,
+        default=None,
+        help="allow a budget outside 1281..10240 MiB",
+    )
+    g.add_argument(
+        "--device",
+        default=None,
+        choices=["auto", "gpu", "host"],
+        help="device tier: auto (GPU if there is one, default), gpu, host",
+    )
+    g.add_argument(
         "--expert-cache",
         default=None,
         help="resident experts: all (default), auto (what the budget leaves) or N",
@@ -100,6 +113,8 @@ def _engine_config(ns):
 
     keys = [
         "vram_budget_mib",
+        "vram_budget_widen",
+        "device",
         "expert_cache",
         "profile",
         "adapt_swaps",

@@ -27,7 +27,9 @@ class EngineConfig:
     model: str | None = None
     n_ctx: int | None = None
     vram_budget_mib: int = 10240
-    expert_cache: str = "all"  # "all" | "auto" | a slot count (resident experts)
+    vram_budget_widen: bool = False  # allow budgets outside 1281..10240 MiB
+    device: str = "auto"  # auto (GPU if there is one) | gpu | host
+    expert_cache: str | None = None  # "all" | "auto" | a slot count; None = auto on a GPU, else all
     profile: str | None = None  # usage profile that ranks experts for the cache
     adapt_swaps: int = 96
     car_threshold: float = DEFAULT_THRESHOLD
@@ -47,6 +49,8 @@ ENV = {
     "model": ("STRATA_MODEL", str),
     "n_ctx": ("STRATA_CTX", int),
     "vram_budget_mib": ("STRATA_VRAM_BUDGET_MIB", int),
+    "vram_budget_widen": ("STRATA_VRAM_BUDGET_WIDEN", lambda v: v.lower() in ("1", "true", "yes")),
+    "device": ("STRATA_DEVICE", str),
     "expert_cache": ("STRATA_EXPERT_CACHE", str),
     "profile": ("STRATA_PROFILE", str),
     "adapt_swaps": ("STRATA_ADAPT_SWAPS", int),
@@ -74,7 +78,8 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> E
                 try:
                     value = parse(raw)
                 except ValueError:
-                    raise ConfigError(f"{var}={raw!r} is not a valid {parse.__name__}") from None
+                    kind = getattr(parse, "__name__", "value")
+                    raise ConfigError(f"{var}={raw!r} is not a valid {kind}") from None
         if value is not None:
             setattr(cfg, name, value)
             cfg.explicit.add(name)
@@ -91,7 +96,9 @@ def _check(cfg: EngineConfig) -> None:
         raise ConfigError("--car-warmup, --car-budget and --adapt-swaps must be >= 0")
     if cfg.car_free_ratio <= 0:
         raise ConfigError(f"--car-free-ratio must be > 0, got {cfg.car_free_ratio}")
-    if cfg.expert_cache not in ("all", "auto"):
+    if cfg.device not in ("auto", "gpu", "host"):
+        raise ConfigError(f"--device must be auto, gpu or host, got {cfg.device!r}")
+    if cfg.expert_cache not in (None, "all", "auto"):
         try:
             n = int(cfg.expert_cache)
         except ValueError:
@@ -100,12 +107,11 @@ def _check(cfg: EngineConfig) -> None:
             ) from None
         if n < 0:
             raise ConfigError(f"--expert-cache must be >= 0, got {n}")
-    if not 1281 <= cfg.vram_budget_mib <= 10240 and "vram_budget_mib" in cfg.explicit:
-        if os.environ.get("STRATA_VRAM_BUDGET_WIDEN") != "1":
-            raise ConfigError(
-                f"--vram-budget-mib {cfg.vram_budget_mib} is outside 1281..10240 "
-                "(set STRATA_VRAM_BUDGET_WIDEN=1 to allow it)"
-            )
+    if not 1281 <= cfg.vram_budget_mib <= 10240 and not cfg.vram_budget_widen:
+        raise ConfigError(
+            f"--vram-budget-mib {cfg.vram_budget_mib} is outside 1281..10240 "
+            "(add --vram-budget-widen to allow it)"
+        )
 
 
 def car_unwired(cfg: EngineConfig, reason: str) -> None:

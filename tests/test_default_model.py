@@ -17,7 +17,7 @@ from strata.engine.forward import Engine
 from strata.model.loader import load_model
 
 HELDOUT = DEFAULT_MODEL.parent / "heldout.txt"  # the opening of a held-out stdlib module
-N_HELDOUT = 256  # tokens scored: enough for a stable perplexity, quick on two cores
+N_HELDOUT = 384  # tokens scored: flips (see below) average out; ~10 s on two cores
 PROMPTS = ["def fibonacci(n):", "import os\nimport sys\n\n", "class Stack:\n    def push(self"]
 DECISIVE = 3e-2  # as tests/test_llama_oracle.py: a top-1/top-2 margin above a rounding flip's
 
@@ -91,6 +91,9 @@ def test_tokenizer_ids_equal_llama_cpp(llama_cpp, model):
 
 @pytest.mark.llama
 def test_heldout_perplexity_equals_llama_cpp(llama_cpp, heldout, ours):
+    """Within 0.5%. Logits agree to ~1e-7 until the first Q8 rounding flip or router near-tie,
+    then by ~0.5% (llama.cpp differs from itself that much between batched and one-by-one
+    evaluation of this model), so single tokens can differ: the mean over 383 is close."""
     llm = open_llama(llama_cpp)
     llm.eval(heldout)
     theirs = perplexity(np.array(llm.scores[: len(heldout)]), heldout)

@@ -39,18 +39,28 @@ def resident_mask(model: Model, slots: int, profile: UsageProfile | None) -> np.
     return mask
 
 
+def _gpu_available(device: str) -> bool:
+    from strata.gpu.device import primary_device
+
+    return device in ("auto", "gpu") and primary_device() is not None
+
+
 def build_engine(model: Model, cfg: EngineConfig) -> Engine:
     a = model.args
     n_ctx = cfg.n_ctx or min(a.n_ctx_train, 4096)
     if n_ctx < 1:
         raise ConfigError(f"--ctx must be >= 1, got {n_ctx}")
     total = a.n_layer * a.n_expert
-    if cfg.expert_cache == "all":
+    from strata.gpu.select import make_tier
+
+    on_gpu = cfg.device != "host" and _gpu_available(cfg.device)
+    cache = cfg.expert_cache or ("auto" if on_gpu else "all")
+    if cache == "all":
         slots = total
-    elif cfg.expert_cache == "auto":
+    elif cache == "auto":
         slots = auto_slots(model, cfg.vram_budget_mib, n_ctx)
     else:
-        slots = min(int(cfg.expert_cache), total)
+        slots = min(int(cache), total)
     profile = UsageProfile.load(cfg.profile, a.n_layer, a.n_expert) if cfg.profile else None
     resident = resident_mask(model, slots, profile)
     if slots >= total:
@@ -59,9 +69,16 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
     adaptive = None
     if slots < total and cfg.adapt_swaps > 0 and slots > 0:
         adaptive = AdaptiveCache(resident, max_swaps=cfg.adapt_swaps)
-    from strata.gpu.host import HostTier
-
-    tier = HostTier(model, n_ctx=n_ctx)
+    tier = make_tier(
+        model,
+        n_ctx,
+        vram_budget_mib=cfg.vram_budget_mib,
+        expert_slots=slots,
+        device=cfg.device,
+        widen_budget=cfg.vram_budget_widen,
+    )
+    if hasattr(tier, "load_resident"):  # the GPU tier uploads the placed experts now
+        resident[:] = tier.load_resident(resident)
     return Engine(
         model,
         tier,

@@ -120,7 +120,12 @@ class Engine:
         st.misses += hit.size - n_hit
         if n_hit == hit.size:
             return self.tier.experts(i, h, ids, weights)
-        y = self.miss_runner.experts(i, h, np.where(hit, -1, ids), weights)
+        # misses: x rows go host-ward once, the pool's sum comes back to the tier's device
+        to_host = getattr(self.tier, "to_host", np.asarray)
+        to_dev = getattr(self.tier, "to_device", None)
+        y = self.miss_runner.experts(i, to_host(h), np.where(hit, -1, ids), weights)
+        if to_dev is not None and self.miss_runner is not self.tier:
+            y = to_dev(y)
         if n_hit:
             y = y + self.tier.experts(i, h, np.where(hit, ids, -1), weights)
         return y
