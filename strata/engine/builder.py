@@ -6,6 +6,8 @@ import numpy as np
 
 from strata.config import ConfigError, EngineConfig, car_unwired
 from strata.engine.forward import Engine
+from strata.engine.pool_runner import PoolMissRunner
+from strata.gpu.select import make_tier
 from strata.model.loader import Model
 from strata.routing.car import CarKnobs
 from strata.routing.profile import AdaptiveCache, UsageProfile, place
@@ -51,8 +53,6 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
     if n_ctx < 1:
         raise ConfigError(f"--ctx must be >= 1, got {n_ctx}")
     total = a.n_layer * a.n_expert
-    from strata.gpu.select import make_tier
-
     on_gpu = cfg.device != "host" and _gpu_available(cfg.device)
     cache = cfg.expert_cache or ("auto" if on_gpu else "all")
     if cache == "all":
@@ -79,9 +79,12 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
     )
     if hasattr(tier, "load_resident"):  # the GPU tier uploads the placed experts now
         resident[:] = tier.load_resident(resident)
+    # the experts the tier does not hold run in the CPU pool
+    miss_runner = PoolMissRunner(model, cfg.threads) if slots < total else None
     return Engine(
         model,
         tier,
+        miss_runner=miss_runner,
         resident=resident,
         car=car,
         adaptive=adaptive,
