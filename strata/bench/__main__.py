@@ -91,6 +91,59 @@ def _quality_table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
+    if arm in ENGINE_ARMS:
+        from strata.bench.engine_arms import run_engine_arm
+
+        engine_rows.append(
+            run_engine_arm(
+                arm,
+                _model_path(ns),
+                ns.prompt_tokens,
+                ns.gen_tokens,
+                ns.repeats,
+                ns.vram_budget_mib,
+                {"expert_cache": ns.expert_cache}
+                if ns.expert_cache and arm in ("car-off", "car-on")
+                else None,
+            )
+        )
+        doc["results"].append(engine_rows[-1])
+    elif arm == "llama-cpp":
+        from strata.bench.peer import run_llama_cpp_arm
+
+        engine_rows.append(
+            run_llama_cpp_arm(
+                _model_path(ns), ns.prompt_tokens, ns.gen_tokens, ns.repeats, ns.threads
+            )
+        )
+        doc["results"].append(engine_rows[-1])
+    elif arm == "car-quality":
+        from strata.bench.car_quality import run_car_quality
+
+        text = Path(ns.text).read_text() if ns.text else DEFAULT_TEXT.read_text()
+        ths = [float(t) for t in ns.thresholds.split(",") if t]
+        res = run_car_quality(_model_path(ns), text, ths, ns.slots, ns.gen_tokens * 8)
+        print(_quality_table(res))
+        doc["results"].append(res)
+    elif arm == "cpu-pool":
+        from strata.bench.cpu_pool import run_cpu_pool_arm
+
+        res = run_cpu_pool_arm(
+            ns.shape or ns.synthetic or "qwen3-30b-a3b",
+            ns.quant,
+            ns.tokens,
+            ns.threads,
+            ns.repeats,
+            None,
+        )
+        doc["results"].append(res)
+    elif arm == "gpu-kernels":
+        from strata.bench.gpu_kernels import run_gpu_kernels_arm
+
+        doc["results"].append(run_gpu_kernels_arm(None))
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     doc = {
@@ -98,72 +151,26 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m strata.bench " + " ".join(argv or sys.argv[1:]),
         "results": [],
     }
-    try:
-        engine_rows = []
-        for arm in ns.arm:
-            if arm in ENGINE_ARMS:
-                from strata.bench.engine_arms import run_engine_arm
-
-                engine_rows.append(
-                    run_engine_arm(
-                        arm,
-                        _model_path(ns),
-                        ns.prompt_tokens,
-                        ns.gen_tokens,
-                        ns.repeats,
-                        ns.vram_budget_mib,
-                        {"expert_cache": ns.expert_cache}
-                        if ns.expert_cache and arm in ("car-off", "car-on")
-                        else None,
-                    )
-                )
-                doc["results"].append(engine_rows[-1])
-            elif arm == "llama-cpp":
-                from strata.bench.peer import run_llama_cpp_arm
-
-                engine_rows.append(
-                    run_llama_cpp_arm(
-                        _model_path(ns), ns.prompt_tokens, ns.gen_tokens, ns.repeats, ns.threads
-                    )
-                )
-                doc["results"].append(engine_rows[-1])
-            elif arm == "car-quality":
-                from strata.bench.car_quality import run_car_quality
-
-                text = Path(ns.text).read_text() if ns.text else DEFAULT_TEXT.read_text()
-                ths = [float(t) for t in ns.thresholds.split(",") if t]
-                res = run_car_quality(_model_path(ns), text, ths, ns.slots, ns.gen_tokens * 8)
-                print(_quality_table(res))
-                doc["results"].append(res)
-            elif arm == "cpu-pool":
-                from strata.bench.cpu_pool import run_cpu_pool_arm
-
-                res = run_cpu_pool_arm(
-                    ns.shape or ns.synthetic or "qwen3-30b-a3b",
-                    ns.quant,
-                    ns.tokens,
-                    ns.threads,
-                    ns.repeats,
-                    None,
-                )
-                doc["results"].append(res)
-            elif arm == "gpu-kernels":
-                from strata.bench.gpu_kernels import run_gpu_kernels_arm
-
-                doc["results"].append(run_gpu_kernels_arm(None))
-        if engine_rows:
-            print(_engine_table(engine_rows))
-            for r in engine_rows:
-                for n in r["notices"]:
-                    print(f"note ({r['arm']}): {n}")
-    except (ValueError, OSError, ImportError) as e:
-        print(f"strata.bench: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+    engine_rows: list[dict] = []
+    failed = 0
+    for arm in ns.arm:
+        try:
+            _run_arm(ns, arm, doc, engine_rows)
+        except (ValueError, OSError, ImportError, RuntimeError) as e:
+            # one failed arm (e.g. a cache that cannot fit) does not lose the others' results
+            failed += 1
+            print(f"strata.bench: error: {arm}: {' '.join(str(e).split())}", file=sys.stderr)
+            doc["results"].append({"arm": arm, "error": " ".join(str(e).split())})
+    if engine_rows:
+        print(_engine_table(engine_rows))
+        for r in engine_rows:
+            for n in r["notices"]:
+                print(f"note ({r['arm']}): {n}")
     s = doc["stamp"]
     print(f"machine: {s['machine']} | commit {s['commit']} | {s['date']}")
     if ns.json_path:
         write_json(ns.json_path, doc)
-    return 0
+    return 2 if failed else 0
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
         model,
         n_ctx,
         vram_budget_mib=cfg.vram_budget_mib,
-        expert_slots=slots,
+        expert_slots=max(slots, a.n_expert_used),  # a device tier keeps room for one token
         device=cfg.device,
         widen_budget=cfg.vram_budget_widen,
     )
