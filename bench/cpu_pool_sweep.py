@@ -37,11 +37,12 @@ def _rows(code, w, act, y, reps):
             y[0, r] += K.dot(code, w, r, act[0], act[1], act[2], act[3], act[4], 0)
 
 
-def kernel_ceiling(quant: str, rows: int = 256, cols: int = 2048) -> dict:
+def kernel_ceiling(quant: str, rows: int = 256, cols: int = 2048, layout=None) -> dict:
     """Weights/s of one core on a matrix that stays in L2 (best of 60 short runs)."""
     rng = np.random.default_rng(0)
     qt = fmt(quant).qtype
-    m = prepare(qt, (1, rows, cols), random_quantized(qt, (1, rows, cols), rng, 0.05))
+    w = random_quantized(qt, (1, rows, cols), rng, 0.05)
+    m = prepare(qt, (1, rows, cols), w, layout=layout)
     act = quantize_act(rng.standard_normal((1, cols)).astype(np.float32), fmt(qt).vec_dot)
     y = np.zeros((1, rows), np.float32)
     run = K.specialized(_rows, (m.kernel, m.data, act, y, 4), (0,))
@@ -72,6 +73,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--ab", action="store_true", help="also the intermediate-quant A/B")
     ap.add_argument("--out", default="", help="path stem for .md and .json")
+    ap.add_argument("--layout", default=None, help="auto (repack where it pays) or gguf")
     ap.add_argument("--wait-quiet", action="store_true", help="wait for an idle machine first")
     a = ap.parse_args()
     quants = a.quant.split(",")
@@ -80,13 +82,20 @@ def main() -> None:
         if a.threads
         else sorted({1, numba.config.NUMBA_NUM_THREADS})
     )
-    ceil = [kernel_ceiling(q) for q in quants]
+    ceil = [kernel_ceiling(q, layout=a.layout) for q in quants]
     pool = []
     for q in quants:
         for t in threads:
             pool.append(
                 run_cpu_pool_arm(
-                    a.shape, q, a.tokens, t, a.repeats, print_table=False, wait_quiet=a.wait_quiet
+                    a.shape,
+                    q,
+                    a.tokens,
+                    t,
+                    a.repeats,
+                    print_table=False,
+                    wait_quiet=a.wait_quiet,
+                    layout=a.layout,
                 )
             )
             gc.collect()
@@ -127,6 +136,7 @@ def _markdown(a, ceil, pool, ab) -> str:
         f"- date: {datetime.now(UTC).isoformat(timespec='seconds')}",
         "- command: `PYTHONPATH=. python bench/cpu_pool_sweep.py "
         f"--quant {a.quant} --threads {a.threads or 'default'} --tokens {a.tokens}"
+        f"{' --layout ' + a.layout if a.layout else ''}"
         f"{' --ab' if a.ab else ''}`",
         "",
         "## Kernel compute ceiling (1 core, weights in L2)",

@@ -125,14 +125,24 @@ REPACKS = [
     pytest.param(QT.IQ1_M, iq1_t2, K.K_IQ1_M_T2, K.K_IQ1_M_T2_AVX2, id="IQ1_M"),
     pytest.param(
         QT.IQ3_S,
-        SimpleNamespace(repack=lut4.repack_s, unpack=lut4.unpack_s, BB=lut4.BB),
+        SimpleNamespace(
+            repack=lut4.repack_s,
+            unpack=lut4.unpack_s,
+            repack_reference=lut4.repack_s_reference,
+            BB=lut4.BB,
+        ),
         K.K_IQ3_S_LUT4,
         K.K_IQ3_S_LUT4_AVX2,
         id="IQ3_S",
     ),
     pytest.param(
         QT.IQ2_XXS,
-        SimpleNamespace(repack=lut4.repack_2xxs, unpack=lut4.unpack_2xxs, BB=lut4.BB),
+        SimpleNamespace(
+            repack=lut4.repack_2xxs,
+            unpack=lut4.unpack_2xxs,
+            repack_reference=lut4.repack_2xxs_reference,
+            BB=lut4.BB,
+        ),
         K.K_IQ2_XXS_LUT4,
         K.K_IQ2_XXS_LUT4_AVX2,
         id="IQ2_XXS",
@@ -146,6 +156,8 @@ def test_repack_is_lossless(qtype, mod, _p, _s):
     p = mod.repack(w)
     assert p.shape == (7, 1024 // 256 * mod.BB)
     assert np.array_equal(mod.unpack(p), w)
+    if hasattr(mod, "repack_reference"):  # the Numba repack against its NumPy statement
+        assert np.array_equal(p, mod.repack_reference(w))
 
 
 def test_iq3_xxs_repack_covers_every_grid_entry_and_sign_field():
@@ -217,7 +229,10 @@ def test_prepare_picks_the_simd_layout_only_when_asked(monkeypatch):
     assert on.gguf_bytes == w.nbytes and on.nbytes == w.nbytes // 98 * 134
     assert np.array_equal(on.gguf_rows(), w.reshape(16, -1))
     kept = prepare(QT.IQ3_XXS, shape, w, layout="gguf", simd=True)
-    assert kept.layout == "gguf" and np.shares_memory(kept.data, w)
+    assert (kept.layout, kept.kernel) == ("gguf", K.K_IQ3_XXS_AVX2)
+    assert np.shares_memory(kept.data, w)
+    monkeypatch.setenv("STRATA_CPU_LAYOUT", "gguf")
+    assert prepare(QT.IQ3_XXS, shape, w, simd=True).layout == "gguf"
     monkeypatch.setenv("STRATA_CPU_SIMD", "0")
     assert prepare(QT.Q4_K, shape, random_quantized(QT.Q4_K, shape, rng, 0.1)).kernel == K.K_Q4_K
     assert act_code(fmt(QT.Q4_K).vec_dot) == act_code(QT.Q8_K)

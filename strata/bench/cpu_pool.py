@@ -74,7 +74,7 @@ def _commit() -> str:
         return "?"
 
 
-def make_layer(shape: str, quant: str, seed: int = 0, layout: str = "auto"):
+def make_layer(shape: str, quant: str, seed: int = 0, layout: str | None = None):
     """Random gate/up/down expert tensors of one layer of `shape`, prepared for the pool."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")
@@ -145,7 +145,7 @@ def run_cpu_pool_arm(
     threads: int | None = None,
     repeats: int = 20,
     json_path: str | None = None,
-    layout: str = "auto",
+    layout: str | None = None,
     parallel_quant: bool | None = None,
     print_table: bool = True,
     wait_quiet: bool = False,

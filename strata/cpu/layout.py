@@ -4,7 +4,8 @@
 matrix [E * R, row_bytes] plus the integer kernel code that reads it. GGUF bytes are used in
 place (a view into the mmap) unless a repacked layout makes the SIMD kernel cheaper:
 
-    IQ3_XXS -> LUT4 (4-bit codes, 1.37x the bytes; lut4.py)
+    IQ3_XXS -> LUT4 (4-bit codes, 1.37x the bytes; lut4.py); with layout "gguf" an AVX2 gather
+               kernel on the file's bytes instead (iq3_avx2.py)
     IQ3_S   -> LUT4 (the same layout and kernel, 1.22x the bytes)
     IQ2_XXS -> LUT4 (2.03x the bytes, yet ~15x faster than decoding its grid on this kernel)
     IQ1_M   -> T2   (2-bit ternary codes, 1.36x the bytes; iq1_t2.py)
@@ -17,6 +18,7 @@ holds, `nbytes` what the kernel reads, so bandwidth can be reported either way.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +31,13 @@ from strata.cpu.quantize import act_code
 from strata.quant.formats import QT, fmt
 
 LAYOUTS = ("auto", "gguf")
+# formats whose SIMD kernel reads a repacked layout: (repack, kernel, layout name)
+REPACKS = {
+    QT.IQ3_XXS: (lut4.repack, K.K_IQ3_XXS_LUT4_AVX2, "lut4"),
+    QT.IQ3_S: (lut4.repack_s, K.K_IQ3_S_LUT4_AVX2, "lut4"),
+    QT.IQ2_XXS: (lut4.repack_2xxs, K.K_IQ2_XXS_LUT4_AVX2, "lut4"),
+    QT.IQ1_M: (iq1_t2.repack, K.K_IQ1_M_T2_AVX2, "t2"),
+}
 
 
 @dataclass(frozen=True)
@@ -76,13 +85,17 @@ class ExpertMatrix:
         return self.data
 
 
-def prepare(qtype, shape, data, layout: str = "auto", simd: bool | None = None) -> ExpertMatrix:
+def prepare(
+    qtype, shape, data, layout: str | None = None, simd: bool | None = None
+) -> ExpertMatrix:
     """An `ExpertMatrix` from a GGUF expert tensor: type, numpy shape [E, R, C] and raw bytes.
 
     layout "auto" repacks where the SIMD kernel wants it; "gguf" keeps the file's bytes (and the
-    kernel that reads them). simd=None follows the host (`simd_enabled()`).
+    kernel that reads them: AVX2 where there is one, else portable). layout=None follows
+    STRATA_CPU_LAYOUT (default "auto"); simd=None follows the host (`simd_enabled()`).
     """
     f = fmt(qtype)
+    layout = layout or os.environ.get("STRATA_CPU_LAYOUT", "auto")
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
     if len(shape) != 3:
@@ -94,20 +107,15 @@ def prepare(qtype, shape, data, layout: str = "auto", simd: bool | None = None) 
     simd = simd_enabled() if simd is None else simd
     qt = f.qtype
     kernel, lay = K.PORTABLE[qt], "gguf"
-    if simd and qt in K.SIMD_GGUF:
+    if simd and layout == "auto" and qt in REPACKS:
+        repack, kernel, lay = REPACKS[qt]
+        raw = repack(raw)
+    elif simd and qt in K.SIMD_GGUF:
         kernel = K.SIMD_GGUF[qt]
-    elif simd and layout == "auto" and qt == QT.IQ3_XXS:
-        raw, kernel, lay = lut4.repack(raw), K.K_IQ3_XXS_LUT4_AVX2, "lut4"
-    elif simd and layout == "auto" and qt == QT.IQ3_S:
-        raw, kernel, lay = lut4.repack_s(raw), K.K_IQ3_S_LUT4_AVX2, "lut4"
-    elif simd and layout == "auto" and qt == QT.IQ2_XXS:
-        raw, kernel, lay = lut4.repack_2xxs(raw), K.K_IQ2_XXS_LUT4_AVX2, "lut4"
-    elif simd and layout == "auto" and qt == QT.IQ1_M:
-        raw, kernel, lay = iq1_t2.repack(raw), K.K_IQ1_M_T2_AVX2, "t2"
     return ExpertMatrix(qt, e, r, c, raw, kernel, act_code(f.vec_dot), lay)
 
 
-def prepare_tensor(t, layout: str = "auto", simd: bool | None = None) -> ExpertMatrix:
+def prepare_tensor(t, layout: str | None = None, simd: bool | None = None) -> ExpertMatrix:
     """`prepare` for anything with `.qtype`, `.shape` and `.data` (a model's TensorRef)."""
     if isinstance(t, ExpertMatrix):
         return t

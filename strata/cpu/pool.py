@@ -67,7 +67,9 @@ class LayerWeights:
         object.__setattr__(self, "expert_gguf_bytes", sum(m.expert_gguf_bytes for m in mats))
 
 
-def prepare_layer(gate, up, down, layout: str = "auto", simd: bool | None = None) -> LayerWeights:
+def prepare_layer(
+    gate, up, down, layout: str | None = None, simd: bool | None = None
+) -> LayerWeights:
     """LayerWeights from three expert tensors (TensorRef-like or ExpertMatrix)."""
     return LayerWeights(*(prepare_tensor(t, layout, simd) for t in (gate, up, down)))
 
@@ -247,10 +249,12 @@ class ExpertPool:
 
     run_layer(x [T, D] f32, tok [N] i32, expert [N] i32, weight [N] f32, gate, up, down) -> [T, D]
 
-    gate/up/down are expert tensors [E, F, D] / [E, F, D] / [E, D, F] as `ExpertMatrix` (see
-    `prepare_layer`) or anything with `.qtype/.shape/.data` (prepared once and cached by
-    identity). The result is a view into a workspace, overwritten by the next call, unless `out`
-    is given.
+    gate/up/down are expert tensors [E, F, D] / [E, F, D] / [E, D, F]: a `LayerWeights` (from
+    `prepare_layer`, passed as `gate`), three `ExpertMatrix`, or anything with
+    `.qtype/.shape/.data` (prepared on first use and kept, by identity, until
+    `clear_prepared()`: for repacked formats that is a RAM copy of the layer). The result is a
+    view into a workspace, overwritten by the next call, unless `out` is given. One pool serves
+    one calling thread at a time (the workspaces are shared).
     """
 
     def __init__(
@@ -284,6 +288,10 @@ class ExpertPool:
         self.last_gguf_bytes = 0  # the same experts in the GGUF encoding
 
     # ---- weights
+    def clear_prepared(self) -> None:
+        """Drop the layers prepared from raw tensors (their repacked copies)."""
+        self._prepared.clear()
+
     def _matrix(self, t) -> ExpertMatrix:
         if isinstance(t, ExpertMatrix):
             return t

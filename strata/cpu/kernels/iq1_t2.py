@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from strata.cpu.kernels.iq1 import iq1m_d
+from strata.cpu.kernels.lut4 import _chunked
 from strata.cpu.kernels.simd import HAS_AVX2, I16, I32, V8I32, V16I16, V32I8, Emit
 from strata.cpu.kernels.tables import IQ1S_GRID
 
@@ -34,8 +35,44 @@ _V16I32 = ir.VectorType(I32, 16)
 # ---------------------------------------------------------------- layout transform (NumPy)
 
 
+_U = (IQ1S_GRID.astype(np.int16) + 1).astype(np.uint8)  # [2048, 8] codes u = g + 1
+
+
 def repack(w: np.ndarray) -> np.ndarray:
-    """IQ1_M rows [R, nb * 56] -> T2 rows [R, nb * 76]."""
+    """IQ1_M rows [R, nb * 56] -> T2 rows [R, nb * 76] (Numba, parallel over rows)."""
+    w = np.ascontiguousarray(w).view(np.uint8)
+    nb = w.shape[1] // BB_GGUF
+    out = np.empty((w.shape[0], nb * BB), np.uint8)
+    _repack_rows(w, out, _U)
+    return out
+
+
+@njit(cache=True, parallel=True)
+def _repack_rows(w, out, ucode):
+    nb = w.shape[1] // BB_GGUF
+    for r in prange(w.shape[0]):
+        for b in range(nb):
+            o = b * BB_GGUF
+            for i in range(64):
+                out[r, 64 * b + i] = 0
+            delta = np.uint32(0)
+            for k in range(32):  # group of 8 weights 8k..8k+7
+                nib = (w[r, o + 32 + k // 2] >> (4 * (k & 1))) & 15
+                idx = np.int32(w[r, o + k]) | (np.int32(nib & 7) << 8)
+                delta |= np.uint32((nib >> 3) & 1) << k
+                for e in range(8):
+                    i = 8 * k + e
+                    c, m = i // 128, i % 128  # chunk, then plane m // 32 and byte m % 32
+                    out[r, 64 * b + 32 * c + m % 32] |= ucode[idx, e] << (2 * (m // 32))
+            for k in range(4):
+                out[r, 64 * nb + 4 * b + k] = (delta >> (8 * k)) & 255
+            for k in range(8):
+                out[r, 68 * nb + 8 * b + k] = w[r, o + 48 + k]
+
+
+@_chunked
+def repack_reference(w: np.ndarray) -> np.ndarray:
+    """IQ1_M rows [R, nb * 56] -> T2 rows [R, nb * 76]: the NumPy statement of `repack`."""
     n = w.shape[0]
     bl = w.reshape(n, -1, BB_GGUF)
     nb = bl.shape[1]
@@ -61,6 +98,7 @@ def _grid_index() -> np.ndarray:
     return inv
 
 
+@_chunked
 def unpack(p: np.ndarray) -> np.ndarray:
     """T2 rows [R, nb * 76] -> the IQ1_M bytes they came from."""
     n = p.shape[0]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
@@ -53,6 +53,32 @@ FACTOR = (0.25, 1.0, 0.125)  # d * (2 ls + 1) * FACTOR scales a sub-block
 # ---------------------------------------------------------------- layout transform (NumPy)
 
 
+# lookup tables for the repack: grid entry -> level indices, ksigns index -> 8 sign bits
+_XXS_LEVEL = np.searchsorted(IQ3XXS_LEVELS.astype(np.uint8), IQ3XXS_GRID).astype(np.uint8)
+_S_LEVEL = ((IQ3S_GRID.astype(np.int64) - 1) // 2).astype(np.uint8)
+_2XXS_LEVEL = np.searchsorted(IQ2XXS_LEVELS.astype(np.uint8), IQ2XXS_GRID).astype(np.uint8)
+_KS_BITS = ((KSIGNS[:, None] >> np.arange(8, dtype=np.uint8)) & 1).astype(np.uint8)  # [128, 8]
+_CHUNK_ROWS = 2048  # repack this many rows at a time: the temporaries stay in cache-sized bites
+
+
+def _chunked(fn):
+    """Apply a row-wise repack/unpack to row chunks (bounded temporaries on whole tensors)."""
+
+    def run(w: np.ndarray) -> np.ndarray:
+        if w.shape[0] <= _CHUNK_ROWS:
+            return fn(w)
+        first = fn(w[:_CHUNK_ROWS])
+        out = np.empty((w.shape[0], first.shape[1]), np.uint8)
+        out[:_CHUNK_ROWS] = first
+        for r in range(_CHUNK_ROWS, w.shape[0], _CHUNK_ROWS):
+            out[r : r + _CHUNK_ROWS] = fn(w[r : r + _CHUNK_ROWS])
+        return out
+
+    run.__doc__ = fn.__doc__
+    run.__name__ = fn.__name__
+    return run
+
+
 def _pack(level, sbits, scales, d) -> np.ndarray:
     """LUT4 rows from levels and sign bits [n, nb, 256], scale words [n, nb], d bytes [n, nb, 2]."""
     n, nb = level.shape[:2]
@@ -76,45 +102,164 @@ def _codes(p: np.ndarray):
 
 
 def repack(w: np.ndarray) -> np.ndarray:
-    """IQ3_XXS rows [R, nb * 98] -> LUT4 rows [R, nb * 134]."""
-    n = w.shape[0]
-    bl = w.reshape(n, -1, BB_GGUF)
-    nb = bl.shape[1]
-    mag = IQ3XXS_GRID[bl[..., 2:66]].reshape(n, nb, 256)  # magnitudes 4..62
-    level = np.searchsorted(IQ3XXS_LEVELS.astype(np.uint8), mag)
-    aux = bl[..., 66:98].copy().view(np.uint32)  # [n, nb, 8]
-    sidx = (aux[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 127  # [n, nb, 8, 4]
-    sbits = (KSIGNS[sidx][..., None] >> np.arange(8, dtype=np.uint8)) & 1  # [n, nb, 8, 4, 8]
-    ls = (aux >> 28).astype(np.uint32)  # [n, nb, 8]
-    scales = np.bitwise_or.reduce(ls << (4 * np.arange(8, dtype=np.uint32)), axis=-1)
-    return _pack(level, sbits.reshape(n, nb, 256), scales, bl[..., 0:2])
+    """IQ3_XXS rows [R, nb * 98] -> LUT4 rows [R, nb * 134] (Numba, parallel over rows)."""
+    return _numba_repack(_repack_xxs_rows, BB_GGUF, _XXS_LEVEL, _KS_BITS)(w)
+
+
+def repack_s(w: np.ndarray) -> np.ndarray:
+    """IQ3_S rows [R, nb * 110] -> LUT4 rows [R, nb * 134] (Numba, parallel over rows)."""
+    return _numba_repack(_repack_s_rows, BB_GGUF_S, _S_LEVEL)(w)
 
 
 def repack_2xxs(w: np.ndarray) -> np.ndarray:
-    """IQ2_XXS rows [R, nb * 66] -> LUT4 rows [R, nb * 134]."""
+    """IQ2_XXS rows [R, nb * 66] -> LUT4 rows [R, nb * 134] (Numba, parallel over rows)."""
+    return _numba_repack(_repack_2xxs_rows, BB_GGUF_2XXS, _2XXS_LEVEL, _KS_BITS)(w)
+
+
+@njit(cache=True, inline="always")
+def _put(out, r, b, i, code):
+    """Code of weight i of block b into row r of LUT4 rows (low nibble: first half of a chunk)."""
+    j, m = i // 64, i % 64
+    if m < 32:
+        out[r, 128 * b + 32 * j + m] |= code
+    else:
+        out[r, 128 * b + 32 * j + m - 32] |= code << 4
+
+
+@njit(cache=True, inline="always")
+def _start_block(out, r, b, nb, d0, d1):
+    out[r, 132 * nb + 2 * b] = d0
+    out[r, 132 * nb + 2 * b + 1] = d1
+    for i in range(128):
+        out[r, 128 * b + i] = 0
+
+
+@njit(cache=True, inline="always")
+def _put_scales(out, r, b, nb, words):
+    for k in range(4):
+        out[r, 128 * nb + 4 * b + k] = (words >> (8 * k)) & 255
+
+
+@njit(cache=True, inline="always")
+def _u32(w, r, q):
+    return (
+        np.uint32(w[r, q])
+        | (np.uint32(w[r, q + 1]) << 8)
+        | (np.uint32(w[r, q + 2]) << 16)
+        | (np.uint32(w[r, q + 3]) << 24)
+    )
+
+
+@njit(cache=True, parallel=True)
+def _repack_xxs_rows(w, out, level_of, sign_bits):
+    nb = w.shape[1] // BB_GGUF
+    for r in prange(w.shape[0]):
+        for b in range(nb):
+            o = b * BB_GGUF
+            _start_block(out, r, b, nb, w[r, o], w[r, o + 1])
+            words = np.uint32(0)
+            for s in range(8):
+                aux = _u32(w, r, o + 66 + 4 * s)
+                words |= (aux >> 28) << (4 * s)
+                for g in range(4):
+                    sidx = (aux >> (7 * g)) & 127
+                    for h in range(2):
+                        idx = w[r, o + 2 + 8 * s + 2 * g + h]
+                        for k in range(4):
+                            code = level_of[idx, k] | (sign_bits[sidx, 4 * h + k] << 3)
+                            _put(out, r, b, 32 * s + 8 * g + 4 * h + k, code)
+            _put_scales(out, r, b, nb, words)
+
+
+@njit(cache=True, parallel=True)
+def _repack_s_rows(w, out, level_of):
+    nb = w.shape[1] // BB_GGUF_S
+    for r in prange(w.shape[0]):
+        for b in range(nb):
+            o = b * BB_GGUF_S
+            _start_block(out, r, b, nb, w[r, o], w[r, o + 1])
+            for k in range(64):  # grid index k: weights 4k..4k+3
+                idx = np.int32(w[r, o + 2 + k]) | (
+                    ((np.int32(w[r, o + 66 + k // 8]) >> (k % 8)) & 1) << 8
+                )
+                for e in range(4):
+                    i = 4 * k + e
+                    sign = (w[r, o + 74 + i // 8] >> (i % 8)) & 1
+                    _put(out, r, b, i, level_of[idx, e] | (sign << 3))
+            _put_scales(out, r, b, nb, _u32(w, r, o + 106))  # nibble s is already ls_s
+
+
+@njit(cache=True, parallel=True)
+def _repack_2xxs_rows(w, out, level_of, sign_bits):
+    nb = w.shape[1] // BB_GGUF_2XXS
+    for r in prange(w.shape[0]):
+        for b in range(nb):
+            o = b * BB_GGUF_2XXS
+            _start_block(out, r, b, nb, w[r, o], w[r, o + 1])
+            words = np.uint32(0)
+            for s in range(8):
+                aux = _u32(w, r, o + 2 + 8 * s + 4)
+                words |= (aux >> 28) << (4 * s)
+                for g in range(4):
+                    idx = w[r, o + 2 + 8 * s + g]
+                    sidx = (aux >> (7 * g)) & 127
+                    for e in range(8):
+                        code = level_of[idx, e] | (sign_bits[sidx, e] << 3)
+                        _put(out, r, b, 32 * s + 8 * g + e, code)
+            _put_scales(out, r, b, nb, words)
+
+
+def _numba_repack(rows_fn, bb, *tables):
+    def run(w: np.ndarray) -> np.ndarray:
+        w = np.ascontiguousarray(w).view(np.uint8)
+        out = np.empty((w.shape[0], w.shape[1] // bb * BB), np.uint8)
+        rows_fn(w, out, *tables)
+        return out
+
+    return run
+
+
+@_chunked
+def repack_reference(w: np.ndarray) -> np.ndarray:
+    """IQ3_XXS rows [R, nb * 98] -> LUT4 rows [R, nb * 134]: the NumPy statement of `repack`."""
+    n = w.shape[0]
+    bl = w.reshape(n, -1, BB_GGUF)
+    nb = bl.shape[1]
+    level = _XXS_LEVEL[bl[..., 2:66]].reshape(n, nb, 256)
+    aux = bl[..., 66:98].copy().view(np.uint32)  # [n, nb, 8]
+    sidx = (aux[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 127  # [n, nb, 8, 4]
+    sbits = _KS_BITS[sidx].reshape(n, nb, 256)
+    ls = (aux >> 28).astype(np.uint32)  # [n, nb, 8]
+    scales = np.bitwise_or.reduce(ls << (4 * np.arange(8, dtype=np.uint32)), axis=-1)
+    return _pack(level, sbits, scales, bl[..., 0:2])
+
+
+@_chunked
+def repack_2xxs_reference(w: np.ndarray) -> np.ndarray:
+    """IQ2_XXS rows [R, nb * 66] -> LUT4 rows [R, nb * 134]: NumPy statement of `repack_2xxs`."""
     n = w.shape[0]
     bl = w.reshape(n, -1, BB_GGUF_2XXS)
     nb = bl.shape[1]
     words = bl[..., 2:].copy().view(np.uint32).reshape(n, nb, 8, 2)
     idx = words[..., 0:1].copy().view(np.uint8)  # [n, nb, 8, 4] grid indices
-    mag = IQ2XXS_GRID[idx].reshape(n, nb, 256)  # 8, 25 or 43
-    level = np.searchsorted(IQ2XXS_LEVELS.astype(np.uint8), mag)
+    level = _2XXS_LEVEL[idx].reshape(n, nb, 256)
     aux = words[..., 1]  # [n, nb, 8]: 4 x 7 sign bits + 4-bit scale
     sidx = (aux[..., None] >> (7 * np.arange(4, dtype=np.uint32))) & 127
-    sbits = (KSIGNS[sidx][..., None] >> np.arange(8, dtype=np.uint8)) & 1
+    sbits = _KS_BITS[sidx].reshape(n, nb, 256)
     ls = (aux >> 28).astype(np.uint32)
     scales = np.bitwise_or.reduce(ls << (4 * np.arange(8, dtype=np.uint32)), axis=-1)
-    return _pack(level, sbits.reshape(n, nb, 256), scales, bl[..., 0:2])
+    return _pack(level, sbits, scales, bl[..., 0:2])
 
 
-def repack_s(w: np.ndarray) -> np.ndarray:
-    """IQ3_S rows [R, nb * 110] -> LUT4 rows [R, nb * 134]."""
+@_chunked
+def repack_s_reference(w: np.ndarray) -> np.ndarray:
+    """IQ3_S rows [R, nb * 110] -> LUT4 rows [R, nb * 134]: NumPy statement of `repack_s`."""
     n = w.shape[0]
     bl = w.reshape(n, -1, BB_GGUF_S)
     nb = bl.shape[1]
     hi = ((bl[..., 66:74, None] >> np.arange(8, dtype=np.uint8)) & 1).reshape(n, nb, 64)
     idx = bl[..., 2:66].astype(np.int64) | (hi.astype(np.int64) << 8)
-    level = (IQ3S_GRID[idx].reshape(n, nb, 256) - 1) // 2
+    level = _S_LEVEL[idx].reshape(n, nb, 256)
     sbits = ((bl[..., 74:106, None] >> np.arange(8, dtype=np.uint8)) & 1).reshape(n, nb, 256)
     scales = bl[..., 106:110].copy().view("<u4")[..., 0]  # nibble s = ls of sub-block s already
     return _pack(level, sbits, scales, bl[..., 0:2])
@@ -130,6 +275,7 @@ def _grid_index(grid: np.ndarray, levels: np.ndarray) -> np.ndarray:
     return inv
 
 
+@_chunked
 def unpack(p: np.ndarray) -> np.ndarray:
     """LUT4 rows [R, nb * 134] -> the IQ3_XXS bytes they came from."""
     level, sign, scales, d = _codes(p)
@@ -155,6 +301,7 @@ def _sign_fields(sign: np.ndarray, n: int, nb: int) -> np.ndarray:
     return np.bitwise_or.reduce(sign[..., :7] << np.arange(7, dtype=np.uint32), axis=-1)
 
 
+@_chunked
 def unpack_2xxs(p: np.ndarray) -> np.ndarray:
     """LUT4 rows [R, nb * 134] -> the IQ2_XXS bytes they came from."""
     level, sign, scales, d = _codes(p)
@@ -181,6 +328,7 @@ def unpack_2xxs(p: np.ndarray) -> np.ndarray:
     return out.reshape(n, nb * BB_GGUF_2XXS)
 
 
+@_chunked
 def unpack_s(p: np.ndarray) -> np.ndarray:
     """LUT4 rows [R, nb * 134] -> the IQ3_S bytes they came from."""
     level, sign, scales, d = _codes(p)

@@ -146,20 +146,16 @@ def prefetch_row(typingctx, w, r, nbytes):
         fn = cgutils.get_or_insert_function(
             builder.module,
             ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
-            "llvm.prefetch.p0i8" if not _opaque() else "llvm.prefetch.p0",
+            "llvm.prefetch.p0i8",  # LLVM upgrades the typed-pointer name where pointers are opaque
         )
-        with cgutils.for_range(builder, builder.udiv(args[2], ir.Constant(I64, 64))) as loop:
+        # every line the row touches wherever it starts: (nbytes + 127) // 64 lines
+        lines = builder.udiv(builder.add(args[2], ir.Constant(I64, 127)), ir.Constant(I64, 64))
+        with cgutils.for_range(builder, lines) as loop:
             q = builder.gep(p, [builder.mul(loop.index, ir.Constant(I64, 64))])
             builder.call(fn, [q, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
         return context.get_dummy_value()
 
     return sig, codegen
-
-
-def _opaque() -> bool:
-    return not isinstance(ir.PointerType(I8), ir.PointerType) or not hasattr(
-        ir.PointerType(I8), "pointee"
-    )
 
 
 def absb(e: Emit, v):
