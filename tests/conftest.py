@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-os.environ.setdefault("NUMBA_CACHE_DIR", os.path.expanduser("~/.cache/strata-numba"))
 
 
 @pytest.fixture(scope="session")
