@@ -160,6 +160,19 @@ def _cut(src: Path, dst: Path, nbytes: int) -> Path:
     return dst
 
 
+BAD_MODEL_CASES = (
+    "not_gguf",
+    "truncated_in_header",
+    "truncated_half",
+    "truncated_in_last_tensor",
+    "unsupported_arch",
+    "missing_tensor",
+    "expert_count_contradicts_shapes",
+    "tensor_shape_contradicts_metadata",
+    "unsupported_tensor_type",
+)  # the keys of bad_models()
+
+
 def bad_models(good: Path, out_dir: Path) -> dict[str, BadModel]:
     """Single-file models broken in each way a user can meet, made from the valid model `good`."""
     from strata.model.errors import (
@@ -191,28 +204,49 @@ def bad_models(good: Path, out_dir: Path) -> dict[str, BadModel]:
     cases = {
         "not_gguf": BadModel(text, NotGGUF, ("notes.gguf",)),
         "truncated_in_header": BadModel(
-            _cut(good, p("cut_header"), data_start // 2), TruncatedFile, ("cut_header.gguf",)),
+            _cut(good, p("cut_header"), data_start // 2), TruncatedFile, ("cut_header.gguf",)
+        ),
         "truncated_half": BadModel(
-            _cut(good, p("cut_half"), size // 2), TruncatedFile, ("cut_half.gguf",)),
+            _cut(good, p("cut_half"), size // 2), TruncatedFile, ("cut_half.gguf",)
+        ),
         "truncated_in_last_tensor": BadModel(
-            _cut(good, p("cut_tail"), size - 1), TruncatedFile, ("cut_tail.gguf",)),
+            _cut(good, p("cut_tail"), size - 1), TruncatedFile, ("cut_tail.gguf",)
+        ),
         "unsupported_arch": BadModel(
-            rewrite_gguf(good, p("llama"), arch="llama"), UnsupportedArchitecture,
-            ("llama.gguf", "'llama'")),
+            rewrite_gguf(good, p("llama"), arch="llama"),
+            UnsupportedArchitecture,
+            ("llama.gguf", "'llama'"),
+        ),
         "missing_tensor": BadModel(
-            rewrite_gguf(good, p("no_down"), drop=["blk.1.ffn_down_exps.weight"]), MissingTensor,
-            ("no_down.gguf", "blk.1.ffn_down_exps")),
+            rewrite_gguf(good, p("no_down"), drop=["blk.1.ffn_down_exps.weight"]),
+            MissingTensor,
+            ("no_down.gguf", "blk.1.ffn_down_exps"),
+        ),
         "expert_count_contradicts_shapes": BadModel(
-            rewrite_gguf(good, p("experts"), meta={Keys.LLM.EXPERT_COUNT.format(arch=arch):
-                                                   2 * n_expert}),
-            ShapeMismatch, ("experts.gguf", "blk.0.ffn_gate_inp")),
+            rewrite_gguf(
+                good, p("experts"), meta={Keys.LLM.EXPERT_COUNT.format(arch=arch): 2 * n_expert}
+            ),
+            ShapeMismatch,
+            ("experts.gguf", "blk.0.ffn_gate_inp"),
+        ),
         "tensor_shape_contradicts_metadata": BadModel(
-            rewrite_gguf(good, p("reshaped"),
-                         reshape={"blk.0.attn_q.weight": (q_shape[0] // 2, q_shape[1] * 2)}),
-            ShapeMismatch, ("reshaped.gguf", "blk.0.attn_q")),
+            rewrite_gguf(
+                good,
+                p("reshaped"),
+                reshape={"blk.0.attn_q.weight": (q_shape[0] // 2, q_shape[1] * 2)},
+            ),
+            ShapeMismatch,
+            ("reshaped.gguf", "blk.0.attn_q"),
+        ),
         "unsupported_tensor_type": BadModel(
-            rewrite_gguf(good, p("q4_0"), drop=["blk.0.attn_q.weight"],
-                         extra_tensors={"blk.0.attn_q.weight": (q4_0, QT.Q4_0)}),
-            UnsupportedType, ("q4_0.gguf", "blk.0.attn_q", "Q4_0")),
+            rewrite_gguf(
+                good,
+                p("q4_0"),
+                drop=["blk.0.attn_q.weight"],
+                extra_tensors={"blk.0.attn_q.weight": (q4_0, QT.Q4_0)},
+            ),
+            UnsupportedType,
+            ("q4_0.gguf", "blk.0.attn_q", "Q4_0"),
+        ),
     }
     return cases

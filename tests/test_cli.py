@@ -16,7 +16,7 @@ from strata.cli import main
 from strata.model import synth
 from strata.model.synth import SynthSpec, make_args, write_synthetic
 from strata.quant import fmt
-from tests.gguf_edit import assemble_set, bad_models
+from tests.gguf_edit import BAD_MODEL_CASES, assemble_set, bad_models
 
 REPO = Path(__file__).resolve().parents[1]
 STEM = "tiny"
@@ -57,21 +57,7 @@ def _assert_one_error_line(err: str) -> str:
     return lines[0]
 
 
-BAD_CASES = [
-    "not_gguf",
-    "truncated_in_header",
-    "truncated_half",
-    "truncated_in_last_tensor",
-    "unsupported_arch",
-    "missing_tensor",
-    "expert_count_contradicts_shapes",
-    "tensor_shape_contradicts_metadata",
-    "unsupported_tensor_type",
-    "missing_shard",
-    "mixed_sets",
-    "mixed_quants",
-    "no_such_file",
-]
+BAD_CASES = [*BAD_MODEL_CASES, "missing_shard", "mixed_sets", "mixed_quants", "no_such_file"]
 
 
 # ---- bad input: exit 2, one line on stderr, nothing on stdout ----
@@ -87,11 +73,14 @@ def test_inspect_of_a_bad_model_exits_2_with_one_error_line(cli_models, capsys, 
     assert path.name in line or "shard" in line
 
 
-@pytest.mark.parametrize("case", ["not_gguf", "truncated_half", "missing_tensor",
-                                  "unsupported_tensor_type", "missing_shard"])
+@pytest.mark.parametrize(
+    "case",
+    ["not_gguf", "truncated_half", "missing_tensor", "unsupported_tensor_type", "missing_shard"],
+)
 def test_generate_with_a_bad_model_exits_2_with_one_error_line(cli_models, capsys, case):
-    rc, out, err = _run(capsys, ["generate", "hello", "-n", "2", "--model",
-                                 str(cli_models.bad[case])])
+    rc, out, err = _run(
+        capsys, ["generate", "hello", "-n", "2", "--model", str(cli_models.bad[case])]
+    )
     assert rc == 2
     assert out == ""
     _assert_one_error_line(err)
@@ -103,8 +92,7 @@ def test_the_model_may_come_from_the_environment(cli_models, capsys, monkeypatch
     assert rc == 2 and "blk.1.ffn_down_exps" in _assert_one_error_line(err)
 
 
-def test_a_value_error_from_deep_code_is_one_line_not_a_traceback(cli_models, capsys,
-                                                                  monkeypatch):
+def test_a_value_error_from_deep_code_is_one_line_not_a_traceback(cli_models, capsys, monkeypatch):
     import strata.inspect
 
     def broken(*a, **kw):
@@ -118,8 +106,14 @@ def test_a_value_error_from_deep_code_is_one_line_not_a_traceback(cli_models, ca
 
 def _subprocess(*argv: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "strata", *argv], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "strata", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("case", ["not_gguf", "truncated_in_last_tensor", "missing_shard"])
@@ -170,8 +164,21 @@ def test_inspect_reports_expert_bytes_per_token_of_the_tiny_model(cli_models, ca
 def test_inspect_expert_bytes_per_token_of_a_qwen3_30b_a3b_shaped_iq3_xxs_file(tmp_path, capsys):
     out = tmp_path / "q30.gguf"
     try:
-        rc, _, err = _run(capsys, ["synth", str(out), "--shape", "qwen3-30b-a3b", "--layers", "2",
-                                   "--vocab", "2048", "--quant", "IQ3_XXS"])
+        rc, _, err = _run(
+            capsys,
+            [
+                "synth",
+                str(out),
+                "--shape",
+                "qwen3-30b-a3b",
+                "--layers",
+                "2",
+                "--vocab",
+                "2048",
+                "--quant",
+                "IQ3_XXS",
+            ],
+        )
         assert rc == 0, err
         rc, report, err = _run(capsys, ["inspect", str(out)])
         assert rc == 0, err
@@ -228,8 +235,10 @@ def test_synth_refuses_to_overwrite_an_existing_shard_set(tmp_path, capsys):
     assert [p.stat().st_mtime_ns for p in shards] == before
 
 
-@pytest.mark.parametrize("flag,value", [("--quant", "Q9_Z"), ("--quant", "Q4_0"),
-                                        ("--dense-quant", "nope"), ("--quant", "Q8_K")])
+@pytest.mark.parametrize(
+    "flag,value",
+    [("--quant", "Q9_Z"), ("--quant", "Q4_0"), ("--dense-quant", "nope"), ("--quant", "Q8_K")],
+)
 def test_synth_rejects_an_unknown_or_unusable_quant(tmp_path, capsys, flag, value):
     out = tmp_path / "m.gguf"
     rc, _, err = _run(capsys, ["synth", str(out), "--shape", "tiny", flag, value])

@@ -15,6 +15,7 @@ from gguf.constants import Keys
 from strata.cli import DEFAULT_MODEL, main
 from strata.engine.forward import Engine
 from strata.model.loader import load_model
+from tests.test_llama_oracle import llama_greedy
 
 HELDOUT = DEFAULT_MODEL.parent / "heldout.txt"  # the opening of a held-out stdlib module
 N_HELDOUT = 384  # tokens scored: flips (see below) average out; ~10 s on two cores
@@ -127,20 +128,6 @@ def test_generate_def_prints_code(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert out.startswith("def ")
     assert any(s in out[4:] for s in ("(", ":", "return", "self", "=")), out
-
-
-def llama_greedy(llm, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    """llama.cpp's greedy tokens and, per step, its top-1/top-2 margin over max |logit|."""
-    llm.reset()
-    llm.eval(prompt)
-    out, margins = [], []
-    for _ in range(n):
-        z = np.array(llm.scores[llm.n_tokens - 1])
-        top2 = np.sort(z)[-2:]
-        margins.append(float((top2[1] - top2[0]) / np.abs(z).max()))
-        out.append(int(np.argmax(z)))
-        llm.eval([out[-1]])
-    return out, margins
 
 
 @pytest.mark.llama

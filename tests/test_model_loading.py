@@ -18,7 +18,7 @@ from strata.model.gguf_file import GGUFModel
 from strata.model.loader import load_model
 from strata.model.synth import SynthSpec, make_args, write_synthetic
 from strata.quant import UnsupportedType, fmt
-from tests.gguf_edit import assemble_set, bad_models, rewrite_gguf, shard_name
+from tests.gguf_edit import BAD_MODEL_CASES, assemble_set, bad_models, rewrite_gguf, shard_name
 
 STEM = "tiny"
 
@@ -170,16 +170,23 @@ def test_a_shard_recording_another_file_type_is_refused(models, tmp_path):
     a, b = _shards(models.split10), _shards(models.q4k_split10)
     fields = GGUFReader(b[1]).fields
     split_meta = {k: fields[k].contents() for k in fields if k.startswith("split.")}
-    other = rewrite_gguf(b[1], tmp_path / "b2.gguf", arch="qwen3moe",
-                         meta={**split_meta, Keys.General.FILE_TYPE: int(QT.Q4_K)})
+    other = rewrite_gguf(
+        b[1],
+        tmp_path / "b2.gguf",
+        arch="qwen3moe",
+        meta={**split_meta, Keys.General.FILE_TYPE: int(QT.Q4_K)},
+    )
     first = assemble_set(tmp_path / "set", STEM, [a[0], other, a[2]])
     with pytest.raises(ShardError, match="file type") as e:
         load_model(first)
     assert shard_name(STEM, 2, 3) in str(e.value)
 
 
-@pytest.mark.xfail(strict=True, reason="shards after the first carry only split.* metadata: two "
-                   "sets split the same way differ in nothing but their tensor types")
+@pytest.mark.xfail(
+    strict=True,
+    reason="shards after the first carry only split.* metadata: two "
+    "sets split the same way differ in nothing but their tensor types",
+)
 def test_a_shard_of_another_quant_split_the_same_way_is_refused(models, tmp_path):
     a, b = _shards(models.split10), _shards(models.q4k_split10)
     first = assemble_set(tmp_path, STEM, [a[0], b[1], a[2]])
@@ -197,17 +204,7 @@ def test_a_file_named_as_a_shard_needs_its_siblings(models, tmp_path):
 
 # ---- bad files: the right error, one line, naming the file or tensor ----
 
-BAD = [
-    "not_gguf",
-    "truncated_in_header",
-    "truncated_half",
-    "truncated_in_last_tensor",
-    "unsupported_arch",
-    "missing_tensor",
-    "expert_count_contradicts_shapes",
-    "tensor_shape_contradicts_metadata",
-    "unsupported_tensor_type",
-]
+BAD = list(BAD_MODEL_CASES)  # every case tests/gguf_edit.py builds
 
 
 @pytest.mark.parametrize("case", BAD)
