@@ -212,7 +212,6 @@ def cmd_inspect(ns) -> int:
 
 
 def cmd_synth(ns) -> int:
-    from gguf.constants import GGMLQuantizationType as QT
 
     from strata.model.synth import SHAPES, SynthSpec, make_args, write_synthetic
     from strata.quant import MODEL_TYPES, fmt
@@ -236,7 +235,6 @@ def cmd_synth(ns) -> int:
         seed=ns.seed,
         split_max_tensors=ns.split_max_tensors,
     )
-    del QT
     out = Path(ns.out)
     existing = [out] if out.exists() else []
     if ns.split_max_tensors > 0:  # shards are named NAME-0000k-of-0000n.gguf

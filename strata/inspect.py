@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
+
+from strata.engine.builder import auto_slots
 from strata.model.loader import Model
 
 MiB = 1 << 20
@@ -11,12 +14,6 @@ MiB = 1 << 20
 
 def _mib(n: int) -> str:
     return f"{n / MiB:,.1f} MiB"
-
-
-def kv_bytes(model: Model, n_ctx: int) -> int:
-    """f16 K and V for every layer at `n_ctx` positions."""
-    a = model.args
-    return a.n_layer * n_ctx * a.n_head_kv * (a.head_dim + a.v_head_dim) * 2
 
 
 def report(model: Model, budget_mib: int = 10240, n_ctx: int = 4096) -> str:
@@ -36,7 +33,7 @@ def report(model: Model, budget_mib: int = 10240, n_ctx: int = 4096) -> str:
         row = by_type[t.qtype.name]
         row[0] += 1
         row[1] += t.nbytes
-        row[2] += int(__import__("numpy").prod(t.shape))
+        row[2] += int(np.prod(t.shape, dtype=np.int64))
     total = sum(r[1] for r in by_type.values())
     for name, (n, nbytes, elems) in sorted(by_type.items(), key=lambda kv: -kv[1][1]):
         bpw = 8 * nbytes / max(elems, 1)
@@ -54,7 +51,7 @@ def report(model: Model, budget_mib: int = 10240, n_ctx: int = 4096) -> str:
         f"{a.n_expert_used} experts x {a.n_layer} layers",
         f"dense (non-expert) bytes: {_mib(dense)}",
     ]
-    kv = kv_bytes(model, n_ctx)
+    kv = model.kv_bytes(n_ctx)
     budget = budget_mib * MiB
     left = budget - dense - kv
     lines += [
@@ -65,7 +62,7 @@ def report(model: Model, budget_mib: int = 10240, n_ctx: int = 4096) -> str:
         lines.append(f"  does not fit: dense + KV exceed the budget by {_mib(-left)}")
     else:
         mean_expert = experts_total / (a.n_expert * a.n_layer)
-        slots = min(int(left // mean_expert), a.n_expert * a.n_layer)
+        slots = auto_slots(model, budget_mib, n_ctx)
         frac = slots / (a.n_expert * a.n_layer)
         lines.append(
             f"  expert cache: {_mib(left)} left -> {slots:,} of {a.n_expert * a.n_layer:,} experts "

@@ -15,16 +15,10 @@ from strata.routing.profile import AdaptiveCache, UsageProfile, place
 MiB = 1 << 20
 
 
-def kv_bytes(model: Model, n_ctx: int) -> int:
-    """f16 K and V for every layer at `n_ctx` positions."""
-    a = model.args
-    return a.n_layer * n_ctx * a.n_head_kv * (a.head_dim + a.v_head_dim) * 2
-
-
 def auto_slots(model: Model, budget_mib: int, n_ctx: int) -> int:
     """Expert slots that fit the budget after the dense weights and the KV cache."""
     a = model.args
-    left = budget_mib * MiB - model.dense_bytes() - kv_bytes(model, n_ctx)
+    left = budget_mib * MiB - model.dense_bytes() - model.kv_bytes(n_ctx)
     mean_expert = model.total_expert_bytes() / (a.n_expert * a.n_layer)
     return int(max(0, min(left // mean_expert, a.n_expert * a.n_layer)))
 

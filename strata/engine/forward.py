@@ -75,6 +75,10 @@ class Engine:
             tier = HostTier(model, n_ctx=n_ctx or min(a.n_ctx_train, 4096))
         self.tier = tier
         self.miss_runner = miss_runner or tier
+        # a GPU tier's rows go host-ward for the pool and the pool's sum comes back
+        pool = miss_runner is not None
+        self._to_host = getattr(tier, "to_host", np.asarray) if pool else (lambda a: a)
+        self._to_device = getattr(tier, "to_device", None) if pool else None
         # which experts the device tier holds: [L, E]; default all (a fully resident model)
         if resident is None:
             resident = np.ones((a.n_layer, a.n_expert), bool)
@@ -121,11 +125,9 @@ class Engine:
         if n_hit == hit.size:
             return self.tier.experts(i, h, ids, weights)
         # misses: x rows go host-ward once, the pool's sum comes back to the tier's device
-        to_host = getattr(self.tier, "to_host", np.asarray)
-        to_dev = getattr(self.tier, "to_device", None)
-        y = self.miss_runner.experts(i, to_host(h), np.where(hit, -1, ids), weights)
-        if to_dev is not None and self.miss_runner is not self.tier:
-            y = to_dev(y)
+        y = self.miss_runner.experts(i, self._to_host(h), np.where(hit, -1, ids), weights)
+        if self._to_device is not None:
+            y = self._to_device(y)
         if n_hit:
             y = y + self.tier.experts(i, h, np.where(hit, ids, -1), weights)
         return y

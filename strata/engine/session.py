@@ -107,6 +107,7 @@ class Session:
             if cut >= 0:
                 res.text = res.text[:cut]
                 res.finish_reason = "stop"
+                dec = None  # the text ends at the stop string: nothing left to flush
                 break
             safe = len(res.text) - _stop_hold(res.text, stops)
             if safe > emitted:
@@ -115,8 +116,8 @@ class Session:
             if step + 1 < max_tokens:
                 logits = self.engine.forward([nxt])
                 self.history.append(nxt)
-        else:
-            res.text += dec.flush() if hasattr(dec, "flush") else ""
+        if dec is not None:
+            res.text += dec.flush()  # bytes of a character the last token left unfinished
         res.decode_s = time.perf_counter() - t1
         if len(res.text) > emitted:
             yield res.text[emitted:]

@@ -91,6 +91,11 @@ class Model:
     def total_expert_bytes(self) -> int:
         return sum(self.expert_bytes(i) * self.args.n_expert for i in range(self.args.n_layer))
 
+    def kv_bytes(self, n_ctx: int) -> int:
+        """f16 K and V for every layer at `n_ctx` positions."""
+        a = self.args
+        return a.n_layer * n_ctx * a.n_head_kv * (a.head_dim + a.v_head_dim) * 2
+
     def dense_bytes(self) -> int:
         expert = {name(t, i) for i in range(self.args.n_layer) for t in EXPERT_TENSORS}
         return sum(t.nbytes for n, t in self.gguf.tensors.items() if n not in expert)

@@ -9,7 +9,7 @@ align with, by a Zipf-like ranking), the shape real routing traces have.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -112,7 +112,7 @@ def make_args(shape: str, arch: str | None = None, **overrides) -> ModelArgs:
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")
     kw = dict(SHAPES[shape])
-    arch = arch or kw.pop("arch", "qwen3moe")
+    arch = arch or kw.get("arch", "qwen3moe")
     kw.pop("arch", None)
     if arch == "qwen2moe":
         kw.setdefault("shared_ff", 2 * kw["expert_ff"])
@@ -122,7 +122,7 @@ def make_args(shape: str, arch: str | None = None, **overrides) -> ModelArgs:
     return ModelArgs(arch=arch, qk_norm=is3, qkv_bias=not is3, norm_topk=is3, **kw)
 
 
-def _check_quant(args: ModelArgs, tname: str, shape: tuple[int, ...], qt: QT) -> QT:
+def _check_quant(tname: str, shape: tuple[int, ...], qt: QT) -> QT:
     """The quant to store `tname` in: `qt` when its blocks tile the row, else a clear error."""
     f = fmt(qt)
     if shape[-1] % f.block_elems:
@@ -163,7 +163,7 @@ def tensor_plan(spec: SynthSpec) -> list[tuple[str, tuple[int, ...], QT, float]]
                 plan.append((tname, shape, spec.expert_quant, 1.0 / np.sqrt(shape[-1])))
             else:
                 plan.append((tname, shape, spec.dense_quant, 1.0 / np.sqrt(shape[-1])))
-    return [(n, s, _check_quant(a, n, s, q), std) for n, s, q, std in plan]
+    return [(n, s, _check_quant(n, s, q), std) for n, s, q, std in plan]
 
 
 class _Generator:
@@ -284,6 +284,3 @@ def _written(tmp: Path, spec: SynthSpec) -> list[Path]:
         return [tmp] if tmp.exists() else []
     return sorted(tmp.parent.glob(f"{tmp.stem}-*-of-*.gguf"))
 
-
-def spec_with(spec: SynthSpec, **kw) -> SynthSpec:
-    return replace(spec, **kw)

@@ -50,12 +50,15 @@ def check_golden(path: Path = GOLDEN) -> int:
     for c in cases:
         knobs = CarKnobs(**c["knobs"])
         got = car_plan(
-            np.array(c["ids"]), np.array(c["probs"], np.float32), np.array(c["resident"], bool),
+            np.array(c["ids"]),
+            np.array(c["probs"], np.float32),
+            np.array(c["resident"], bool),
             knobs,
         )
         if got.ids.tolist() != c["expect"]:
-            raise AssertionError(f"golden case {c['name']!r}: got {got.ids.tolist()}, "
-                                 f"expected {c['expect']}")
+            raise AssertionError(
+                f"golden case {c['name']!r}: got {got.ids.tolist()}, expected {c['expect']}"
+            )
     return len(cases)
 
 
@@ -63,14 +66,21 @@ def replay(trace_path, resident: np.ndarray, knobs: CarKnobs) -> Estimate:
     """Apply CAR with `knobs` to the decode records of a trace. resident [L, E] bool."""
     h, rec = read_trace(trace_path)
     if resident.shape != (h.n_layer, h.n_expert):
-        raise ValueError(f"resident mask is {resident.shape}, the trace has "
-                         f"{h.n_layer} layers x {h.n_expert} experts")
+        raise ValueError(
+            f"resident mask is {resident.shape}, the trace has "
+            f"{h.n_layer} layers x {h.n_expert} experts"
+        )
     dec = rec[(rec["flags"] & 1) == 1]
     steps = np.unique(dec["step"])
     warm = set(steps[: knobs.warmup].tolist())
-    est = Estimate(knobs.threshold, len(steps) if len(steps) else 0, 0, 0, 0.0,
-                   np.zeros(h.n_expert, np.int64))
-    est.decode_tokens = max(0, len(steps) - knobs.warmup)
+    est = Estimate(
+        knobs.threshold,
+        max(0, len(steps) - knobs.warmup),
+        0,
+        0,
+        0.0,
+        np.zeros(h.n_expert, np.int64),
+    )
     for r in dec:
         if int(r["step"]) in warm:
             continue
@@ -87,10 +97,14 @@ def replay(trace_path, resident: np.ndarray, knobs: CarKnobs) -> Estimate:
 
 
 def format_table(ests: list[Estimate]) -> str:
-    lines = [f"{'threshold':>9} {'misses':>8} {'subst':>7} {'share':>7} {'per tok':>8} "
-             f"{'mean ratio':>10}  ranks of substitutes (1-based: count)"]
+    lines = [
+        f"{'threshold':>9} {'misses':>8} {'subst':>7} {'share':>7} {'per tok':>8} "
+        f"{'mean ratio':>10}  ranks of substitutes (1-based: count)"
+    ]
     for e in ests:
         ranks = ", ".join(f"{i + 1}:{n}" for i, n in enumerate(e.rank_hist) if n)
-        lines.append(f"{e.threshold:9.2f} {e.misses:8d} {e.substitutions:7d} {e.share:7.1%} "
-                     f"{e.per_token:8.2f} {e.mean_ratio:10.3f}  {ranks}")
+        lines.append(
+            f"{e.threshold:9.2f} {e.misses:8d} {e.substitutions:7d} {e.share:7.1%} "
+            f"{e.per_token:8.2f} {e.mean_ratio:10.3f}  {ranks}"
+        )
     return "\n".join(lines)
