@@ -5,13 +5,15 @@ that lands within float32 noise of a rounding boundary can round one way on one 
 other way on the other (a "flip"): one quant step in one element, about 1e-3 of the logits, and
 through attention it reaches every later position. Flips are rare, so the statement we test is:
 most positions agree to `tol` (the roundings are copied), and none is off by more than a flip.
+A router near-tie that picks another expert on one side is larger than a flip: positions from the
+first one where the two sides routed apart are held to the fraction, not to the flip bound.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-FLIP_BOUND = 0.15  # a flipped Q8 rounding, or a router near-tie picking another expert
+FLIP_BOUND = 0.15  # a flipped Q8 rounding and what attention carries of it
 
 
 def position_errors(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
@@ -19,10 +21,37 @@ def position_errors(ours: np.ndarray, theirs: np.ndarray) -> np.ndarray:
     return np.abs(ours - theirs).max(axis=-1) / np.abs(theirs).max()
 
 
-def assert_logits_match(errs: np.ndarray, tol: float, min_frac: float = 0.6) -> None:
+def routed_apart(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
+    """[T] bool: positions at or after the first token that some layer routed to other experts.
+    a, b: per layer, the chosen ids [T, K] of the two sides."""
+    t = a[0].shape[0]
+    differs = np.zeros(t, bool)
+    for ia, ib in zip(a, b, strict=True):
+        differs |= (np.sort(ia, axis=1) != np.sort(ib, axis=1)).any(axis=1)
+    first = int(np.argmax(differs)) if differs.any() else t
+    return np.arange(t) >= first
+
+
+def trace_ids(path, n_layer: int, steps: slice = slice(None)) -> list[np.ndarray]:
+    """Per layer, the router's ids [T, K] recorded in an STRCS1 trace, in position order."""
+    from strata.routing.trace import read_trace
+
+    _, rec = read_trace(path)
+    out = []
+    for layer in range(n_layer):
+        r = rec[rec["layer"] == layer]
+        out.append(r["ids"][np.argsort(r["step"], kind="stable")][steps])
+    return out
+
+
+def assert_logits_match(
+    errs: np.ndarray, tol: float, min_frac: float = 0.6, apart: np.ndarray | None = None
+) -> None:
     errs = np.asarray(errs).ravel()
     frac = float((errs <= tol).mean())
     assert frac >= min_frac, (
         f"only {frac:.0%} of positions within {tol:g}: {np.sort(errs)[::-1][:8]}"
     )
-    assert errs.max() <= FLIP_BOUND, f"a position is off by {errs.max():.3g}, more than a Q8 flip"
+    same = errs if apart is None else errs[~np.asarray(apart).ravel()]
+    worst = float(same.max()) if same.size else 0.0
+    assert worst <= FLIP_BOUND, f"a position is off by {worst:.3g}, more than a Q8 flip"

@@ -11,7 +11,7 @@ from strata.engine.session import Generation, Session
 from strata.model.loader import load_model
 from strata.model.reference import Reference
 from strata.routing import route_topk
-from tests.oracle import assert_logits_match, position_errors
+from tests.oracle import assert_logits_match, position_errors, routed_apart, trace_ids
 
 
 def rel_err(a, b) -> float:
@@ -21,25 +21,35 @@ def rel_err(a, b) -> float:
 @pytest.mark.parametrize(
     "arch,quant", [("qwen3moe", "IQ3_XXS"), ("qwen3moe", "Q6_K"), ("qwen2moe", "Q4_K")]
 )
-def test_engine_logits_match_reference_prefill_and_cached_decode(synth_model, arch, quant):
+def test_engine_logits_match_reference_prefill_and_cached_decode(
+    synth_model, tmp_path, arch, quant
+):
     model = load_model(synth_model("tiny", quant, arch=arch, seed=3))
+    n_layer = model.args.n_layer
     rng = np.random.default_rng()
     reference = Reference(model, "llama")
-    eng = Engine(model, n_ctx=64)
-    errs, step_errs = [], []
-    for _ in range(12):
+    errs, step_errs, apart, step_apart = [], [], [], []
+    for i in range(12):
         tokens = rng.integers(0, model.args.n_vocab, size=7).tolist()
-        ref = reference.forward(tokens)  # [T, V]
-        eng.reset()
+        ref_ids: list[np.ndarray] = []
+        ref = reference.forward(tokens, record=ref_ids)  # [T, V]
+        full_trace, step_trace = tmp_path / f"full{i}.strcs", tmp_path / f"step{i}.strcs"
+        eng = Engine(model, n_ctx=64, trace_path=str(full_trace))
         full = eng.forward(tokens, all_logits=True)
+        eng.close()
         errs.append(position_errors(full, ref))
+        apart.append(routed_apart(trace_ids(full_trace, n_layer), ref_ids))
         # prefill 4, then one token at a time through the KV cache: the same logits
-        eng.reset()
+        eng = Engine(model, n_ctx=64, trace_path=str(step_trace))
         step = [eng.forward(tokens[:4])] + [eng.forward([t]) for t in tokens[4:]]
+        eng.close()
         step_errs.append(position_errors(np.stack(step), full[3:]))
+        step_apart.append(
+            routed_apart(trace_ids(step_trace, n_layer), trace_ids(full_trace, n_layer))[3:]
+        )
         assert eng.pos == len(tokens)
-    assert_logits_match(np.concatenate(errs), 1e-5)
-    assert_logits_match(np.concatenate(step_errs), 1e-5)
+    assert_logits_match(np.concatenate(errs), 1e-5, apart=np.concatenate(apart))
+    assert_logits_match(np.concatenate(step_errs), 1e-5, apart=np.concatenate(step_apart))
 
 
 def test_llama_numerics_differ_from_exact_by_rounding_only(synth_model):
