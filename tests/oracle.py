@@ -32,6 +32,17 @@ def routed_apart(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
     return np.arange(t) >= first
 
 
+NEAR_TIE = 0.1  # router-logit gap a flip's cascade can close (flips move logits ~1e-2 relative)
+
+
+def near_tie_onward(margins: list[np.ndarray]) -> np.ndarray:
+    """[T] bool: positions at or after the first token whose routing nearly tied in some layer,
+    where a side we cannot observe (llama.cpp) may have picked another expert."""
+    close = np.min(np.stack(margins), axis=0) < NEAR_TIE  # [T]
+    first = int(np.argmax(close)) if close.any() else close.size
+    return np.arange(close.size) >= first
+
+
 def trace_ids(path, n_layer: int, steps: slice = slice(None)) -> list[np.ndarray]:
     """Per layer, the router's ids [T, K] recorded in an STRCS1 trace, in position order."""
     from strata.routing.trace import read_trace

@@ -130,11 +130,22 @@ class Reference:
         act = gate / (1.0 + np.exp(-gate)) * up
         return self.act(act, self.qtype(MT.FFN_DOWN_EXP, i)) @ self.w(MT.FFN_DOWN_EXP, i)[e].T
 
-    def moe(self, i: int, x: np.ndarray, record: list | None = None) -> np.ndarray:
+    def router_margin(self, i: int, h: np.ndarray) -> np.ndarray:
+        """Per token, the router-logit gap between the K-th pick and the best expert left out
+        [T]: how close the top-K choice is to a tie."""
+        logits = np.sort(self.matmul(h, MT.FFN_GATE_INP, i), axis=-1)[:, ::-1]  # [T, E]
+        k = self.args.n_expert_used
+        return logits[:, k - 1] - logits[:, k]
+
+    def moe(
+        self, i: int, x: np.ndarray, record: list | None = None, margins: list | None = None
+    ) -> np.ndarray:
         h = self.rms_norm(x, self.w(MT.FFN_NORM, i))  # [T, D]
         ids, wts = self.route(i, h)
         if record is not None:
             record.append(ids)
+        if margins is not None:
+            margins.append(self.router_margin(i, h))
         out = np.zeros_like(x)
         for t in range(x.shape[0]):
             for k in range(ids.shape[1]):
@@ -147,13 +158,16 @@ class Reference:
             out += sh * (1.0 / (1.0 + np.exp(-g)))[:, None]
         return x + out
 
-    def forward(self, tokens, record: list | None = None) -> np.ndarray:
-        """Logits [T, V] for every position of `tokens`. `record` collects router ids per layer."""
+    def forward(
+        self, tokens, record: list | None = None, margins: list | None = None
+    ) -> np.ndarray:
+        """Logits [T, V] for every position of `tokens`. Per layer, `record` collects the router's
+        ids [T, K] and `margins` its top-K tie margins [T]."""
         ids = np.asarray(tokens, dtype=np.int64)
         x = self.w(MT.TOKEN_EMBD)[ids]  # [T, D]
         pos = np.arange(len(ids), dtype=np.float64)
         for i in range(self.args.n_layer):
             x = self.attention(i, x, pos)
-            x = self.moe(i, x, record)
+            x = self.moe(i, x, record, margins)
         x = self.rms_norm(x, self.w(MT.OUTPUT_NORM))
         return self.matmul(x, MT.OUTPUT)  # [T, V]
