@@ -203,29 +203,6 @@ def test_reasoning_effort_none_prefills_an_empty_think_block(client, model):
     assert r.usage.prompt_tokens > _prompt_tokens(model, USER)
 
 
-def test_a_client_that_disconnects_cancels_its_stream(server):
-    before = _metric(server, "strata_requests_cancelled_total")
-    body = {"messages": USER, "max_tokens": 3000, "stream": True}
-    with httpx.stream("POST", server + "/v1/chat/completions", json=body, timeout=30) as r:
-        lines = r.iter_lines()
-        while '"content":""' in (line := next(lines)) or not line:
-            pass  # read up to the first real token, then hang up
-    _wait(lambda: _metric(server, "strata_requests_cancelled_total") == before + 1)
-    assert httpx.get(server + "/health").json()["active"] == 0
-
-
-def test_a_client_that_times_out_cancels_its_plain_request(server):
-    before = _metric(server, "strata_requests_cancelled_total")
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(
-            server + "/v1/chat/completions",
-            timeout=0.5,
-            json={"messages": USER, "max_tokens": 3000},
-        )
-    _wait(lambda: _metric(server, "strata_requests_cancelled_total") == before + 1)
-    assert httpx.get(server + "/health").json()["active"] == 0
-
-
 # ---- errors ---------------------------------------------------------------------------------
 
 
@@ -430,6 +407,37 @@ def scripted(model, servers):
         return url, engine
 
     return make
+
+
+def test_a_client_that_disconnects_cancels_its_stream(scripted):
+    # scripted, so the model cannot end the answer on its own before the hang-up is noticed
+    url, engine = scripted()
+    engine.say("word " * 3000)
+    before = _metric(url, "strata_requests_cancelled_total")
+    body = {"messages": USER, "max_tokens": 3000, "stream": True}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        while '"content":""' in (line := next(lines)) or not line:
+            pass  # read up to the first real token, then hang up
+        engine.gate.clear()  # hold the next token until the client is gone
+    time.sleep(0.2)
+    engine.gate.set()
+    _wait(lambda: _metric(url, "strata_requests_cancelled_total") == before + 1)
+    assert httpx.get(url + "/health").json()["active"] == 0
+
+
+def test_a_client_that_times_out_cancels_its_plain_request(scripted):
+    url, engine = scripted()
+    engine.say("word " * 3000)
+    before = _metric(url, "strata_requests_cancelled_total")
+    engine.gate.clear()  # generation cannot finish before the client gives up
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            url + "/v1/chat/completions", timeout=0.5, json={"messages": USER, "max_tokens": 3000}
+        )
+    engine.gate.set()
+    _wait(lambda: _metric(url, "strata_requests_cancelled_total") == before + 1)
+    assert httpx.get(url + "/health").json()["active"] == 0
 
 
 def _oai(url: str):
