@@ -39,6 +39,10 @@ class EngineConfig:
     car_dampen: int = 0
     dump_router_scores: str | None = None
     threads: int = 0  # CPU pool threads (0 = all cores)
+    pack: str | None = None  # expert pack directory (`strata pack`); None = the GGUF's bytes
+    release: str | None = None  # release the pack must have been built for (None: not checked)
+    resident_experts: bool = False  # copy the CPU's experts into RAM instead of reading the mmap
+    cuda_graphs: bool = True  # decode steps replayed from CUDA graphs on a GPU tier
     # which fields the user set explicitly (flag or environment), for refusals vs downgrades
     explicit: set[str] = field(default_factory=set, repr=False)
     notices: list[str] = field(default_factory=list, repr=False)
@@ -61,6 +65,13 @@ ENV = {
     "car_dampen": ("STRATA_CAR_DAMPEN", int),
     "dump_router_scores": ("STRATA_DUMP_ROUTER_SCORES", str),
     "threads": ("STRATA_THREADS", int),
+    "pack": ("STRATA_PACK", str),
+    "release": ("STRATA_RELEASE", str),
+    "resident_experts": (
+        "STRATA_RESIDENT_EXPERTS",
+        lambda v: v.lower() in ("1", "true", "yes", "on"),
+    ),
+    "cuda_graphs": ("STRATA_CUDA_GRAPHS", lambda v: v.lower() not in ("0", "false", "no")),
 }
 
 

@@ -37,6 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="resident experts for car-off/car-on (default: what the budget leaves)",
     )
+    ap.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="car-off/car-on: place the expert cache by a usage profile of a calibration prompt",
+    )
     ap.add_argument("-p", "--prompt-tokens", type=int, default=64)
     ap.add_argument("-n", "--gen-tokens", type=int, default=32)
     ap.add_argument("-r", "--repeats", type=int, default=3)
@@ -59,19 +64,31 @@ def _model_path(ns) -> Path:
     return DEFAULT_MODEL
 
 
+def _ms(v) -> str:
+    return f"{v:6.3f}" if isinstance(v, int | float) else f"{'-':>6}"
+
+
 def _engine_table(rows: list[dict]) -> str:
     head = (
         f"{'arm':10} {'prefill t/s':>11} {'decode t/s (min-max)':>24} {'window ms':>9} "
-        f"{'hit %':>6} {'CAR %':>6} {'miss GB/s':>9} {'tier':>5}"
+        f"{'wait':>6} {'route':>6} {'pool':>6} "
+        f"{'hit %':>6} {'CAR %':>6} {'miss GB/s':>9} {'peak MiB':>8} {'tier':>5}"
     )
     lines = [head]
     for r in rows:
+        peak = r.get("peak_device_mib")
         lines.append(
             f"{r['arm']:10} {r['prefill_tps']:11.1f} {r['decode_tps']:8.1f} "
-            f"({r['decode_tps_min']:6.1f}-{r['decode_tps_max']:6.1f}) {r['window_ms']:9.2f} "
+            f"({r['decode_tps_min']:6.1f}-{r['decode_tps_max']:6.1f}) {r['window_ms']:9.3f} "
+            f"{_ms(r.get('win_wait_ms'))} {_ms(r.get('win_route_ms'))} {_ms(r.get('win_pool_ms'))} "
             f"{100 * r['hit_rate']:6.1f} {100 * r['car_substitution_rate']:6.1f} "
-            f"{r['miss_expert_gbps']:9.3f} {r['tier']:>5}"
+            f"{r['miss_expert_gbps']:9.3f} {'-' if peak is None else str(round(peak)):>8} "
+            f"{r['tier']:>5}"
         )
+    lines.append(
+        "window ms = wall time per layer and decode token; wait/route/pool: per-layer time "
+        "blocked on the card, routing on the host, the CPU pool (graph decode only)"
+    )
     return "\n".join(lines)
 
 
@@ -106,6 +123,7 @@ def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
                 {"expert_cache": ns.expert_cache}
                 if ns.expert_cache and arm in ("car-off", "car-on")
                 else None,
+                calibrate=ns.calibrate,
             )
         )
         doc["results"].append(engine_rows[-1])

@@ -35,6 +35,7 @@ def run_engine_arm(
     repeats: int,
     budget_mib: int = 10240,
     extra: dict | None = None,
+    calibrate: bool = False,
 ) -> dict[str, Any]:
     model = load_model(model_path)
     a = model.args
@@ -43,30 +44,40 @@ def run_engine_arm(
     )
     flags.update(extra or {})
     cfg = resolve(flags, env={})
+    used0 = _device_used()
     engine = build_engine(model, cfg)
+    if calibrate and not engine.resident.all() and engine.resident.any():
+        _place_by_calibration(engine, prompt_tokens)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, a.n_vocab, prompt_tokens).tolist()
-    prefill, decode, hits, subst = [], [], [], []
+    prefill, decode, hits, subst, windows = [], [], [], [], []
+    peak = 0
     expert_bytes = model.expert_bytes_per_token()
     with bar(repeats + 1, f"{arm}", unit="run") as pb:
-        for r in range(repeats + 1):  # run 0 warms up (compilation, slot fills)
+        for r in range(repeats + 1):  # run 0 warms up (compilation, slot fills, graph capture)
             engine.reset()
             s0 = _snapshot(engine)
+            w0 = _windows(engine.stats)
             t0 = time.perf_counter()
             logits = engine.forward(prompt)
             t1 = time.perf_counter()
             for _ in range(gen_tokens):
                 logits = engine.forward([int(np.argmax(logits))])
             t2 = time.perf_counter()
+            if used0 is not None:
+                peak = max(peak, _device_used() - used0)
             if r:
                 prefill.append(prompt_tokens / (t1 - t0))
                 decode.append(gen_tokens / (t2 - t1))
                 d = _delta(engine, s0)
                 hits.append(d["hit_rate"])
                 subst.append(d["substitution_rate"])
+                windows.append(_windows(engine.stats) - w0)
             pb.update()
     med = statistics.median(decode)
     miss_bytes = (1 - statistics.median(hits)) * expert_bytes
+    w = np.sum(windows, axis=0)  # [layers, window, wait, route, pool] summed over the runs
+    split = {k: 1e3 * w[j + 1] / w[0] if w[0] else None for j, k in enumerate(WINDOW_PARTS)}
     return {
         "arm": arm,
         "model": str(model_path),
@@ -84,8 +95,54 @@ def run_engine_arm(
         "expert_bytes_per_token": expert_bytes,
         "miss_expert_gbps": miss_bytes * med / 1e9,
         "resident_experts": int(engine.resident.sum()),
+        "graph_steps": engine.stats.graph_steps,
+        # per-layer decode window split (graph decode steps; None on eager paths)
+        **{f"win_{k}_ms": v for k, v in split.items()},
+        "peak_device_mib": peak / MIB if used0 is not None else None,
+        "vram_budget_mib": budget_mib,
+        "calibrated_placement": bool(calibrate),
         "notices": cfg.notices,
     }
+
+
+WINDOW_PARTS = ("window", "wait", "route", "pool")
+MIB = 1 << 20
+
+
+def _windows(st) -> np.ndarray:
+    return np.array([st.window_layers, st.window_s, st.wait_s, st.route_s, st.pool_s])
+
+
+def _device_used() -> int | None:
+    """Bytes in use on the primary GPU (all processes), or None without one."""
+    try:
+        from strata.gpu.device import import_cupy, primary_device
+
+        cp = import_cupy()
+        if cp is None or primary_device() is None:
+            return None
+        free, total = cp.cuda.runtime.memGetInfo()
+        return int(total - free)
+    except Exception:
+        return None
+
+
+def _place_by_calibration(engine, n_tokens: int) -> None:
+    """Fill the expert cache by a usage profile counted over a separate calibration prompt
+    (random tokens of another seed), as `strata profile` + `--profile` would."""
+    from strata.routing.profile import place
+
+    a = engine.args
+    engine.reset()
+    hist0 = engine.stats.expert_hist.copy()
+    prompt = np.random.default_rng(1).integers(0, a.n_vocab, max(64, n_tokens)).tolist()
+    engine.forward(prompt[: engine.n_ctx - 1])
+    counts = engine.stats.expert_hist - hist0
+    want = place(counts, int(engine.resident.sum()))
+    engine.resident[:] = (
+        engine.tier.load_resident(want) if hasattr(engine.tier, "load_resident") else want
+    )
+    engine.reset()
 
 
 def _snapshot(engine) -> tuple[int, int, int, int]:

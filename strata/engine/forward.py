@@ -9,6 +9,7 @@ T = tokens in the step, D = hidden, E = experts, K = experts per token, V = voca
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -41,6 +42,19 @@ class EngineStats:
     substitutions: int = 0
     ratio_sum: float = 0.0
     swaps: int = 0
+    # decode windows (per layer, summed over steps; seconds): wall time of the whole layer,
+    # blocked on the card, host routing (top-k, CAR, statistics), the CPU pool's call
+    window_layers: int = 0
+    window_s: float = 0.0
+    wait_s: float = 0.0
+    route_s: float = 0.0
+    pool_s: float = 0.0
+    graph_steps: int = 0  # decode steps replayed from CUDA graphs
+
+    def window_ms(self) -> dict[str, float]:
+        """Mean per-layer decode window split: total, waiting on the card, routing, pool."""
+        n = max(1, self.window_layers)
+        return {k: 1e3 * getattr(self, f"{k}_s") / n for k in ("window", "wait", "route", "pool")}
 
     @property
     def hit_rate(self) -> float:
@@ -66,6 +80,7 @@ class Engine:
         miss_runner: MissRunner | None = None,
         trace_path: str | None = None,
         adaptive: AdaptiveCache | None = None,
+        graphs: bool = True,
     ):
         self.model, self.args = model, model.args
         a = self.args
@@ -88,6 +103,8 @@ class Engine:
         self.trace = (
             TraceWriter(trace_path, a.n_layer, a.n_expert, a.n_expert_used) if trace_path else None
         )
+        self.graphs = graphs  # decode from CUDA graphs where the tier has them
+        self._layer_rows = np.arange(a.n_layer)[:, None]  # [L, 1]
         self.pos = 0
         self.stats = EngineStats(expert_hist=np.zeros((a.n_layer, a.n_expert), np.int64))
 
@@ -99,7 +116,9 @@ class Engine:
         """Forget the sequence past `keep` positions (the KV rows beyond are overwritten later)."""
         self.pos = min(self.pos, keep)
 
-    def _moe(self, i: int, h: np.ndarray, logits: np.ndarray, decode: bool) -> np.ndarray:
+    def _route(self, i: int, logits: np.ndarray, decode: bool):
+        """Top-k, trace, CAR (decode), statistics, adaptive cache -> ids [T, K], weights
+        [T, K], hit [T, K] (picks a resident expert serves)."""
         a, st = self.args, self.stats
         ids, weights, probs = route_topk(logits, a.n_expert_used, a.norm_topk)  # [T, K], [T, E]
         np.add.at(st.expert_hist[i], ids.ravel(), 1)
@@ -122,15 +141,76 @@ class Engine:
         n_hit = int(hit.sum())
         st.hits += n_hit
         st.misses += hit.size - n_hit
+        return ids, weights, hit
+
+    def _moe(self, i: int, h: np.ndarray, logits: np.ndarray, decode: bool) -> np.ndarray:
+        ids, weights, hit = self._route(i, logits, decode)
+        n_hit = int(hit.sum())
         if n_hit == hit.size:
             return self.tier.experts(i, h, ids, weights)
-        # misses: x rows go host-ward once, the pool's sum comes back to the tier's device
-        y = self.miss_runner.experts(i, self._to_host(h), np.where(hit, -1, ids), weights)
+        # misses: x rows go host-ward once (before the resident launches, which a GPU tier then
+        # runs while the pool computes), the pool's sum comes back to the tier's device
+        hh = self._to_host(h)
+        yd = self.tier.experts(i, h, np.where(hit, ids, -1), weights) if n_hit else None
+        t0 = time.perf_counter()
+        y = self.miss_runner.experts(i, hh, np.where(hit, -1, ids), weights)
+        self.stats.pool_s += time.perf_counter() - t0
         if self._to_device is not None:
             y = self._to_device(y)
-        if n_hit:
-            y = y + self.tier.experts(i, h, np.where(hit, ids, -1), weights)
+        if yd is not None:
+            y = y + yd
         return y
+
+    # ---- decode steps from CUDA graphs (a GPU tier that has them) ----
+    def _graph_mode(self) -> str | None:
+        """"all" (one graph per token), "hybrid" (two per layer, the pool between) or None
+        (eager launches) for a decode step on this engine's tier."""
+        tier = self.tier
+        if not self.graphs or not hasattr(tier, "graph_decoder"):
+            return None
+        if tier.all_resident and self.trace is None and self.adaptive is None:
+            return "all"  # the host needs nothing per layer: routing stays on the card
+        if self.miss_runner is not tier:
+            return "hybrid"
+        return None  # misses the tier serves by uploading experts on demand: eager
+
+    def _decode_all_resident(self, g, token: int) -> np.ndarray:
+        a, st = self.args, self.stats
+        logits = g.step_all_resident(token, self.pos)
+        np.add.at(st.expert_hist, (self._layer_rows, g.picks_h.a), 1)
+        st.hits += a.n_layer * a.n_expert_used
+        return logits
+
+    def _decode_hybrid(self, g, token: int) -> np.ndarray:
+        """Per layer: the card's front half, host routing, resident experts launched, the pool
+        on the misses meanwhile; its sum joins on the card at the next layer's front."""
+        a, st, tier = self.args, self.stats, self.tier
+        pc = time.perf_counter
+        g.begin(token, self.pos)
+        for i in range(a.n_layer):
+            t0 = pc()
+            h, logits = g.front(i)  # [1, D], [1, E] pinned host views
+            t1 = pc()
+            ids, weights, hit = self._route(i, logits, True)
+            uploads = tier.expert_uploads
+            slots = tier.slots_for(i, np.where(hit, ids, -1))  # adaptive admits upload here
+            if tier.expert_uploads != uploads:
+                tier.sync_uploads()
+            g.pair_h.a[:] = slots[0]
+            g.pairw_h.a[:] = weights[0]
+            g.experts(i)
+            t2 = pc()
+            if hit.all():
+                g.y_h.a[:] = 0.0
+            else:
+                g.y_h.a[:] = self.miss_runner.experts(i, h, np.where(hit, -1, ids), weights)
+            t3 = pc()
+            st.wait_s += t1 - t0
+            st.route_s += t2 - t1
+            st.pool_s += t3 - t2
+            st.window_s += t3 - t0
+            st.window_layers += 1
+        return g.finish()
 
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Run `tokens` at positions pos..; logits [V] of the last token ([T, V] if all_logits)."""
@@ -143,6 +223,18 @@ class Engine:
         if self.pos + ids.size > self.n_ctx:
             raise ValueError(f"context full: {self.pos + ids.size} tokens > n_ctx {self.n_ctx}")
         decode = ids.size == 1 and self.pos > 0
+        mode = self._graph_mode() if decode else None
+        if mode is not None:
+            g = tier.graph_decoder()
+            if mode == "all":
+                out = self._decode_all_resident(g, int(ids[0]))
+            else:
+                out = self._decode_hybrid(g, int(ids[0]))
+            self.pos += 1
+            self.stats.tokens += 1
+            self.stats.decode_steps += 1
+            self.stats.graph_steps += 1
+            return np.array(out, copy=True)[None] if all_logits else np.array(out, copy=True)
         x = tier.embed(ids)  # [T, D]
         for i in range(a.n_layer):
             x = tier.attention(i, x, self.pos)

@@ -28,8 +28,9 @@ import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
-from strata.gpu.attention import AttnWorkspace, attention
+from strata.gpu.attention import AttnWorkspace, attention, attention_decode
 from strata.gpu.budget import MIB, DeviceBudget
+from strata.gpu.decode_graph import GraphDecoder
 from strata.gpu.device import DeviceError, DeviceInfo, import_cupy, primary_device
 from strata.gpu.elementwise import sigmoid_scale_rows, silu_mul
 from strata.gpu.embed import embed
@@ -196,8 +197,10 @@ class CupyTier:
             self.qkv_dim + h * dh + h * dv + 2 * a.n_embd + a.n_vocab + a.n_expert + 3 * fs + 1
         )
         floats += tm * a.n_expert_used * (a.expert_ff + 2)
-        nbytes += 4 * floats + 4 * tm
+        nbytes += 4 * floats + 4 * tm + 4
+        nbytes += GraphDecoder.device_bytes(a)  # built on the first graph decode step
         self.budget.reserve("workspace", nbytes)
+        self._graph: GraphDecoder | None = None
         self.acts = {k: ActBuf(cp, n, r, vd) for k, (n, r, vd) in specs.items()}
         self.attn_ws = AttnWorkspace(cp, self.K, h, g, self.n_ctx, dv, self.att_tmax)
         self.qkv_buf = cp.empty((tm, self.qkv_dim), np.float32)
@@ -213,7 +216,18 @@ class CupyTier:
         self.pair_slot = cp.empty((tm * a.n_expert_used,), np.int32)
         self.pair_w = cp.empty((tm * a.n_expert_used,), np.float32)
         self.ids_buf = cp.empty((tm,), np.int32)
+        self.pos_buf = cp.zeros((1,), np.int32)  # the decode position, read by the kernels
         self._last_h = None  # (h view handed out by router, layer)
+
+    def graph_decoder(self) -> GraphDecoder:
+        """The CUDA-graph decode steps of this tier (built on first use)."""
+        if self._graph is None:
+            self._graph = GraphDecoder(self)
+        return self._graph
+
+    @property
+    def all_resident(self) -> bool:
+        return bool((self.slot_of >= 0).all())
 
     def act(self, n: int, vec_dot) -> ActBuf:
         return self.acts[(n, int(vec_dot))]
@@ -255,6 +269,9 @@ class CupyTier:
     def load_resident(self, mask: np.ndarray) -> np.ndarray:
         """Fill the slots with the experts of `mask` [L, E] (a placement from the usage
         profile), in order, up to the slot count; returns the resident mask [L, E] after."""
+        for key in [k for k in self._lru if not mask[k]]:  # a re-placement: unwanted out
+            self._free.append(self._lru.pop(key))
+            self.slot_of[key] = -1
         for i, e in zip(*np.nonzero(mask), strict=True):
             if self.slot_of[i, e] < 0 and (self._free or len(self._lru) >= self.n_slots):
                 if not self._free and bool(mask[self._lru_oldest()]):
@@ -293,6 +310,10 @@ class CupyTier:
         self.slot_of[layer, e] = s
         self._lru[(layer, e)] = s
         return s
+
+    def sync_uploads(self) -> None:
+        """Wait for expert uploads (legacy stream) before another stream reads the slots."""
+        self.cp.cuda.Stream.null.synchronize()
 
     def slots_for(self, layer: int, ids: np.ndarray) -> np.ndarray:
         """Slots of ids [T, K] (uploading missing experts); -1 where ids < 0."""
@@ -341,8 +362,13 @@ class CupyTier:
             self._attention(layer, xd[c0 : c0 + n], pos0 + c0, out[c0 : c0 + n], n)
         return self._out(out, host)
 
-    def _attention(self, layer: int, x, pos0: int, out, t: int) -> None:
+    def _attention(self, layer: int, x, pos0: int, out, t: int, pos_dev=None) -> None:
+        """out[:t] = x + attention(x) at positions pos0.. (decode, t = 1: the position is read
+        from pos_dev [1] int32 on the device, so the launches can be replayed from a graph)."""
         K, L, a = self.K, self.layers[layer], self.args
+        if t == 1 and pos_dev is None:  # eager decode: the same kernels as the graph step
+            pos_dev = self.pos_buf
+            pos_dev.set(np.array([pos0], np.int32))
         act = self.act(a.n_embd, L.qkv[0][0].vec_dot)
         norm_quant(K, x, t, L.attn_norm, self.eps, act=act)
         flat = self.qkv_buf.reshape(-1)
@@ -365,8 +391,16 @@ class CupyTier:
             self.q_buf,
             kc,
             vc,
+            pos_dev=pos_dev,
         )
-        attention(K, self.attn_ws, self.q_buf, kc, vc, t, pos0, self.dims, self.scale, self.o_buf)
+        if pos_dev is not None:
+            attention_decode(
+                K, self.attn_ws, self.q_buf, kc, vc, pos_dev, self.dims, self.scale, self.o_buf
+            )
+        else:
+            attention(
+                K, self.attn_ws, self.q_buf, kc, vc, t, pos0, self.dims, self.scale, self.o_buf
+            )
         oact = self.act(self.o_buf.shape[1], L.o.vec_dot)
         norm_quant(K, self.o_buf, t, act=oact)
         gemv(K, L.o, oact, out, t, resid=x)
@@ -374,18 +408,22 @@ class CupyTier:
     def router(self, layer: int, x):
         xd, host = self._in(x)
         t = xd.shape[0]
-        K, L, a = self.K, self.layers[layer], self.args
+        a = self.args
         small = t <= self.tmax
         h = self.h_buf[:t] if small else self.cp.empty((t, a.n_embd), np.float32)
         logits = np.empty((t, a.n_expert), np.float32)
-        eact = self.act(a.n_embd, fmt(L.exp_qt[0]).vec_dot)
         for c0, n in self._chunks(t):
-            hc = h[c0 : c0 + n]
-            norm_quant(K, xd[c0 : c0 + n], n, L.ffn_norm, self.eps, out_f=hc, act=eact)
-            self._linear(L.router, hc, n, self.rlogits_buf)
+            self._router_into(layer, xd[c0 : c0 + n], h[c0 : c0 + n], n)
             logits[c0 : c0 + n] = self.cp.asnumpy(self.rlogits_buf[:n])
         self._last_h = (h, layer) if small else None
         return self._out(h, host), logits
+
+    def _router_into(self, layer: int, x, h, t: int) -> None:
+        """h[:t] = ffn_norm(x) (also quantized for the experts), rlogits_buf[:t] = router(h)."""
+        L, a = self.layers[layer], self.args
+        eact = self.act(a.n_embd, fmt(L.exp_qt[0]).vec_dot)
+        norm_quant(self.K, x, t, L.ffn_norm, self.eps, out_f=h, act=eact)
+        self._linear(L.router, h, t, self.rlogits_buf)
 
     def _linear(self, w: DeviceWeight, x, t: int, out, resid=None) -> None:
         """out[:t] = HostTier's _Linear(w)(x[:t]): quantize x for w, then the GEMV."""
@@ -419,27 +457,31 @@ class CupyTier:
         t, k = slots.shape
         a, L = self.args, self.layers[layer]
         hact = self.act(a.n_embd, fmt(L.exp_qt[0]).vec_dot)
-        aact = self.acts[(a.expert_ff, int(fmt(L.exp_qt[2]).vec_dot), "moe")]
         cached = self._last_h is not None and self._last_h[1] == layer and self._last_h[0] is h
         for c0, n in self._chunks(t):
             if not (cached and c0 == 0 and n == t):
                 norm_quant(self.K, hd[c0 : c0 + n], n, act=hact)
             self.pair_slot[: n * k].set(slots[c0 : c0 + n].reshape(-1))
             self.pair_w[: n * k].set(w[c0 : c0 + n].reshape(-1))
-            moe_experts(
-                self.K,
-                L.exp_qt,
-                (a.n_embd, a.expert_ff),
-                self.stores,
-                hact,
-                self.pair_slot,
-                self.pair_w,
-                n,
-                k,
-                self.moe_act,
-                aact,
-                out[c0 : c0 + n],
-            )
+            self._moe_pairs(layer, n, k, out[c0 : c0 + n])
+
+    def _moe_pairs(self, layer: int, t: int, k: int, out) -> None:
+        """out[:t] = the experts of pair_slot/pair_w [t*k] on h, quantized in its ActBuf."""
+        a, L = self.args, self.layers[layer]
+        moe_experts(
+            self.K,
+            L.exp_qt,
+            (a.n_embd, a.expert_ff),
+            self.stores,
+            self.act(a.n_embd, fmt(L.exp_qt[0]).vec_dot),
+            self.pair_slot,
+            self.pair_w,
+            t,
+            k,
+            self.moe_act,
+            self.acts[(a.expert_ff, int(fmt(L.exp_qt[2]).vec_dot), "moe")],
+            out,
+        )
 
     def shared_expert(self, layer: int, h):
         hd, host = self._in(h)
@@ -448,18 +490,21 @@ class CupyTier:
         out = self.cp.zeros((t, a.n_embd), np.float32)
         if L.sh is None:
             return self._out(out, host)
+        for c0, n in self._chunks(t):
+            self._shared_into(layer, hd[c0 : c0 + n], n, out[c0 : c0 + n])
+        return self._out(out, host)
+
+    def _shared_into(self, layer: int, hc, n: int, y) -> None:
+        """y[:n] = the sigmoid-gated shared expert of h rows hc[:n] (n <= tmax)."""
+        L, a = self.layers[layer], self.args
         fs = a.shared_ff
         g, u, act = self.sh_buf[0], self.sh_buf[1], self.sh_buf[2]
-        for c0, n in self._chunks(t):
-            hc = hd[c0 : c0 + n]
-            self._linear(L.sh["gate"], hc, n, g)
-            self._linear(L.sh["up"], hc, n, u)
-            silu_mul(self.K, g, u, act, n * fs)
-            y = out[c0 : c0 + n]
-            self._linear(L.sh["down"], act[:n], n, y)
-            gemv(self.K, L.sh["inp"], hc, self.sh_gate_buf, n)  # h @ sh_inp, unrounded h
-            sigmoid_scale_rows(self.K, y, self.sh_gate_buf, n, a.n_embd)
-        return self._out(out, host)
+        self._linear(L.sh["gate"], hc, n, g)
+        self._linear(L.sh["up"], hc, n, u)
+        silu_mul(self.K, g, u, act, n * fs)
+        self._linear(L.sh["down"], act[:n], n, y)
+        gemv(self.K, L.sh["inp"], hc, self.sh_gate_buf, n)  # h @ sh_inp, unrounded h
+        sigmoid_scale_rows(self.K, y, self.sh_gate_buf, n, a.n_embd)
 
     def output(self, x) -> np.ndarray:
         xd, _ = self._in(x)
@@ -468,11 +513,15 @@ class CupyTier:
         logits = np.empty((t, a.n_vocab), np.float32)
         act = self.act(a.n_embd, self.lm_head.vec_dot)
         for c0, n in self._chunks(t):
-            if self.lm_head.qtype == QT.F32:
-                norm_quant(self.K, xd[c0 : c0 + n], n, self.out_norm, self.eps, out_f=self.xn_buf)
-                gemv(self.K, self.lm_head, self.xn_buf, self.logits_buf, n)
-            else:
-                norm_quant(self.K, xd[c0 : c0 + n], n, self.out_norm, self.eps, act=act)
-                gemv(self.K, self.lm_head, act, self.logits_buf, n)
+            self._output_into(xd[c0 : c0 + n], n, act)
             logits[c0 : c0 + n] = self.cp.asnumpy(self.logits_buf[:n])
         return logits
+
+    def _output_into(self, x, n: int, act: ActBuf) -> None:
+        """logits_buf[:n] = lm_head(output_norm(x[:n]))."""
+        if self.lm_head.qtype == QT.F32:
+            norm_quant(self.K, x, n, self.out_norm, self.eps, out_f=self.xn_buf)
+            gemv(self.K, self.lm_head, self.xn_buf, self.logits_buf, n)
+        else:
+            norm_quant(self.K, x, n, self.out_norm, self.eps, act=act)
+            gemv(self.K, self.lm_head, act, self.logits_buf, n)

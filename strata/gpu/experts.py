@@ -98,3 +98,10 @@ def expert_ref(h, gate_raw, up_raw, down_raw, qtypes) -> np.ndarray:
     u = roundtrip(h, fmt(qu).vec_dot) @ up.T
     a = g / (np.float32(1.0) + np.exp(-g)) * u
     return roundtrip(a, fmt(qd).vec_dot) @ down.T
+
+
+def pairs_from_topk(K: Kernels, ids, weights, slot_row, n: int, pair_slot, pair_w) -> None:
+    """pair_slot[:n] = slot_row[ids[:n]], pair_w[:n] = weights[:n] (all on the device)."""
+    K.fn("experts.cu", "moe_pairs_from_topk")(
+        (-(-n // THREADS),), (THREADS,), (ids, weights, slot_row, i32(n), pair_slot, pair_w)
+    )

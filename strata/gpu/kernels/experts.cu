@@ -94,3 +94,17 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
         moe_down<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F);    \
     }
 STRATA_QFORMATS(MOE_KERNELS)
+
+// The (slot, weight) pair list of a layer from the device router's top-K, for a decode step that
+// never leaves the card: pair_slot[p] = slot_row[ids[p]] (a layer's (expert -> slot) table, -1
+// where the expert is not resident), pair_w[p] = weights[p].
+extern "C" __global__ void moe_pairs_from_topk(const i32* __restrict__ ids,
+                                               const float* __restrict__ weights,
+                                               const i32* __restrict__ slot_row, int n,
+                                               i32* __restrict__ pair_slot,
+                                               float* __restrict__ pair_w) {
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= n) return;
+    pair_slot[p] = slot_row[ids[p]];
+    pair_w[p] = weights[p];
+}

@@ -1,0 +1,210 @@
+"""Decode steps of a `CupyTier` replayed from CUDA graphs: every launch of a token captured once.
+
+Two shapes of step (T = 1):
+
+- **all resident** (every expert in a VRAM slot): one graph per token: the token id and position
+  come in from pinned memory, embedding, L x (attention, router, top-k on the device, the (slot,
+  weight) pairs from the layer's slot table, resident experts, residual), output; the logits and
+  the L x K picks go out to pinned memory. The host only waits for it.
+- **hybrid** (some experts in the CPU pool): per layer i, graph A_i (the previous layer's MoE sum
+  completed: the pool's rows come in and are added; attention; router; h and the router logits go
+  host-ward) and graph B_i (the host's (slot, weight) pairs come in; the resident experts run).
+  Between them the host routes (top-k, cache-aware routing, statistics); while B_i runs on the
+  card the host runs the pool on the missed picks: the two tiers overlap.
+
+The MoE sum adds in the eager path's order (pool + resident + shared, then x + y), and the
+kernels are the eager path's, so a graph step gives the eager step's bits. Kernel arguments are
+fixed at capture: the position is read from device memory, buffers are preallocated here or in
+the tier's workspace, so nothing is allocated per token. A segment runs eagerly the first time
+(which also compiles its kernels) and is captured right after; later tokens replay the graph.
+
+D = hidden, E = experts, K = experts per token, L = layers, V = vocab.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.gpu.embed import embed
+from strata.gpu.experts import pairs_from_topk
+from strata.gpu.router_topk import router_topk
+
+
+class Pinned:
+    """A page-locked host array (async copies to and from the card, capturable in graphs)."""
+
+    def __init__(self, cp, shape: tuple[int, ...], dtype):
+        n = int(np.prod(shape))
+        self.mem = cp.cuda.alloc_pinned_memory(max(1, n * np.dtype(dtype).itemsize))
+        self.a = np.frombuffer(self.mem, dtype, n).reshape(shape)
+        self.a[...] = 0
+
+
+class GraphDecoder:
+    """T = 1 decode steps of `tier` from CUDA graphs (see the module docstring)."""
+
+    def __init__(self, tier):
+        self.t = tier
+        cp = self.cp = tier.cp
+        a = tier.args
+        d, e, k, n_layer = a.n_embd, a.n_expert, a.n_expert_used, a.n_layer
+        self.k = k
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        rt = cp.cuda.runtime
+        self._h2d, self._d2h = rt.memcpyHostToDevice, rt.memcpyDeviceToHost
+        f32 = np.float32
+        # host side (pinned)
+        self.tokpos_h = Pinned(cp, (2,), np.int32)  # token id, position
+        self.y_h = Pinned(cp, (1, d), f32)  # the CPU pool's sum of the current layer
+        self.h_h = Pinned(cp, (1, d), f32)  # h = ffn_norm(x), for the pool
+        self.logits_r = Pinned(cp, (1, e), f32)  # router logits
+        self.pair_h = Pinned(cp, (k,), np.int32)  # the host's resident (slot) picks, -1 = pool
+        self.pairw_h = Pinned(cp, (k,), f32)
+        self.logits_h = Pinned(cp, (1, a.n_vocab), f32)
+        self.picks_h = Pinned(cp, (n_layer, k), np.int32)  # all-resident step: router picks
+        # device side (reserved by the tier's workspace: `device_bytes`)
+        self.tokpos_d = cp.zeros((2,), np.int32)
+        self.xa = cp.zeros((1, d), f32)  # the residual stream between layers
+        self.xb = cp.zeros((1, d), f32)  # after attention
+        self.y_d = cp.zeros((1, d), f32)  # the MoE sum
+        self.moe_out = cp.zeros((1, d), f32)  # resident experts
+        self.sh_out = cp.zeros((1, d), f32)  # shared expert
+        self.topk_ids = cp.zeros((n_layer, k), np.int32)
+        self.topk_w = cp.zeros((n_layer, k), f32)
+        self.slot_table = cp.asarray(tier.slot_of)  # [L, E] -> slot (all-resident step)
+        self.graphs: dict[object, object] = {}
+        self.shared = a.shared_ff > 0
+        self._out_act = tier.act(d, tier.lm_head.vec_dot)
+
+    @staticmethod
+    def device_bytes(a) -> int:
+        """Device bytes of the decoder's own buffers for model args `a`."""
+        return 4 * (2 + 5 * a.n_embd + 2 * a.n_layer * a.n_expert_used + a.n_layer * a.n_expert)
+
+    # ---- copies on the decoder's stream (pinned host memory: capturable) ----
+    def _up(self, dst, src: np.ndarray) -> None:
+        self.cp.cuda.runtime.memcpyAsync(
+            dst.data.ptr, src.ctypes.data, src.nbytes, self._h2d, self.stream.ptr
+        )
+
+    def _down(self, dst: np.ndarray, src) -> None:
+        self.cp.cuda.runtime.memcpyAsync(
+            dst.ctypes.data, src.data.ptr, dst.nbytes, self._d2h, self.stream.ptr
+        )
+
+    # ---- segments: eager launches on self.stream, each captured once ----
+    def _seg_embed(self) -> None:
+        t = self.t
+        self._up(self.tokpos_d, self.tokpos_h.a)
+        embed(t.K, t.embd, self.tokpos_d[0:1], 1, self.xa)
+
+    def _seg_front(self, i: int, host: bool) -> None:
+        """x (xa) -> attention -> xb -> h and router logits (-> host if `host`)."""
+        t = self.t
+        t._attention(i, self.xa, 0, self.xb, 1, pos_dev=self.tokpos_d[1:2])
+        t._router_into(i, self.xb, t.h_buf[:1], 1)
+        if host:
+            self._down(self.h_h.a, t.h_buf[:1])
+            self._down(self.logits_r.a, t.rlogits_buf[:1])
+
+    def _seg_experts(self, i: int, device_routing: bool) -> None:
+        t, cp = self.t, self.cp
+        if device_routing:
+            a = t.args
+            router_topk(
+                t.K, t.rlogits_buf, 1, a.n_expert, self.k, a.norm_topk,
+                self.topk_ids[i], self.topk_w[i],
+            )  # fmt: skip
+            pairs_from_topk(
+                t.K, self.topk_ids[i], self.topk_w[i], self.slot_table[i], self.k,
+                t.pair_slot, t.pair_w,
+            )  # fmt: skip
+        else:
+            self._up(t.pair_slot[: self.k], self.pair_h.a)
+            self._up(t.pair_w[: self.k], self.pairw_h.a)
+        t._moe_pairs(i, 1, self.k, self.moe_out)
+        if self.shared:
+            t._shared_into(i, t.h_buf[:1], 1, self.sh_out)
+        if device_routing:  # nothing from the pool: y = resident (+ shared), x = xb + y
+            y = self.moe_out
+            if self.shared:
+                cp.add(y, self.sh_out, out=y)
+            cp.add(self.xb, y, out=self.xa)
+
+    def _seg_finish_moe(self) -> None:
+        """xa = xb + ((pool + resident) + shared): the eager path's order of sums."""
+        cp = self.cp
+        self._up(self.y_d, self.y_h.a)
+        cp.add(self.y_d, self.moe_out, out=self.y_d)
+        if self.shared:
+            cp.add(self.y_d, self.sh_out, out=self.y_d)
+        cp.add(self.xb, self.y_d, out=self.xa)
+
+    def _seg_output(self, picks: bool) -> None:
+        t = self.t
+        t._output_into(self.xa, 1, self._out_act)
+        self._down(self.logits_h.a, t.logits_buf[:1])
+        if picks:
+            self._down(self.picks_h.a, self.topk_ids)
+
+    def _run(self, key, fn) -> None:
+        """Replay the graph of `key`, or run fn eagerly and capture it for the next token."""
+        g = self.graphs.get(key)
+        if g is not None:
+            g.launch(self.stream)
+            return
+        with self.stream:
+            fn()
+            self.stream.begin_capture()
+            try:
+                fn()
+            finally:
+                g = self.stream.end_capture()
+        self.graphs[key] = g
+
+    def _begin(self, token: int, pos: int) -> None:
+        self.tokpos_h.a[0], self.tokpos_h.a[1] = token, pos
+        # order after whatever the tier ran on the legacy stream (prefill, uploads)
+        self.stream.wait_event(self.cp.cuda.Stream.null.record())
+
+    # ---- the steps ----
+    def step_all_resident(self, token: int, pos: int) -> np.ndarray:
+        """One decode step with every expert resident -> logits [V] (a view, valid until the
+        next step); self.picks_h.a [L, K] holds the router's picks."""
+        n_layer = self.t.args.n_layer
+
+        def whole() -> None:
+            self._seg_embed()
+            for i in range(n_layer):
+                self._seg_front(i, host=False)
+                self._seg_experts(i, device_routing=True)
+            self._seg_output(picks=True)
+
+        self._begin(token, pos)
+        self._run("all", whole)
+        self.stream.synchronize()
+        return self.logits_h.a[0]
+
+    def front(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Hybrid step, layer i: finish layer i-1's MoE (the pool's rows in y_h), attention,
+        router; waits for the card -> (h [1, D], router logits [1, E]) as pinned host views."""
+        if i == 0:
+            self._run(("a", 0), lambda: (self._seg_embed(), self._seg_front(0, host=True)))
+        else:
+            self._run(("a", i), lambda: (self._seg_finish_moe(), self._seg_front(i, host=True)))
+        self.stream.synchronize()
+        return self.h_h.a, self.logits_r.a
+
+    def experts(self, i: int) -> None:
+        """Launch layer i's resident experts on pair_h / pairw_h (returns at once)."""
+        self._run(("b", i), lambda: self._seg_experts(i, device_routing=False))
+
+    def finish(self) -> np.ndarray:
+        """The last layer's MoE sum and the output -> logits [V] (view, valid until next step)."""
+        self._run("out", lambda: (self._seg_finish_moe(), self._seg_output(picks=False)))
+        self.stream.synchronize()
+        return self.logits_h.a[0]
+
+    def begin(self, token: int, pos: int) -> None:
+        """Start a hybrid step: the token and its position go to the card with graph A_0."""
+        self._begin(token, pos)
