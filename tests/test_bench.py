@@ -56,3 +56,14 @@ def test_bad_arm_input_is_a_one_line_error(capsys):
     assert main(["--arm", "car-on", "-n", "2", "-p", "2", "-r", "1"]) == 2  # all fits: no pool
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("strata.bench: error:")
+
+
+def test_engine_arm_prefill_once_and_calibrated_placement(tmp_path):
+    out = tmp_path / "b.json"
+    argv = ["--arm", "car-off", "-p", "12", "-n", "4", "-r", "2", "--expert-cache", "24"]
+    rc = main(argv + ["--prefill-once", "--calibrate", "--json", str(out)])
+    assert rc == 0
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["prefill_once"] and r["calibrated_placement"]
+    assert r["resident_experts"] == 24 and 0 < r["hit_rate"] < 1
+    assert r["decode_tps_min"] <= r["decode_tps"] <= r["decode_tps_max"]

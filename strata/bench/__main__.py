@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="car-off/car-on: place the expert cache by a usage profile of a calibration prompt",
     )
+    ap.add_argument(
+        "--prefill-once",
+        action="store_true",
+        help="engine arms: prefill the prompt once (timed: its first run) and repeat only the "
+        "decode from its KV rows (long prompts)",
+    )
     ap.add_argument("-p", "--prompt-tokens", type=int, default=64)
     ap.add_argument("-n", "--gen-tokens", type=int, default=32)
     ap.add_argument("-r", "--repeats", type=int, default=3)
@@ -124,6 +130,7 @@ def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
                 if ns.expert_cache and arm in ("car-off", "car-on")
                 else None,
                 calibrate=ns.calibrate,
+                prefill_once=ns.prefill_once,
             )
         )
         doc["results"].append(engine_rows[-1])

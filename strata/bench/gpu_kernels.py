@@ -30,13 +30,18 @@ GEMV_QUANTS = (
     QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S,
     QT.IQ1_M,
 )  # fmt: skip
+VOCAB = 151936
 SHAPES = {  # name: (rows, cols)
     "expert_gate": (F, D),
     "expert_down": (D, F),
     "attn_q": (H * DH, D),
     "attn_kv": (G * DH, D),
     "attn_o": (D, H * DH),
+    "lm_head": (VOCAB, D),
 }
+# decode GEMV: the staged gemv1s_* (default) is also timed against gemv1_* (legacy) here
+LEGACY_QUANTS = (QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.IQ4_XS, QT.IQ3_XXS)
+LEGACY_SHAPES = ("attn_q", "attn_kv", "attn_o", "lm_head")
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
@@ -115,15 +120,18 @@ def _copy_gbps(cp, timer: _Timer) -> dict:
     return {"memcpy": 2 * n / (us_m * 1e-6) / 1e9, "kernel": 2 * n / (us_k * 1e-6) / 1e9}
 
 
-def _weights(cp, qt, rows: int, cols: int, copies: int, rng):
-    """`copies` DeviceWeight-like views into one buffer of random blocks (for L2-cold reads)."""
+def _weights(cp, qt, rows: int, cols: int, copies: int, rng, gen_rows: int = 8192):
+    """`copies` DeviceWeight-like views into one buffer of random blocks (for L2-cold reads);
+    at most `gen_rows` distinct random rows, repeated down a taller matrix (lm_head)."""
     from strata.gpu.gemv import DeviceWeight
     from strata.quant import random_quantized
 
-    one = random_quantized(qt, (rows, cols), rng, 1 / np.sqrt(cols))
-    base = DeviceWeight(cp, one, qt, rows, cols)
-    big = cp.empty((copies, *base.buf.shape), np.uint8)
-    big[...] = base.buf[None]
+    n = min(rows, gen_rows)
+    one = random_quantized(qt, (n, cols), rng, 1 / np.sqrt(cols))
+    base = DeviceWeight(cp, one, qt, n, cols)
+    big = cp.empty((copies, rows, base.buf.shape[1]), np.uint8)
+    for r0 in range(0, rows, n):
+        big[:, r0 : r0 + n] = base.buf[None, : rows - r0]
     ws = []
     for c in range(copies):
         w = DeviceWeight.__new__(DeviceWeight)
@@ -145,6 +153,9 @@ def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
     rows_out = []
     for qt in GEMV_QUANTS:
         for shape, (rows, cols) in SHAPES.items():
+            legacy = qt in LEGACY_QUANTS and shape in LEGACY_SHAPES
+            if shape == "lm_head" and not legacy:
+                continue
             nbytes = fmt(qt).row_bytes(cols) * rows
             ncp = _copies(nbytes)
             ws, big = _weights(cp, qt, rows, cols, ncp, rng)
@@ -152,29 +163,35 @@ def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
             x = cp.asarray(rng.standard_normal((1, cols)).astype(np.float32))
             norm_quant(K, x, 1, act=act)
             out = cp.empty((1, rows), np.float32)
-            us, how = timer.graph_us([lambda w=w, a=act, o=out: gemv(K, w, a, o, 1) for w in ws])
-            moved = nbytes + cols + 4 * rows
-            gbps = moved / (us * 1e-6) / 1e9
-            rows_out.append(
-                dict(
-                    kernel="gemv",
-                    qtype=qt.name,
-                    shape=shape,
-                    rows=rows,
-                    cols=cols,
-                    bytes=moved,
-                    us=round(us, 2),
-                    gbps=round(gbps, 1),
-                    pct_copy=round(100 * gbps / copy_gbps, 1),
-                    timing=how,
-                )  # fmt: skip
-            )
+            for old in (False, True) if legacy else (False,):
+                us, how = timer.graph_us(
+                    [lambda w=w, a=act, o=out, old=old: gemv(K, w, a, o, 1, legacy=old) for w in ws]
+                )
+                moved = nbytes + cols + 4 * rows
+                gbps = moved / (us * 1e-6) / 1e9
+                rows_out.append(
+                    dict(
+                        kernel="gemv",
+                        variant="gemv1" if old else "gemv1s",
+                        qtype=qt.name,
+                        shape=shape,
+                        rows=rows,
+                        cols=cols,
+                        bytes=moved,
+                        us=round(us, 2),
+                        gbps=round(gbps, 1),
+                        pct_copy=round(100 * gbps / copy_gbps, 1),
+                        timing=how,
+                    )  # fmt: skip
+                )
             del ws, big
     return rows_out
 
 
 def bench_attention(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
-    from strata.gpu.attention import AttnWorkspace, attention
+    """Decode attention at 4K and 32K: the three-launch split (`attention`, the position a
+    launch argument) and the graph-capturable `attention_decode` (position on the device)."""
+    from strata.gpu.attention import AttnWorkspace, attention, attention_decode
 
     out_rows = []
     for ctx in (4096, 32768):
@@ -190,26 +207,32 @@ def bench_attention(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
         ws = AttnWorkspace(cp, K, H, G, ctx, DH, 1)
         o = cp.empty((1, H * DH), np.float32)
         scale = float(np.float32(1 / np.sqrt(DH)))
+        pos = cp.asarray(np.array([ctx - 1], np.int32))
 
         def call(i, ws=ws, q=q, kc=kc, vc=vc, ctx=ctx, o=o, scale=scale):
             attention(K, ws, q, kc[i], vc[i], 1, ctx - 1, (H, G, DH, DH), scale, o)
 
-        us, how = timer.graph_us([lambda i=i: call(i) for i in range(layers)])
-        scores = 2 * 4 * H * ctx  # written by attn_scores, read by attn_pv
-        gbps = kv_bytes / (us * 1e-6) / 1e9
-        out_rows.append(
-            dict(
-                kernel="attention_decode",
-                context=ctx,
-                bytes_kv=kv_bytes,
-                bytes_scores=scores,
-                us=round(us, 2),
-                gbps_kv=round(gbps, 1),
-                gbps_all=round((kv_bytes + scores) / (us * 1e-6) / 1e9, 1),
-                pct_copy=round(100 * gbps / copy_gbps, 1),
-                timing=how,
-            )  # fmt: skip
-        )
+        def call_dec(i, ws=ws, q=q, kc=kc, vc=vc, pos=pos, o=o, scale=scale):
+            attention_decode(K, ws, q, kc[i], vc[i], pos, (H, G, DH, DH), scale, o)
+
+        for variant, fn in (("attention", call), ("attention_decode", call_dec)):
+            us, how = timer.graph_us([lambda i=i, fn=fn: fn(i) for i in range(layers)])
+            scores = 2 * 4 * H * ctx  # written by the scores kernel, read by the pv kernel
+            gbps = kv_bytes / (us * 1e-6) / 1e9
+            out_rows.append(
+                dict(
+                    kernel="attention_decode",
+                    variant=variant,
+                    context=ctx,
+                    bytes_kv=kv_bytes,
+                    bytes_scores=scores,
+                    us=round(us, 2),
+                    gbps_kv=round(gbps, 1),
+                    gbps_all=round((kv_bytes + scores) / (us * 1e-6) / 1e9, 1),
+                    pct_copy=round(100 * gbps / copy_gbps, 1),
+                    timing=how,
+                )  # fmt: skip
+            )
         del kc, vc, ws
     return out_rows
 
@@ -217,7 +240,7 @@ def bench_attention(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
 class _Layer:
     """A Qwen3-30B-A3B-shaped layer on the device with random weights (no model file)."""
 
-    def __init__(self, cp, K, rng, expert_qt, dense_qt, ctx: int):
+    def __init__(self, cp, K, rng, expert_qt, dense_qt, ctx: int, legacy: bool = False):
         from strata.gpu.attention import AttnWorkspace
         from strata.gpu.experts import SlotStore
         from strata.gpu.gemv import DeviceWeight
@@ -225,7 +248,8 @@ class _Layer:
         from strata.gpu.norm_quant import ActBuf
         from strata.quant import fmt, random_quantized
 
-        self.cp, self.K, self.ctx = cp, K, ctx
+        self.cp, self.K, self.ctx, self.legacy = cp, K, ctx, legacy
+        self.pos_dev = cp.asarray(np.array([ctx - 1], np.int32))
         self.eqt = (expert_qt, expert_qt, expert_qt)
         qkv_rows = (H + 2 * G) * DH
         raw_qkv = random_quantized(dense_qt, (qkv_rows, D), rng, 0.02)
@@ -264,20 +288,28 @@ class _Layer:
         self.y = cp.empty((1, D), np.float32)
 
     def attention_part(self):
-        from strata.gpu.attention import attention
+        """Legacy: position as a launch argument, gemv1_*; else the graph-capturable decode
+        kernels (position read from pos_dev) and gemv1s_*."""
+        from strata.gpu.attention import attention, attention_decode
         from strata.gpu.gemv import gemv
         from strata.gpu.norm_quant import norm_quant
         from strata.gpu.rope_kv import qk_norm_rope_kv
 
-        K, pos = self.K, self.ctx - 1
+        K, pos, old = self.K, self.ctx - 1, self.legacy
+        scale = float(np.float32(1 / np.sqrt(DH)))
         norm_quant(K, self.x, 1, self.attn_norm, 1e-6, act=self.act_qkv)
-        gemv(K, self.qkv, self.act_qkv, self.qkv_buf, 1)
+        gemv(K, self.qkv, self.act_qkv, self.qkv_buf, 1, legacy=old)
+        pos_dev = None if old else self.pos_dev
         qk_norm_rope_kv(K, self.qkv_buf, 1, (H, G, DH, DH), self.qn, self.kn, 1e-6, self.inv, pos,
-                        self.q, self.kc, self.vc)  # fmt: skip
-        attention(K, self.ws, self.q, self.kc, self.vc, 1, pos, (H, G, DH, DH),
-                  float(np.float32(1 / np.sqrt(DH))), self.obuf)  # fmt: skip
+                        self.q, self.kc, self.vc, pos_dev=pos_dev)  # fmt: skip
+        if old:
+            attention(K, self.ws, self.q, self.kc, self.vc, 1, pos, (H, G, DH, DH), scale,
+                      self.obuf)  # fmt: skip
+        else:
+            attention_decode(K, self.ws, self.q, self.kc, self.vc, self.pos_dev, (H, G, DH, DH),
+                             scale, self.obuf)  # fmt: skip
         norm_quant(K, self.obuf, 1, act=self.act_o)
-        gemv(K, self.o, self.act_o, self.x2, 1, resid=self.x)
+        gemv(K, self.o, self.act_o, self.x2, 1, resid=self.x, legacy=old)
         norm_quant(K, self.x2, 1, self.ffn_norm, 1e-6, out_f=self.h, act=self.act_h)
         gemv(K, self.router, self.h, self.logits, 1)
 
@@ -299,8 +331,8 @@ class _Layer:
         self.moe_part()
 
 
-def bench_layer(cp, K, timer, rng, copy_gbps: float, expert_qt) -> dict:
-    lay = _Layer(cp, K, rng, expert_qt, QT.Q8_0, 4096)
+def bench_layer(cp, K, timer, rng, copy_gbps: float, expert_qt, legacy: bool = False) -> dict:
+    lay = _Layer(cp, K, rng, expert_qt, QT.Q8_0, 4096, legacy)
     moe_us, how = timer.graph_us([lay.moe_part] * 8)
     dev_us, _ = timer.graph_us([lambda: (lay.attention_part(), lay.moe_part())] * 4)
     for _ in range(5):
@@ -315,7 +347,8 @@ def bench_layer(cp, K, timer, rng, copy_gbps: float, expert_qt) -> dict:
     eager_us = float(np.median(times))
     moe_gbps = lay.expert_bytes / (moe_us * 1e-6) / 1e9
     return dict(
-        kernel="layer", expert_qtype=expert_qt.name, dense_qtype="Q8_0", context=4096,
+        kernel="layer", variant="legacy" if legacy else "decode", expert_qtype=expert_qt.name,
+        dense_qtype="Q8_0", context=4096,
         moe_us=round(moe_us, 2), moe_gbps=round(moe_gbps, 1),
         moe_pct_copy=round(100 * moe_gbps / copy_gbps, 1), device_us=round(dev_us, 2),
         eager_us=round(eager_us, 1),
@@ -349,7 +382,10 @@ def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
         "copy_gbps_by_method": {k: round(v, 1) for k, v in copies.items()},
         "gemv": bench_gemv(cp, K, timer, rng, copy),
         "attention": bench_attention(cp, K, timer, rng, copy),
-        "layer": [bench_layer(cp, K, timer, rng, copy, q) for q in (QT.IQ3_XXS, QT.Q4_K)],
+        "layer": [
+            bench_layer(cp, K, timer, rng, copy, q, legacy)
+            for q, legacy in ((QT.IQ3_XXS, True), (QT.IQ3_XXS, False), (QT.Q4_K, False))
+        ],
     }
     print(table(doc))
     if json_path is None:
@@ -363,19 +399,22 @@ def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
 def table(doc: dict) -> str:
     by = ", ".join(f"{k} {v:.0f}" for k, v in doc["copy_gbps_by_method"].items())
     lines = [f"{doc['device']} | device-to-device copy {doc['copy_gbps']:.0f} GB/s ({by})"]
-    lines.append(f"{'gemv':8} {'shape':12} {'us':>8} {'GB/s':>8} {'% copy':>7}")
+    lines.append(f"{'gemv':8} {'kernel':7} {'shape':12} {'us':>8} {'GB/s':>8} {'% copy':>7}")
     for r in doc["gemv"]:
         lines.append(
-            f"{r['qtype']:8} {r['shape']:12} {r['us']:8.2f} {r['gbps']:8.1f} {r['pct_copy']:6.1f}%"
+            f"{r['qtype']:8} {r.get('variant', 'gemv1'):7} {r['shape']:12} {r['us']:8.2f} "
+            f"{r['gbps']:8.1f} {r['pct_copy']:6.1f}%"
         )
     for r in doc["attention"]:
         lines.append(
-            f"attention decode ctx {r['context']:6}: {r['us']:8.2f} us, KV {r['gbps_kv']:.0f} GB/s "
-            f"({r['pct_copy']:.1f}% of copy), KV+scores {r['gbps_all']:.0f} GB/s"
+            f"{r.get('variant', 'attention'):16} decode ctx {r['context']:6}: {r['us']:8.2f} us, "
+            f"KV {r['gbps_kv']:.0f} GB/s ({r['pct_copy']:.1f}% of copy), "
+            f"KV+scores {r['gbps_all']:.0f} GB/s"
         )
     for r in doc["layer"]:
         lines.append(
-            f"layer ({r['expert_qtype']} experts, ctx 4K): device {r['device_us']:.1f} us, "
+            f"layer {r.get('variant', 'legacy'):6} ({r['expert_qtype']} experts, ctx 4K): "
+            f"device {r['device_us']:.1f} us, "
             f"experts {r['moe_us']:.1f} us = {r['moe_gbps']:.0f} GB/s ({r['moe_pct_copy']:.1f}%), "
             f"eager {r['eager_us']:.1f} us -> 48 layers: {r['tokps_48_layers_device']:.0f} tok/s "
             f"device-bound, {r['tokps_48_layers_eager']:.0f} tok/s eager"
