@@ -38,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="resident experts for car-off/car-on (default: what the budget leaves)",
     )
     ap.add_argument(
+        "--adapt-swaps",
+        type=int,
+        default=0,
+        help="engine arms: adaptive cache swaps per request (default 0: a static cache)",
+    )
+    ap.add_argument(
         "--calibrate",
         action="store_true",
         help="car-off/car-on: place the expert cache by a usage profile of a calibration prompt",
@@ -114,6 +120,13 @@ def _quality_table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _arm_extra(ns, arm: str) -> dict:
+    extra: dict = {"adapt_swaps": ns.adapt_swaps}
+    if ns.expert_cache and arm in ("car-off", "car-on"):
+        extra["expert_cache"] = ns.expert_cache
+    return extra
+
+
 def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
     if arm in ENGINE_ARMS:
         from strata.bench.engine_arms import run_engine_arm
@@ -126,9 +139,7 @@ def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
                 ns.gen_tokens,
                 ns.repeats,
                 ns.vram_budget_mib,
-                {"expert_cache": ns.expert_cache}
-                if ns.expert_cache and arm in ("car-off", "car-on")
-                else None,
+                _arm_extra(ns, arm),
                 calibrate=ns.calibrate,
                 prefill_once=ns.prefill_once,
             )

@@ -55,8 +55,11 @@ def run_engine_arm(
     peak = 0
     expert_bytes = model.expert_bytes_per_token()
     first = None  # the prompt's last logits (prefill_once)
+    up0, swaps0, disk0 = _uploaded(engine), engine.stats.swaps, _disk_read()
     with bar(repeats + 1, f"{arm}", unit="run") as pb:
         for r in range(repeats + 1):  # run 0 warms up (compilation, slot fills, graph capture)
+            if engine.adaptive is not None:
+                engine.adaptive.new_window()  # each run is one request
             s0 = _snapshot(engine)
             w0 = _windows(engine.stats)
             t0 = time.perf_counter()
@@ -105,6 +108,11 @@ def run_engine_arm(
         "miss_expert_gbps": miss_bytes * med / 1e9,
         "resident_experts": int(engine.resident.sum()),
         "graph_steps": engine.stats.graph_steps,
+        # the adaptive cache over all runs (warm-up included): swaps, expert bytes sent to the
+        # card, bytes this process read from storage (page-cache misses: experts re-read)
+        "adapt_swaps": engine.stats.swaps - swaps0,
+        "expert_bytes_uploaded": _uploaded(engine) - up0,
+        "disk_read_bytes": _disk_read() - disk0 if disk0 is not None else None,
         # per-layer decode window split (graph decode steps; None on eager paths)
         **{f"win_{k}_ms": v for k, v in split.items()},
         "peak_device_mib": peak / MIB if used0 is not None else None,
@@ -121,6 +129,22 @@ MIB = 1 << 20
 
 def _windows(st) -> np.ndarray:
     return np.array([st.window_layers, st.window_s, st.wait_s, st.route_s, st.pool_s])
+
+
+def _uploaded(engine) -> int:
+    return int(getattr(engine.tier, "expert_bytes_uploaded", 0))
+
+
+def _disk_read() -> int | None:
+    """Bytes this process caused to be read from storage (Linux /proc/self/io), else None."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 def _device_used() -> int | None:
