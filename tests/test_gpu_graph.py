@@ -100,3 +100,17 @@ def test_traced_all_resident_model_runs_the_hybrid_shape(synth_model, device, tm
     lockstep(g, e, prompt, 12)
     assert g.stats.window_layers == 12 * model.args.n_layer  # routed on the host per layer
     g.close()
+
+
+def test_adaptive_swaps_upload_off_the_critical_path(synth_model, device):
+    """Admitted experts upload on the copy stream while the pool computes them this step; from
+    the next step on they are hits. Graph and eager steps must still agree bit for bit."""
+    model = load_model(synth_model("tiny", "Q4_K", seed=24, skew=2.0))
+    flags = dict(expert_cache="6", adapt_swaps=40)
+    g, e = engine(model, True, **flags), engine(model, False, **flags)
+    up0 = g.tier.expert_uploads
+    prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
+    lockstep(g, e, prompt, 40)
+    assert g.stats.swaps == e.stats.swaps > 0
+    assert g.tier.expert_uploads - up0 == g.stats.swaps  # one upload per admitted expert
+    assert np.array_equal(g.resident, g.tier.slot_of >= 0)  # the tier holds what routing thinks

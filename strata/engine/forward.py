@@ -104,6 +104,7 @@ class Engine:
             TraceWriter(trace_path, a.n_layer, a.n_expert, a.n_expert_used) if trace_path else None
         )
         self.graphs = graphs  # decode from CUDA graphs where the tier has them
+        self._swaps: list[tuple[int, int]] = []  # the adaptive cache's swaps of this layer
         self._layer_rows = np.arange(a.n_layer)[:, None]  # [L, 1]
         self.pos = 0
         self.stats = EngineStats(expert_hist=np.zeros((a.n_layer, a.n_expert), np.int64))
@@ -135,23 +136,35 @@ class Engine:
             ids = plan.ids
         elif decode:
             st.decode_misses_before_car += int((~resident[ids]).sum())
-        if decode and self.adaptive is not None:
-            self.stats.swaps += len(self.adaptive.observe(i, router_ids))
-        hit = resident[ids]  # [T, K]
-        n_hit = int(hit.sum())
+        hit = resident[ids]  # [T, K], before this step's swaps: an admitted expert serves
+        n_hit = int(hit.sum())  # from the next step on (its upload runs meanwhile)
         st.hits += n_hit
         st.misses += hit.size - n_hit
+        self._swaps = []
+        if decode and self.adaptive is not None:
+            self._swaps = self.adaptive.observe(i, router_ids)
+            st.swaps += len(self._swaps)
         return ids, weights, hit
+
+    def _prefetch(self, i: int) -> None:
+        """Start the uploads of the experts layer i just admitted (after the step's launches,
+        which may still read the slots of the experts they evict)."""
+        if self._swaps and hasattr(self.tier, "prefetch"):
+            for cold, e in self._swaps:
+                self.tier.prefetch(i, e, cold)
 
     def _moe(self, i: int, h: np.ndarray, logits: np.ndarray, decode: bool) -> np.ndarray:
         ids, weights, hit = self._route(i, logits, decode)
         n_hit = int(hit.sum())
         if n_hit == hit.size:
-            return self.tier.experts(i, h, ids, weights)
+            y = self.tier.experts(i, h, ids, weights)
+            self._prefetch(i)
+            return y
         # misses: x rows go host-ward once (before the resident launches, which a GPU tier then
         # runs while the pool computes), the pool's sum comes back to the tier's device
         hh = self._to_host(h)
         yd = self.tier.experts(i, h, np.where(hit, ids, -1), weights) if n_hit else None
+        self._prefetch(i)
         t0 = time.perf_counter()
         y = self.miss_runner.experts(i, hh, np.where(hit, -1, ids), weights)
         self.stats.pool_s += time.perf_counter() - t0
@@ -199,6 +212,7 @@ class Engine:
             g.pair_h.a[:] = slots[0]
             g.pairw_h.a[:] = weights[0]
             g.experts(i)
+            self._prefetch(i)
             t2 = pc()
             if hit.all():
                 g.y_h.a[:] = 0.0

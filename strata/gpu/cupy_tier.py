@@ -30,7 +30,7 @@ from gguf.constants import GGMLQuantizationType
 
 from strata.gpu.attention import AttnWorkspace, attention, attention_decode
 from strata.gpu.budget import MIB, DeviceBudget
-from strata.gpu.decode_graph import GraphDecoder
+from strata.gpu.decode_graph import GraphDecoder, Pinned
 from strata.gpu.device import DeviceError, DeviceInfo, import_cupy, primary_device
 from strata.gpu.elementwise import sigmoid_scale_rows, silu_mul
 from strata.gpu.embed import embed
@@ -257,6 +257,8 @@ class CupyTier:
         self._free = list(range(n - 1, -1, -1))
         self.expert_uploads = 0
         self.expert_bytes_uploaded = 0
+        self._copy = None  # the copy stream of `prefetch` (made on first use)
+        self._pending = None  # the last prefetch's event
         if n == total:  # everything fits: load it all now, no upload on the hot path
             for i in range(a.n_layer):
                 for e in range(a.n_expert):
@@ -310,6 +312,62 @@ class CupyTier:
         self.slot_of[layer, e] = s
         self._lru[(layer, e)] = s
         return s
+
+    def prefetch(self, layer: int, e: int, evict: int | None = None) -> None:
+        """Upload expert (layer, e) without blocking the compute streams (adaptive admits):
+        staged through pinned memory and copied on a copy stream once the work already queued
+        (which may still read the evicted slot) is done; kernels launched later wait for it
+        (`await_uploads`). `evict` names the expert of `layer` whose slot it takes."""
+        if self.slot_of[layer, e] >= 0:
+            return
+        cp = self.cp
+        if evict is not None and self.slot_of[layer, evict] >= 0:
+            key = (layer, int(evict))
+        elif self._free:
+            key = None
+        else:
+            key = next(iter(self._lru))
+        s = self._free.pop() if key is None else self._lru.pop(key)
+        if key is not None:
+            self.slot_of[key] = -1
+        if self._copy is None:
+            self._copy = cp.cuda.Stream(non_blocking=True)
+            n = sum(self.slot_bytes)
+            self._stage = [Pinned(cp, (n,), np.uint8) for _ in range(2)]
+            self._stage_ev = [None, None]
+        for st in (cp.cuda.Stream.null, self._graph.stream if self._graph else None):
+            if st is not None:
+                self._copy.wait_event(st.record())
+        j = self.expert_uploads % 2
+        if self._stage_ev[j] is not None:
+            self._stage_ev[j].synchronize()  # the staging buffer's last copy has left it
+        buf, off = self._stage[j].a, 0
+        for m, t in enumerate(EXPERT_MATS):
+            raw = self.model.tensor(t, layer).raw()  # [E*rows, row_bytes]
+            per = raw.shape[0] // self.args.n_expert
+            src = raw[e * per : (e + 1) * per].reshape(-1)
+            buf[off : off + src.nbytes] = src
+            cp.cuda.runtime.memcpyAsync(
+                self.stores[m].buf[s].data.ptr,
+                buf[off:].ctypes.data,
+                src.nbytes,
+                cp.cuda.runtime.memcpyHostToDevice,
+                self._copy.ptr,
+            )
+            off += src.nbytes
+            self.expert_bytes_uploaded += src.nbytes
+        self._stage_ev[j] = self._pending = self._copy.record()
+        self.expert_uploads += 1
+        self.slot_of[layer, e] = s
+        self._lru[(layer, e)] = s
+
+    def await_uploads(self, stream=None) -> None:
+        """Make `stream` (default: the legacy stream) wait for the prefetches issued so far."""
+        ev = self._pending
+        if ev is not None:
+            (stream or self.cp.cuda.Stream.null).wait_event(ev)
+            if ev.done:
+                self._pending = None
 
     def sync_uploads(self) -> None:
         """Wait for expert uploads (legacy stream) before another stream reads the slots."""
@@ -458,6 +516,7 @@ class CupyTier:
         a, L = self.args, self.layers[layer]
         hact = self.act(a.n_embd, fmt(L.exp_qt[0]).vec_dot)
         cached = self._last_h is not None and self._last_h[1] == layer and self._last_h[0] is h
+        self.await_uploads()
         for c0, n in self._chunks(t):
             if not (cached and c0 == 0 and n == t):
                 norm_quant(self.K, hd[c0 : c0 + n], n, act=hact)

@@ -197,6 +197,7 @@ class GraphDecoder:
 
     def experts(self, i: int) -> None:
         """Launch layer i's resident experts on pair_h / pairw_h (returns at once)."""
+        self.t.await_uploads(self.stream)
         self._run(("b", i), lambda: self._seg_experts(i, device_routing=False))
 
     def finish(self) -> np.ndarray:
