@@ -33,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--layers", type=int, default=None, help="override the synthetic layer count")
     ap.add_argument("--vram-budget-mib", type=int, default=10240)
     ap.add_argument(
+        "--vram-budget-widen",
+        action="store_true",
+        help="allow a budget outside 1281..10240 MiB (e.g. all-gpu on a model past 10 GiB)",
+    )
+    ap.add_argument(
         "--expert-cache",
         default=None,
         help="resident experts for car-off/car-on (default: what the budget leaves)",
@@ -122,6 +127,8 @@ def _quality_table(res: dict) -> str:
 
 def _arm_extra(ns, arm: str) -> dict:
     extra: dict = {"adapt_swaps": ns.adapt_swaps}
+    if ns.vram_budget_widen:
+        extra["vram_budget_widen"] = True
     if ns.expert_cache and arm in ("car-off", "car-on"):
         extra["expert_cache"] = ns.expert_cache
     return extra
