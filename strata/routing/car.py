@@ -81,17 +81,20 @@ def car_plan(
         r = ratio[mi, ci]
         order = np.lexsort((ids[row, miss_k[mi]], cands[ci], -r))
         used_c, done_k, counted = set(), set(), 0
-        for j in order:
-            kk, c = int(miss_k[mi[j]]), int(cands[ci[j]])
+        # plain Python lists: this loop runs per token and layer on the decode path
+        pairs = zip(miss_k[mi[order]].tolist(), cands[ci[order]].tolist(), r[order].tolist())
+        for kk, c, rv in pairs:
             if kk in done_k or c in used_c:
                 continue
-            free = r[j] >= knobs.free_ratio
+            free = rv >= knobs.free_ratio
             if knobs.budget and not free and counted >= knobs.budget:
                 continue
             out[row, kk] = c
             subst[row, kk] = True
-            ratios[row, kk] = r[j]
+            ratios[row, kk] = rv
             done_k.add(kk)
             used_c.add(c)
             counted += not free
+            if len(done_k) == miss_k.size:
+                break  # every miss of the token is substituted
     return CarResult(out, subst, ratios, misses)

@@ -24,6 +24,14 @@ def route_topk(
     logits [T, E] -> ids [T, K] int32 (best first), weights [T, K] float32, probs [T, E] float32.
     """
     probs = softmax(logits.astype(np.float32, copy=False))  # [T, E]
+    if probs.shape[0] == 1:  # decode: the same selection with plain indexing (hot path)
+        p = probs[0]
+        part = np.argpartition(-p, k - 1)[:k]
+        ids1 = part[np.argsort(-p[part], kind="stable")].astype(np.int32)
+        w = p[ids1]
+        if renormalize:
+            w = w / np.maximum(w.sum(), MIN_WEIGHT_SUM)
+        return ids1[None], w.astype(np.float32)[None], probs
     part = np.argpartition(-probs, k - 1, axis=-1)[:, :k]  # [T, K] unordered
     order = np.argsort(-np.take_along_axis(probs, part, axis=-1), axis=-1, kind="stable")
     ids = np.take_along_axis(part, order, axis=-1).astype(np.int32)  # [T, K]
