@@ -375,15 +375,14 @@ class CupyTier:
 
     def slots_for(self, layer: int, ids: np.ndarray) -> np.ndarray:
         """Slots of ids [T, K] (uploading missing experts); -1 where ids < 0."""
-        need = np.unique(ids[ids >= 0])
-        keep = frozenset(int(e) for e in need)
-        for e in need:
-            key = (layer, int(e))
-            if self.slot_of[key] < 0:
-                self._upload(layer, int(e), keep)
+        keep = frozenset(int(e) for e in ids.ravel().tolist() if e >= 0)
+        row = self.slot_of[layer]
+        for e in sorted(keep):
+            key = (layer, e)
+            if row[e] < 0:
+                self._upload(layer, e, keep)
             else:
                 self._lru.move_to_end(key)
-        row = self.slot_of[layer]
         return np.where(ids >= 0, row[np.maximum(ids, 0)], -1).astype(np.int32)
 
     # ---- boundary ----
