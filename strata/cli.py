@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from strata.config import ConfigError
+from strata.gpu.budget import BudgetExceeded
+from strata.gpu.device import DeviceError
 from strata.model.errors import ModelError
 from strata.quant import UnsupportedType
 
@@ -106,6 +108,21 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--car-dampen", type=int, default=None, help="(refused: not supported)")
     g.add_argument("--threads", type=int, default=None, help="CPU pool threads (0 = all cores)")
+    g.add_argument("--pack", default=None, help="expert pack directory (`strata pack`)")
+    g.add_argument("--release", default=None, help="release the pack must have been built for")
+    g.add_argument(
+        "--resident-experts",
+        action="store_const",
+        const=True,
+        default=None,
+        help="copy the CPU pool's experts into RAM (default: read them from the mmap)",
+    )
+    g.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replay decode steps from CUDA graphs on a GPU tier (default on)",
+    )
 
 
 def _engine_config(ns):
@@ -124,6 +141,10 @@ def _engine_config(ns):
         "car_free_ratio",
         "car_dampen",
         "threads",
+        "pack",
+        "release",
+        "resident_experts",
+        "cuda_graphs",
     ]
     flags = {k: getattr(ns, k, None) for k in keys}
     flags["model"] = getattr(ns, "model", None)
@@ -366,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
     from strata.serve.cli import add_serve_parser
 
     add_serve_parser(sub)
+    from strata.pack_cli import add_pack_parser
+    from strata.resolve import add_resolve_parser
+
+    add_resolve_parser(sub)
+
+    add_pack_parser(sub)
     return ap
 
 
@@ -373,7 +400,16 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         return ns.fn(ns)
-    except (UserError, ModelError, UnsupportedType, OSError, ValueError, ConfigError) as e:
+    except (
+        UserError,
+        ModelError,
+        UnsupportedType,
+        OSError,
+        ValueError,
+        ConfigError,
+        DeviceError,
+        BudgetExceeded,
+    ) as e:
         # one line, whatever the message: a user error is never a traceback
         print(f"strata: error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return EXIT_USAGE

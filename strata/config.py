@@ -43,6 +43,7 @@ class EngineConfig:
     release: str | None = None  # release the pack must have been built for (None: not checked)
     resident_experts: bool = False  # copy the CPU's experts into RAM instead of reading the mmap
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs on a GPU tier
+    model_id: str | None = None  # the id the server answers to (default: the file's stem)
     # which fields the user set explicitly (flag or environment), for refusals vs downgrades
     explicit: set[str] = field(default_factory=set, repr=False)
     notices: list[str] = field(default_factory=list, repr=False)
@@ -72,6 +73,7 @@ ENV = {
         lambda v: v.lower() in ("1", "true", "yes", "on"),
     ),
     "cuda_graphs": ("STRATA_CUDA_GRAPHS", lambda v: v.lower() not in ("0", "false", "no")),
+    "model_id": ("STRATA_MODEL_ID", str),
 }
 
 

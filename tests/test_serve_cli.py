@@ -41,6 +41,13 @@ def test_engine_flags_reach_the_engine_config_over_their_environment_variables()
     assert (cfg.car_threshold, cfg.n_ctx) == (0.7, 256)
 
 
+def test_model_id_from_flag_over_environment_as_the_launcher_writes_it():
+    assert serve_options(_parse(), {})["model_id"] is None  # the app uses the file's stem
+    env = {"STRATA_MODEL_ID": "swift-iq3_xxs"}
+    assert serve_options(_parse(), env)["model_id"] == "swift-iq3_xxs"
+    assert serve_options(_parse("--model-id", "mine"), env)["model_id"] == "mine"
+
+
 def test_bad_values_are_refused():
     with pytest.raises(ValueError, match="STRATA_REASONING_EFFORT"):
         serve_options(_parse(), {"STRATA_REASONING_EFFORT": "max"})

@@ -74,7 +74,18 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
     if hasattr(tier, "load_resident"):  # the GPU tier uploads the placed experts now
         resident[:] = tier.load_resident(resident)
     # the experts the tier does not hold run in the CPU pool
-    miss_runner = PoolMissRunner(model, cfg.threads) if slots < total else None
+    miss_runner = (
+        PoolMissRunner(
+            model,
+            cfg.threads,
+            pack=cfg.pack,
+            resident_experts=cfg.resident_experts,
+            skip=resident,
+            release=cfg.release,
+        )
+        if slots < total
+        else None
+    )
     return Engine(
         model,
         tier,
@@ -83,4 +94,5 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
         car=car,
         adaptive=adaptive,
         trace_path=cfg.dump_router_scores,
+        graphs=cfg.cuda_graphs,
     )

@@ -1,35 +1,131 @@
 """The CPU expert pool as the engine's miss runner: one pool call per layer with every miss.
 
-T = tokens, K = picks per token, N = missed (token, expert) tasks, D = hidden.
+T = tokens, K = picks per token, N = missed (token, expert) tasks, D = hidden, L = layers,
+E = experts, R = rows of one expert matrix.
+
+Where the expert bytes come from:
+- no pack, default: the GGUF (read in place, or `prepare`'s RAM copy for repacked formats);
+- a pack (`--pack DIR`): views into the pack's mmap, nothing copied at start;
+- `--resident-experts`: a RAM copy of every expert the device does not hold (`skip` [L, E]).
+  Each matrix keeps the kernels' [E * R, row_bytes] indexing: it is an anonymous mapping of the
+  full size in which only the copied experts' pages are ever written, so the experts left out
+  take no RAM (the OS backs a page only once it is touched). An expert the device later evicts
+  (the adaptive cache) is copied in on its first miss.
 """
 
 from __future__ import annotations
+
+import mmap
+from dataclasses import replace
 
 import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 
 from strata.model.loader import Model
 
+EXPERT_TENSORS = (MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP)
+
 
 class PoolMissRunner:
-    """Adapts `strata.cpu.ExpertPool.run_layer` to the engine's `experts(layer, h, ids, w)`."""
+    """Adapts `strata.cpu.ExpertPool.run_layer` to the engine's `experts(layer, h, ids, w)`.
+
+    pack: a pack directory (or an opened `strata.cpu.pack.Pack`); release: the release the pack
+    must have been built for (None: not checked). resident_experts: copy the experts into RAM,
+    leaving out those `skip` ([L, E] bool, the device-resident experts) marks.
+    """
 
     name = "cpu-pool"
 
-    def __init__(self, model: Model, n_threads: int = 0):
+    def __init__(
+        self,
+        model: Model,
+        n_threads: int = 0,
+        pack=None,
+        resident_experts: bool = False,
+        skip: np.ndarray | None = None,
+        release: str | None = None,
+        progress: bool = True,
+    ):
         from strata.cpu.pool import ExpertPool, prepare_layer
 
+        a = model.args
         self.pool = ExpertPool(n_threads or None)
-        self.layers = [
-            prepare_layer(
-                *(model.tensor(m, i) for m in (MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP))
-            )
-            for i in range(model.args.n_layer)
-        ]
+        self.pack = None
+        if pack is not None:
+            from strata.cpu.pack import Pack, open_pack
+
+            self.pack = pack if isinstance(pack, Pack) else open_pack(pack, model, release=release)
+        self.source = "pack" if self.pack is not None else "gguf"
+        self.ram_bytes = 0  # expert bytes copied into RAM by resident mode
+        if resident_experts:
+            skip = np.zeros((a.n_layer, a.n_expert), bool) if skip is None else skip
+            skip = np.array(skip, bool)  # a snapshot: the engine's mask changes with swaps
+            if skip.shape != (a.n_layer, a.n_expert):
+                raise ValueError(f"skip must be [L, E] = {[a.n_layer, a.n_expert]}")
+            self.source = "ram"
+            self._model = model
+            self._loaded = np.zeros_like(skip)  # [L, E]: experts whose rows are in RAM
+            self.layers = [self._ram_layer(i) for i in range(a.n_layer)]
+            self._fill(~skip, progress)
+        elif self.pack is not None:
+            self.layers = self.pack.layers
+        else:
+            self.layers = [
+                prepare_layer(*(model.tensor(m, i) for m in EXPERT_TENSORS))
+                for i in range(a.n_layer)
+            ]
         self.bytes_read = 0  # expert bytes the pool's kernels read (its own layout)
         self.gguf_bytes = 0  # the same experts counted in the GGUF encoding
-        self._out = np.zeros((0, model.args.n_embd), np.float32)  # grows to the largest T
+        self._out = np.zeros((0, a.n_embd), np.float32)  # grows to the largest T
 
+    # ---- resident mode
+    def _sources(self, layer: int):
+        """The three matrices of a layer to copy from: pack matrices, or GGUF tensors."""
+        if self.pack is not None:
+            lw = self.pack.layers[layer]
+            return (lw.gate, lw.up, lw.down)
+        return tuple(self._model.tensor(m, layer) for m in EXPERT_TENSORS)
+
+    def _ram_layer(self, layer: int):
+        """A layer's matrices backed by zero-filled anonymous mappings (no RAM until written)."""
+        from strata.cpu.pack import probe
+        from strata.cpu.pool import LayerWeights
+
+        mats = []
+        for src in self._sources(layer):
+            if self.pack is not None:  # an ExpertMatrix over the pack
+                like, (e, rows, c) = src, (src.n_expert, src.rows, src.cols)
+            else:  # a GGUF tensor: what `prepare` makes of it on this host
+                like, (e, rows, c) = probe(src), src.shape
+            b = like.data.shape[1]
+            data = _anonymous(e * rows * b).reshape(e * rows, b)
+            mats.append(replace(like, n_expert=e, rows=rows, cols=c, data=data))
+        return LayerWeights(*mats)
+
+    def _fill(self, want: np.ndarray, progress: bool) -> None:
+        """Copy the experts `want` ([L, E] bool) marks and are not yet in RAM."""
+        from strata.cpu.pack import expert_rows
+        from strata.progress import bar
+
+        todo = want & ~self._loaded
+        total = sum(int(todo[i].sum()) * lw.expert_nbytes for i, lw in enumerate(self.layers))
+        with bar(total, "experts to RAM", progress and total > 0, unit="B") as pb:
+            for i in np.flatnonzero(todo.any(axis=1)):
+                lw = self.layers[i]
+                for src, dst in zip(self._sources(i), (lw.gate, lw.up, lw.down), strict=True):
+                    r = dst.rows
+                    for e0, e1 in _runs(todo[i]):
+                        rows = (
+                            src.data[e0 * r : e1 * r]
+                            if self.pack is not None
+                            else expert_rows(src, e0, e1)
+                        )
+                        dst.data[e0 * r : e1 * r] = rows
+                        self.ram_bytes += rows.nbytes
+                        pb.update(rows.nbytes)
+                self._loaded[i] |= todo[i]
+
+    # ---- the engine's call
     def experts(self, layer: int, h: np.ndarray, ids: np.ndarray, weights: np.ndarray):
         tok, k = np.nonzero(ids >= 0)  # [N] each
         if self._out.shape[0] < h.shape[0]:
@@ -38,10 +134,17 @@ class PoolMissRunner:
         if tok.size == 0:
             out[:] = 0.0
             return out
+        ex = ids[tok, k].astype(np.int32)  # [N]
+        if self.source == "ram" and not self._loaded[layer].all():
+            missing = np.unique(ex[~self._loaded[layer, ex]])  # evicted from the device since
+            if missing.size:
+                want = np.zeros_like(self._loaded)
+                want[layer, missing] = True
+                self._fill(want, progress=False)
         self.pool.run_layer(
             h,
             tok.astype(np.int32),
-            ids[tok, k].astype(np.int32),
+            ex,
             weights[tok, k].astype(np.float32),
             self.layers[layer],
             out=out,
@@ -49,3 +152,17 @@ class PoolMissRunner:
         self.bytes_read += self.pool.last_bytes
         self.gguf_bytes += self.pool.last_gguf_bytes
         return out
+
+
+def _anonymous(n: int) -> np.ndarray:
+    """n zero bytes whose pages take RAM only once written (a private anonymous mapping)."""
+    if hasattr(mmap, "MAP_ANONYMOUS"):
+        buf = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        return np.frombuffer(buf, np.uint8)
+    return np.zeros(n, np.uint8)  # elsewhere calloc: large blocks are lazily zeroed pages too
+
+
+def _runs(mask: np.ndarray):
+    """(start, end) of each run of True in a 1-D mask."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+    return zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True)

@@ -37,6 +37,11 @@ def add_serve_parser(subparsers) -> None:
         default=None,
         help="GGUF file or first shard (default: env STRATA_MODEL, then the embedded model)",
     )
+    p.add_argument(
+        "--model-id",
+        default=None,
+        help="the model id the API answers to (env STRATA_MODEL_ID; default: the file's stem)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     p.add_argument("--port", type=_int("--port", 0, 65535), default=8000)
     p.add_argument(
@@ -85,6 +90,7 @@ def serve_options(ns: argparse.Namespace, environ: Mapping[str, str] = os.enviro
 
     flags = {name: getattr(ns, name, None) for name in ENV}
     flags["n_ctx"] = ns.ctx
+    flags["model_id"] = getattr(ns, "model_id", None)
     cfg = resolve(flags, environ)
     if cfg.model is None:
         from strata.cli import DEFAULT_MODEL
@@ -100,6 +106,7 @@ def serve_options(ns: argparse.Namespace, environ: Mapping[str, str] = os.enviro
         raise ValueError(f"STRATA_REASONING_EFFORT: {e}") from None
     return dict(
         model=cfg.model,
+        model_id=cfg.model_id,
         config=cfg,
         api_key=api_key or None,
         reasoning_effort=effort,
@@ -145,13 +152,17 @@ def _is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from strata.gpu.budget import BudgetExceeded
+    from strata.gpu.device import DeviceError
+
     ap = argparse.ArgumentParser(prog="python -m strata")
     sub = ap.add_subparsers(dest="cmd")
     add_serve_parser(sub)
     ns = ap.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
     try:
         return ns.fn(ns)
-    except (ValueError, OSError) as e:  # ModelError, ConfigError, UnsupportedType included
+    except (ValueError, OSError, DeviceError, BudgetExceeded) as e:  # ModelError, ConfigError,
+        # UnsupportedType included
         print(f"strata: error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
