@@ -34,7 +34,13 @@ from strata.gpu.decode_graph import GraphDecoder, Pinned
 from strata.gpu.device import DeviceError, DeviceInfo, import_cupy, primary_device
 from strata.gpu.elementwise import sigmoid_scale_rows, silu_mul
 from strata.gpu.embed import embed
-from strata.gpu.experts import SlotStore, moe_experts
+from strata.gpu.experts import (
+    GROUPED_MIN_T,
+    SlotStore,
+    TileBufs,
+    moe_experts,
+    moe_experts_grouped,
+)
 from strata.gpu.gemv import DeviceWeight, gemv
 from strata.gpu.host import EXPERT_MATS, rope_inv_freq
 from strata.gpu.norm_quant import ActBuf, norm_quant
@@ -46,6 +52,7 @@ from strata.model.weights import dequant
 from strata.quant import fmt
 
 QT = GGMLQuantizationType
+MOE_TMAX = 128  # tokens per chunk of the grouped (prefill) expert kernels
 ATTN_SCORES_BYTES = 64 * MIB  # bound on the attention scores workspace (sets its query chunk)
 
 
@@ -177,7 +184,8 @@ class CupyTier:
             add(a.n_head * a.v_head_dim, L.o.vec_dot)
             add(a.n_embd, L.router.vec_dot)
             add(a.n_embd, fmt(L.exp_qt[0]).vec_dot)
-            add(a.expert_ff, fmt(L.exp_qt[2]).vec_dot, tm * a.n_expert_used, "moe")
+            add(a.expert_ff, fmt(L.exp_qt[2]).vec_dot, self.moe_rows, "moe")
+            add(a.n_embd, fmt(L.exp_qt[0]).vec_dot, self.moe_tmax, "moe_h")
             if L.sh:
                 add(a.n_embd, L.sh["gate"].vec_dot)
                 add(a.n_embd, L.sh["up"].vec_dot)
@@ -188,6 +196,9 @@ class CupyTier:
     def _alloc_workspace(self) -> None:
         a, cp, tm = self.args, self.cp, self.tmax
         h, g, dh, dv = self.dims
+        # experts of a long prompt: chunks of moe_tmax tokens, pairs grouped by expert
+        self.moe_tmax = max(tm, MOE_TMAX)
+        self.moe_rows = self.moe_tmax * a.n_expert_used  # (token, expert) pairs of a chunk
         self.att_tmax = max(1, min(tm, ATTN_SCORES_BYTES // (4 * h * self.n_ctx)))
         specs = self._act_specs()
         nbytes = sum(ActBuf.bytes_for(n, r, vd) for n, r, vd in specs.values())
@@ -196,8 +207,8 @@ class CupyTier:
         floats = tm * (
             self.qkv_dim + h * dh + h * dv + 2 * a.n_embd + a.n_vocab + a.n_expert + 3 * fs + 1
         )
-        floats += tm * a.n_expert_used * (a.expert_ff + 2)
-        nbytes += 4 * floats + 4 * tm + 4
+        floats += self.moe_rows * (a.expert_ff + 2)
+        nbytes += 4 * floats + 4 * tm + 4 + TileBufs.bytes_for(self.moe_rows, a.n_embd)
         nbytes += GraphDecoder.device_bytes(a)  # built on the first graph decode step
         self.budget.reserve("workspace", nbytes)
         self._graph: GraphDecoder | None = None
@@ -212,9 +223,10 @@ class CupyTier:
         self.rlogits_buf = cp.empty((tm, a.n_expert), np.float32)
         self.sh_buf = cp.empty((3, tm, fs), np.float32)
         self.sh_gate_buf = cp.empty((tm, 1), np.float32)
-        self.moe_act = cp.empty((tm * a.n_expert_used, a.expert_ff), np.float32)
-        self.pair_slot = cp.empty((tm * a.n_expert_used,), np.int32)
-        self.pair_w = cp.empty((tm * a.n_expert_used,), np.float32)
+        self.moe_act = cp.empty((self.moe_rows, a.expert_ff), np.float32)
+        self.pair_slot = cp.empty((self.moe_rows,), np.int32)
+        self.pair_w = cp.empty((self.moe_rows,), np.float32)
+        self.tiles = TileBufs(cp, self.moe_rows, a.n_embd)
         self.ids_buf = cp.empty((tm,), np.int32)
         self.pos_buf = cp.zeros((1,), np.int32)  # the decode position, read by the kernels
         self._last_h = None  # (h view handed out by router, layer)
@@ -516,6 +528,29 @@ class CupyTier:
         hact = self.act(a.n_embd, fmt(L.exp_qt[0]).vec_dot)
         cached = self._last_h is not None and self._last_h[1] == layer and self._last_h[0] is h
         self.await_uploads()
+        if t > GROUPED_MIN_T:  # a prompt: the pairs grouped by expert, chunks of moe_tmax
+            gh = self.acts[(a.n_embd, int(fmt(L.exp_qt[0]).vec_dot), "moe_h")]
+            aact = self.acts[(a.expert_ff, int(fmt(L.exp_qt[2]).vec_dot), "moe")]
+            for c0, n in self._chunks(t, self.moe_tmax):
+                norm_quant(self.K, hd[c0 : c0 + n], n, act=gh)
+                sl = slots[c0 : c0 + n]
+                self.pair_slot[: n * k].set(sl.reshape(-1))
+                self.pair_w[: n * k].set(w[c0 : c0 + n].reshape(-1))
+                moe_experts_grouped(
+                    self.K,
+                    L.exp_qt,
+                    (a.n_embd, a.expert_ff),
+                    self.stores,
+                    gh,
+                    sl,
+                    self.pair_slot,
+                    self.pair_w,
+                    self.tiles,
+                    self.moe_act,
+                    aact,
+                    out[c0 : c0 + n],
+                )
+            return
         for c0, n in self._chunks(t):
             if not (cached and c0 == 0 and n == t):
                 norm_quant(self.K, hd[c0 : c0 + n], n, act=hact)

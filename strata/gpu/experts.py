@@ -105,3 +105,114 @@ def pairs_from_topk(K: Kernels, ids, weights, slot_row, n: int, pair_slot, pair_
     K.fn("experts.cu", "moe_pairs_from_topk")(
         (-(-n // THREADS),), (THREADS,), (ids, weights, slot_row, i32(n), pair_slot, pair_w)
     )
+
+
+MOE_NT = 8  # pairs per tile in experts_grouped.cu
+GROUPED_MIN_T = 8  # more tokens than this: the grouped (prefill) kernels
+
+
+def group_pairs(slots: np.ndarray, nt: int = MOE_NT):
+    """Tiles of up to `nt` pairs sharing an expert slot, from slots [T, K] (pair p = t*K + k;
+    slot < 0 = skipped) -> (pair_order [P'], tile_slot, tile_first, tile_n [tiles]) int32, the
+    pairs sorted by slot (stable), each tile a run of pair_order."""
+    flat = np.asarray(slots, dtype=np.int32).reshape(-1)
+    valid = np.flatnonzero(flat >= 0)
+    order = valid[np.argsort(flat[valid], kind="stable")].astype(np.int32)
+    s = flat[order]
+    if s.size == 0:
+        e = np.zeros(0, np.int32)
+        return order, e, e, e
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    ends = np.r_[starts[1:], s.size]
+    per = -(-(ends - starts) // nt)  # tiles per run
+    first_of_run = np.repeat(np.cumsum(per) - per, per)
+    tile_first = np.repeat(starts, per) + nt * (np.arange(per.sum()) - first_of_run)
+    tile_n = np.minimum(nt, np.repeat(ends, per) - tile_first)
+    return order, s[tile_first], tile_first.astype(np.int32), tile_n.astype(np.int32)
+
+
+class TileBufs:
+    """Device buffers of the grouped kernels for up to `pairs` pairs: the sorted pair order,
+    the tiles, and the per-pair down outputs y [pairs, D]."""
+
+    def __init__(self, cp, pairs: int, d: int):
+        self.order = cp.zeros((pairs,), np.int32)
+        self.slot = cp.zeros((pairs,), np.int32)
+        self.first = cp.zeros((pairs,), np.int32)
+        self.n = cp.zeros((pairs,), np.int32)
+        self.y = cp.zeros((pairs, d), np.float32)
+
+    @staticmethod
+    def bytes_for(pairs: int, d: int) -> int:
+        return 4 * pairs * (4 + d)
+
+
+def moe_experts_grouped(
+    K: Kernels,
+    qtypes: tuple,
+    dims: tuple[int, int],
+    stores: tuple[SlotStore, SlotStore, SlotStore],
+    hact: ActBuf,
+    slots: np.ndarray,
+    pair_slot,
+    pair_w,
+    tiles: TileBufs,
+    act,
+    aact: ActBuf,
+    out,
+) -> None:
+    """out[:T] = sum_k pair_w[t, k] * expert_{slots[t, k]}(h[t]) for slots [T, K] (host) with the
+    pairs grouped by expert (kernels/experts_grouped.cu); pair_slot/pair_w [T*K] on the device
+    already hold the same slots and the weights."""
+    qg, qu, qd = (QT(int(q)) for q in qtypes)
+    if qg != qu:
+        raise ValueError(f"gate ({qg.name}) and up ({qu.name}) experts must share a type")
+    d, f = dims
+    t, k = slots.shape
+    order, tslot, tfirst, tn = group_pairs(slots)
+    n_tiles = int(tslot.size)
+    gate, up, down = stores
+    wpb = K.warps_per_block(THREADS)
+    block = (wpb * K.warp,)
+    if n_tiles:
+        tiles.order[: order.size].set(order)
+        tiles.slot[:n_tiles].set(tslot)
+        tiles.first[:n_tiles].set(tfirst)
+        tiles.n[:n_tiles].set(tn)
+        tile_args = (tiles.slot, tiles.first, tiles.n, tiles.order)
+        K.fn("experts_grouped.cu", f"moe_gate_up_tiles_{Q_NAMES[qg]}")(
+            (-(-f // wpb), n_tiles),
+            block,
+            (
+                gate.buf,
+                up.buf,
+                i64(gate.slot_bytes),
+                hact.q,
+                hact.d,
+                i32(xd_shift(hact.mode)),
+                *tile_args,
+                i32(k),
+                act,
+                i32(f),
+                i32(d),
+            ),
+        )
+        norm_quant(K, act, t * k, act=aact)  # the intermediate, Q8 as ggml quantizes it
+        K.fn("experts_grouped.cu", f"moe_down_tiles_{Q_NAMES[qd]}")(
+            (-(-d // wpb), n_tiles),
+            block,
+            (
+                down.buf,
+                i64(down.slot_bytes),
+                aact.q,
+                aact.d,
+                i32(xd_shift(aact.mode)),
+                *tile_args,
+                tiles.y,
+                i32(d),
+                i32(f),
+            ),
+        )
+    K.fn("experts_grouped.cu", "moe_sum_pairs")(
+        (-(-d // 256), t), (256,), (tiles.y, pair_slot, pair_w, i32(k), i32(d), out)
+    )

@@ -25,6 +25,7 @@ SOURCES = (
     "rope_kv.cu",
     "attention.cu",
     "experts.cu",
+    "experts_grouped.cu",
     "router_topk.cu",
     "elementwise.cu",
 )

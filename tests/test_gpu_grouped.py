@@ -1,0 +1,90 @@
+"""The grouped (prefill) expert kernels against the per-pair ones (kernels/experts_grouped.cu).
+
+The intermediate silu(gate)*up is summed in the per-pair kernel's order, so it must be
+bit-identical; the output sums each pair's down row before the weighted sum over k (the per-pair
+kernel interleaves the pairs across lanes), so it agrees to float32 summation noise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+from gguf.constants import GGMLQuantizationType  # noqa: E402
+
+from strata.gpu.device import primary_device  # noqa: E402
+from strata.gpu.experts import (  # noqa: E402
+    SlotStore,
+    TileBufs,
+    moe_experts,
+    moe_experts_grouped,
+)
+from strata.gpu.norm_quant import ActBuf, norm_quant  # noqa: E402
+from strata.gpu.rawmod import Kernels  # noqa: E402
+from strata.quant import fmt  # noqa: E402
+from strata.quant.synth_blocks import random_quantized  # noqa: E402
+
+QT = GGMLQuantizationType
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def K():
+    try:
+        info = primary_device()
+    except Exception as e:
+        pytest.skip(f"no usable GPU: {e}")
+    if info is None:
+        pytest.skip("no GPU")
+    return Kernels(cp, info.warp_size, info.sm_count)
+
+
+@pytest.mark.parametrize(
+    "qts",
+    [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.IQ3_XXS,) * 3, (QT.Q8_0,) * 3, (QT.IQ1_M,) * 3],
+    ids=lambda q: "-".join(x.name for x in q),
+)
+@pytest.mark.parametrize("t", [9, 37])
+def test_grouped_experts_equal_the_per_pair_kernels(K, qts, t):
+    g = np.random.default_rng()
+    d, f, n_exp, k = 512, 256, 6, 4
+    raws = [
+        random_quantized(qts[0], (n_exp, f, d), g, 1 / np.sqrt(d)),
+        random_quantized(qts[1], (n_exp, f, d), g, 1 / np.sqrt(d)),
+        random_quantized(qts[2], (n_exp, d, f), g, 1 / np.sqrt(f)),
+    ]
+    stores = [SlotStore(cp, n_exp, r[0].nbytes) for r in raws]
+    for st, r in zip(stores, raws, strict=True):
+        st.buf[...] = cp.asarray(r.reshape(n_exp, -1))
+    # skewed picks (expert 0 popular: tiles of 8 and a remainder) and a few skipped pairs
+    slots = np.stack(
+        [g.choice(n_exp, k, replace=False, p=[0.5, 0.3, 0.05, 0.05, 0.05, 0.05]) for _ in range(t)]
+    ).astype(np.int32)
+    slots[g.random((t, k)) < 0.15] = -1
+    w = g.uniform(0.1, 1, (t, k)).astype(np.float32)
+    h = g.standard_normal((t, d)).astype(np.float32)
+    hact = ActBuf(cp, d, t, fmt(qts[0]).vec_dot)
+    norm_quant(K, cp.asarray(h), t, act=hact)
+    ps, pw = cp.asarray(slots.ravel()), cp.asarray(w.ravel())
+    outs, acts = [], []
+    for grouped in (False, True):
+        act = cp.zeros((t * k, f), np.float32)
+        aact = ActBuf(cp, f, t * k, fmt(qts[2]).vec_dot)
+        out = cp.full((t, d), np.nan, np.float32)
+        if grouped:
+            tiles = TileBufs(cp, t * k, d)
+            moe_experts_grouped(K, qts, (d, f), stores, hact, slots, ps, pw, tiles, act, aact, out)
+        else:
+            moe_experts(K, qts, (d, f), stores, hact, ps, pw, t, k, act, aact, out)
+        outs.append(cp.asnumpy(out))
+        acts.append(cp.asnumpy(act))
+    valid = (slots >= 0).ravel()
+    np.testing.assert_array_equal(acts[1][valid], acts[0][valid])  # the same bits
+    ref = outs[0]
+    assert np.all(np.isfinite(outs[1]))
+    err = np.abs(outs[1] - ref).max() / np.abs(ref).max()
+    assert err < 1e-5, err
+    dead = (slots < 0).all(axis=1)  # a token whose picks all missed: zeros
+    assert np.all(outs[1][dead] == 0)
