@@ -19,7 +19,7 @@ from strata.config import resolve  # noqa: E402
 from strata.engine.builder import build_engine  # noqa: E402
 from strata.gpu.device import primary_device  # noqa: E402
 from strata.model.loader import load_model  # noqa: E402
-from tests.oracle import FLIP_BOUND, position_errors  # noqa: E402
+from tests.oracle import position_errors  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -58,19 +58,29 @@ def lockstep(a, b, prompt: list[int], steps: int, exact: bool = True) -> np.ndar
 @pytest.mark.parametrize(
     "arch,quant", [("qwen3moe", "IQ3_XXS"), ("qwen3moe", "Q4_K"), ("qwen2moe", "Q4_K")]
 )
-def test_all_resident_graph_steps_equal_eager(synth_model, device, arch, quant):
+def test_all_resident_graph_steps_equal_their_eager_launches(synth_model, device, arch, quant):
+    """Replayed graphs == the same step's launches run eagerly, bit for bit; and the step,
+    which routes on the card, decodes what the host-routed eager path decodes."""
     model = load_model(synth_model("tiny", quant, arch=arch, seed=21))
-    g, e = engine(model, True, expert_cache="all"), engine(model, False, expert_cache="all")
+    g, e = engine(model, True, expert_cache="all"), engine(model, True, expert_cache="all")
+    e.tier.graph_decoder().replay = False
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 5).tolist()
-    # the graph routes on the card: router_topk's weights match route_topk's to ~1e-7 (not
-    # bit for bit), so the logits agree to float noise until a Q8 rounding flips
-    errs = lockstep(g, e, prompt, 40, exact=False)
-    assert np.all(errs <= FLIP_BOUND), errs
-    assert float((errs <= 1e-4).mean()) >= 0.6, errs
-    assert g.stats.graph_steps == 40 and e.stats.graph_steps == 0
-    assert g.stats.expert_hist.sum() == e.stats.expert_hist.sum()  # picks read back
-    moved = int(np.abs(g.stats.expert_hist - e.stats.expert_hist).sum())
-    assert moved <= 4, f"the graph's picks differ from the host's in {moved // 2} places"
+    lockstep(g, e, prompt, 40)
+    assert g.stats.graph_steps == e.stats.graph_steps == 40 and len(g.tier.graph_decoder().graphs)
+    assert not e.tier.graph_decoder().graphs
+    assert np.array_equal(g.stats.expert_hist, e.stats.expert_hist)
+    # router_topk's weights match route_topk's to ~1e-7, not bit for bit: against the host's
+    # routing the logits agree to float noise until a Q8 rounding flips or a router near-tie
+    # picks another expert, so only the greedy tokens are held (to most steps)
+    h = engine(model, False, expert_cache="all")
+    g.reset()
+    la, lb = g.forward(prompt), h.forward(prompt)
+    same = 0
+    for _ in range(40):
+        same += int(np.argmax(la)) == int(np.argmax(lb))
+        tok = int(np.argmax(lb))
+        la, lb = g.forward([tok]), h.forward([tok])
+    assert same >= 32, f"greedy tokens agree at only {same} of 40 steps"
 
 
 @pytest.mark.parametrize("car", [1.0, 0.35])

@@ -78,7 +78,9 @@ CASES = [
 def test_greedy_decode_matches_host_tier_for_32_steps(synth_model, device, arch, quant, dense):
     model = load_model(synth_model("tiny", quant, dense=dense, arch=arch, seed=7))
     host = Engine(model, n_ctx=128)
-    dev = Engine(model, tier=CupyTier(model, n_ctx=128, budget=small_budget(), device=device))
+    # eager launches: these tests record the tier's router calls (graph steps: test_gpu_graph)
+    tier = CupyTier(model, n_ctx=128, budget=small_budget(), device=device)
+    dev = Engine(model, tier=tier, graphs=False)
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, size=6).tolist()
     errs, gaps, apart = greedy_lockstep(host, dev, prompt, 32)
     assert np.all((errs <= FLIP_BOUND) | apart), errs  # beyond a flip only after a router tie
@@ -125,7 +127,8 @@ def test_logits_match_host_tier_on_short_sequences(synth_model, device, arch, qu
     model = load_model(synth_model("tiny", quant, dense=dense, arch=arch, seed=3))
     rng = np.random.default_rng()
     host = Engine(model, n_ctx=64)
-    dev = Engine(model, tier=CupyTier(model, n_ctx=64, budget=small_budget(), device=device))
+    tier = CupyTier(model, n_ctx=64, budget=small_budget(), device=device)
+    dev = Engine(model, tier=tier, graphs=False)  # eager: the router calls are recorded
     hlog, dlog = record_routing(host.tier), record_routing(dev.tier)
     errs, step_errs = [], []
     for _ in range(6):

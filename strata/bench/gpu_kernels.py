@@ -7,6 +7,10 @@ CUDA graph of R launches that cycle over distinct weight copies (more bytes than
 so the time is the device's, not Python's launch rate; bytes = weights + activations read once
 + outputs written once. The layer is also timed eagerly (Python launches, the router read-back
 and host top-k included): that is what a decode step costs today.
+
+Old against new in the same run: decode GEMV gemv1w_* (default) against gemv1_* (`legacy`) at
+the attention and lm_head shapes, decode attention `attention_decode` (position in device
+memory, graph-capturable) against `attention`, and the layer built from either set.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ SHAPES = {  # name: (rows, cols)
     "attn_o": (D, H * DH),
     "lm_head": (VOCAB, D),
 }
-# decode GEMV: the staged gemv1s_* (default) is also timed against gemv1_* (legacy) here
+# decode GEMV: gemv1w_* (default: rows split over warps when few) against gemv1_* (legacy)
 LEGACY_QUANTS = (QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.IQ4_XS, QT.IQ3_XXS)
 LEGACY_SHAPES = ("attn_q", "attn_kv", "attn_o", "lm_head")
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -172,7 +176,7 @@ def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
                 rows_out.append(
                     dict(
                         kernel="gemv",
-                        variant="gemv1" if old else "gemv1s",
+                        variant="gemv1" if old else "gemv1w",
                         qtype=qt.name,
                         shape=shape,
                         rows=rows,
@@ -208,6 +212,7 @@ def bench_attention(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
         o = cp.empty((1, H * DH), np.float32)
         scale = float(np.float32(1 / np.sqrt(DH)))
         pos = cp.asarray(np.array([ctx - 1], np.int32))
+        cp.cuda.Device().synchronize()  # uploads done before the timer's (non-blocking) stream
 
         def call(i, ws=ws, q=q, kc=kc, vc=vc, ctx=ctx, o=o, scale=scale):
             attention(K, ws, q, kc[i], vc[i], 1, ctx - 1, (H, G, DH, DH), scale, o)
@@ -289,7 +294,7 @@ class _Layer:
 
     def attention_part(self):
         """Legacy: position as a launch argument, gemv1_*; else the graph-capturable decode
-        kernels (position read from pos_dev) and gemv1s_*."""
+        kernels (position read from pos_dev) and gemv1w_*."""
         from strata.gpu.attention import attention, attention_decode
         from strata.gpu.gemv import gemv
         from strata.gpu.norm_quant import norm_quant

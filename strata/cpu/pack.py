@@ -238,6 +238,15 @@ class Pack:
     def nbytes(self) -> int:
         return sum(m.nbytes for lw in self.layers for m in (lw.gate, lw.up, lw.down))
 
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, layer: int) -> LayerWeights:
+        return self.layers[layer]
+
+    def __iter__(self):
+        return iter(self.layers)
+
 
 _REGION_KEYS = {
     "layer": int,
@@ -317,7 +326,7 @@ def _shards(ss) -> str:
 
 
 def _check_src(src: dict, src_path: Path, index: dict, model, release: str | None) -> None:
-    name = src_path.name
+    name = str(src_path)
     if src.get("format") != FORMAT:
         raise PackError(
             f"{src_path}: pack format {src.get('format')!r}, this strata reads {FORMAT!r}; "
@@ -335,9 +344,9 @@ def _check_src(src: dict, src_path: Path, index: dict, model, release: str | Non
     if src.get("quant") != quant:
         raise PackError(f"{name}: pack of {src.get('quant')} experts, the model's are {quant}")
     if release is not None and src.get("release") != release:
-        raise PackError(
-            f"{name}: pack of release {src.get('release')!r}, this run is release {release!r}"
-        )
+        built = src.get("release")
+        built = "built without --release" if built is None else f"of release {built!r}"
+        raise PackError(f"{name}: pack {built}, this run is release {release!r}")
 
 
 def open_pack(
@@ -369,6 +378,9 @@ def open_pack(
     mm = np.memmap(path, dtype=np.uint8, mode="r")
     by_key = {(r["layer"], r["role"]): r for r in regions}
     host = _simd_name(simd)
+    for var in ("STRATA_CPU_LAYOUT", "STRATA_CPU_SIMD"):  # say when the choice is the user's
+        if os.environ.get(var) and (var != "STRATA_CPU_LAYOUT" or layout is None):
+            host += f", {var}={os.environ[var]}"
     layers = []
     for i in range(model.args.n_layer):
         mats = []

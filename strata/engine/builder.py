@@ -86,6 +86,10 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
         if slots < total
         else None
     )
+    if cfg.pack and miss_runner is None:  # not read on this run, but a wrong pack is refused
+        from strata.cpu.pack import open_pack
+
+        open_pack(cfg.pack, model, release=cfg.release)
     return Engine(
         model,
         tier,

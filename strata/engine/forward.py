@@ -16,10 +16,11 @@ from typing import Protocol
 
 import numpy as np
 
+from strata.engine.car_fast import car_plan_fast
 from strata.gpu.tier import DeviceTier
 from strata.model.loader import Model
 from strata.routing import route_topk
-from strata.routing.car import CarKnobs, car_plan
+from strata.routing.car import CarKnobs
 from strata.routing.profile import AdaptiveCache
 from strata.routing.trace import TraceWriter
 
@@ -129,7 +130,7 @@ class Engine:
         router_ids = ids
         car = self.car
         if decode and car is not None and self.stats.decode_steps >= car.warmup:
-            plan = car_plan(ids, probs, resident, car)
+            plan = car_plan_fast(ids, probs, resident, car)  # car_plan's rule, compiled
             st.decode_misses_before_car += plan.misses
             st.substitutions += int(plan.substituted.sum())
             st.ratio_sum += float(plan.ratios.sum())
@@ -176,15 +177,15 @@ class Engine:
 
     # ---- decode steps from CUDA graphs (a GPU tier that has them) ----
     def _graph_mode(self) -> str | None:
-        """"all" (one graph per token), "hybrid" (two per layer, the pool between) or None
+        """ "all" (one graph per token), "hybrid" (two per layer, the pool between) or None
         (eager launches) for a decode step on this engine's tier."""
         tier = self.tier
         if not self.graphs or not hasattr(tier, "graph_decoder"):
             return None
         if tier.all_resident and self.trace is None and self.adaptive is None:
             return "all"  # the host needs nothing per layer: routing stays on the card
-        if self.miss_runner is not tier:
-            return "hybrid"
+        if self.miss_runner is not tier or tier.all_resident:
+            return "hybrid"  # the host routes (CAR, traces, the adaptive cache) between graphs
         return None  # misses the tier serves by uploading experts on demand: eager
 
     def _decode_all_resident(self, g, token: int) -> np.ndarray:

@@ -3,6 +3,9 @@
 Decode (T = 1) and causal prefill (T > 1) share the three launches; the scores of a call live in
 a preallocated workspace [T*H, S_cap], so `AttnWorkspace.tmax` bounds the query rows per call
 (the tier feeds longer prompts in chunks of that size).
+
+`attention_decode` is the T = 1 form for CUDA graphs: it reads the position from device memory
+and its launches depend only on S_cap and the workspace, so one capture serves every position.
 """
 
 from __future__ import annotations
@@ -28,12 +31,25 @@ class AttnWorkspace:
         self.psum = cp.empty((tmax * n_head, self.ntc), np.float32)
         cap = max(t * n_splits(K, s_cap, n_kv, t, MAX_SPLIT) for t in range(1, tmax + 1))
         self.opart = cp.empty((cap * n_head * dv,), np.float32)
+        # attention_decode: the scores above (first H rows), and per split (max, sum) + output
+        self.dec_nsplit = dec_splits(K, s_cap, n_kv)
+        self.dec_pm = cp.empty((n_head, self.dec_nsplit), np.float32)
+        self.dec_pl = cp.empty((n_head, self.dec_nsplit), np.float32)
+        self.dec_opart = cp.empty((n_head, self.dec_nsplit, dv), np.float32)
+        nteam = -(-self.dec_nsplit // DEC_TEAM)
+        self.dec_tpart = cp.empty((n_head, nteam, dv), np.float32)
+        # splits done per KV head, then per team of splits: each set back to 0 by its last block
+        self.dec_cnt = cp.zeros((n_kv * (1 + nteam),), np.int32)
+        self.dec_min_chunk = DEC_MIN_CHUNK
 
     @staticmethod
     def bytes_for(K: Kernels, n_head: int, n_kv: int, s_cap: int, dv: int, tmax: int) -> int:
         ntc = -(-s_cap // TILE)
         cap = max(t * n_splits(K, s_cap, n_kv, t, MAX_SPLIT) for t in range(1, tmax + 1))
-        return 4 * (tmax * n_head * (s_cap + 2 * ntc) + cap * n_head * dv)
+        nsplit = dec_splits(K, s_cap, n_kv)
+        nteam = -(-nsplit // DEC_TEAM)
+        dec = n_head * nsplit * (2 + dv) + n_head * nteam * dv + n_kv * (1 + nteam)
+        return 4 * (tmax * n_head * (s_cap + 2 * ntc) + cap * n_head * dv + dec)
 
 
 MAX_SPLIT = 256
@@ -111,6 +127,95 @@ def attention(
     K.fn("attention.cu", "attn_combine")(
         (t * h,), (threads,), (ws.opart, i32(nsplit), i32(dv), out)
     )
+
+
+DEC_THREADS = 128  # attention.cu's DEC_THREADS
+DEC_MIN_CHUNK = 64  # keys a split takes at least (short contexts: fewer splits to combine)
+DEC_BLOCKS_PER_SM = 4  # at long contexts: nsplit * G blocks, this many per SM
+DEC_TEAM = 8  # attention.cu's DEC_TEAM: splits summed together first
+
+
+def dec_splits(K: Kernels, s_cap: int, g: int, per_sm: int = DEC_BLOCKS_PER_SM) -> int:
+    """attention_decode's fixed split count: `per_sm` blocks per SM over the G KV heads."""
+    want = -(-per_sm * K.sm_count // max(1, g))
+    return int(max(1, min(-(-s_cap // 32), want)))
+
+
+def rep_bucket(rep: int) -> int:
+    """H/G rounded up to a power of two: the template argument of the decode kernels."""
+    r = 1
+    while r < rep:
+        r *= 2
+    return r
+
+
+def attention_decode(
+    K: Kernels,
+    ws: AttnWorkspace,
+    q,
+    k_cache,
+    v_cache,
+    pos_dev,
+    dims: tuple[int, int, int, int],
+    scale: float,
+    out,
+) -> None:
+    """out [1, H*Dv] = softmax(q k^T * scale) v over keys 0..pos for q [1, H, Dh] (f16 values),
+    pos = pos_dev[0] read on the device (its K/V row already appended). Two launches whose
+    grids and arguments depend only on S_cap and `ws`: capturable once, replayable at any pos.
+    Roundings as `attention` (probabilities rounded to f16 after normalizing); deterministic."""
+    h, g, dh, dv = dims
+    if h // g > MAX_REP or dh > MAX_DH or dv > MAX_DH or h % g or dh % 8 or dv % 8:
+        raise ValueError(f"attention shape H={h} G={g} Dh={dh} Dv={dv} is not supported")
+    s_cap = k_cache.shape[1]
+    if (
+        s_cap > ws.s_cap
+        or h != ws.h
+        or dv > ws.dv
+        or g * (1 + ws.dec_tpart.shape[1]) > ws.dec_cnt.size
+    ):
+        raise ValueError(
+            f"decode workspace (H={ws.h}, S_cap={ws.s_cap}, Dv={ws.dv}) does not fit "
+            f"H={h}, S_cap={s_cap}, Dv={dv}"
+        )
+    if pos_dev.dtype != np.int32 or pos_dev.size < 1:
+        raise ValueError("pos_dev must be a device int32 array holding the position")
+    for fn, grid, block, args in decode_launches(
+        K, ws, q, k_cache, v_cache, pos_dev, dims, scale, out
+    ):
+        fn(grid, block, args)
+
+
+def decode_launches(K: Kernels, ws: AttnWorkspace, q, k_cache, v_cache, pos_dev, dims, scale, out):
+    """attention_decode's two launches as (kernel, grid, block, args), for benchmarks to time
+    one by one."""
+    h, g, dh, dv = dims
+    s_cap = k_cache.shape[1]
+    r = rep_bucket(h // g)
+    nsplit = ws.dec_nsplit
+    scores = K.fn("attention.cu", f"attn_dec_scores_r{r}")
+    pv = K.fn("attention.cu", f"attn_dec_pv_r{r}")
+    return [
+        (
+            scores,
+            (nsplit, g),
+            (DEC_THREADS,),
+            (
+                q, k_cache, pos_dev, i32(s_cap), i32(dh), i32(h), i32(g), f32(scale), ws.scores,
+                i32(ws.s_cap), ws.dec_pm, ws.dec_pl, i32(nsplit), i32(ws.dec_min_chunk),
+            ),
+        ),
+        (
+            pv,
+            (nsplit, g),
+            (DEC_THREADS,),
+            (
+                ws.scores, i32(ws.s_cap), ws.dec_pm, ws.dec_pl, v_cache, pos_dev, i32(s_cap),
+                i32(dv), i32(h), i32(g), ws.dec_opart, i32(nsplit), i32(ws.dec_min_chunk),
+                ws.dec_cnt, ws.dec_tpart, out,
+            ),
+        ),
+    ]  # fmt: skip
 
 
 def attention_ref(q, k, v, pos0: int, scale: float) -> np.ndarray:

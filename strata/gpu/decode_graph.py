@@ -73,6 +73,7 @@ class GraphDecoder:
         self.topk_w = cp.zeros((n_layer, k), f32)
         self.slot_table = cp.asarray(tier.slot_of)  # [L, E] -> slot (all-resident step)
         self.graphs: dict[object, object] = {}
+        self.replay = True  # False: the same launches, eagerly every step (tests, debugging)
         self.shared = a.shared_ff > 0
         self._out_act = tier.act(d, tier.lm_head.vec_dot)
 
@@ -155,6 +156,8 @@ class GraphDecoder:
             return
         with self.stream:
             fn()
+            if not self.replay:
+                return
             self.stream.begin_capture()
             try:
                 fn()

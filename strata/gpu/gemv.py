@@ -3,6 +3,8 @@
 A `DeviceWeight` is a GGUF tensor's bytes uploaded unchanged ([rows, row_bytes] uint8) with the
 activation type llama.cpp pairs it with (`vec_dot`); `gemv()` multiplies it by an activation
 already prepared in an `ActBuf` (norm_quant.py), as ggml's mmvq does with its q8_1 input.
+Decode (T = 1) takes gemv1w_*: gemv1_*'s one-warp-per-row loop with a row split over two warps
+when the rows alone leave the SMs short of warps (attn_k/v, attn_o); `legacy=True` keeps gemv1_*.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ Q_NAMES = {
 F_NAMES = {QT.F32: "f32", QT.F16: "f16", QT.BF16: "bf16"}
 SUPPORTED = tuple(Q_NAMES) + tuple(F_NAMES)
 THREADS = 128
+GEMV1_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1w_*
+WARPS_PER_SM = 16  # gemv1w_*: below this many warps per SM, a row is split over two warps
+MAX_WPR = 2  # measured on the H200 (bench/results/gpu-decode-kernels-h200-20261129.md)
 
 
 def kernel_name(prefix: str, qtype) -> str:
@@ -65,10 +70,38 @@ class DeviceWeight:
         return self.qtype in Q_NAMES
 
 
-def gemv(K: Kernels, w: DeviceWeight, act, out, t: int, resid=None, ldo: int | None = None) -> None:
+def warps_per_row(K: Kernels, w: DeviceWeight) -> int:
+    """gemv1w_*'s warps per row: 1, or 2 when the rows alone leave the SMs short of warps."""
+    nsub = w.cols // 32
+    wpr = 1
+    while wpr < MAX_WPR and w.rows * wpr < WARPS_PER_SM * K.sm_count and nsub >= 32 * wpr:
+        wpr *= 2
+    return wpr
+
+
+def gemv(
+    K: Kernels,
+    w: DeviceWeight,
+    act,
+    out,
+    t: int,
+    resid=None,
+    ldo: int | None = None,
+    legacy: bool = False,
+) -> None:
     """out[:t] = act[:t] @ w.T (+ w.bias) (+ resid[:t]); out and resid rows `ldo` floats apart
     (default: rows). `act` is an ActBuf prepared for w.vec_dot; for F32 weights it may also be
-    the float activation itself."""
+    the float activation itself. `legacy`: decode through gemv1_* (benchmarks compare)."""
+    if t == 1 and w.quantized and not legacy:
+        wpr = warps_per_row(K, w)
+        rpb = GEMV1_WARPS // wpr
+        args = (w.buf, act.q, act.d, i32(xd_shift(act.mode)), ptr(w.bias), ptr(resid), out)
+        K.fn("gemv.cu", kernel_name("gemv1w", w.qtype))(
+            (-(-w.rows // rpb),),
+            (GEMV1_WARPS * K.warp,),
+            args + (i32(w.rows), i32(w.cols), i32(wpr)),
+        )
+        return
     wpb = K.warps_per_block(THREADS)
     grid = ((w.rows + wpb - 1) // wpb,)
     block = (wpb * K.warp,)

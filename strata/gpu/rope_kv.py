@@ -20,8 +20,15 @@ def qk_norm_rope_kv(
     q_out,
     k_cache,
     v_cache,
+    pos_dev=None,
 ) -> None:
-    """qkv [T, H*Dh + G*Dh + G*Dv]; k_cache/v_cache: one layer, [G, S_cap, Dh] uint16 (f16)."""
+    """qkv [T, H*Dh + G*Dh + G*Dv]; k_cache/v_cache: one layer, [G, S_cap, Dh] uint16 (f16).
+
+    Tokens sit at positions pos0..pos0+T-1, or, with `pos_dev` (a device int32 array [1]), at
+    pos_dev[0].. read by the kernel itself: the launch then does not change with the position
+    (`pos0` is ignored), so a captured CUDA graph can replay it at every decode step."""
+    if pos_dev is not None and (pos_dev.dtype != np.int32 or pos_dev.size < 1):
+        raise ValueError("pos_dev must be a device int32 array holding the start position")
     h, g, dh, dv = dims
     threads = -(-max(dh, dv) // K.warp) * K.warp
     K.fn("rope_kv.cu", "qk_norm_rope_kv")(
@@ -42,6 +49,7 @@ def qk_norm_rope_kv(
             k_cache,
             v_cache,
             i32(k_cache.shape[1]),
+            ptr(pos_dev),
         ),
     )
 

@@ -82,7 +82,8 @@ def car_plan(
         order = np.lexsort((ids[row, miss_k[mi]], cands[ci], -r))
         used_c, done_k, counted = set(), set(), 0
         # plain Python lists: this loop runs per token and layer on the decode path
-        pairs = zip(miss_k[mi[order]].tolist(), cands[ci[order]].tolist(), r[order].tolist())
+        kks, cs, rs = miss_k[mi[order]].tolist(), cands[ci[order]].tolist(), r[order].tolist()
+        pairs = zip(kks, cs, rs, strict=True)
         for kk, c, rv in pairs:
             if kk in done_k or c in used_c:
                 continue

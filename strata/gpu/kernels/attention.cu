@@ -164,3 +164,451 @@ extern "C" __global__ void attn_combine(const float* __restrict__ o_part, int ns
     for (int k = 0; k < nsplit; ++k) o += o_part[(row * nsplit + k) * Dv + d];
     out[row * Dv + d] = o;
 }
+
+// ---- decode (T = 1) with the position in device memory: one launch for every position ----
+//
+// The launches depend only on S_cap and the workspace, never on the position, so a CUDA graph
+// captured once replays at every decode step. pos_dev[0] is the position of the token being
+// decoded (its K/V row already appended): S = pos + 1 keys are attended. The keys are cut into
+// `nlive` <= nsplit splits of `chunk` >= min_chunk keys (dec_split, a function of S, nsplit and
+// min_chunk alone, so both kernels agree); blocks past nlive leave at once. Same roundings as
+// above.
+//   attn_dec_scores_r<R>  grid (nsplit, G), DEC_THREADS: groups of 8 lanes share a key (each
+//                         lane 16-byte loads of K, the group's partial dots summed by a
+//                         transposing butterfly), scores -> ws [H, ss], per split (max, sum exp).
+//   attn_dec_pv_r<R>      grid (nsplit, G): global (max, sum) per head from the split partials,
+//                         p = f16(exp(s - M) / L) for a tile of keys, o_part += p * V; then
+//                         the splits are summed in two levels (the last block of a team of
+//                         DEC_TEAM splits to finish, then the last team of the KV head, found by
+//                         counters those blocks set back to 0) in a fixed order into out:
+//                         deterministic, and no third launch.
+// R is H/G rounded up to a power of two (1..16): the accumulator count, a template argument.
+#define DEC_THREADS 128
+#ifndef DEC_TILE
+#define DEC_TILE 32  // keys a tile of attn_dec_pv (32: fewer registers, 51 against 64 us at 32K)
+#endif
+#ifndef DEC_U
+#define DEC_U 4  // keys a lane group of attn_dec_scores takes per step (halved for R = 16)
+#endif
+#define DEC_TEAM 8  // splits summed by the last of them to finish (then the teams, per head)
+#ifdef DEC_PV_MINB  // a register bound for attn_dec_pv (benchmark sweeps)
+#define DEC_PV_BOUNDS __launch_bounds__(DEC_THREADS, DEC_PV_MINB)
+#else
+#define DEC_PV_BOUNDS
+#endif
+
+__device__ __forceinline__ void dec_split(const int* __restrict__ pos_dev, int S_cap, int nsplit,
+                                          int min_chunk, int& S, int& chunk, int& nlive) {
+    S = min(max(pos_dev[0] + 1, 1), S_cap);  // a position past the cache reads no further
+    const int want = min(nsplit, (S + min_chunk - 1) / min_chunk);
+    chunk = ((S + want - 1) / want + 31) & ~31;
+    nlive = (S + chunk - 1) / chunk;
+}
+
+// Sums v[0..N) over the 8 lanes of an aligned lane group, halving the values each step (a lane
+// keeps the half its partner does not): after the three steps a lane holds max(N/8, 1) sums,
+// those of heads dec_head0<N>(li) + j. 7 shuffles for N = 8 instead of 24.
+template <int N, int O>
+struct GroupSum {
+    static __device__ __forceinline__ void run(float* v, int li) {
+        if (N > 1) {
+            const bool up = (li & O) != 0;
+#pragma unroll
+            for (int j = 0; j < N / 2; ++j) {
+                const float send = up ? v[j] : v[j + N / 2];
+                const float keep = up ? v[j + N / 2] : v[j];
+                v[j] = keep + SHFL_XOR(send, O);
+            }
+            GroupSum<(N > 1 ? N / 2 : 1), O / 2>::run(v, li);
+        } else {
+            v[0] += SHFL_XOR(v[0], O);
+            GroupSum<1, O / 2>::run(v, li);
+        }
+    }
+};
+template <int N>
+struct GroupSum<N, 0> {
+    static __device__ __forceinline__ void run(float*, int) {}
+};
+
+template <int N>
+__device__ __forceinline__ int dec_head0(int li) {
+    int off = 0, n = N;
+#pragma unroll
+    for (int o = 4; o >= 1; o >>= 1) {
+        if (n > 1) {
+            if (li & o) off += n / 2;
+            n >>= 1;
+        }
+    }
+    return off;
+}
+
+template <int U>
+__device__ __forceinline__ void dec_load_k(i32x4 (&kv)[U][2], const u16* __restrict__ kg, int base,
+                                           int k1, int li, int nch, int Dh) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+            const int c = li + 8 * cc;
+            if (base + u < k1 && c < nch)
+                kv[u][cc] = *(const i32x4*)(kg + (i64)(base + u) * Dh + c * 8);
+            else
+                kv[u][cc] = i32x4{0, 0, 0, 0};
+        }
+    }
+}
+
+template <int R>
+__device__ __forceinline__ void dec_scores(const float* __restrict__ q,
+                                           const u16* __restrict__ k_cache,
+                                           const int* __restrict__ pos_dev, int S_cap, int Dh,
+                                           int H, int G, float scale, float* __restrict__ scores,
+                                           int ss, float* __restrict__ pm, float* __restrict__ pl,
+                                           int nsplit, int min_chunk) {
+    constexpr int U = R >= 16 ? (DEC_U + 1) / 2 : DEC_U;  // keys a group takes per step
+    constexpr int NV = R >= 8 ? R / 8 : 1;
+    constexpr int NGRP = DEC_THREADS / 8;
+    __shared__ f32x4 qs4[R * ATT_MAX_DH / 4];
+    __shared__ float gm[NGRP * R], gl[NGRP * R];
+    int S, chunk, nlive;
+    dec_split(pos_dev, S_cap, nsplit, min_chunk, S, chunk, nlive);
+    const int split = blockIdx.x, g = blockIdx.y, tid = threadIdx.x;
+    if (split >= nlive) return;  // the whole block: nothing to do at this position
+    const int rep = H / G, nch = Dh / 8;
+    const int k0 = split * chunk, k1 = min(S, k0 + chunk);
+    const int grp = tid >> 3, li = tid & 7;
+    const u16* kg = k_cache + (i64)g * S_cap * Dh;
+    i32x4 kv[U][2];
+    dec_load_k<U>(kv, kg, k0 + grp * U, k1, li, nch, Dh);  // in flight while q is staged
+    float* qs = (float*)qs4;
+    for (int i = tid; i < R * Dh; i += blockDim.x)
+        qs[i] = i < rep * Dh ? q[(i64)g * rep * Dh + i] : 0.0f;  // heads g*rep.. contiguous
+    __syncthreads();
+    const int h0 = dec_head0<R>(li);
+    const bool owner = R >= 8 || (li & (8 / R - 1)) == 0;
+    float m_run[NV], l_run[NV];
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+        m_run[j] = NEG_INF;
+        l_run[j] = 0.0f;
+    }
+    for (int it = k0; it < k1; it += NGRP * U) {  // block-uniform trip count: shuffles below
+        const int base = it + grp * U;
+        float acc[U][R];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[u][r] = 0.0f;
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+            const int c = li + 8 * cc;
+            if (c < nch) {
+                float kf[U][8];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const u32 w4[4] = {(u32)kv[u][cc].x, (u32)kv[u][cc].y, (u32)kv[u][cc].z,
+                                       (u32)kv[u][cc].w};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        kf[u][2 * e] = h2f((u16)w4[e]);
+                        kf[u][2 * e + 1] = h2f((u16)(w4[e] >> 16));
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    if (r < rep) {
+                        const f32x4 qa = qs4[(r * Dh + c * 8) / 4];
+                        const f32x4 qb = qs4[(r * Dh + c * 8) / 4 + 1];
+#pragma unroll
+                        for (int u = 0; u < U; ++u)
+                            acc[u][r] += qa.x * kf[u][0] + qa.y * kf[u][1] + qa.z * kf[u][2] +
+                                         qa.w * kf[u][3] + qb.x * kf[u][4] + qb.y * kf[u][5] +
+                                         qb.z * kf[u][6] + qb.w * kf[u][7];
+                    }
+                }
+            }
+        }
+        dec_load_k<U>(kv, kg, base + NGRP * U, k1, li, nch, Dh);  // the next step's keys
+#pragma unroll
+        for (int u = 0; u < U; ++u) GroupSum<R, 4>::run(acc[u], li);
+        if (owner) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int key = base + u;
+                if (key < k1) {
+#pragma unroll
+                    for (int j = 0; j < NV; ++j) {
+                        const int r = h0 + j;
+                        if (r < rep) {
+                            const float sc = acc[u][j] * scale;
+                            scores[(i64)(g * rep + r) * ss + key] = sc;
+                            if (sc > m_run[j]) {
+                                l_run[j] = l_run[j] * expf(m_run[j] - sc) + 1.0f;
+                                m_run[j] = sc;
+                            } else {
+                                l_run[j] += expf(sc - m_run[j]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (owner) {
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+            const int r = h0 + j;
+            if (r < R) {
+                gm[grp * R + r] = m_run[j];
+                gl[grp * R + r] = l_run[j];
+            }
+        }
+    }
+    __syncthreads();
+    if (tid < rep) {  // the split's (max, sum exp) of head tid, groups in a fixed order
+        float m = NEG_INF;
+        for (int k = 0; k < NGRP; ++k) m = fmaxf(m, gm[k * R + tid]);
+        float l = 0.0f;
+        for (int k = 0; k < NGRP; ++k)
+            if (gm[k * R + tid] != NEG_INF) l += gl[k * R + tid] * expf(gm[k * R + tid] - m);
+        pm[(i64)(g * rep + tid) * nsplit + split] = m;
+        pl[(i64)(g * rep + tid) * nsplit + split] = l;
+    }
+}
+
+// a load that skips the (non-coherent) L1: other blocks' partials, read by a finishing block
+__device__ __forceinline__ f32x4 ld_cg4(const float* p) {
+#if defined(__CUDA_ARCH__) && !defined(__HIP__) && !defined(STRATA_EMU)
+    f32x4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p));
+    return v;
+#else
+    const volatile float* q = p;
+    return f32x4{q[0], q[1], q[2], q[3]};
+#endif
+}
+
+// sum of n rows `stride` floats apart, in row order; loads 8 at a time (in flight together)
+__device__ __forceinline__ f32x4 dec_sum_rows(const float* src, int n, i64 stride) {
+    f32x4 o = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
+    for (int j0 = 0; j0 < n; j0 += 8) {
+        f32x4 a[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+            if (j0 + u < n) a[u] = ld_cg4(src + (i64)(j0 + u) * stride);
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            if (j0 + u < n) {
+                o.x += a[u].x;
+                o.y += a[u].y;
+                o.z += a[u].z;
+                o.w += a[u].w;
+            }
+        }
+    }
+    return o;
+}
+
+template <int R>
+__device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
+                                       const float* __restrict__ pm, const float* __restrict__ pl,
+                                       const u16* __restrict__ v_cache,
+                                       const int* __restrict__ pos_dev, int S_cap, int Dv, int H,
+                                       int G, float* o_part, int nsplit, int min_chunk,
+                                       int* __restrict__ cnt, float* tpart,
+                                       float* __restrict__ out) {
+    constexpr int RP = R < 4 ? 4 : R;  // p row stride: f32x4 reads of 4 heads
+    constexpr int RC = R < 8 ? R : 8;  // heads per round of the slot reduction
+    // rows of a tile a thread holds: Dv/8 threads a row, so at least DEC_THREADS/16 rows a step
+    constexpr int MAXRPT = DEC_TILE / (DEC_THREADS / (ATT_MAX_DH / 8));
+    constexpr int SCN = (R * DEC_TILE + DEC_THREADS - 1) / DEC_THREADS;  // scores a thread loads
+    __shared__ float Ms[R], Ls[R];
+    __shared__ f32x4 p4[DEC_TILE * RP / 4];       // p[i * RP + r]
+    __shared__ f32x4 red4[2 * DEC_THREADS * RC];  // [slot][RC][Dv/4]: slots * Dv <= 8 * 128
+    __shared__ int last;
+    float* p = (float*)p4;
+    int S, chunk, nlive;
+    dec_split(pos_dev, S_cap, nsplit, min_chunk, S, chunk, nlive);
+    const int split = blockIdx.x, g = blockIdx.y, tid = threadIdx.x;
+    if (split >= nlive) return;
+    const int rep = H / G;
+    const int lane = tid % STRATA_WARP, wid = tid / STRATA_WARP, nw = blockDim.x / STRATA_WARP;
+    // V rows: Dv/8 threads each (16-byte loads, 8 dims), rpi rows per step
+    const int tpr = Dv / 8, rpi = DEC_THREADS / tpr;
+    const int slot = tid / tpr, d8 = tid % tpr;
+    const bool active = slot < rpi;
+    float acc[R][8];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r][e] = 0.0f;
+    const int k0 = split * chunk, k1 = min(S, k0 + chunk);
+    const u16* vg = v_cache + (i64)g * S_cap * Dv;
+    for (int base = k0; base < k1; base += DEC_TILE) {
+        const int n = min(DEC_TILE, k1 - base);
+        i32x4 vv[MAXRPT];  // the tile's V rows and scores first: in flight together
+#pragma unroll
+        for (int j = 0; j < MAXRPT; ++j) {
+            const int i = slot + j * rpi;
+            if (active && i < n)
+                vv[j] = *(const i32x4*)(vg + (i64)(base + i) * Dv + d8 * 8);
+            else
+                vv[j] = i32x4{0, 0, 0, 0};
+        }
+        float sc[SCN];  // k = tid + j * threads over [rep, n]: coalesced over keys of a head
+#pragma unroll
+        for (int j = 0; j < SCN; ++j) {
+            const int k = tid + j * DEC_THREADS;
+            if (k < rep * n) {
+                const int r = k / n, i = k - r * n;
+                sc[j] = scores[(i64)(g * rep + r) * ss + base + i];
+            }
+        }
+        if (base == k0) {  // global max and sum per head, every block in the same order
+            for (int r = wid; r < rep; r += nw) {
+                const float* pmr = pm + (i64)(g * rep + r) * nsplit;
+                const float* plr = pl + (i64)(g * rep + r) * nsplit;
+                float m = NEG_INF;
+                for (int j = lane; j < nlive; j += STRATA_WARP) m = fmaxf(m, pmr[j]);
+                m = warp_max(m);
+                float l = 0.0f;
+                for (int j = lane; j < nlive; j += STRATA_WARP) l += plr[j] * expf(pmr[j] - m);
+                l = warp_sum(l);
+                if (lane == 0) {
+                    Ms[r] = m;
+                    Ls[r] = l;
+                }
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int j = 0; j < SCN; ++j) {
+            const int k = tid + j * DEC_THREADS;
+            if (k < rep * n) {
+                const int r = k / n, i = k - r * n;
+                p[i * RP + r] = round_f16(expf(sc[j] - Ms[r]) / Ls[r]);
+            }
+        }
+        __syncthreads();
+        if (active) {
+#pragma unroll
+            for (int j = 0; j < MAXRPT; ++j) {
+                const int i = slot + j * rpi;
+                if (i < n) {
+                    const u32 w4[4] = {(u32)vv[j].x, (u32)vv[j].y, (u32)vv[j].z, (u32)vv[j].w};
+                    float v[8];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        v[2 * e] = h2f((u16)w4[e]);
+                        v[2 * e + 1] = h2f((u16)(w4[e] >> 16));
+                    }
+#pragma unroll
+                    for (int r4 = 0; r4 < RP / 4; ++r4) {
+                        if (4 * r4 < rep) {
+                            const f32x4 pr = p4[(i * RP) / 4 + r4];
+                            const float pq[4] = {pr.x, pr.y, pr.z, pr.w};
+#pragma unroll
+                            for (int k = 0; k < 4; ++k) {
+                                if (4 * r4 + k < R) {
+#pragma unroll
+                                    for (int e = 0; e < 8; ++e) acc[4 * r4 + k][e] += pq[k] * v[e];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // the row slots' partial sums, added in a fixed order, RC heads a round (32 KB of smem)
+    const int t4 = Dv / 4;
+#pragma unroll
+    for (int r0 = 0; r0 < R; r0 += RC) {
+        if (active) {
+#pragma unroll
+            for (int rr = 0; rr < RC; ++rr) {
+                if (r0 + rr < rep) {
+                    f32x4* dst = red4 + (slot * RC + rr) * t4 + 2 * d8;
+                    dst[0] = f32x4{acc[r0 + rr][0], acc[r0 + rr][1], acc[r0 + rr][2],
+                                   acc[r0 + rr][3]};
+                    dst[1] = f32x4{acc[r0 + rr][4], acc[r0 + rr][5], acc[r0 + rr][6],
+                                   acc[r0 + rr][7]};
+                }
+            }
+        }
+        __syncthreads();
+        for (int k = tid; k < RC * t4; k += blockDim.x) {
+            const int rr = k / t4, d = k - rr * t4, r = r0 + rr;
+            if (r < rep) {
+                f32x4 o = red4[rr * t4 + d];
+                for (int sl = 1; sl < rpi; ++sl) {
+                    const f32x4 a = red4[(sl * RC + rr) * t4 + d];
+                    o.x += a.x;
+                    o.y += a.y;
+                    o.z += a.z;
+                    o.w += a.w;
+                }
+                *(f32x4*)(o_part + ((i64)(g * rep + r) * nsplit + split) * Dv + 4 * d) = o;
+            }
+        }
+        __syncthreads();
+    }
+    // Splits are added in two levels, both in a fixed order (deterministic): the last block of
+    // a team of DEC_TEAM splits to finish sums the team's partials, the last team of the KV
+    // head sums the teams' into out. Counters: cnt[g] per head, then [G][nteam max] per team;
+    // each is set back to 0 by the block that found itself last (ready for a graph replay).
+    const int ntm = (nsplit + DEC_TEAM - 1) / DEC_TEAM, nteam = (nlive + DEC_TEAM - 1) / DEC_TEAM;
+    const int team = split / DEC_TEAM, t0 = team * DEC_TEAM, tn = min(DEC_TEAM, nlive - t0);
+    int* tcnt = cnt + G + g * ntm + team;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(tcnt, 1) == tn - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int k = tid; k < rep * t4; k += blockDim.x) {
+        const int r = k / t4, d = k - r * t4;
+        const i64 h = g * rep + r;
+        const f32x4 o = dec_sum_rows(o_part + (h * nsplit + t0) * Dv + 4 * d, tn, Dv);
+        *(f32x4*)(tpart + (h * ntm + team) * Dv + 4 * d) = o;
+    }
+    if (tid == 0) *tcnt = 0;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(cnt + g, 1) == nteam - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int k = tid; k < rep * t4; k += blockDim.x) {
+        const int r = k / t4, d = k - r * t4;
+        const i64 h = g * rep + r;
+        *(f32x4*)(out + h * Dv + 4 * d) = dec_sum_rows(tpart + h * ntm * Dv + 4 * d, nteam, Dv);
+    }
+    if (tid == 0) cnt[g] = 0;
+}
+
+#define ATTN_DEC_KERNELS(R)                                                                 \
+    extern "C" __global__ void attn_dec_scores_r##R(                                            \
+        const float* q, const u16* k_cache, const int* pos_dev, int S_cap, int Dh, int H,       \
+        int G, float scale, float* scores, int ss, float* pm, float* pl, int nsplit,            \
+        int min_chunk) {                                                                        \
+        dec_scores<R>(q, k_cache, pos_dev, S_cap, Dh, H, G, scale, scores, ss, pm, pl, nsplit,  \
+                      min_chunk);                                                               \
+    }                                                                                           \
+    extern "C" __global__ void DEC_PV_BOUNDS attn_dec_pv_r##R(                                  \
+        const float* scores, int ss, const float* pm, const float* pl, const u16* v_cache,      \
+        const int* pos_dev, int S_cap, int Dv, int H, int G, float* o_part, int nsplit,         \
+        int min_chunk, int* cnt, float* tpart, float* out) {                                    \
+        dec_pv<R>(scores, ss, pm, pl, v_cache, pos_dev, S_cap, Dv, H, G, o_part, nsplit,        \
+                  min_chunk, cnt, tpart, out);                                                  \
+    }
+ATTN_DEC_KERNELS(1)
+ATTN_DEC_KERNELS(2)
+ATTN_DEC_KERNELS(4)
+ATTN_DEC_KERNELS(8)
+ATTN_DEC_KERNELS(16)

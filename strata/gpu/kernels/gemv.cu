@@ -124,3 +124,56 @@ STRATA_QFORMATS(GEMV_Q_KERNEL)
 GEMV_F_KERNEL(f32, QT_F32)
 GEMV_F_KERNEL(f16, QT_F16)
 GEMV_F_KERNEL(bf16, QT_BF16)
+
+#define GEMV1_WARPS 4
+
+// ---- decode (T = 1), rows split over warps: gemv1w_* ----
+// gemv1_*'s loads and arithmetic, with `wpr` warps of a block sharing a row (sub-blocks dealt
+// round-robin across the row's warps, so neighbouring warps read neighbouring bytes); wpr = 1
+// is gemv1_* itself. The row's warp sums are added in a fixed order.
+template <int QT>
+__device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* __restrict__ xq,
+                                            const float* __restrict__ xd, int xd_shift,
+                                            const float* __restrict__ bias,
+                                            const float* __restrict__ resid,
+                                            float* __restrict__ out, int rows, int cols, int wpr) {
+    __shared__ float part[GEMV1_WARPS];
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int r = blockIdx.x * (GEMV1_WARPS / wpr) + wid / wpr, ws = wid % wpr;
+    const int nsub = cols / 32, spb = Fmt<QT>::QK / 32;
+    float acc = 0.0f;
+    if (r < rows) {
+        const u8* wr = W + (i64)r * (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
+#pragma unroll 2
+        for (int sb = ws * STRATA_WARP + lane; sb < nsub; sb += STRATA_WARP * wpr) {
+            int w[8];
+            float s0, s1, mn;
+            Fmt<QT>::decode(wr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, w, s0, s1, mn);
+            const i32x4* xp = (const i32x4*)(xq + (i64)sb * 32);
+            const i32x4 a = xp[0], b = xp[1];
+            const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            acc += xd[sb >> xd_shift] * dot32<QT>(w, s0, s1, mn, xv);
+        }
+    }
+    acc = warp_sum(acc);
+    if (wpr > 1) {
+        if (lane == 0) part[wid] = acc;
+        __syncthreads();
+        if (ws != 0) return;
+        for (int k = 1; k < wpr; ++k) acc += part[wid + k];
+    }
+    if (lane == 0 && r < rows) {
+        if (bias) acc += bias[r];
+        if (resid) acc += resid[r];
+        out[r] = acc;
+    }
+}
+
+#define GEMV1W_KERNEL(name, QT)                                                                 \
+    extern "C" __global__ void                                                                  \
+        gemv1w_##name(const u8* W, const i8* xq, const float* xd, int xd_shift,                 \
+                      const float* bias, const float* resid, float* out, int rows, int cols,    \
+                      int wpr) {                                                                \
+        gemv1_split<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr);                \
+    }
+STRATA_QFORMATS(GEMV1W_KERNEL)

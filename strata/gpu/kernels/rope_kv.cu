@@ -3,6 +3,8 @@
 // qkv [T, H*Dh + G*Dh + G*Dv] is the fused projection (q heads, then k heads, then v heads).
 // q heads -> q_out [T, H, Dh] rounded to f16 values (llama.cpp's attention reads q as f16);
 // k heads -> k_cache [G, S_cap, Dh] f16 at position pos0 + t; v heads -> v_cache [G, S_cap, Dv].
+// With `pos_dev` (int32 [1] in device memory, not null) the start position is read from there
+// instead of `pos0`: the launch is then the same at every position (a CUDA graph replays it).
 // RoPE angle (float)pos * inv_freq[i] in float32, as HostTier; no FMA contraction, so a rotated
 // value is the same float32 expression numpy evaluates.
 #include "common.cuh"
@@ -11,10 +13,11 @@ extern "C" __global__ void __launch_bounds__(1024)
     qk_norm_rope_kv(const float* __restrict__ qkv, int H, int G, int Dh, int Dv,
                     const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
                     const float* __restrict__ inv_freq, int pos0, float* __restrict__ q_out,
-                    u16* __restrict__ k_cache, u16* __restrict__ v_cache, int S_cap) {
+                    u16* __restrict__ k_cache, u16* __restrict__ v_cache, int S_cap,
+                    const int* __restrict__ pos_dev) {
     __shared__ double red[1024 / STRATA_WARP];
     const int hh = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
-    const int pos = pos0 + t;
+    const int pos = (pos_dev ? pos_dev[0] : pos0) + t;
     const float* row = qkv + (i64)t * (H * Dh + G * Dh + G * Dv);
     if (hh >= H + G) {  // a v head: store as f16
         const int g = hh - H - G;
