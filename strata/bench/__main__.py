@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine arms: adaptive cache swaps per request (default 0: a static cache)",
     )
     ap.add_argument(
+        "--no-cuda-graphs", action="store_true", help="engine arms: eager launches on a GPU tier"
+    )
+    ap.add_argument("--pack", default=None, help="engine arms: the CPU pool reads this pack")
+    ap.add_argument(
         "--calibrate",
         action="store_true",
         help="car-off/car-on: place the expert cache by a usage profile of a calibration prompt",
@@ -126,7 +130,9 @@ def _quality_table(res: dict) -> str:
 
 
 def _arm_extra(ns, arm: str) -> dict:
-    extra: dict = {"adapt_swaps": ns.adapt_swaps}
+    extra: dict = {"adapt_swaps": ns.adapt_swaps, "cuda_graphs": not ns.no_cuda_graphs}
+    if ns.pack:
+        extra["pack"] = ns.pack
     if ns.vram_budget_widen:
         extra["vram_budget_widen"] = True
     if ns.expert_cache and arm in ("car-off", "car-on"):
