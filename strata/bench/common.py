@@ -38,6 +38,10 @@ def machine() -> dict[str, Any]:
 
 
 def commit() -> str:
+    """`git rev-parse --short HEAD` (+ "-dirty"), or $STRATA_COMMIT where the tree's .git is
+    absent or stale (a copy of the working tree on another machine)."""
+    if os.environ.get("STRATA_COMMIT"):
+        return os.environ["STRATA_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],

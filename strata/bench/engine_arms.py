@@ -45,6 +45,7 @@ def run_engine_arm(
     )
     flags.update(extra or {})
     cfg = resolve(flags, env={})
+    _free_device_pool()  # the previous arm's arrays: cached by CuPy, not in use
     used0 = _device_used()
     engine = build_engine(model, cfg)
     if calibrate and not engine.resident.all() and engine.resident.any():
@@ -145,6 +146,17 @@ def _disk_read() -> int | None:
     except OSError:
         pass
     return None
+
+
+def _free_device_pool() -> None:
+    import gc
+    import sys
+
+    gc.collect()
+    cp = sys.modules.get("cupy")
+    if cp is not None:
+        cp.get_default_memory_pool().free_all_blocks()
+        cp.get_default_pinned_memory_pool().free_all_blocks()
 
 
 def _device_used() -> int | None:

@@ -52,9 +52,21 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
     if cache == "all":
         slots = total
     elif cache == "auto":
-        slots = auto_slots(model, cfg.vram_budget_mib, n_ctx)
+        slots = auto_slots(model, cfg.vram_budget_mib, n_ctx)  # the host tier's estimate
     else:
         slots = min(int(cache), total)
+    tier = make_tier(
+        model,
+        n_ctx,
+        vram_budget_mib=cfg.vram_budget_mib,
+        # auto: what the tier's own budget leaves after weights, KV, workspace and reserves;
+        # a device tier keeps room for one token
+        expert_slots="auto" if cache == "auto" else max(slots, a.n_expert_used),
+        device=cfg.device,
+        widen_budget=cfg.vram_budget_widen,
+    )
+    if cache == "auto" and hasattr(tier, "n_slots"):
+        slots = min(int(tier.n_slots), total)
     profile = UsageProfile.load(cfg.profile, a.n_layer, a.n_expert) if cfg.profile else None
     resident = resident_mask(model, slots, profile)
     if slots >= total:
@@ -63,14 +75,6 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
     adaptive = None
     if slots < total and cfg.adapt_swaps > 0 and slots > 0:
         adaptive = AdaptiveCache(resident, max_swaps=cfg.adapt_swaps)
-    tier = make_tier(
-        model,
-        n_ctx,
-        vram_budget_mib=cfg.vram_budget_mib,
-        expert_slots=max(slots, a.n_expert_used),  # a device tier keeps room for one token
-        device=cfg.device,
-        widen_budget=cfg.vram_budget_widen,
-    )
     if hasattr(tier, "load_resident"):  # the GPU tier uploads the placed experts now
         resident[:] = tier.load_resident(resident)
     # the experts the tier does not hold run in the CPU pool

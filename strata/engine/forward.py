@@ -166,9 +166,7 @@ class Engine:
         hh = self._to_host(h)
         yd = self.tier.experts(i, h, np.where(hit, ids, -1), weights) if n_hit else None
         self._prefetch(i)
-        t0 = time.perf_counter()
         y = self.miss_runner.experts(i, hh, np.where(hit, -1, ids), weights)
-        self.stats.pool_s += time.perf_counter() - t0
         if self._to_device is not None:
             y = self._to_device(y)
         if yd is not None:
