@@ -89,6 +89,7 @@ def test_hybrid_graph_steps_equal_eager(synth_model, device, arch, car):
     model = load_model(synth_model("tiny", "IQ3_XXS", arch=arch, seed=22, skew=1.0))
     flags = dict(expert_cache="7", car_threshold=car)  # 7 of 16 experts on the card
     g, e = engine(model, True, **flags), engine(model, False, **flags)
+    g.device_routing = False  # the host routes between the graphs, as the eager path does
     assert 0 < g.resident.sum() < g.resident.size
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
     lockstep(g, e, prompt, 32)
@@ -124,3 +125,79 @@ def test_adaptive_swaps_upload_off_the_critical_path(synth_model, device):
     assert g.stats.swaps == e.stats.swaps > 0
     assert g.tier.expert_uploads - up0 == g.stats.swaps  # one upload per admitted expert
     assert np.array_equal(g.resident, g.tier.slot_of >= 0)  # the tier holds what routing thinks
+
+
+@pytest.mark.parametrize("car", [1.0, 0.35])
+def test_routed_hybrid_steps(synth_model, device, car):
+    """Top-k and CAR on the card: graph replay == the same launches eagerly (bit for bit); the
+    plan counts add up; against the host-routed eager path the greedy tokens mostly agree (the
+    card's softmax and weights match route_topk's to ~1e-7, not bit for bit)."""
+    model = load_model(synth_model("tiny", "IQ3_XXS", seed=25, skew=1.0))
+    flags = dict(expert_cache="7", car_threshold=car)
+    g, e = engine(model, True, **flags), engine(model, True, **flags)
+    e.tier.graph_decoder().replay = False
+    prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
+    lockstep(g, e, prompt, 32)
+    a = model.args
+    assert g._graph_mode() == "routed" and g.stats.graph_steps == 32
+    assert g.stats.window_layers == 32 * a.n_layer
+    assert g.stats.hits == e.stats.hits and g.stats.substitutions == e.stats.substitutions
+    decode_picks = g.stats.hits + g.stats.misses - 6 * a.n_layer * a.n_expert_used  # - prefill
+    assert decode_picks == 32 * a.n_layer * a.n_expert_used
+    if car < 1.0:
+        assert g.stats.substitutions > 0
+    else:
+        assert g.stats.substitutions == 0 and g.stats.misses > 0
+    h = engine(model, False, **flags)
+    g.reset()
+    la, lb = g.forward(prompt), h.forward(prompt)
+    same = 0
+    for _ in range(32):
+        same += int(np.argmax(la)) == int(np.argmax(lb))
+        tok = int(np.argmax(lb))
+        la, lb = g.forward([tok]), h.forward([tok])
+    assert same >= 24, f"greedy tokens agree at only {same} of 32 steps"
+
+
+def test_route_car_kernel_gives_car_plans_plan(device):
+    """route_car.cu against route_topk + car_plan run on the probabilities the kernel wrote."""
+    from strata.gpu.rawmod import Kernels
+    from strata.gpu.route_car import knob_values, route_car
+    from strata.routing import route_topk
+    from strata.routing.car import CarKnobs, car_plan
+
+    K = Kernels(cp, device.warp_size, device.sm_count)
+    g = np.random.default_rng()
+    for trial in range(60):
+        e = int(g.choice([16, 64, 128]))
+        k = int(g.integers(1, 9))
+        logits = (g.standard_normal((1, e)) * g.uniform(0.3, 3)).astype(np.float32)
+        resident = g.random(e) < g.uniform(0.2, 0.9)
+        slot_row = np.where(resident, np.arange(e), -1).astype(np.int32)
+        knobs = CarKnobs(
+            threshold=float(g.choice([0.1, 0.35, 0.7, 1.0])),
+            budget=int(g.integers(0, 3)),
+            free_ratio=float(g.choice([0.5, 1.0, 2.0])),
+        )
+        out = {
+            "probs": cp.zeros((1, e), np.float32),
+            "ids0": cp.zeros((1, k), np.int32),
+            "ids": cp.zeros((1, k), np.int32),
+            "weights": cp.zeros((1, k), np.float32),
+            "pair_slot": cp.zeros((1, k), np.int32),
+            "stats": cp.zeros((1, 4), np.float32),
+        }
+        kv = knob_values(knobs.threshold, knobs.budget, knobs.free_ratio, knobs.enabled)
+        route_car(K, cp.asarray(logits), 1, e, k, True, cp.asarray(slot_row), cp.asarray(kv), out)
+        got = {n: cp.asnumpy(v) for n, v in out.items()}
+        probs = got["probs"]
+        assert np.allclose(probs, route_topk(logits, k, True)[2], rtol=1e-5)
+        order = np.lexsort((np.arange(e), -probs[0]))[:k]  # top-k of the kernel's probs
+        np.testing.assert_array_equal(got["ids0"][0], order)
+        plan = car_plan(got["ids0"], probs, resident, knobs)
+        np.testing.assert_array_equal(got["ids"], plan.ids, err_msg=f"trial {trial}")
+        np.testing.assert_array_equal(got["pair_slot"], slot_row[plan.ids])
+        st = got["stats"][0]
+        assert st[0] == plan.misses and st[1] == plan.substituted.sum()
+        assert st[2] == (~resident[plan.ids]).sum()
+        np.testing.assert_allclose(st[3], plan.ratios.sum(), rtol=1e-6)

@@ -105,6 +105,8 @@ class Engine:
             TraceWriter(trace_path, a.n_layer, a.n_expert, a.n_expert_used) if trace_path else None
         )
         self.graphs = graphs  # decode from CUDA graphs where the tier has them
+        # graph hybrid steps route on the card unless traces or the adaptive cache need the host
+        self.device_routing = True
         self._swaps: list[tuple[int, int]] = []  # the adaptive cache's swaps of this layer
         self._layer_rows = np.arange(a.n_layer)[:, None]  # [L, 1]
         self.pos = 0
@@ -183,6 +185,13 @@ class Engine:
         if tier.all_resident and self.trace is None and self.adaptive is None:
             return "all"  # the host needs nothing per layer: routing stays on the card
         if self.miss_runner is not tier or tier.all_resident:
+            if (
+                self.device_routing
+                and self.trace is None
+                and self.adaptive is None
+                and tier.routes_on_device()
+            ):
+                return "routed"  # top-k and CAR on the card; the host reads the plan
             return "hybrid"  # the host routes (CAR, traces, the adaptive cache) between graphs
         return None  # misses the tier serves by uploading experts on demand: eager
 
@@ -192,6 +201,50 @@ class Engine:
         np.add.at(st.expert_hist, (self._layer_rows, g.picks_h.a), 1)
         st.hits += a.n_layer * a.n_expert_used
         return logits
+
+    def _car_knobs(self) -> np.ndarray:
+        """[threshold, budget, free ratio, on] for this decode step (warmup counted here)."""
+        car = self.car
+        on = car is not None and car.enabled and self.stats.decode_steps >= car.warmup
+        if car is None:
+            return np.array([1.0, 0.0, 1.0, 0.0])
+        return np.array([car.threshold, car.budget, car.free_ratio, float(on)])
+
+    def _decode_routed(self, g, token: int) -> np.ndarray:
+        """Hybrid step routed on the card: per layer one graph up to the routing plan (top-k,
+        CAR, the slots), one for the resident experts; the host reads the plan, counts it and
+        runs the pool on the misses while the card runs the resident experts."""
+        a, st = self.args, self.stats
+        pc = time.perf_counter
+        k = a.n_expert_used
+        g.begin_routed(token, self.pos, self._car_knobs())
+        y_h, h = g.y_h.a, g.h_h.a
+        for i in range(a.n_layer):
+            t0 = pc()
+            plan = g.front_routed(i)
+            t1 = pc()
+            g.experts_routed(i)
+            slots, stats = plan["pair_slot"], plan["stats"]
+            np.add.at(st.expert_hist[i], plan["ids0"], 1)
+            after = int(stats[2])
+            st.decode_misses_before_car += int(stats[0])
+            st.substitutions += int(stats[1])
+            st.ratio_sum += float(stats[3])
+            st.hits += k - after
+            st.misses += after
+            t2 = pc()
+            if after:
+                miss = np.where(slots < 0, plan["ids"], -1)[None]
+                y_h[:] = self.miss_runner.experts(i, h, miss, plan["weights"][None])
+            else:
+                y_h[:] = 0.0
+            t3 = pc()
+            st.wait_s += t1 - t0
+            st.route_s += t2 - t1
+            st.pool_s += t3 - t2
+            st.window_s += t3 - t0
+            st.window_layers += 1
+        return g.finish()
 
     def _decode_hybrid(self, g, token: int) -> np.ndarray:
         """Per layer: the card's front half, host routing, resident experts launched, the pool
@@ -241,6 +294,8 @@ class Engine:
             g = tier.graph_decoder()
             if mode == "all":
                 out = self._decode_all_resident(g, int(ids[0]))
+            elif mode == "routed":
+                out = self._decode_routed(g, int(ids[0]))
             else:
                 out = self._decode_hybrid(g, int(ids[0]))
             self.pos += 1

@@ -237,6 +237,13 @@ class CupyTier:
             self._graph = GraphDecoder(self)
         return self._graph
 
+    def routes_on_device(self) -> bool:
+        """Whether the graph step can route (top-k + CAR) on this card for this model."""
+        from strata.gpu.route_car import route_car_supported
+
+        a = self.args
+        return route_car_supported(self.K, a.n_expert, a.n_expert_used)
+
     @property
     def all_resident(self) -> bool:
         return bool((self.slot_of >= 0).all())
@@ -269,6 +276,7 @@ class CupyTier:
         self._free = list(range(n - 1, -1, -1))
         self.expert_uploads = 0
         self.expert_bytes_uploaded = 0
+        self.slot_version = 0  # bumped whenever slot_of changes (the graph's slot table copy)
         self._copy = None  # the copy stream of `prefetch` (made on first use)
         self._pending = None  # the last prefetch's event
         if n == total:  # everything fits: load it all now, no upload on the hot path
@@ -286,6 +294,7 @@ class CupyTier:
         for key in [k for k in self._lru if not mask[k]]:  # a re-placement: unwanted out
             self._free.append(self._lru.pop(key))
             self.slot_of[key] = -1
+            self.slot_version += 1
         for i, e in zip(*np.nonzero(mask), strict=True):
             if self.slot_of[i, e] < 0 and (self._free or len(self._lru) >= self.n_slots):
                 if not self._free and bool(mask[self._lru_oldest()]):
@@ -323,6 +332,7 @@ class CupyTier:
         self.expert_uploads += 1
         self.slot_of[layer, e] = s
         self._lru[(layer, e)] = s
+        self.slot_version += 1
         return s
 
     def prefetch(self, layer: int, e: int, evict: int | None = None) -> None:
@@ -372,6 +382,7 @@ class CupyTier:
         self.expert_uploads += 1
         self.slot_of[layer, e] = s
         self._lru[(layer, e)] = s
+        self.slot_version += 1
 
     def await_uploads(self, stream=None) -> None:
         """Make `stream` (default: the legacy stream) wait for the prefetches issued so far."""

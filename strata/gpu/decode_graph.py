@@ -27,6 +27,7 @@ import numpy as np
 
 from strata.gpu.embed import embed
 from strata.gpu.experts import pairs_from_topk
+from strata.gpu.route_car import route_car
 from strata.gpu.router_topk import router_topk
 
 
@@ -72,6 +73,25 @@ class GraphDecoder:
         self.topk_ids = cp.zeros((n_layer, k), np.int32)
         self.topk_w = cp.zeros((n_layer, k), f32)
         self.slot_table = cp.asarray(tier.slot_of)  # [L, E] -> slot (all-resident step)
+        # the device-routed hybrid step: router top-k + CAR on the card (kernels/route_car.cu)
+        self.knobs_h = Pinned(cp, (4,), np.float64)  # threshold, budget, free ratio, on
+        self.knobs_d = cp.zeros((4,), np.float64)
+        self.plan = {
+            "probs": cp.zeros((1, e), f32),
+            "ids0": cp.zeros((1, k), np.int32),
+            "ids": cp.zeros((1, k), np.int32),
+            "weights": tier.pair_w[:k].reshape(1, k),  # the experts kernel reads these two
+            "pair_slot": tier.pair_slot[:k].reshape(1, k),
+            "stats": cp.zeros((1, 4), f32),
+        }
+        self.plan_h = {
+            "ids0": Pinned(cp, (k,), np.int32),
+            "ids": Pinned(cp, (k,), np.int32),
+            "weights": Pinned(cp, (k,), f32),
+            "pair_slot": Pinned(cp, (k,), np.int32),
+            "stats": Pinned(cp, (4,), f32),
+        }
+        self._slot_version = tier.slot_version
         self.graphs: dict[object, object] = {}
         self.replay = True  # False: the same launches, eagerly every step (tests, debugging)
         self.shared = a.shared_ff > 0
@@ -80,7 +100,12 @@ class GraphDecoder:
     @staticmethod
     def device_bytes(a) -> int:
         """Device bytes of the decoder's own buffers for model args `a`."""
-        return 4 * (2 + 5 * a.n_embd + 2 * a.n_layer * a.n_expert_used + a.n_layer * a.n_expert)
+        k = a.n_expert_used
+        return (
+            4 * (2 + 5 * a.n_embd + 2 * a.n_layer * k + a.n_layer * a.n_expert)
+            + 4 * (a.n_expert + 3 * k + 4)
+            + 8 * 4
+        )
 
     # ---- copies on the decoder's stream (pinned host memory: capturable) ----
     def _up(self, dst, src: np.ndarray) -> None:
@@ -107,6 +132,25 @@ class GraphDecoder:
         if host:
             self._down(self.h_h.a, t.h_buf[:1])
             self._down(self.logits_r.a, t.rlogits_buf[:1])
+
+    def _seg_front_routed(self, i: int) -> None:
+        """Attention, router, top-k + CAR on the card; the plan and h go host-ward."""
+        t, a = self.t, self.t.args
+        self._seg_front(i, host=False)
+        route_car(
+            t.K, t.rlogits_buf, 1, a.n_expert, self.k, a.norm_topk, self.slot_table[i],
+            self.knobs_d, self.plan,
+        )  # fmt: skip
+        for name, host in self.plan_h.items():
+            self._down(host.a, self.plan[name])
+        self._down(self.h_h.a, t.h_buf[:1])
+
+    def _seg_experts_routed(self, i: int) -> None:
+        """The resident experts of the card's own plan (pair_slot/pair_w are in place)."""
+        t = self.t
+        t._moe_pairs(i, 1, self.k, self.moe_out)
+        if self.shared:
+            t._shared_into(i, t.h_buf[:1], 1, self.sh_out)
 
     def _seg_experts(self, i: int, device_routing: bool) -> None:
         t, cp = self.t, self.cp
@@ -212,3 +256,28 @@ class GraphDecoder:
     def begin(self, token: int, pos: int) -> None:
         """Start a hybrid step: the token and its position go to the card with graph A_0."""
         self._begin(token, pos)
+
+    # ---- the hybrid step routed on the card ----
+    def begin_routed(self, token: int, pos: int, knobs: np.ndarray) -> None:
+        """Start a device-routed hybrid step with CAR knobs [4] (route_car.knob_values)."""
+        if self.t.slot_version != self._slot_version:  # the cache was re-placed
+            self.slot_table.set(self.t.slot_of)
+            self._slot_version = self.t.slot_version
+        if not np.array_equal(self.knobs_h.a, knobs):
+            self.knobs_h.a[:] = knobs
+            self.knobs_d.set(knobs)
+        self._begin(token, pos)
+
+    def front_routed(self, i: int) -> dict:
+        """Layer i up to the card's routing plan; waits -> the plan's pinned host views
+        (ids0, ids, weights, pair_slot [K], stats [4]); h is in self.h_h.a."""
+        if i == 0:
+            self._run(("ra", 0), lambda: (self._seg_embed(), self._seg_front_routed(0)))
+        else:
+            self._run(("ra", i), lambda: (self._seg_finish_moe(), self._seg_front_routed(i)))
+        self.stream.synchronize()
+        return {name: host.a for name, host in self.plan_h.items()}
+
+    def experts_routed(self, i: int) -> None:
+        """Launch layer i's resident experts on the card's plan (returns at once)."""
+        self._run(("rb", i), lambda: self._seg_experts_routed(i))
