@@ -71,8 +71,9 @@ def run_engine_arm(
                 engine.reset()
                 logits = first = engine.forward(prompt)
             t1 = time.perf_counter()
-            for _ in range(gen_tokens):
-                logits = engine.forward([int(np.argmax(logits))])
+            tok = int(np.argmax(logits))
+            for _ in range(gen_tokens):  # greedy: on a GPU tier the argmax runs on the card
+                tok = engine.decode_greedy(tok)
             t2 = time.perf_counter()
             if used0 is not None:
                 peak = max(peak, _device_used() - used0)

@@ -195,9 +195,9 @@ class Engine:
             return "hybrid"  # the host routes (CAR, traces, the adaptive cache) between graphs
         return None  # misses the tier serves by uploading experts on demand: eager
 
-    def _decode_all_resident(self, g, token: int) -> np.ndarray:
+    def _decode_all_resident(self, g, token: int, greedy: bool = False):
         a, st = self.args, self.stats
-        logits = g.step_all_resident(token, self.pos)
+        logits = g.step_all_resident(token, self.pos, greedy)
         np.add.at(st.expert_hist, (self._layer_rows, g.picks_h.a), 1)
         st.hits += a.n_layer * a.n_expert_used
         return logits
@@ -210,7 +210,7 @@ class Engine:
             return np.array([1.0, 0.0, 1.0, 0.0])
         return np.array([car.threshold, car.budget, car.free_ratio, float(on)])
 
-    def _decode_routed(self, g, token: int) -> np.ndarray:
+    def _decode_routed(self, g, token: int, greedy: bool = False):
         """Hybrid step routed on the card: per layer one graph up to the routing plan (top-k,
         CAR, the slots), one for the resident experts; the host reads the plan, counts it and
         runs the pool on the misses while the card runs the resident experts."""
@@ -244,9 +244,9 @@ class Engine:
             st.pool_s += t3 - t2
             st.window_s += t3 - t0
             st.window_layers += 1
-        return g.finish()
+        return g.finish(greedy)
 
-    def _decode_hybrid(self, g, token: int) -> np.ndarray:
+    def _decode_hybrid(self, g, token: int, greedy: bool = False):
         """Per layer: the card's front half, host routing, resident experts launched, the pool
         on the misses meanwhile; its sum joins on the card at the next layer's front."""
         a, st, tier = self.args, self.stats, self.tier
@@ -276,11 +276,10 @@ class Engine:
             st.pool_s += t3 - t2
             st.window_s += t3 - t0
             st.window_layers += 1
-        return g.finish()
+        return g.finish(greedy)
 
-    def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
-        """Run `tokens` at positions pos..; logits [V] of the last token ([T, V] if all_logits)."""
-        a, tier = self.args, self.tier
+    def _check(self, tokens: Sequence[int]) -> np.ndarray:
+        a = self.args
         ids = np.asarray(tokens, dtype=np.int64)  # [T]
         if ids.ndim != 1 or ids.size == 0:
             raise ValueError("forward needs a non-empty 1-D list of token ids")
@@ -288,21 +287,42 @@ class Engine:
             raise ValueError(f"token id out of range 0..{a.n_vocab - 1}")
         if self.pos + ids.size > self.n_ctx:
             raise ValueError(f"context full: {self.pos + ids.size} tokens > n_ctx {self.n_ctx}")
+        return ids
+
+    def _graph_step(self, mode: str, token: int, greedy: bool):
+        """One decode step from CUDA graphs -> the logits [V] (a view until the next step), or
+        with `greedy` the argmax token taken on the card (no logits read back)."""
+        g = self.tier.graph_decoder()
+        if mode == "all":
+            out = self._decode_all_resident(g, token, greedy)
+        elif mode == "routed":
+            out = self._decode_routed(g, token, greedy)
+        else:
+            out = self._decode_hybrid(g, token, greedy)
+        self.pos += 1
+        self.stats.tokens += 1
+        self.stats.decode_steps += 1
+        self.stats.graph_steps += 1
+        return out
+
+    def decode_greedy(self, token: int) -> int:
+        """Decode `token` and return the greedy next token (lowest id on ties). On a GPU tier's
+        graph steps the argmax runs on the card and no logits come back."""
+        self._check([token])
+        mode = self._graph_mode() if self.pos > 0 else None
+        if mode is not None:
+            return int(self._graph_step(mode, int(token), True))
+        return int(np.argmax(self.forward([token])))
+
+    def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+        """Run `tokens` at positions pos..; logits [V] of the last token ([T, V] if all_logits)."""
+        a, tier = self.args, self.tier
+        ids = self._check(tokens)
         decode = ids.size == 1 and self.pos > 0
         mode = self._graph_mode() if decode else None
         if mode is not None:
-            g = tier.graph_decoder()
-            if mode == "all":
-                out = self._decode_all_resident(g, int(ids[0]))
-            elif mode == "routed":
-                out = self._decode_routed(g, int(ids[0]))
-            else:
-                out = self._decode_hybrid(g, int(ids[0]))
-            self.pos += 1
-            self.stats.tokens += 1
-            self.stats.decode_steps += 1
-            self.stats.graph_steps += 1
-            return np.array(out, copy=True)[None] if all_logits else np.array(out, copy=True)
+            out = np.array(self._graph_step(mode, int(ids[0]), False), copy=True)
+            return out[None] if all_logits else out
         x = tier.embed(ids)  # [T, D]
         for i in range(a.n_layer):
             x = tier.attention(i, x, self.pos)

@@ -96,8 +96,11 @@ class Session:
         emitted = 0  # chars of res.text already yielded
         t1 = time.perf_counter()
         res.finish_reason = "length"
+        # greedy: the engine's decode_greedy may take the argmax on the card (no logits back)
+        greedy = sampling.temperature == 0 and hasattr(self.engine, "decode_greedy")
+        pending: int | None = None
         for step in range(max_tokens):
-            nxt = sampler(logits)
+            nxt = pending if pending is not None else sampler(logits)
             if nxt in tok.eos_ids:
                 res.finish_reason = "stop"
                 break
@@ -114,7 +117,10 @@ class Session:
                 yield res.text[emitted:safe]
                 emitted = safe
             if step + 1 < max_tokens:
-                logits = self.engine.forward([nxt])
+                if greedy:
+                    pending = self.engine.decode_greedy(nxt)
+                else:
+                    logits = self.engine.forward([nxt])
                 self.history.append(nxt)
         if dec is not None:
             res.text += dec.flush()  # bytes of a character the last token left unfinished

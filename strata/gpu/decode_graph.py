@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from strata.gpu.elementwise import argmax_rows
 from strata.gpu.embed import embed
 from strata.gpu.experts import pairs_from_topk
 from strata.gpu.route_car import route_car
@@ -63,8 +64,10 @@ class GraphDecoder:
         self.pairw_h = Pinned(cp, (k,), f32)
         self.logits_h = Pinned(cp, (1, a.n_vocab), f32)
         self.picks_h = Pinned(cp, (n_layer, k), np.int32)  # all-resident step: router picks
+        self.tok_h = Pinned(cp, (1,), np.int32)  # the greedy token
         # device side (reserved by the tier's workspace: `device_bytes`)
         self.tokpos_d = cp.zeros((2,), np.int32)
+        self.tok_d = cp.zeros((1,), np.int32)
         self.xa = cp.zeros((1, d), f32)  # the residual stream between layers
         self.xb = cp.zeros((1, d), f32)  # after attention
         self.y_d = cp.zeros((1, d), f32)  # the MoE sum
@@ -185,10 +188,14 @@ class GraphDecoder:
             cp.add(self.y_d, self.sh_out, out=self.y_d)
         cp.add(self.xb, self.y_d, out=self.xa)
 
-    def _seg_output(self, picks: bool) -> None:
+    def _seg_output(self, picks: bool, greedy: bool = False) -> None:
         t = self.t
         t._output_into(self.xa, 1, self._out_act)
-        self._down(self.logits_h.a, t.logits_buf[:1])
+        if greedy:  # the argmax on the card: 4 bytes come back instead of the logits
+            argmax_rows(t.K, t.logits_buf, 1, t.args.n_vocab, self.tok_d)
+            self._down(self.tok_h.a, self.tok_d)
+        else:
+            self._down(self.logits_h.a, t.logits_buf[:1])
         if picks:
             self._down(self.picks_h.a, self.topk_ids)
 
@@ -215,9 +222,10 @@ class GraphDecoder:
         self.stream.wait_event(self.cp.cuda.Stream.null.record())
 
     # ---- the steps ----
-    def step_all_resident(self, token: int, pos: int) -> np.ndarray:
+    def step_all_resident(self, token: int, pos: int, greedy: bool = False):
         """One decode step with every expert resident -> logits [V] (a view, valid until the
-        next step); self.picks_h.a [L, K] holds the router's picks."""
+        next step), or with `greedy` the argmax token; self.picks_h.a [L, K] holds the
+        router's picks."""
         n_layer = self.t.args.n_layer
 
         def whole() -> None:
@@ -225,12 +233,12 @@ class GraphDecoder:
             for i in range(n_layer):
                 self._seg_front(i, host=False)
                 self._seg_experts(i, device_routing=True)
-            self._seg_output(picks=True)
+            self._seg_output(picks=True, greedy=greedy)
 
         self._begin(token, pos)
-        self._run("all", whole)
+        self._run(("all", greedy), whole)
         self.stream.synchronize()
-        return self.logits_h.a[0]
+        return int(self.tok_h.a[0]) if greedy else self.logits_h.a[0]
 
     def front(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Hybrid step, layer i: finish layer i-1's MoE (the pool's rows in y_h), attention,
@@ -247,11 +255,15 @@ class GraphDecoder:
         self.t.await_uploads(self.stream)
         self._run(("b", i), lambda: self._seg_experts(i, device_routing=False))
 
-    def finish(self) -> np.ndarray:
-        """The last layer's MoE sum and the output -> logits [V] (view, valid until next step)."""
-        self._run("out", lambda: (self._seg_finish_moe(), self._seg_output(picks=False)))
+    def finish(self, greedy: bool = False):
+        """The last layer's MoE sum and the output -> logits [V] (view, valid until next step),
+        or with `greedy` the argmax token."""
+        self._run(
+            ("out", greedy),
+            lambda: (self._seg_finish_moe(), self._seg_output(picks=False, greedy=greedy)),
+        )
         self.stream.synchronize()
-        return self.logits_h.a[0]
+        return int(self.tok_h.a[0]) if greedy else self.logits_h.a[0]
 
     def begin(self, token: int, pos: int) -> None:
         """Start a hybrid step: the token and its position go to the card with graph A_0."""
