@@ -201,3 +201,20 @@ def test_route_car_kernel_gives_car_plans_plan(device):
         assert st[0] == plan.misses and st[1] == plan.substituted.sum()
         assert st[2] == (~resident[plan.ids]).sum()
         np.testing.assert_allclose(st[3], plan.ratios.sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("cache", ["all", "7"])
+def test_decode_greedy_takes_the_argmax_on_the_card(synth_model, device, cache):
+    """decode_greedy (the argmax on the card, no logits back) == argmax of the same step's
+    logits, step after step, all-resident and routed hybrid."""
+    model = load_model(synth_model("tiny", "Q4_K", seed=26, skew=1.0))
+    a, b = engine(model, True, expert_cache=cache), engine(model, True, expert_cache=cache)
+    prompt = np.random.default_rng().integers(0, model.args.n_vocab, 5).tolist()
+    tok = int(np.argmax(a.forward(prompt)))
+    assert tok == int(np.argmax(b.forward(prompt)))
+    for _ in range(24):
+        nxt = a.decode_greedy(tok)
+        assert nxt == int(np.argmax(b.forward([tok])))
+        tok = nxt
+    assert a.stats.graph_steps == b.stats.graph_steps == 24
+    assert a.pos == b.pos == 5 + 24
