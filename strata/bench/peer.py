@@ -2,7 +2,7 @@
 
 Prefill: one `eval` of the prompt; decode: `n` single-token evals, greedy. Warm (run 0 dropped),
 median of repeats. This is the CPU-only comparison; the GPU one builds llama.cpp with CUDA and
-runs llama-bench (scripts/bench_llama_cpp_gpu.sh).
+runs llama-bench (scripts/llama_side_by_side.py).
 """
 
 from __future__ import annotations
