@@ -35,7 +35,10 @@ def test_engine_arms_report_speed_hits_and_car(tmp_path, capsys):
         assert r["decode_tps"] > 0 and r["prefill_tps"] > 0 and 0 < r["hit_rate"] < 1
         assert r["resident_experts"] == 24
     assert off["car_substitution_rate"] == 0.0 and on["car_substitution_rate"] > 0.0
-    assert "decode t/s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "decode t/s" in out and "% of host read" in out
+    assert doc["bandwidth"]["host_read_gbps"] > 0  # the ceiling, measured in the same run
+    assert all(r["tier_weight_gbps"] > 0 for r in (off, on))
 
 
 def test_car_quality_reports_ppl_kl_and_agreement(tmp_path):

@@ -202,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     engine_rows: list[dict] = []
     failed = 0
+    if any(a in ENGINE_ARMS for a in ns.arm):
+        from strata.bench.engine_arms import measure_bandwidths
+
+        doc["bandwidth"] = measure_bandwidths(ns.threads)
     for arm in ns.arm:
         try:
             _run_arm(ns, arm, doc, engine_rows)
@@ -211,7 +215,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"strata.bench: error: {arm}: {' '.join(str(e).split())}", file=sys.stderr)
             doc["results"].append({"arm": arm, "error": " ".join(str(e).split())})
     if engine_rows:
+        bw = doc.get("bandwidth") or {}
         print(_engine_table(engine_rows))
+        if bw:
+            dev = bw.get("device_copy_gbps")
+            print(
+                f"measured in this run: host read {bw['host_read_gbps']:.1f} GB/s "
+                f"({bw['host_threads']} threads)"
+                + (f", device copy {dev:.0f} GB/s" if dev else ", no device")
+            )
+            for r in engine_rows:
+                if "tier_weight_gbps" not in r:
+                    continue
+                card = r["tier_weight_gbps"]
+                line = f"  {r['arm']}: missed experts {r['miss_expert_gbps']:.2f} GB/s"
+                line += f" = {100 * r['miss_expert_gbps'] / bw['host_read_gbps']:.0f}% of host read"
+                if dev and r["tier"] != "host":
+                    line += f"; card weights {card:.0f} GB/s = {100 * card / dev:.1f}% of copy"
+                print(line)
         for r in engine_rows:
             for n in r["notices"]:
                 print(f"note ({r['arm']}): {n}")

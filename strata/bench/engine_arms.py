@@ -108,6 +108,9 @@ def run_engine_arm(
         "car_substitution_rate": statistics.median(subst),
         "expert_bytes_per_token": expert_bytes,
         "miss_expert_gbps": miss_bytes * med / 1e9,
+        # weights the device tier reads per decode token: the dense path (the embedding table
+        # only where it is also the output head) and the resident experts' share
+        "tier_weight_gbps": (_dense_read_bytes(model) + (expert_bytes - miss_bytes)) * med / 1e9,
         "resident_experts": int(engine.resident.sum()),
         "graph_steps": engine.stats.graph_steps,
         # the adaptive cache over all runs (warm-up included): swaps, expert bytes sent to the
@@ -131,6 +134,51 @@ MIB = 1 << 20
 
 def _windows(st) -> np.ndarray:
     return np.array([st.window_layers, st.window_s, st.wait_s, st.route_s, st.pool_s])
+
+
+def _dense_read_bytes(model) -> int:
+    """Dense weight bytes one decode token reads: all but the embedding table (one row), which
+    counts where it is tied to the output head."""
+    from gguf.constants import MODEL_TENSOR as MT
+
+    from strata.model.qwen3moe import name
+
+    embd = model.gguf.tensors.get(name(MT.TOKEN_EMBD))
+    tied = not model.has(name(MT.OUTPUT))
+    return model.dense_bytes() - (0 if tied or embd is None else embd.nbytes)
+
+
+def measure_bandwidths(threads: int = 0) -> dict:
+    """The ceilings engine rows are read against, measured in the same run: the host's parallel
+    read bandwidth (all pool threads) and, with a GPU, the device-to-device copy bandwidth."""
+    import numba
+
+    from strata.cpu.bandwidth import host_read_bandwidth
+
+    n = threads or numba.config.NUMBA_NUM_THREADS
+    out = {"host_read_gbps": host_read_bandwidth(n, repeats=3)["gbps"], "host_threads": n}
+    try:
+        from strata.gpu.device import import_cupy, primary_device
+
+        cp = import_cupy()
+        if cp is not None and primary_device() is not None:
+            nbytes = 1 << 30
+            a, b = cp.ones(nbytes // 4, np.float32), cp.empty(nbytes // 4, np.float32)
+            b[...] = a
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            times = []
+            for _ in range(5):
+                e0.record()
+                b[...] = a
+                e1.record()
+                e1.synchronize()
+                times.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
+            out["device_copy_gbps"] = 2 * nbytes / float(np.median(times)) / 1e9  # read+write
+            del a, b
+            _free_device_pool()
+    except Exception as e:  # no usable device: the host ceiling alone
+        out["device_error"] = " ".join(str(e).split())
+    return out
 
 
 def _uploaded(engine) -> int:
