@@ -2,10 +2,13 @@
 
     PYTHONPATH=. python bench/cpu_pool_sweep.py       # qwen3-30b-a3b shape, T=1, 1..N threads
     PYTHONPATH=. python bench/cpu_pool_sweep.py --quant IQ3_XXS,Q4_K --threads 2 --ab --out X
+    PYTHONPATH=. python bench/cpu_pool_sweep.py --overhead-only --threads 2   # per-call cost
 
-Three tables: kernel compute ceilings (one core, weights in L2: what the arithmetic allows),
-the pool on one decode layer (weights from DRAM, host read bandwidth measured in the same run)
-and the intermediate-quant A/B. Everything is imported from `strata` (this file only drives).
+Tables: kernel compute ceilings (one core, weights in L2: what the arithmetic allows), the pool
+on one decode layer (weights from DRAM, host read bandwidth measured in the same run), the
+intermediate-quant A/B, and (--overhead) the pool's fixed cost per call at T=1: the Python
+wrapper apart from the jitted call, one parallel region per phase against the fused region.
+Everything is imported from `strata` (this file only drives).
 """
 
 from __future__ import annotations
@@ -13,17 +16,28 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import sys
 import time
 from datetime import UTC, datetime
 
 import numba
 import numpy as np
-from numba import literally, njit
+from numba import literally, njit, prange
 
-from strata.bench.cpu_pool import _commit, format_table, machine, run_cpu_pool_arm, run_quant_ab
+from strata.bench.cpu_pool import (
+    _commit,
+    _routes,
+    format_table,
+    machine,
+    make_layer,
+    run_cpu_pool_arm,
+    run_quant_ab,
+)
+from strata.cpu import ExpertPool
 from strata.cpu.kernels import dispatch as K
 from strata.cpu.layout import prepare
 from strata.cpu.quantize import quantize_act
+from strata.model.synth import SHAPES
 from strata.quant import fmt, random_quantized
 
 ALL = "IQ3_XXS,Q4_K,IQ1_M,IQ3_S,IQ2_XXS,IQ4_XS,Q5_K,Q6_K,Q8_0,IQ2_S"
@@ -58,6 +72,99 @@ def kernel_ceiling(quant: str, rows: int = 256, cols: int = 2048, layout=None) -
     }
 
 
+@njit(parallel=True)
+def _empty_region(nt, a):
+    for i in prange(nt):
+        a[i] += 1
+
+
+def _median_us(fn, n: int) -> float:
+    ts = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        fn(i)
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts)) * 1e6
+
+
+def _load_pool_module(path: str):
+    """An older strata/cpu/pool.py (`git show REV:strata/cpu/pool.py > FILE`) as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("strata_pool_baseline", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def overhead(
+    shape: str, quant: str, threads: int, ks=(0, 1, 2, 8), rounds: int = 5, baseline=None
+) -> list[dict]:
+    """Microseconds per T=1 call, fused region vs one region per phase, split into the Python
+    wrapper and the jitted call (the call alone, on prebuilt arguments); arms interleaved, best
+    median of `rounds` (the dev box is shared: the best round is the least disturbed).
+    `baseline`: an older pool module (its `run_layer` time only)."""
+    s = SHAPES[shape]
+    lw = make_layer(shape, quant)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, s["n_embd"])).astype(np.float32)
+    out = np.zeros_like(x)
+    n = 2000 if s["n_embd"] <= 512 else 300
+    arms = {"fused": ExpertPool(threads, fused=True), "per-phase": ExpertPool(threads, fused=False)}
+    rows = []
+    for k in ks:
+        routes = [_routes(rng, 1, s["n_expert"], max(k, 1)) for _ in range(64)]
+        if k == 0:  # no tasks: the fixed cost alone
+            routes = [tuple(r[:0] for r in rt) for rt in routes]
+        res = {}
+        for name, pool in arms.items():
+            for _ in range(2):  # compile, learn the threading layer, warm
+                pool.run_layer(x, *routes[0], lw, out=out)
+            _lw, wargs, entries = pool._plans[id(lw)]
+            fn = next(iter(entries.values()))
+            knobs = pool._knobs(pool.fused and pool._fused_ok is not False)
+            argv = [(x, *rt, out, *wargs, *pool._ws_args, *knobs) for rt in routes]
+            res[name] = (pool, fn, argv, [], [])
+        if baseline is not None:
+            old = baseline.ExpertPool(threads)
+            old_lw = baseline.LayerWeights(lw.gate, lw.up, lw.down)
+            for _ in range(2):
+                old.run_layer(x, *routes[0], old_lw, out=out)
+            res["baseline"] = (old, None, None, [], [])
+        for _ in range(rounds):
+            for pool, fn, argv, call, jit in res.values():
+                if fn is None:  # the baseline: whole calls only
+
+                    def old_call(i, pool=pool, routes=routes, old_lw=old_lw):
+                        pool.run_layer(x, *routes[i % 64], old_lw, out=out)
+
+                    call.append(_median_us(old_call, n))
+                    jit.append(float("nan"))
+                    continue
+
+                def one_call(i, pool=pool, routes=routes):
+                    pool.run_layer(x, *routes[i % 64], lw, out=out)
+
+                call.append(_median_us(one_call, n))
+                jit.append(_median_us(lambda i, fn=fn, argv=argv: fn(*argv[i % 64]), n))
+        for name, (pool, _fn, _argv, call, jit) in res.items():
+            c, j = min(call), min(jit)
+            fused_active = bool(getattr(pool, "fused", False) and pool._fused_ok)
+            rows.append(
+                dict(shape=shape, quant=quant, threads=threads, experts=k, arm=name,
+                     fused_active=fused_active, call_us=c, jit_us=j, wrapper_us=c - j)
+            )  # fmt: skip
+    return rows
+
+
+def empty_region_us(threads: int) -> float:
+    numba.set_num_threads(threads)
+    a = np.zeros(threads, np.float64)
+    _empty_region(threads, a)
+    return min(_median_us(lambda i: _empty_region(threads, a), 3000) for _ in range(3))
+
+
 def _timed(fn, *args) -> float:
     t0 = time.perf_counter()
     fn(*args)
@@ -75,6 +182,15 @@ def main() -> None:
     ap.add_argument("--out", default="", help="path stem for .md and .json")
     ap.add_argument("--layout", default=None, help="auto (repack where it pays) or gguf")
     ap.add_argument("--wait-quiet", action="store_true", help="wait for an idle machine first")
+    ap.add_argument("--overhead", action="store_true", help="also the per-call fixed cost table")
+    ap.add_argument(
+        "--overhead-only", action="store_true", help="only the per-call fixed cost table"
+    )
+    ap.add_argument(
+        "--baseline-pool",
+        default="",
+        help="an older pool.py (git show REV:strata/cpu/pool.py > FILE) timed beside (overhead)",
+    )
     a = ap.parse_args()
     quants = a.quant.split(",")
     threads = (
@@ -82,9 +198,16 @@ def main() -> None:
         if a.threads
         else sorted({1, numba.config.NUMBA_NUM_THREADS})
     )
-    ceil = [kernel_ceiling(q, layout=a.layout) for q in quants]
+    ovh = []
+    if a.overhead or a.overhead_only:
+        base = _load_pool_module(a.baseline_pool) if a.baseline_pool else None
+        for t in threads:
+            ovh += overhead("tiny", quants[0], t, baseline=base)
+            ovh += overhead(a.shape, quants[0], t, baseline=base)
+            ovh.append({"empty_region_us": empty_region_us(t), "threads": t})
+    ceil = [] if a.overhead_only else [kernel_ceiling(q, layout=a.layout) for q in quants]
     pool = []
-    for q in quants:
+    for q in [] if a.overhead_only else quants:
         for t in threads:
             pool.append(
                 run_cpu_pool_arm(
@@ -106,7 +229,7 @@ def main() -> None:
         if a.ab
         else []
     )
-    md = _markdown(a, ceil, pool, ab)
+    md = _markdown(a, ceil, pool, ab, ovh)
     print(md)
     if a.out:
         with open(a.out + ".md", "w") as f:
@@ -117,6 +240,7 @@ def main() -> None:
                     "kernels": ceil,
                     "pool": pool,
                     "quant_ab": ab,
+                    "overhead": ovh,
                     "machine": machine(),
                     "commit": _commit(),
                 },
@@ -125,7 +249,7 @@ def main() -> None:
             )
 
 
-def _markdown(a, ceil, pool, ab) -> str:
+def _markdown(a, ceil, pool, ab, ovh=()) -> str:
     m = machine()
     out = [
         f"# CPU pool: {a.shape}, T={a.tokens}",
@@ -137,26 +261,60 @@ def _markdown(a, ceil, pool, ab) -> str:
         "- command: `PYTHONPATH=. python bench/cpu_pool_sweep.py "
         f"--quant {a.quant} --threads {a.threads or 'default'} --tokens {a.tokens}"
         f"{' --layout ' + a.layout if a.layout else ''}"
-        f"{' --ab' if a.ab else ''}`",
+        f"{' --ab' if a.ab else ''}{' --overhead' if a.overhead else ''}"
+        f"{' --overhead-only' if a.overhead_only else ''}"
+        f"{' --baseline-pool ' + a.baseline_pool if a.baseline_pool else ''}`",
         "",
-        "## Kernel compute ceiling (1 core, weights in L2)",
-        "",
-        "| quant | layout | Gweights/s | GB/s read | GB/s GGUF |",
-        "| --- | --- | ---: | ---: | ---: |",
     ]
+    if ovh:
+        out += [
+            "## Fixed cost per call, T=1 (microseconds, best median of 5 interleaved rounds)",
+            "",
+            "`call` = `run_layer`; `jit` = the compiled entry on prebuilt arguments; `wrapper` =",
+            "their difference (Python in `run_layer`). experts = 0: no tasks (pure fixed cost).",
+            "`baseline`: the `--baseline-pool` file's `run_layer` (whole calls only).",
+            "",
+            "| shape | threads | experts | arm | call us | jit us | wrapper us |",
+            "| --- | ---: | ---: | --- | ---: | ---: | ---: |",
+        ]
+        for r in ovh:
+            if "empty_region_us" in r:
+                continue
+            arm = r["arm"] + ("" if r["fused_active"] or r["arm"] != "fused" else " (off)")
+            jit = "-" if r["jit_us"] != r["jit_us"] else f"{r['jit_us']:.1f}"  # NaN: baseline
+            wrap = "-" if jit == "-" else f"{r['wrapper_us']:.1f}"
+            out.append(
+                f"| {r['shape']} | {r['threads']} | {r['experts']} | {arm} | {r['call_us']:.1f} |"
+                f" {jit} | {wrap} |"
+            )
+        for r in ovh:
+            if "empty_region_us" in r:
+                out.append(
+                    f"\nAn empty Numba parallel region over {r['threads']} threads: "
+                    f"{r['empty_region_us']:.1f} us."
+                )
+        out.append("")
+    if ceil:
+        out += [
+            "## Kernel compute ceiling (1 core, weights in L2)",
+            "",
+            "| quant | layout | Gweights/s | GB/s read | GB/s GGUF |",
+            "| --- | --- | ---: | ---: | ---: |",
+        ]
     for c in ceil:
         out.append(
             f"| {c['quant']} | {c['layout']} | {c['gweights_s']:.1f} | "
             f"{c['gbps_read']:.1f} | {c['gbps_gguf']:.1f} |"
         )
-    out += [
-        "",
-        "## Pool, one layer from DRAM (median of repeats)",
-        "",
-        "```",
-        format_table(pool),
-        "```",
-    ]
+    if pool:
+        out += [
+            "",
+            "## Pool, one layer from DRAM (median of repeats)",
+            "",
+            "```",
+            format_table(pool),
+            "```",
+        ]
     if ab:
         out += [
             "",

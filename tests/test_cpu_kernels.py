@@ -13,7 +13,15 @@ from strata.cpu.kernels import dispatch as K
 from strata.cpu.kernels import iq1, iq1_t2, iq2, iq3, iq4, kquants, lut4, q8_0, reference
 from strata.cpu.kernels.simd import HAS_AVX2
 from strata.cpu.layout import prepare
-from strata.cpu.quantize import act_code, quantize_act, quantize_q8_0, quantize_q8_K
+from strata.cpu.quantize import (
+    act_code,
+    act_unit,
+    alloc_act,
+    quantize_act,
+    quantize_q8_0,
+    quantize_q8_K,
+    quantize_units,
+)
 from strata.quant import activation as A
 from strata.quant import fmt, random_quantized
 from strata.quant.formats import QT
@@ -77,6 +85,22 @@ def test_q8_K_block_sums_are_sums_of_the_quants():
     q = xq.astype(np.int64)
     assert np.array_equal(xb, q.reshape(5, -1, 16).sum(-1))
     assert np.array_equal(x8, q.reshape(5, -1, 8).sum(-1))
+
+
+@pytest.mark.parametrize("vd", [QT.Q8_K, QT.Q8_0, QT.F16, QT.BF16, QT.F32], ids=lambda q: q.name)
+def test_a_row_quantized_in_pieces_equals_the_whole_row(vd):
+    """The pool splits one row's quantization over threads by units (blocks)."""
+    x = _activations(np.random.default_rng(), 5, 768)
+    want = quantize_act(x, vd)
+    code = act_code(vd)
+    got = alloc_act(*x.shape)
+    n_units = x.shape[1] // act_unit(code)
+    for r in range(x.shape[0]):
+        cuts = sorted({0, n_units, *np.random.default_rng(r).integers(0, n_units, 2).tolist()})
+        for u0, u1 in zip(cuts[:-1], cuts[1:], strict=True):
+            quantize_units(x[r], code, r, *got, u0, u1)
+    for a, b in zip(got, want, strict=True):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
 @pytest.mark.parametrize("vd", [QT.F16, QT.BF16, QT.F32], ids=lambda q: q.name)
@@ -215,6 +239,30 @@ def test_lut4_extreme_activations_do_not_saturate():
     )
     p = lut4.repack(w)
     assert np.array_equal(_gemv(K.K_IQ3_XXS_LUT4_AVX2, p, act, 2), _gemv(K.K_IQ3_XXS, w, act, 2))
+
+
+@needs_avx2
+@pytest.mark.parametrize("qtype", [QT.IQ2_S, QT.IQ2_XXS], ids=lambda q: q.name)
+def test_iq2_avx2_kernels_are_exact_at_the_extremes(qtype):
+    """Largest grid rows, every sign set (IQ2_S bit 7 is the -128 byte of the mask) and +-127
+    activations: vpmaddubsw must not saturate and the signs must land on the right weights."""
+    rng = np.random.default_rng()
+    w = random_quantized(qtype, (6, 512), rng, 0.05)
+    bl = w.reshape(-1, fmt(qtype).block_bytes)
+    if qtype == QT.IQ2_S:
+        bl[0::2, 34:66] = 0xFF  # all signs negative
+        bl[1::2, 34:66] = 0x80  # only the 8th weight of each group
+        bl[:, 66:74] = 0xFF  # high index bits: the last grid rows
+    else:
+        bl[:, 2:66] = 0xFF  # grid index 255 and sign field 127 in every word
+    x = np.ones((3, 512), np.float32) * np.array([[1], [-1], [0.5]], np.float32)
+    x[2, ::3] = -1.0
+    act = quantize_act(x, QT.Q8_K)
+    want = _gemv(K.PORTABLE[qtype], w, act, 3)
+    assert np.array_equal(_gemv(K.SIMD_GGUF[qtype], w, act, 3), want)
+    xr = A.roundtrip(x.astype(np.float64), QT.Q8_K)  # the activation as Q8_K rounds it
+    ref = xr @ dequantize(w, qtype).astype(np.float64).T
+    assert np.abs(want - ref).max() <= 2e-6 * np.abs(ref).max()
 
 
 def test_prepare_picks_the_simd_layout_only_when_asked(monkeypatch):

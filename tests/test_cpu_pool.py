@@ -106,19 +106,39 @@ def test_pool_matches_host_tier_on_a_model(synth_model):
     assert_matches(got, want)
 
 
-def test_pool_is_deterministic_across_calls_threads_and_quant_arms():
+@pytest.mark.parametrize("t_n,k", [(9, 3), (1, 1), (1, 2), (2, 8)])
+def test_pool_is_deterministic_across_calls_threads_region_modes_and_quant_arms(t_n, k):
     rng = np.random.default_rng()
     lw = prepare_layer(*_layer(rng, ("IQ3_XXS",) * 3))
-    x = rng.standard_normal((9, D)).astype(np.float32)
-    args = _flat(*_routes(rng, 9, 3))
-    first = ExpertPool(2).run_layer(x, *args, lw).copy()
+    x = rng.standard_normal((t_n, D)).astype(np.float32)
+    args = _flat(*_routes(rng, t_n, k))
+    first = ExpertPool(2, fused=False).run_layer(x, *args, lw).copy()
     for pool in (
-        ExpertPool(2),
+        ExpertPool(2),  # fused after its first call
         ExpertPool(1),
         ExpertPool(2, parallel_quant=False),
         ExpertPool(2, quant_min_tasks=1),
+        ExpertPool(2, quant_min_tasks=1, fused=False),
+        ExpertPool(2, parallel_quant=False, fused=False),
     ):
-        assert np.array_equal(pool.run_layer(x, *args, lw), first)
+        for _ in range(3):
+            assert np.array_equal(pool.run_layer(x, *args, lw), first)
+
+
+def test_pool_fuses_its_phases_into_one_region_where_the_threading_layer_allows():
+    import numba
+
+    from strata.cpu.pool import FUSED_LAYERS
+
+    rng = np.random.default_rng()
+    lw = prepare_layer(*_layer(rng, ("IQ3_XXS",) * 3))
+    pool = ExpertPool(2)
+    x = rng.standard_normal((1, D)).astype(np.float32)
+    for _ in range(2):
+        pool.run_layer(x, *_flat(*_routes(rng, 1, 2)), lw)
+    assert pool._fused_ok == (numba.threading_layer() in FUSED_LAYERS)
+    assert pool._knobs(True)[2] == 1  # the fused region splits any quantization
+    assert ExpertPool(2, quant_min_tasks=5)._knobs(True)[2] == 5
 
 
 def test_pool_reuses_its_workspaces():
@@ -130,6 +150,9 @@ def test_pool_reuses_its_workspaces():
     ws = dict(pool._ws)
     y2 = pool.run_layer(x[:3], *_flat(*_routes(rng, 3, 2)), lw)
     assert np.shares_memory(y1, y2)  # the same output buffer
+    assert all(pool._ws[k] is v for k, v in ws.items() if isinstance(v, np.ndarray | tuple))
+    lw2 = prepare_layer(*_layer(rng, ("IQ3_XXS",) * 3))  # another layer of the same shapes
+    pool.run_layer(x[:2], *_flat(*_routes(rng, 2, 2)), lw2)
     assert all(pool._ws[k] is v for k, v in ws.items() if isinstance(v, np.ndarray | tuple))
     out = np.empty((3, D), np.float32)
     assert pool.run_layer(x[:3], *_flat(*_routes(rng, 3, 2)), lw, out=out) is out
@@ -165,9 +188,12 @@ def test_pool_without_tasks_returns_zeros_and_refuses_bad_ids():
 def test_pool_knobs_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("STRATA_POOL_PARALLEL_QUANT", "0")
     monkeypatch.setenv("STRATA_POOL_QUANT_MIN_TASKS", "32")
+    monkeypatch.setenv("STRATA_POOL_FUSED", "0")
     pool = ExpertPool(1)
-    assert (pool.parallel_quant, pool.quant_min_tasks) == (False, 32)
-    assert ExpertPool(1, parallel_quant=True).parallel_quant
+    assert (pool.parallel_quant, pool.quant_min_tasks, pool.fused) == (False, 32, False)
+    assert pool._knobs(True)[2] == 32  # a set threshold holds in the fused region too
+    assert ExpertPool(1, parallel_quant=True, fused=True).parallel_quant
+    assert ExpertPool(1, fused=True).fused
 
 
 def test_cpu_pool_arm_reports_bandwidth(tmp_path):

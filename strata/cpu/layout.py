@@ -7,10 +7,11 @@ place (a view into the mmap) unless a repacked layout makes the SIMD kernel chea
     IQ3_XXS -> LUT4 (4-bit codes, 1.37x the bytes; lut4.py); with layout "gguf" an AVX2 gather
                kernel on the file's bytes instead (iq3_avx2.py)
     IQ3_S   -> LUT4 (the same layout and kernel, 1.22x the bytes)
-    IQ2_XXS -> LUT4 (2.03x the bytes, yet ~15x faster than decoding its grid on this kernel)
+    IQ2_XXS -> LUT4 (2.03x the bytes, yet ~4x faster than its grid kernel on the file's bytes,
+               iq2_avx2.py, which layout "gguf" picks)
     IQ1_M   -> T2   (2-bit ternary codes, 1.36x the bytes; iq1_t2.py)
-    Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 -> AVX2 kernels on the GGUF bytes
-    IQ2_S, F16, BF16, F32 -> portable @njit kernels only (not yet SIMD)
+    Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, IQ2_S -> AVX2 kernels on the GGUF bytes
+    F16, BF16, F32 -> portable @njit kernels only (not yet SIMD)
 
 Both transforms are lossless (tests rebuild the GGUF bytes); `gguf_bytes` is what the file
 holds, `nbytes` what the kernel reads, so bandwidth can be reported either way.

@@ -8,23 +8,31 @@ x quantized once to the gate/up weights' vec_dot type, the intermediate quantize
 weights' vec_dot type. Phases inside the one jitted function:
 
     0. tasks grouped by expert (counting sort, ascending expert ids)       serial, tiny
-    1. quantize x [T, D]                                                   parallel over tokens
-    2. gate + up + SiLU.up: items (active expert, F-row chunk), split by   parallel
-       cost into one contiguous run per thread
-    3. quantize the intermediate [N, F]                                    parallel over tasks
+    1. quantize x [T, D]: (row, Q8_K block) units split over threads       parallel
+    2. gate + up + SiLU.up: the F rows of every active expert, weighted by parallel
+       its token count, cut into one contiguous run per thread (row
+       granularity: one or two experts at T=1 still spread over all threads)
+    3. quantize the intermediate [N, F]: (task, block) units               parallel
     4. down + weighted sum: D rows split evenly, all active experts        parallel
 
-Phases 1 and 3 run on the calling thread below `quant_min_tasks` rows, or always with
-parallel_quant off (STRATA_POOL_PARALLEL_QUANT=0: the sequential A/B arm). The threshold
-(STRATA_POOL_QUANT_MIN_TASKS) defaults to 16: a parallel region costs ~4-5 us to launch on the
-2-core dev box and quantizing one 768-wide row ~0.8 us, so below ~13-16 rows a region costs
-more than it saves (at N = 8 and 16 the two arms measured equal within noise).
+The fused mode (default) runs phases 1-4 as one parallel region, one iteration per thread, with
+a spin barrier (an atomic counter) between phases: a Numba parallel region costs ~3 us to launch
+on 2 threads and more on 16, and a decode layer with 1-3 missed experts has only tens of us of
+work. One thread runs everything without any region. The per-phase mode (STRATA_POOL_FUSED=0,
+or a threading layer that may run two iterations on one thread) launches one region per phase.
+
+Phases 1 and 3 run on one thread below `quant_min_tasks` rows, or always with parallel_quant
+off (STRATA_POOL_PARALLEL_QUANT=0: the sequential A/B arm). The threshold
+(STRATA_POOL_QUANT_MIN_TASKS) defaults to 1 in the fused mode (its split costs no extra region)
+and to 16 per phase: there a region costs ~3-5 us on the 2-core dev box and quantizing one
+768-wide row ~0.8 us, so below ~13-16 rows a region costs more than it saves.
 
 Each output element is summed by exactly one thread, in ascending expert order from zero (as
 HostTier does), so results are deterministic and do not depend on the thread count. Rows are
 prefetched a few rows ahead (`PREFETCH_ROWS`): measured, the hardware prefetcher alone left the
 kernels at ~60% of the single-core read bandwidth. Workspaces are allocated on the first call
-and when a larger shape arrives; nothing else is allocated per call.
+and when a larger shape arrives; nothing else is allocated per call, and the Python side of a
+call is a few dictionary lookups (weights' arguments and the compiled entry are kept per layer).
 """
 
 from __future__ import annotations
@@ -35,13 +43,14 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 from numba import literally, njit, prange
+from numba.np.ufunc import parallel as _numba_parallel
 
 from strata.cpu.kernels.dispatch import dot, specialized
-from strata.cpu.kernels.simd import prefetch_row
+from strata.cpu.kernels.simd import atomic_add, atomic_load, cpu_relax, os_yield, prefetch_row
 from strata.cpu.layout import ExpertMatrix, prepare_tensor
-from strata.cpu.quantize import alloc_act, quantize_row
+from strata.cpu.quantize import act_unit, alloc_act, quantize_units
 
-ERR_TOKEN, ERR_EXPERT = 1, 2
+ERR_TOKEN, ERR_EXPERT, ERR_BARRIER = 1, 2, 3  # _run_layer returns -code (else na)
 
 
 @dataclass(frozen=True)
@@ -80,46 +89,88 @@ def _env_flag(name: str, default: bool) -> bool:
 
 
 PREFETCH_ROWS = 3  # software prefetch distance: the hardware prefetcher alone left ~40% idle
+SPIN_BEFORE_YIELD = 256  # pause spins (~5-20 us) before a barrier yields its core
+SPIN_LIMIT = 1 << 24  # barrier checks before giving up (seconds of yields): then fall back
+# threading layers whose prange(nt) over nt threads runs one iteration on each thread, all at
+# once (static schedule), which the in-region barrier needs; TBB may run two on one thread
+FUSED_LAYERS = ("omp", "workqueue")
 
 
 @njit(cache=True)
-def _gate_up_items(
-    tid, nt, na, f, chunk, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h
-):
-    """Thread tid's contiguous share of the (expert, F-row chunk) items of phase 2.
+def _barrier(bar, target):
+    """Arrive, then wait until `target` arrivals in total (bar[0] counts up through the call).
 
-    Items are split by cost (tokens of the expert) into nt contiguous runs, so each thread
-    streams whole stretches of one expert's rows and the prefetch ahead lands in its own work.
-    """
-    nch = (f + chunk - 1) // chunk
+    Spins SPIN_BEFORE_YIELD times (a phase's usual imbalance), then yields the core on
+    every check: on a shared machine the thread it waits for may be waiting for a core (a pure
+    spin measured 20 ms per call on the busy 2-vCPU box). False after SPIN_LIMIT checks: some
+    thread never came (see FUSED_LAYERS)."""
+    atomic_add(bar, 0, 1)
+    spins = 0
+    while atomic_load(bar, 0) < target:
+        if spins < SPIN_BEFORE_YIELD:
+            cpu_relax()
+        else:
+            os_yield()
+        spins += 1
+        if spins > SPIN_LIMIT:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _quant_share(tid, nt, src, n_rows, code, act):
+    """Thread tid's contiguous share of quantizing rows 0..n_rows-1 of src, split by units
+    (Q8_K super-blocks, else 32 values): one row spreads over threads too. Bit-identical to
+    `quantize_row` on every row whatever the split."""
+    tid, nt = np.int64(tid), np.int64(nt)  # a parfor index may arrive unsigned: keep ints
+    unit = act_unit(code)
+    nu = src.shape[1] // unit
+    total = n_rows * nu
+    lo = tid * total // nt
+    hi = (tid + 1) * total // nt
+    r = lo // nu if nu > 0 else n_rows
+    while r < n_rows and r * nu < hi:
+        u0 = max(lo, r * nu) - r * nu
+        u1 = min(hi, (r + 1) * nu) - r * nu
+        quantize_units(src[r], code, r, act[0], act[1], act[2], act[3], act[4], u0, u1)
+        r += 1
+
+
+@njit(cache=True)
+def _gate_up_share(tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h):
+    """Thread tid's contiguous share of phase 2: the F rows of every active expert, weighted by
+    the expert's token count, cut into nt runs at row granularity (so a decode step with one or
+    two experts still spreads over every thread, each streaming its own rows)."""
     total = 0
     for ia in range(na):
         e = active[ia]
-        total += (cnt[e] - start[e]) * nch
+        total += (cnt[e] - start[e]) * f
     lo = tid * total // nt
     hi = (tid + 1) * total // nt
     pos = 0
     for ia in range(na):
         e = active[ia]
         n_e = cnt[e] - start[e]
-        for c in range(nch):
-            if pos >= lo and pos < hi:
-                r0 = c * chunk
-                for r in range(r0, min(f, r0 + chunk)):
-                    wr = e * f + r
-                    if r + PREFETCH_ROWS < f:
-                        prefetch_row(gw, wr + PREFETCH_ROWS, gw.shape[1])
-                        prefetch_row(uw, wr + PREFETCH_ROWS, uw.shape[1])
-                    for p in range(start[e], cnt[e]):
-                        t = tok[order[p]]
-                        g = dot(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], t)
-                        u = dot(uk, uw, wr, actu[0], actu[1], actu[2], actu[3], actu[4], t)
-                        h[p, r] = g / (np.float32(1.0) + np.exp(-g)) * u
-            pos += n_e
+        span = n_e * f
+        if pos + span > lo and pos < hi:
+            # rows whose first unit (pos + r n_e) lies in [lo, hi)
+            r0 = max(0, (lo - pos + n_e - 1) // n_e)
+            r1 = min(f, (hi - pos + n_e - 1) // n_e)
+            for r in range(r0, r1):
+                wr = e * f + r
+                if r + PREFETCH_ROWS < f:
+                    prefetch_row(gw, wr + PREFETCH_ROWS, gw.shape[1])
+                    prefetch_row(uw, wr + PREFETCH_ROWS, uw.shape[1])
+                for p in range(start[e], cnt[e]):
+                    t = tok[order[p]]
+                    g = dot(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], t)
+                    u = dot(uk, uw, wr, actu[0], actu[1], actu[2], actu[3], actu[4], t)
+                    h[p, r] = g / (np.float32(1.0) + np.exp(-g)) * u
+        pos += span
 
 
 @njit(cache=True)
-def _down_items(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out):
+def _down_share(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out):
     """Thread tid's contiguous share of the D rows of phase 4, every active expert ascending."""
     hq, hd, hb, h8, hf = acth
     t_n = out.shape[0]
@@ -146,37 +197,46 @@ def _down_items(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk,
                     out[tok[j], r] += wt[j] * y
 
 
+@njit(cache=True)
+def _quant_x(tid, nt, x, ag, actg, au, actu):
+    _quant_share(tid, nt, x, x.shape[0], ag, actg)
+    if au != ag:  # up pairs with another activation type: quantize for it too
+        _quant_share(tid, nt, x, x.shape[0], au, actu)
+
+
+@njit(cache=True)
+def _fused_share(
+    tid, nt, q1, q3, n, f, dim, chunk, x, tok, wt, order, start, cnt, active, na,
+    gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
+):  # fmt: skip
+    """All four phases for thread tid in one parallel region, a spin barrier between phases.
+
+    Phases 1 and 3 run on thread 0 alone when their quantization is not parallel (q1, q3)."""
+    tid = np.int64(tid)
+    if q1 or tid == 0:
+        _quant_x(tid if q1 else np.int64(0), nt if q1 else 1, x, ag, actg, au, actu)
+    if not _barrier(bar, nt):
+        stats[2] = 1
+        return
+    _gate_up_share(tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h)
+    if not _barrier(bar, 2 * nt):
+        stats[2] = 1
+        return
+    if q3 or tid == 0:
+        _quant_share(tid if q3 else np.int64(0), nt if q3 else 1, h, n, ad, acth)
+    if not _barrier(bar, 3 * nt):
+        stats[2] = 1
+        return
+    _down_share(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out)
+
+
 @njit(cache=True, parallel=True)
 def _run_layer(
-    x,
-    tok,
-    ex,
-    wt,
-    gw,
-    gk,
-    uw,
-    uk,
-    dw,
-    dk,
-    n_expert,
-    ag,
-    actg,
-    au,
-    actu,
-    ad,
-    acth,
-    h,
-    order,
-    cnt,
-    start,
-    active,
-    out,
-    nt,
-    par_quant,
-    min_tasks,
-    chunk,
-    stats,
-):
+    x, tok, ex, wt, out,
+    gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
+    actg, actu, acth, h, order, cnt, start, active, bar, stats,
+    nt, par_quant, min_tasks, chunk, fused,
+):  # fmt: skip
     literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
     literally(uk)
     literally(dk)
@@ -185,17 +245,14 @@ def _run_layer(
     f = gw.shape[0] // n_expert
     dim = dw.shape[0] // n_expert
     # ---- 0. group the tasks by expert (ascending), check ids
-    stats[0] = 0
-    stats[1] = 0
+    stats[2] = 0
     for e in range(n_expert):
         cnt[e] = 0
     for j in range(n):
         if tok[j] < 0 or tok[j] >= t_n:
-            stats[1] = 1
-            return
+            return -ERR_TOKEN
         if ex[j] < 0 or ex[j] >= n_expert:
-            stats[1] = 2
-            return
+            return -ERR_EXPERT
         cnt[ex[j]] += 1
     na = 0
     s = 0
@@ -209,39 +266,48 @@ def _run_layer(
     for j in range(n):
         order[cnt[ex[j]]] = j
         cnt[ex[j]] += 1
-    stats[0] = na
-    gq, gd, gb, g8, gf = actg
-    uq, ud, ub, u8, uf = actu
-    hq, hd, hb, h8, hf = acth
+    q1 = par_quant and t_n >= min_tasks
+    q3 = par_quant and n >= min_tasks
+    bar[0] = 0
+    if nt == 1:  # no parallel region at all (a region of one thread still costs ~2.5 us)
+        _fused_share(
+            0, 1, False, False, n, f, dim, chunk, x, tok, wt, order, start, cnt, active, na,
+            gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
+        )  # fmt: skip
+        return na
+    if fused:
+        for tid in prange(nt):
+            _fused_share(
+                tid, nt, q1, q3, n, f, dim, chunk, x, tok, wt, order, start, cnt, active, na,
+                gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
+            )  # fmt: skip
+        return -ERR_BARRIER if stats[2] else na
+    # one parallel region per phase (and none for a quantization on the calling thread)
     # ---- 1. quantize x once (for up too if its weights pair with another activation type)
-    if par_quant and t_n >= min_tasks:
-        for t in prange(t_n):
-            quantize_row(x[t], ag, t, gq, gd, gb, g8, gf)
-            if au != ag:
-                quantize_row(x[t], au, t, uq, ud, ub, u8, uf)
+    if q1:
+        for tid in prange(nt):
+            _quant_x(tid, nt, x, ag, actg, au, actu)
     else:
-        for t in range(t_n):
-            quantize_row(x[t], ag, t, gq, gd, gb, g8, gf)
-            if au != ag:
-                quantize_row(x[t], au, t, uq, ud, ub, u8, uf)
-    # ---- 2. gate, up, silu(gate) * up: items = (active expert, chunk of F rows)
+        _quant_x(0, 1, x, ag, actg, au, actu)
+    # ---- 2. gate, up, silu(gate) * up
     for tid in prange(nt):
-        _gate_up_items(
-            tid, nt, na, f, chunk, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h
+        _gate_up_share(
+            tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h
         )
     # ---- 3. quantize the intermediate rows (one per task, in grouped order)
-    if par_quant and n >= min_tasks:
-        for p in prange(n):
-            quantize_row(h[p], ad, p, hq, hd, hb, h8, hf)
+    if q3:
+        for tid in prange(nt):
+            _quant_share(tid, nt, h, n, ad, acth)
     else:
-        for p in range(n):
-            quantize_row(h[p], ad, p, hq, hd, hb, h8, hf)
-    # ---- 4. down and the weighted sum: items = chunks of D rows, all active experts
+        _quant_share(0, 1, h, n, ad, acth)
+    # ---- 4. down and the weighted sum: D rows split evenly, all active experts
     for tid in prange(nt):
-        _down_items(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out)
+        _down_share(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out)
+    return na
 
 
-_LITERAL_ARGS = (5, 7, 9)  # gk, uk, dk in _run_layer's arguments
+_LITERAL_ARGS = (6, 8, 10)  # gk, uk, dk in _run_layer's arguments
+DEFAULT_QUANT_MIN_TASKS = 16  # one region per phase; the fused region defaults to 1
 
 
 class ExpertPool:
@@ -255,6 +321,11 @@ class ExpertPool:
     `clear_prepared()`: for repacked formats that is a RAM copy of the layer). The result is a
     view into a workspace, overwritten by the next call, unless `out` is given. One pool serves
     one calling thread at a time (the workspaces are shared).
+
+    `fused` (env STRATA_POOL_FUSED, default on) runs the four phases in one parallel region with
+    a spin barrier between them instead of one region per phase; it needs a threading layer that
+    runs prange(nt) one iteration per thread (FUSED_LAYERS: omp, workqueue) and is switched off,
+    with a message, elsewhere. Both ways give the same bits.
     """
 
     def __init__(
@@ -263,6 +334,7 @@ class ExpertPool:
         parallel_quant: bool | None = None,
         quant_min_tasks: int | None = None,
         row_chunk: int = 32,
+        fused: bool | None = None,
     ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
@@ -274,15 +346,30 @@ class ExpertPool:
         self.n_threads = n
         if parallel_quant is None:
             parallel_quant = _env_flag("STRATA_POOL_PARALLEL_QUANT", True)
+        if quant_min_tasks is None and os.environ.get("STRATA_POOL_QUANT_MIN_TASKS"):
+            quant_min_tasks = int(os.environ["STRATA_POOL_QUANT_MIN_TASKS"])
+        self._min_tasks_set = quant_min_tasks is not None  # else a default per region mode
         if quant_min_tasks is None:
-            quant_min_tasks = int(os.environ.get("STRATA_POOL_QUANT_MIN_TASKS", "16"))
+            quant_min_tasks = DEFAULT_QUANT_MIN_TASKS
+        if fused is None:
+            fused = _env_flag("STRATA_POOL_FUSED", True)
         self.parallel_quant = bool(parallel_quant)
         self.quant_min_tasks = int(quant_min_tasks)
         self.row_chunk = int(row_chunk)
+        self.fused = bool(fused)
+        numba.set_num_threads(n)  # launches the threading layer: its ctypes getter exists now
+        # the raw getter behind numba.get_num_threads (a private name: fall back if it moves)
+        self._get_threads = getattr(_numba_parallel, "_get_num_threads", numba.get_num_threads)
+        self._fused_ok: bool | None = None  # known after the first parallel region ran
         self._prepared: dict[int, tuple[object, ExpertMatrix]] = {}
+        self._layers: dict[tuple, tuple] = {}  # raw tensor ids -> (tensors, LayerWeights)
         self._ws: dict[str, object] = {}
-        self._stats = np.zeros(2, np.int64)
+        self._ws_args: tuple = ()
+        self._outs: dict[int, np.ndarray] = {}  # views of the output workspace by T
+        self._stats = np.zeros(3, np.int64)
+        self._bar = np.zeros(16, np.int64)  # barrier counter (its own cache line)
         self._entries: dict[tuple, object] = {}
+        self._plans: dict[int, tuple] = {}  # id(LayerWeights) -> (lw, weight args, entries)
         self.last_active_experts = 0
         self.last_bytes = 0  # bytes the kernels read in the last call
         self.last_gguf_bytes = 0  # the same experts in the GGUF encoding
@@ -291,6 +378,8 @@ class ExpertPool:
     def clear_prepared(self) -> None:
         """Drop the layers prepared from raw tensors (their repacked copies)."""
         self._prepared.clear()
+        self._layers.clear()
+        self._plans.clear()
 
     def _matrix(self, t) -> ExpertMatrix:
         if isinstance(t, ExpertMatrix):
@@ -301,8 +390,28 @@ class ExpertPool:
             self._prepared[id(t)] = hit
         return hit[1]
 
+    def _layer(self, gate, up, down) -> LayerWeights:
+        if isinstance(gate, LayerWeights):
+            return gate
+        key = (id(gate), id(up), id(down))
+        hit = self._layers.get(key)
+        if hit is None or hit[0][0] is not gate or hit[0][1] is not up or hit[0][2] is not down:
+            lw = LayerWeights(self._matrix(gate), self._matrix(up), self._matrix(down))
+            hit = self._layers[key] = ((gate, up, down), lw)
+        return hit[1]
+
+    def _plan(self, lw: LayerWeights) -> tuple:
+        """(lw, the weight arguments of `_run_layer`, {input flags: entry}) kept per layer."""
+        plan = self._plans.get(id(lw))
+        if plan is None or plan[0] is not lw:
+            g, u, d = lw.gate, lw.up, lw.down
+            wargs = (g.data, g.kernel, u.data, u.kernel, d.data, d.kernel, g.n_expert)
+            wargs += (g.act, u.act, d.act)
+            plan = self._plans[id(lw)] = (lw, wargs, {})
+        return plan
+
     # ---- workspaces
-    def _workspace(self, t_n: int, n: int, dim: int, f: int, n_expert: int, acts) -> dict:
+    def _workspace(self, t_n: int, n: int, dim: int, f: int, n_expert: int, acts) -> None:
         ws = self._ws
         key = (dim, f, n_expert, acts)
         if ws.get("key") != key or ws["t_cap"] < t_n or ws["n_cap"] < n:
@@ -324,94 +433,106 @@ class ExpertPool:
                 active=np.zeros(n_expert, np.int64),
                 out=np.zeros((t_cap, dim), np.float32),
             )
-        return ws
+            names = ("actg", "actu", "acth", "h", "order", "cnt", "start", "active")
+            self._ws_args = (*(ws[k] for k in names), self._bar, self._stats)
+            self._outs = {}
 
-    def _entry(self, args, g, u, d):
+    def _entry(self, args, lw: LayerWeights):
         """The compiled specialization for these kernels, called without Numba's dispatch.
 
         `_run_layer` takes the kernel codes as literals; through the dispatcher every call
         would first try (and fail) to type a non-literal version, costing milliseconds.
         """
         key = (
-            g.type_key,
-            u.type_key,
-            d.type_key,
-            tuple(a.flags.writeable for a in args[:4]),
+            lw.gate.type_key,
+            lw.up.type_key,
+            lw.down.type_key,
+            tuple(a.flags.writeable for a in args[:5]),
         )  # read-only inputs type differently
         fn = self._entries.get(key)
         if fn is None:
             fn = self._entries[key] = specialized(_run_layer, args, _LITERAL_ARGS)
         return fn
 
+    def _knobs(self, fused: bool) -> tuple:
+        mt = self.quant_min_tasks
+        if fused and not self._min_tasks_set:
+            mt = 1  # in the fused region a parallel quantization costs no extra region
+        return (self.n_threads, self.parallel_quant, mt, self.row_chunk, fused)
+
     # ---- the call
     def run_layer(self, x, tok, expert, weight, gate, up=None, down=None, out=None) -> np.ndarray:
-        lw = (
-            gate
-            if isinstance(gate, LayerWeights)
-            else LayerWeights(self._matrix(gate), self._matrix(up), self._matrix(down))
-        )
-        g, u, d = lw.gate, lw.up, lw.down
+        lw = gate if type(gate) is LayerWeights else self._layer(gate, up, down)
+        plan = self._plans.get(id(lw))
+        if plan is None or plan[0] is not lw:
+            plan = self._plan(lw)
         x = np.ascontiguousarray(x, dtype=np.float32)
         tok = np.ascontiguousarray(tok, dtype=np.int32)
         expert = np.ascontiguousarray(expert, dtype=np.int32)
         weight = np.ascontiguousarray(weight, dtype=np.float32)
+        if x.ndim != 2:
+            raise ValueError(f"x must be [T, D], got shape {list(x.shape)}")
         t_n, dim = x.shape
         n = tok.shape[0]
+        g = lw.gate
         if dim != g.cols:
             raise ValueError(f"x has {dim} columns, the experts take {g.cols}")
         if expert.shape[0] != n or weight.shape[0] != n:
             raise ValueError(
                 f"tok, expert, weight lengths differ: {n}, {expert.shape[0]}, {weight.shape[0]}"
             )
-        ws = self._workspace(t_n, n, dim, g.rows, g.n_expert, (g.act, u.act, d.act))
+        ws = self._ws
+        if ws.get("ws_lw") is not lw or ws["t_cap"] < t_n or ws["n_cap"] < n:
+            u, d = lw.up, lw.down
+            self._workspace(t_n, n, dim, g.rows, g.n_expert, (g.act, u.act, d.act))
+            ws["ws_lw"] = lw
         if out is None:
-            out = ws["out"][:t_n]
+            out = self._outs.get(t_n)
+            if out is None:
+                out = self._outs[t_n] = ws["out"][:t_n]
         elif (
-            out.shape != (t_n, dim)
+            type(out) is not np.ndarray
+            or out.shape != (t_n, dim)
             or out.dtype != np.float32
             or not out.flags.c_contiguous
             or not out.flags.writeable
-            or out.ndim != 2
         ):
             raise ValueError(f"out must be a writable C-contiguous float32 array {(t_n, dim)}")
-        args = (
-            x,
-            tok,
-            expert,
-            weight,
-            g.data,
-            g.kernel,
-            u.data,
-            u.kernel,
-            d.data,
-            d.kernel,
-            g.n_expert,
-            g.act,
-            ws["actg"],
-            u.act,
-            ws["actu"],
-            d.act,
-            ws["acth"],
-            ws["h"],
-            ws["order"],
-            ws["cnt"],
-            ws["start"],
-            ws["active"],
-            out,
-            self.n_threads,
-            self.parallel_quant,
-            self.quant_min_tasks,
-            self.row_chunk,
-            self._stats,
-        )
-        numba.set_num_threads(self.n_threads)
-        self._entry(args, g, u, d)(*args)
-        if self._stats[1] == ERR_TOKEN:
-            raise ValueError(f"a token index is outside 0..{t_n - 1}")
-        if self._stats[1] == ERR_EXPERT:
+        flags = (x.flags.writeable, tok.flags.writeable, expert.flags.writeable)
+        flags += (weight.flags.writeable,)
+        fused = self.fused and self._fused_ok is not False
+        if self._fused_ok is None:
+            fused = False  # learn the threading layer from a plain call first
+        if self._get_threads() != self.n_threads:  # 0.6 us; numba.set_num_threads costs 1.4
+            numba.set_num_threads(self.n_threads)
+        fn = plan[2].get(flags)
+        args = (x, tok, expert, weight, out, *plan[1], *self._ws_args, *self._knobs(fused))
+        if fn is None:
+            fn = plan[2][flags] = self._entry(args, lw)
+        na = fn(*args)
+        if self._fused_ok is None:
+            layer = _threading_layer()
+            if layer != "?":
+                self._fused_ok = layer in FUSED_LAYERS
+        elif na == -ERR_BARRIER:  # a barrier timed out: never again on this pool (same bits)
+            self._fused_ok = False
+            print(
+                f"strata: CPU pool barrier timed out under the {_threading_layer()!r} threading"
+                " layer; running one parallel region per phase from now on"
+            )
+            na = fn(*args[:-1], False)
+        if na < 0:
+            if na == -ERR_TOKEN:
+                raise ValueError(f"a token index is outside 0..{t_n - 1}")
             raise ValueError(f"an expert id is outside 0..{g.n_expert - 1}")
-        na = int(self._stats[0])
         self.last_active_experts = na
         self.last_bytes = na * lw.expert_nbytes
         self.last_gguf_bytes = na * lw.expert_gguf_bytes
         return out
+
+
+def _threading_layer() -> str:
+    try:
+        return numba.threading_layer()
+    except ValueError:  # no parallel region has run yet (a one-thread pool, or no tasks)
+        return "?"

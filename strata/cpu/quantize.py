@@ -40,10 +40,9 @@ def act_code(vec_dot: GGMLQuantizationType) -> int:
 
 
 @njit(cache=True)
-def q8_K_row(x, qs, d, bs, s8):
-    """Quantize one row x [n] (float32) to Q8_K: qs [n], d [>= n/256], bs [n/16], s8 [n/8]."""
-    n = x.shape[0]
-    for b in range(n // QK_K):
+def q8_K_blocks(x, qs, d, bs, s8, b0, b1):
+    """Quantize Q8_K blocks b0..b1-1 of one row x [n] (float32): qs [n], d, bs [n/16], s8 [n/8]."""
+    for b in range(b0, b1):
         o = b * QK_K
         amax = np.float32(0.0)
         vmax = np.float32(0.0)
@@ -73,10 +72,15 @@ def q8_K_row(x, qs, d, bs, s8):
 
 
 @njit(cache=True)
-def q8_0_row(x, qs, d):
-    """Quantize one row x [n] to Q8_0 as ggml-cpu's x86 SIMD path: qs [n], d [n/32] (f16 value)."""
-    n = x.shape[0]
-    for b in range(n // QK8_0):
+def q8_K_row(x, qs, d, bs, s8):
+    """Quantize one row x [n] (float32) to Q8_K: qs [n], d [>= n/256], bs [n/16], s8 [n/8]."""
+    q8_K_blocks(x, qs, d, bs, s8, 0, x.shape[0] // QK_K)
+
+
+@njit(cache=True)
+def q8_0_blocks(x, qs, d, b0, b1):
+    """Quantize Q8_0 blocks b0..b1-1 of one row x [n] as ggml-cpu's x86 SIMD path (d: f16 value)."""
+    for b in range(b0, b1):
         o = b * QK8_0
         amax = np.float32(0.0)
         for i in range(QK8_0):
@@ -89,9 +93,15 @@ def q8_0_row(x, qs, d):
 
 
 @njit(cache=True)
-def float_row(x, code, xf):
-    """Round one row to the weight's float type (F16, BF16) or copy it (F32)."""
-    for i in range(x.shape[0]):
+def q8_0_row(x, qs, d):
+    """Quantize one row x [n] to Q8_0 as ggml-cpu's x86 SIMD path: qs [n], d [n/32] (f16 value)."""
+    q8_0_blocks(x, qs, d, 0, x.shape[0] // QK8_0)
+
+
+@njit(cache=True)
+def float_row(x, code, xf, i0=0, i1=-1):
+    """Round x[i0:i1] to the weight's float type (F16, BF16) or copy it (F32); i1=-1: to the end."""
+    for i in range(i0, x.shape[0] if i1 < 0 else i1):
         if code == ACT_F16:
             xf[i] = round_f16(x[i])
         elif code == ACT_BF16:
@@ -109,6 +119,24 @@ def quantize_row(x, code, r, xq, xd, xb, x8, xf):
         q8_0_row(x, xq[r], xd[r])
     else:
         float_row(x, code, xf[r])
+
+
+@njit(cache=True, inline="always")
+def act_unit(code):
+    """Elements per independent quantization unit (a Q8_K super-block, else 32)."""
+    return QK_K if code == ACT_Q8_K else QK8_0
+
+
+@njit(cache=True)
+def quantize_units(x, code, r, xq, xd, xb, x8, xf, u0, u1):
+    """Units u0..u1-1 (`act_unit` elements each) of row x into row r: a row split over threads
+    gives the same bytes as `quantize_row` (every unit is quantized on its own)."""
+    if code == ACT_Q8_K:
+        q8_K_blocks(x, xq[r], xd[r], xb[r], x8[r], u0, u1)
+    elif code == ACT_Q8_0:
+        q8_0_blocks(x, xq[r], xd[r], u0, u1)
+    else:
+        float_row(x, code, xf[r], u0 * QK8_0, u1 * QK8_0)
 
 
 @njit(cache=True, parallel=True)

@@ -17,6 +17,7 @@ from strata.cpu.kernels.floats import dot_bf16, dot_f16, dot_f32
 from strata.cpu.kernels.iq1 import dot_iq1_m
 from strata.cpu.kernels.iq1_t2 import dot_t2_avx2, dot_t2_portable
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
+from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2, dot_iq2_xxs_avx2
 from strata.cpu.kernels.iq3 import dot_iq3_s, dot_iq3_xxs
 from strata.cpu.kernels.iq3_avx2 import dot_iq3_xxs_avx2
 from strata.cpu.kernels.iq4 import dot_iq4_xs
@@ -46,6 +47,7 @@ K_IQ1_M_T2, K_IQ1_M_T2_AVX2 = 23, 24
 K_IQ3_S_LUT4, K_IQ3_S_LUT4_AVX2 = 29, 30
 K_IQ2_XXS_LUT4, K_IQ2_XXS_LUT4_AVX2 = 31, 32
 K_IQ3_XXS_AVX2 = 33
+K_IQ2_S_AVX2, K_IQ2_XXS_AVX2 = 34, 35
 SIMD_GGUF = {  # AVX2 kernels on the GGUF bytes
     QT.Q4_K: K_Q4_K_AVX2,
     QT.Q5_K: K_Q5_K_AVX2,
@@ -53,6 +55,8 @@ SIMD_GGUF = {  # AVX2 kernels on the GGUF bytes
     QT.IQ4_XS: K_IQ4_XS_AVX2,
     QT.Q8_0: K_Q8_0_AVX2,
     QT.IQ3_XXS: K_IQ3_XXS_AVX2,
+    QT.IQ2_S: K_IQ2_S_AVX2,
+    QT.IQ2_XXS: K_IQ2_XXS_AVX2,
 }
 
 PORTABLE = {
@@ -100,6 +104,8 @@ KERNELS = {
     K_IQ2_XXS_LUT4: dot_lut4_2xxs_portable,
     K_IQ2_XXS_LUT4_AVX2: dot_lut4_2xxs_avx2,
     K_IQ3_XXS_AVX2: dot_iq3_xxs_avx2,
+    K_IQ2_S_AVX2: dot_iq2_s_avx2,
+    K_IQ2_XXS_AVX2: dot_iq2_xxs_avx2,
 }
 
 

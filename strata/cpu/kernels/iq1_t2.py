@@ -178,12 +178,13 @@ def _blk_avx2(typingctx, w, r, qo, do, so, xq, a, xo, x8, go):
         ps = e.ptr(wt, args[0], args[1], args[4])
         px = e.ptr(sg.args[5], args[5], args[6], args[7])
         p8 = e.ptr(sg.args[8], args[8], args[6], args[9])
-        # 16 scales sc = 2 ls + 1: ls_s = (word[s // 4] >> 3 (s % 4)) & 7
-        words = b.zext(e.shuffle(e.load(ps, _V4I16), [s // 4 for s in range(16)]), _V16I32)
-        ls = b.and_(
-            b.lshr(words, e.const(_V16I32, [3 * (s % 4) for s in range(16)])), e.splat(_V16I32, 7)
-        )
-        sc = b.trunc(b.or_(b.shl(ls, e.splat(_V16I32, 1)), e.splat(_V16I32, 1)), V16I16)
+        # 16 scales sc = 2 ls + 1: ls_s = (word[s // 4] >> 3 (s % 4)) & 7, in 16-bit lanes:
+        # a multiply by 2**(13 - 3 k) lifts bits 3k..3k+2 to the top (AVX2 has no per-lane
+        # 16-bit shift), a shift by 13 brings them down alone
+        words = e.shuffle(e.load(ps, _V4I16), [s // 4 for s in range(16)])
+        top = b.mul(words, e.const(V16I16, [1 << (13 - 3 * (s % 4)) for s in range(16)]))
+        ls = b.lshr(top, e.splat(V16I16, 13))
+        sc = b.or_(b.shl(ls, e.splat(V16I16, 1)), e.splat(V16I16, 1))
         # even scales in the low 128-bit lane, odd in the high: the plane splats are lane-local
         even_odd = list(range(0, 16, 2)) + list(range(1, 16, 2))
         sc8 = e.shuffle(b.shl(sc, e.splat(V16I16, 3)), even_odd)

@@ -12,6 +12,7 @@ selects them (`SIMD` is False there). STRATA_CPU_SIMD=0 forces the portable kern
 from __future__ import annotations
 
 import os
+import sys
 
 from llvmlite import binding as llb
 from llvmlite import ir
@@ -171,3 +172,80 @@ def signb(e: Emit, x, s):
 def concat16(e: Emit, lo, hi):
     """Two <16 x i8> halves into one <32 x i8> (vinserti128)."""
     return e.b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+
+
+# ---- atomics for the pool's in-region barrier (plain LLVM IR: every target has them)
+
+
+def _i64_ptr(context, builder, aryty, ary, i):
+    p = Emit(context, builder).ptr(aryty, ary, i)
+    return builder.bitcast(p, I64.as_pointer())
+
+
+@intrinsic
+def atomic_add(typingctx, arr, i, v):
+    """arr[i] += v atomically (seq_cst) on an int64 array; returns the old value."""
+    sig = types.int64(arr, types.intp, types.int64)
+
+    def codegen(context, builder, sg, args):
+        p = _i64_ptr(context, builder, sg.args[0], args[0], args[1])
+        return builder.atomic_rmw("add", p, args[2], "seq_cst")
+
+    return sig, codegen
+
+
+@intrinsic
+def atomic_load(typingctx, arr, i):
+    """arr[i] of an int64 array as an acquire load (sees what other threads published)."""
+    sig = types.int64(arr, types.intp)
+
+    def codegen(context, builder, sg, args):
+        p = _i64_ptr(context, builder, sg.args[0], args[0], args[1])
+        return builder.load_atomic(p, "acquire", 8)
+
+    return sig, codegen
+
+
+_X86 = bool({"sse2", "avx2"} & FEATURES)
+
+
+@intrinsic
+def cpu_relax(typingctx):
+    """The spin-wait hint (x86 `pause`; nothing elsewhere)."""
+    sig = types.void()
+
+    def codegen(context, builder, sg, args):
+        if _X86:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause"
+            )
+            builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_HAS_SCHED_YIELD = sys.platform.startswith(("linux", "darwin", "freebsd"))
+
+
+@intrinsic
+def os_yield(typingctx):
+    """Give the core to another runnable thread (POSIX sched_yield; a `pause` elsewhere): a spin
+    wait on a machine with more runnable threads than cores must not hold the core the thread it
+    waits for needs."""
+    sig = types.void()
+
+    def codegen(context, builder, sg, args):
+        if _HAS_SCHED_YIELD:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(I32, []), "sched_yield"
+            )
+            builder.call(fn, [])
+        elif _X86:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause"
+            )
+            builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
