@@ -156,3 +156,23 @@ def test_skewed_synthetic_model_concentrates_expert_use(synth_model):
         return h[:4].sum() / h.sum()
 
     assert top_share(2.0) > top_share(0.0) + 0.1
+
+
+def test_decode_greedy_is_the_argmax_of_the_next_logits(synth_model):
+    """decode_greedy (the GPU tier takes the argmax on the card) == argmax(forward) on the host
+    tier, step for step, and refuses what forward refuses."""
+    model = load_model(synth_model("tiny", "Q4_K", seed=41))
+    a, b = Engine(model, n_ctx=40), Engine(model, n_ctx=40)
+    prompt = np.random.default_rng().integers(0, model.args.n_vocab, 5).tolist()
+    tok = int(np.argmax(a.forward(prompt)))
+    assert tok == int(np.argmax(b.forward(prompt)))
+    for _ in range(10):
+        nxt = a.decode_greedy(tok)
+        assert nxt == int(np.argmax(b.forward([tok])))
+        tok = nxt
+    assert a.pos == b.pos == 15 and a.stats.decode_steps == b.stats.decode_steps == 10
+    with pytest.raises(ValueError, match="out of range"):
+        a.decode_greedy(model.args.n_vocab)
+    a.pos = a.n_ctx
+    with pytest.raises(ValueError, match="context full"):
+        a.decode_greedy(tok)
