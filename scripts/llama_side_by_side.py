@@ -13,7 +13,8 @@ Steps (each usable alone, so they can be split across calls of at most 10 minute
           keeps it in the work dir; the report is written whenever both halves are there)
   all     build + wait + run
 
-Stdlib only: it shells out to cmake/ninja, llama-bench and `python -m strata.bench`.
+Stdlib and strata.bench.common (itself stdlib only): it shells out to cmake/ninja, llama-bench and
+`python -m strata.bench`.
 Peak device memory comes from NVML (pynvml) or `nvidia-smi`, sampled every ~20 ms from a thread,
 minus the idle baseline; where neither exists it is "n/a" and N is predicted from GGUF bytes.
 Env: STRATA_LLAMA_WORK_DIR (default /tmp/strata-llama), STRATA_LLAMA_ARCHIVE; flags win.
@@ -26,7 +27,6 @@ import datetime as _dt
 import glob
 import json
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -53,6 +53,9 @@ from llama_side_by_side_core import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # strata.bench.common: the machine and commit stamps of every result
+from strata.bench.common import commit, machine  # noqa: E402
+
 PROG = "llama_side_by_side"
 STRATA_ARMS = ("car-off", "car-on", "all-cpu")
 
@@ -321,40 +324,6 @@ def run_llama(cmd: list[str], sampler: Sampler, env: dict) -> tuple[dict, float 
 # run
 
 
-def _machine() -> dict:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count()}
-    try:
-        q = ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"]
-        out = subprocess.run(q, capture_output=True, text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            info["gpu"] = out.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return info
-
-
-def _commit() -> str:
-    try:
-        git = ["git", "-C", str(ROOT)]
-        h = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        d = subprocess.run(
-            [*git, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        return h.stdout.strip() + ("-dirty" if d else "") if h.returncode == 0 else "?"
-    except OSError:
-        return "?"
-
-
 def _llama_env() -> dict:
     """The build's RUNPATH names cuBLAS's folder; LD_LIBRARY_PATH adds only a wheel's cuBLAS
     folder as a fallback (the wheel's other CUDA libraries must not shadow the toolkit's)."""
@@ -544,8 +513,8 @@ def write_report(ns, model: str, layout: dict, sampler: Sampler, parts: dict) ->
     ll, st = parts["llama"], parts["strata"]
     now = _dt.datetime.now(_dt.UTC)
     doc = {
-        "machine": _machine(),
-        "commit": _commit(),
+        "machine": machine(),
+        "commit": commit(),
         "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "model": model,
         "model_gib": layout["file_bytes"] / 2**30,
