@@ -157,8 +157,9 @@ class PoolMissRunner:
 
 def single_threaded_blas() -> None:
     """One BLAS thread from now on: the pool's Numba threads own the cores, and OpenBLAS's
-    threads, which spin on after each small host-side matmul, take them from the pool (measured
-    on the 2-core VM's host tier: 22.4 -> 6.6 ms per decode token of the embedded model)."""
+    threads, which spin on after each small host-side matmul, take them from the pool
+    (bench/results/blas-threads-2core-20261129.md: 27.4 -> 8.0 ms per decode token of the
+    embedded model on the 2-core VM's host tier)."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # an install without it: BLAS keeps its threads
