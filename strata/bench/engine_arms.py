@@ -162,19 +162,9 @@ def measure_bandwidths(threads: int = 0) -> dict:
 
         cp = import_cupy()
         if cp is not None and primary_device() is not None:
-            nbytes = 1 << 30
-            a, b = cp.ones(nbytes // 4, np.float32), cp.empty(nbytes // 4, np.float32)
-            b[...] = a
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            times = []
-            for _ in range(5):
-                e0.record()
-                b[...] = a
-                e1.record()
-                e1.synchronize()
-                times.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
-            out["device_copy_gbps"] = 2 * nbytes / float(np.median(times)) / 1e9  # read+write
-            del a, b
+            from strata.bench.gpu_kernels import _copy_gbps, _Timer
+
+            out["device_copy_gbps"] = max(_copy_gbps(cp, _Timer(cp)).values())  # read + write
             _free_device_pool()
     except Exception as e:  # no usable device: the host ceiling alone
         out["device_error"] = " ".join(str(e).split())
