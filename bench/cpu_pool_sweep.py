@@ -3,6 +3,9 @@
     PYTHONPATH=. python bench/cpu_pool_sweep.py       # qwen3-30b-a3b shape, T=1, 1..N threads
     PYTHONPATH=. python bench/cpu_pool_sweep.py --quant IQ3_XXS,Q4_K --threads 2 --ab --out X
     PYTHONPATH=. python bench/cpu_pool_sweep.py --overhead-only --threads 2   # per-call cost
+    PYTHONPATH=. python bench/cpu_pool_sweep.py --quant IQ3_XXS,IQ2_XXS,IQ1_M --layout gguf
+        # the gather kernels on the GGUF bytes instead of the repacks ("repack", or per format:
+        # --layout auto,IQ1_M=gguf); --ceiling-only: the one-core kernel table alone
 
 Tables: kernel compute ceilings (one core, weights in L2: what the arithmetic allows), the pool
 on one decode layer (weights from DRAM, host read bandwidth measured in the same run), the
@@ -180,7 +183,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--ab", action="store_true", help="also the intermediate-quant A/B")
     ap.add_argument("--out", default="", help="path stem for .md and .json")
-    ap.add_argument("--layout", default=None, help="auto (repack where it pays) or gguf")
+    ap.add_argument(
+        "--layout",
+        default=None,
+        help="auto, gguf (the file's bytes) or repack, or per format: auto,IQ1_M=gguf",
+    )
+    ap.add_argument("--ceiling-only", action="store_true", help="only the one-core kernel table")
     ap.add_argument("--wait-quiet", action="store_true", help="wait for an idle machine first")
     ap.add_argument("--overhead", action="store_true", help="also the per-call fixed cost table")
     ap.add_argument(
@@ -207,7 +215,7 @@ def main() -> None:
             ovh.append({"empty_region_us": empty_region_us(t), "threads": t})
     ceil = [] if a.overhead_only else [kernel_ceiling(q, layout=a.layout) for q in quants]
     pool = []
-    for q in [] if a.overhead_only else quants:
+    for q in [] if a.overhead_only or a.ceiling_only else quants:
         for t in threads:
             pool.append(
                 run_cpu_pool_arm(
@@ -261,6 +269,7 @@ def _markdown(a, ceil, pool, ab, ovh=()) -> str:
         "- command: `PYTHONPATH=. python bench/cpu_pool_sweep.py "
         f"--quant {a.quant} --threads {a.threads or 'default'} --tokens {a.tokens}"
         f"{' --layout ' + a.layout if a.layout else ''}"
+        f"{' --ceiling-only' if a.ceiling_only else ''}"
         f"{' --ab' if a.ab else ''}{' --overhead' if a.overhead else ''}"
         f"{' --overhead-only' if a.overhead_only else ''}"
         f"{' --baseline-pool ' + a.baseline_pool if a.baseline_pool else ''}`",
@@ -298,12 +307,12 @@ def _markdown(a, ceil, pool, ab, ovh=()) -> str:
         out += [
             "## Kernel compute ceiling (1 core, weights in L2)",
             "",
-            "| quant | layout | Gweights/s | GB/s read | GB/s GGUF |",
-            "| --- | --- | ---: | ---: | ---: |",
+            "| quant | layout | kernel | Gweights/s | GB/s read | GB/s GGUF |",
+            "| --- | --- | ---: | ---: | ---: | ---: |",
         ]
     for c in ceil:
         out.append(
-            f"| {c['quant']} | {c['layout']} | {c['gweights_s']:.1f} | "
+            f"| {c['quant']} | {c['layout']} | {c['kernel']} | {c['gweights_s']:.1f} | "
             f"{c['gbps_read']:.1f} | {c['gbps_gguf']:.1f} |"
         )
     if pool:

@@ -277,7 +277,7 @@ def test_prepare_picks_the_simd_layout_only_when_asked(monkeypatch):
     assert on.gguf_bytes == w.nbytes and on.nbytes == w.nbytes // 98 * 134
     assert np.array_equal(on.gguf_rows(), w.reshape(16, -1))
     kept = prepare(QT.IQ3_XXS, shape, w, layout="gguf", simd=True)
-    assert (kept.layout, kept.kernel) == ("gguf", K.K_IQ3_XXS_AVX2)
+    assert (kept.layout, kept.kernel) == ("gguf", K.K_IQ3_XXS_GATHER)
     assert np.shares_memory(kept.data, w)
     monkeypatch.setenv("STRATA_CPU_LAYOUT", "gguf")
     assert prepare(QT.IQ3_XXS, shape, w, simd=True).layout == "gguf"

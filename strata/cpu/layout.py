@@ -4,14 +4,17 @@
 matrix [E * R, row_bytes] plus the integer kernel code that reads it. GGUF bytes are used in
 place (a view into the mmap) unless a repacked layout makes the SIMD kernel cheaper:
 
-    IQ3_XXS -> LUT4 (4-bit codes, 1.37x the bytes; lut4.py); with layout "gguf" an AVX2 gather
-               kernel on the file's bytes instead (iq3_avx2.py)
+    IQ3_XXS -> LUT4 (4-bit codes, 1.37x the bytes; lut4.py)
     IQ3_S   -> LUT4 (the same layout and kernel, 1.22x the bytes)
-    IQ2_XXS -> LUT4 (2.03x the bytes, yet ~4x faster than its grid kernel on the file's bytes,
-               iq2_avx2.py, which layout "gguf" picks)
+    IQ2_XXS -> LUT4 (2.03x the bytes)
     IQ1_M   -> T2   (2-bit ternary codes, 1.36x the bytes; iq1_t2.py)
     Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, IQ2_S -> AVX2 kernels on the GGUF bytes
     F16, BF16, F32 -> portable @njit kernels only (not yet SIMD)
+
+IQ3_XXS, IQ2_XXS and IQ1_M also have AVX2 gather kernels on the GGUF bytes (gather.py): more
+arithmetic per weight than the repacks, fewer bytes. Which one "auto" takes is `AUTO_GGUF`; a
+layout spec picks per format: "gguf", "repack", "auto", or a comma list whose bare item is the
+default and QUANT=LAYOUT items override it ("auto,IQ3_XXS=gguf"); STRATA_CPU_LAYOUT holds one.
 
 Both transforms are lossless (tests rebuild the GGUF bytes); `gguf_bytes` is what the file
 holds, `nbytes` what the kernel reads, so bandwidth can be reported either way.
@@ -31,14 +34,37 @@ from strata.cpu.kernels.simd import simd_enabled
 from strata.cpu.quantize import act_code
 from strata.quant.formats import QT, fmt
 
-LAYOUTS = ("auto", "gguf")
-# formats whose SIMD kernel reads a repacked layout: (repack, kernel, layout name)
+LAYOUTS = ("auto", "gguf", "repack")
+# formats whose SIMD kernel can read a repacked layout: (repack, kernel, layout name)
 REPACKS = {
     QT.IQ3_XXS: (lut4.repack, K.K_IQ3_XXS_LUT4_AVX2, "lut4"),
     QT.IQ3_S: (lut4.repack_s, K.K_IQ3_S_LUT4_AVX2, "lut4"),
     QT.IQ2_XXS: (lut4.repack_2xxs, K.K_IQ2_XXS_LUT4_AVX2, "lut4"),
     QT.IQ1_M: (iq1_t2.repack, K.K_IQ1_M_T2_AVX2, "t2"),
 }
+
+# formats in REPACKS whose "auto" layout is the GGUF bytes (gather kernels) instead of the repack
+AUTO_GGUF: frozenset = frozenset()
+
+
+def layout_for(spec: str, qtype) -> str:
+    """The layout ("gguf" or "repack") a layout spec gives format `qtype` (see the module doc)."""
+    default, per = "auto", {}
+    for item in (i.strip() for i in spec.split(",") if i.strip()):
+        name, _, lay = item.rpartition("=")
+        if lay not in LAYOUTS:
+            raise ValueError(f"unknown layout {lay!r} in {spec!r} (known: {', '.join(LAYOUTS)})")
+        if not name:
+            default = lay
+            continue
+        try:
+            per[fmt(name).qtype] = lay
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"unknown quant {name!r} in layout {spec!r}") from err
+    lay = per.get(qtype, default)
+    if lay == "auto":
+        return "gguf" if qtype in AUTO_GGUF else "repack"
+    return lay
 
 
 @dataclass(frozen=True)
@@ -91,14 +117,13 @@ def prepare(
 ) -> ExpertMatrix:
     """An `ExpertMatrix` from a GGUF expert tensor: type, numpy shape [E, R, C] and raw bytes.
 
-    layout "auto" repacks where the SIMD kernel wants it; "gguf" keeps the file's bytes (and the
-    kernel that reads them: AVX2 where there is one, else portable). layout=None follows
-    STRATA_CPU_LAYOUT (default "auto"); simd=None follows the host (`simd_enabled()`).
+    layout (a spec, see `layout_for`): "repack" repacks where a SIMD kernel reads a repacked
+    layout; "gguf" keeps the file's bytes (and the kernel that reads them: AVX2 where there is
+    one, else portable); "auto" is "repack" except for the formats in `AUTO_GGUF`. layout=None
+    follows STRATA_CPU_LAYOUT (default "auto"); simd=None follows the host (`simd_enabled()`).
     """
     f = fmt(qtype)
-    layout = layout or os.environ.get("STRATA_CPU_LAYOUT", "auto")
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
+    want = layout_for(layout or os.environ.get("STRATA_CPU_LAYOUT", "auto"), f.qtype)
     if len(shape) != 3:
         raise ValueError(f"an expert tensor has shape [E, R, C], got {list(shape)}")
     e, r, c = (int(s) for s in shape)
@@ -108,7 +133,7 @@ def prepare(
     simd = simd_enabled() if simd is None else simd
     qt = f.qtype
     kernel, lay = K.PORTABLE[qt], "gguf"
-    if simd and layout == "auto" and qt in REPACKS:
+    if simd and want == "repack" and qt in REPACKS:
         repack, kernel, lay = REPACKS[qt]
         raw = repack(raw)
     elif simd and qt in K.SIMD_GGUF:

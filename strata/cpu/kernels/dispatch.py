@@ -14,12 +14,12 @@ from numba import literally, njit, types
 from numba.extending import overload
 
 from strata.cpu.kernels.floats import dot_bf16, dot_f16, dot_f32
+from strata.cpu.kernels.gather import dot_iq1_m_gather, dot_iq2_xxs_gather, dot_iq3_xxs_gather
 from strata.cpu.kernels.iq1 import dot_iq1_m
 from strata.cpu.kernels.iq1_t2 import dot_t2_avx2, dot_t2_portable
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
-from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2, dot_iq2_xxs_avx2
+from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2
 from strata.cpu.kernels.iq3 import dot_iq3_s, dot_iq3_xxs
-from strata.cpu.kernels.iq3_avx2 import dot_iq3_xxs_avx2
 from strata.cpu.kernels.iq4 import dot_iq4_xs
 from strata.cpu.kernels.iq4_avx2 import dot_iq4_xs_avx2, dot_q8_0_avx2
 from strata.cpu.kernels.kquants import dot_q4_k, dot_q5_k, dot_q6_k
@@ -46,17 +46,19 @@ K_IQ3_XXS_LUT4, K_IQ3_XXS_LUT4_AVX2 = 21, 22
 K_IQ1_M_T2, K_IQ1_M_T2_AVX2 = 23, 24
 K_IQ3_S_LUT4, K_IQ3_S_LUT4_AVX2 = 29, 30
 K_IQ2_XXS_LUT4, K_IQ2_XXS_LUT4_AVX2 = 31, 32
-K_IQ3_XXS_AVX2 = 33
-K_IQ2_S_AVX2, K_IQ2_XXS_AVX2 = 34, 35
+K_IQ2_S_AVX2 = 34
+# the GGUF bytes through AVX2 gathers (gather.py; 33 and 35 were their slower predecessors)
+K_IQ3_XXS_GATHER, K_IQ2_XXS_GATHER, K_IQ1_M_GATHER = 36, 37, 38
 SIMD_GGUF = {  # AVX2 kernels on the GGUF bytes
     QT.Q4_K: K_Q4_K_AVX2,
     QT.Q5_K: K_Q5_K_AVX2,
     QT.Q6_K: K_Q6_K_AVX2,
     QT.IQ4_XS: K_IQ4_XS_AVX2,
     QT.Q8_0: K_Q8_0_AVX2,
-    QT.IQ3_XXS: K_IQ3_XXS_AVX2,
+    QT.IQ3_XXS: K_IQ3_XXS_GATHER,
     QT.IQ2_S: K_IQ2_S_AVX2,
-    QT.IQ2_XXS: K_IQ2_XXS_AVX2,
+    QT.IQ2_XXS: K_IQ2_XXS_GATHER,
+    QT.IQ1_M: K_IQ1_M_GATHER,
 }
 
 PORTABLE = {
@@ -103,9 +105,10 @@ KERNELS = {
     K_IQ3_S_LUT4_AVX2: dot_lut4_s_avx2,
     K_IQ2_XXS_LUT4: dot_lut4_2xxs_portable,
     K_IQ2_XXS_LUT4_AVX2: dot_lut4_2xxs_avx2,
-    K_IQ3_XXS_AVX2: dot_iq3_xxs_avx2,
     K_IQ2_S_AVX2: dot_iq2_s_avx2,
-    K_IQ2_XXS_AVX2: dot_iq2_xxs_avx2,
+    K_IQ3_XXS_GATHER: dot_iq3_xxs_gather,
+    K_IQ2_XXS_GATHER: dot_iq2_xxs_gather,
+    K_IQ1_M_GATHER: dot_iq1_m_gather,
 }
 
 

@@ -1,12 +1,10 @@
-"""IQ2_S and IQ2_XXS on the GGUF bytes with AVX2: grid rows by scalar loads, no repack.
+"""IQ2_S on the GGUF bytes with AVX2: grid rows by scalar loads, no repack.
 
 Per 32 weights (4 groups of 8): the 4 grid rows (8 magnitudes in {8, 25, 43} each) are loaded
-from an 8 KB (IQ2_S, 1024 rows) or 2 KB (IQ2_XXS, 256 rows) table of u64 and inserted into one
-256-bit vector (scalar loads beat vpgatherdq on Zen 3: the IQ3_XXS gather kernel reaches 3 Gw/s
-there); the signs are applied to the activation, vpmaddubsw (magnitudes <= 43: exact) and
-vpmaddwd by the scales finish it. IQ2_S stores its 8 sign bits per group as they are (expanded
-here with a byte shuffle and a bit mask); IQ2_XXS stores 7 bits indexing ksigns, so a 1 KB table
-gives each group's 8 bytes of +-1 for vpsignb. Plain twins: `iq2.dot_iq2_s`, `iq2.dot_iq2_xxs`.
+from an 8 KB table (1024 rows of u64) and inserted into one 256-bit vector; the 8 sign bits per
+group, stored as they are, are expanded with a byte shuffle and a bit mask and applied to the
+activation; vpmaddubsw (magnitudes <= 43: exact) and vpmaddwd by the scales finish it. (IQ2_XXS
+on the GGUF bytes: gather.py.) Plain twin: `iq2.dot_iq2_s`.
 """
 
 from __future__ import annotations
@@ -17,13 +15,11 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
-from strata.cpu.kernels.iq2 import S_BB, XXS_BB
-from strata.cpu.kernels.iq3_avx2 import _SIGNS_U64, _table
-from strata.cpu.kernels.simd import HAS_AVX2, I8, I16, I32, I64, V8I32, V16I16, V32I8, Emit, signb
-from strata.cpu.kernels.tables import IQ2S_GRID, IQ2XXS_GRID
+from strata.cpu.kernels.iq2 import S_BB
+from strata.cpu.kernels.simd import HAS_AVX2, I8, I32, I64, V8I32, V16I16, V32I8, Emit, const_table
+from strata.cpu.kernels.tables import IQ2S_GRID
 
 _IQ2S_U64 = [int(v) for v in IQ2S_GRID.copy().view("<u8")[:, 0]]
-_IQ2XXS_U64 = [int(v) for v in IQ2XXS_GRID.copy().view("<u8")[:, 0]]
 _V4I64 = ir.VectorType(I64, 4)
 _V8I8 = ir.VectorType(I8, 8)
 
@@ -52,7 +48,7 @@ def _blk_iq2_s(typingctx, w, r, o, xq, a, xo):
             return ir.Constant(I32, 0)
         pw = e.ptr(sg.args[0], args[0], args[1], args[2])
         px = e.ptr(sg.args[3], args[3], args[4], args[5])
-        grid = _table(e, "strata_iq2s_grid_u64", I64, _IQ2S_U64)
+        grid = const_table(e, "strata_iq2s_grid_u64", I64, _IQ2S_U64)
         # 16 scales 2 ls + 1 (one nibble per 16 weights, low nibble first)
         sb = b.zext(e.shuffle(e.load(pw, _V8I8, 74), [h // 2 for h in range(16)]), V16I16)
         ls = b.and_(
@@ -82,55 +78,11 @@ def _blk_iq2_s(typingctx, w, r, o, xq, a, xo):
     return sig, codegen
 
 
-@intrinsic
-def _blk_iq2_xxs(typingctx, w, r, o, xq, a, xo):
-    """sum_s (2 ls_s + 1) sum_{i in s} g_i s_i x_i over the IQ2_XXS block at w[r, o:o+66]."""
-    sig = types.int32(w, types.intp, types.intp, xq, types.intp, types.intp)
-
-    def codegen(context, builder, sg, args):
-        e = Emit(context, builder)
-        b = builder
-        if not HAS_AVX2:
-            e.trap()
-            return ir.Constant(I32, 0)
-        pw = e.ptr(sg.args[0], args[0], args[1], args[2])
-        px = e.ptr(sg.args[3], args[3], args[4], args[5])
-        grid = _table(e, "strata_iq2xxs_grid_u64", I64, _IQ2XXS_U64)
-        signs = _table(e, "strata_ksigns_pm1_u64", I64, _SIGNS_U64)
-        acc = e.splat(V8I32, 0)
-        for s in range(8):  # 32 weights: two u32 words (4 grid indices; 4 x 7 signs + scale)
-            aux = b.zext(e.load(pw, I32, 2 + 8 * s + 4), I64)
-            idx = [b.zext(e.load(pw, I8, 2 + 8 * s + i), I64) for i in range(4)]
-            g = _rows4(e, grid, idx)
-            sidx = [
-                b.and_(b.lshr(aux, ir.Constant(I64, 7 * i)), ir.Constant(I64, 127))
-                for i in range(4)
-            ]
-            x = signb(e, e.load(px, V32I8, 32 * s), _rows4(e, signs, sidx))
-            p = e.maddubs(g, x)
-            ls = b.trunc(b.lshr(aux, ir.Constant(I64, 28)), I16)
-            sc = b.or_(b.shl(ls, ir.Constant(I16, 1)), ir.Constant(I16, 1))
-            acc = b.add(acc, e.madd(p, e.bcast(sc, V16I16)))
-        return e.hsum(acc)
-
-    return sig, codegen
-
-
 @njit(cache=True)
 def dot_iq2_s_avx2(w, r, xq, xd, xb, x8, xf, a):
     acc = np.float32(0.0)
     for b in range(w.shape[1] // S_BB):
         o = b * S_BB
         isum = _blk_iq2_s(w, r, o, xq, a, 256 * b)
-        acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum) * np.float32(0.125)
-    return acc
-
-
-@njit(cache=True)
-def dot_iq2_xxs_avx2(w, r, xq, xd, xb, x8, xf, a):
-    acc = np.float32(0.0)
-    for b in range(w.shape[1] // XXS_BB):
-        o = b * XXS_BB
-        isum = _blk_iq2_xxs(w, r, o, xq, a, 256 * b)
         acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum) * np.float32(0.125)
     return acc

@@ -130,6 +130,21 @@ class Emit:
         self._call("llvm.trap", ir.VoidType(), [])
 
 
+def const_table(e: Emit, name: str, ty, values):
+    """i8* to an internal constant table (64-byte aligned) in the module being built, made once
+    per module: the grid and sign tables of the i-quant kernels."""
+    try:
+        gv = e.mod.get_global(name)
+    except KeyError:
+        arr = ir.ArrayType(ty, len(values))
+        gv = ir.GlobalVariable(e.mod, arr, name)
+        gv.linkage = "internal"
+        gv.global_constant = True
+        gv.initializer = ir.Constant(arr, values)
+        gv.align = 64
+    return e.b.bitcast(gv, I8.as_pointer())
+
+
 def f16_load(e: Emit, p):
     """float32 from the f16 at i8* p."""
     h = e.load(p, I16)
