@@ -1,8 +1,9 @@
 """The `cpu-pool` arm: one layer of random experts through the CPU pool, against host bandwidth.
 
 No model file is needed: expert tensors of a named shape (`strata.model.synth.SHAPES`) are drawn
-with `strata.quant.random_quantized`, every repeat routes each token to K random experts (so the
-weights come from DRAM, as in decode), and the pool is timed warm (median of repeats). The host
+with `strata.quant.random_quantized`, every repeat routes each token to K random experts of the
+next of several copies of the layer (together over twice the last-level cache, so the weights
+come from DRAM, as in decode), and the pool is timed warm (median of repeats). The host
 read bandwidth is measured in the same run with the same threads; the ratio is the figure of
 merit. Bytes are counted in the GGUF's own encoding (and in the repacked layout where the
 kernels read a fatter one).
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import time
 from datetime import UTC, datetime
 
@@ -61,17 +61,10 @@ def _threading_layer() -> str:
 
 
 def _commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=os.path.dirname(__file__),
-            timeout=5,
-        )
-        return out.stdout.strip() or "?"
-    except (OSError, subprocess.SubprocessError):
-        return "?"
+    """The tree's commit (strata.bench.common: honours STRATA_COMMIT where there is no .git)."""
+    from strata.bench.common import commit
+
+    return commit()
 
 
 def make_layer(shape: str, quant: str, seed: int = 0, layout: str | None = None):
@@ -87,6 +80,32 @@ def make_layer(shape: str, quant: str, seed: int = 0, layout: str | None = None)
         for sh in ((e, f, d), (e, f, d), (e, d, f))
     ]
     return prepare_layer(*mats, layout=layout)
+
+
+def layer_copies(lw, min_bytes: int | None = None) -> list:
+    """`lw` and copies of its expert bytes in fresh memory, enough that together they are at
+    least twice the last-level cache (min_bytes): timed in rotation, each call reads weights
+    the cache no longer holds, as a decode step going through all layers does. A single layer
+    timed again and again stays partly cached on a host whose LLC is as large as a layer
+    (Sapphire Rapids here: 300 MiB of L3 against 316 MB of Qwen3-30B-A3B IQ3_XXS experts)."""
+    from dataclasses import replace
+
+    from strata.cpu.bandwidth import llc_bytes
+
+    want = 2 * llc_bytes() if min_bytes is None else min_bytes
+    one = sum(m.data.nbytes for m in (lw.gate, lw.up, lw.down))
+    n = max(1, -(-want // max(one, 1)))
+    out = [lw]
+    for _ in range(n - 1):
+        out.append(
+            replace(
+                lw,
+                gate=replace(lw.gate, data=lw.gate.data.copy()),
+                up=replace(lw.up, data=lw.up.data.copy()),
+                down=replace(lw.down, data=lw.down.data.copy()),
+            )
+        )
+    return out
 
 
 def _routes(rng, t_n: int, n_expert: int, k: int):
@@ -121,15 +140,17 @@ def wait_for_idle(max_s: float = 300.0, idle: float = 0.92, span: float = 1.0) -
 
 
 def time_pool(pool: ExpertPool, lw, d: int, tokens: int, k: int, repeats: int, seed: int = 1):
-    """Median seconds of `pool.run_layer` over `repeats` fresh routings; bytes of the last."""
+    """Median seconds of `pool.run_layer` over `repeats` fresh routings; bytes of the last.
+    `lw`: one layer, or a list of layers (`layer_copies`) the calls take in rotation."""
+    lws = lw if isinstance(lw, list) else [lw]
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((tokens, d)).astype(np.float32)
-    routes = [_routes(rng, tokens, lw.gate.n_expert, k) for _ in range(repeats + 1)]
-    pool.run_layer(x, *routes[0], lw)  # compile / warm
+    routes = [_routes(rng, tokens, lws[0].gate.n_expert, k) for _ in range(repeats + 1)]
+    pool.run_layer(x, *routes[0], lws[-1])  # compile / warm
     times, nbytes, gbytes, active = [], [], [], []
-    for r in routes[1:]:
+    for j, r in enumerate(routes[1:]):
         t0 = time.perf_counter()
-        pool.run_layer(x, *r, lw)
+        pool.run_layer(x, *r, lws[j % len(lws)])
         times.append(time.perf_counter() - t0)
         nbytes.append(pool.last_bytes)
         gbytes.append(pool.last_gguf_bytes)
@@ -161,9 +182,10 @@ def run_cpu_pool_arm(
     s = SHAPES[shape]
     k, d, n_layer = s["n_expert_used"], s["n_embd"], s["n_layer"]
     lw = make_layer(shape, quant, layout=layout)
+    lws = layer_copies(lw)  # rotate through > 2x the LLC: weights come from DRAM
     pool = ExpertPool(threads, parallel_quant=parallel_quant)
     quiet = wait_for_idle() if wait_quiet else None
-    sec, nbytes, gbytes, active = time_pool(pool, lw, d, tokens, k, repeats)
+    sec, nbytes, gbytes, active = time_pool(pool, lws, d, tokens, k, repeats)
     host = host_read_bandwidth(threads)
     res = {
         "arm": "cpu-pool",
@@ -176,6 +198,7 @@ def run_cpu_pool_arm(
         "tasks": tokens * k,
         "active_experts": active,
         "repeats": repeats,
+        "layer_copies": len(lws),
         "parallel_quant": pool.parallel_quant,
         "quant_min_tasks": pool.quant_min_tasks,
         "weight_bytes_gguf": gbytes,
