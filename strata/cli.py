@@ -123,6 +123,19 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         default=None,
         help="replay decode steps from CUDA graphs on a GPU tier (default on)",
     )
+    g.add_argument(
+        "--kv-type",
+        default=None,
+        choices=["f16", "int8"],
+        help="KV cache: f16 (default) or int8 with a scale per row (about half the memory)",
+    )
+    g.add_argument(
+        "--prefill-offload",
+        default=None,
+        metavar="auto|off|N",
+        help="a prompt's missed experts run on the card from N staging slots (auto: 64) "
+        "instead of in the CPU pool (default auto)",
+    )
 
 
 def _engine_config(ns):
@@ -145,6 +158,8 @@ def _engine_config(ns):
         "release",
         "resident_experts",
         "cuda_graphs",
+        "kv_type",
+        "prefill_offload",
     ]
     flags = {k: getattr(ns, k, None) for k in keys}
     flags["model"] = getattr(ns, "model", None)

@@ -16,6 +16,7 @@ from typing import Any
 from strata.routing.car import DEFAULT_THRESHOLD
 
 CAR_OFF_NOTICE = "cache-aware routing is OFF for this run"
+KV_TYPES = ("f16", "int8")  # --kv-type (strata.gpu.host.KV_TYPES: the tiers' own check)
 
 
 class ConfigError(ValueError):
@@ -43,6 +44,10 @@ class EngineConfig:
     release: str | None = None  # release the pack must have been built for (None: not checked)
     resident_experts: bool = False  # copy the CPU's experts into RAM instead of reading the mmap
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs on a GPU tier
+    kv_type: str = "f16"  # KV cache: f16, or int8 with a float32 scale per row (token, KV head)
+    # a prompt's missed experts: uploaded to staging slots on the card ("auto": 64 slots; a
+    # count; "off": the CPU pool computes them)
+    prefill_offload: str = "auto"
     model_id: str | None = None  # the id the server answers to (default: the file's stem)
     # which fields the user set explicitly (flag or environment), for refusals vs downgrades
     explicit: set[str] = field(default_factory=set, repr=False)
@@ -73,6 +78,8 @@ ENV = {
         lambda v: v.lower() in ("1", "true", "yes", "on"),
     ),
     "cuda_graphs": ("STRATA_CUDA_GRAPHS", lambda v: v.lower() not in ("0", "false", "no")),
+    "kv_type": ("STRATA_KV_TYPE", str),
+    "prefill_offload": ("STRATA_PREFILL_OFFLOAD", str),
     "model_id": ("STRATA_MODEL_ID", str),
 }
 
@@ -109,6 +116,18 @@ def _check(cfg: EngineConfig) -> None:
         raise ConfigError("--car-warmup, --car-budget and --adapt-swaps must be >= 0")
     if cfg.car_free_ratio <= 0:
         raise ConfigError(f"--car-free-ratio must be > 0, got {cfg.car_free_ratio}")
+    if cfg.kv_type not in KV_TYPES:
+        raise ConfigError(f"--kv-type must be {' or '.join(KV_TYPES)}, got {cfg.kv_type!r}")
+    if cfg.prefill_offload not in ("auto", "off"):
+        try:
+            n = int(cfg.prefill_offload)
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise ConfigError(
+                "--prefill-offload must be 'auto', 'off' or a slot count >= 0, "
+                f"got {cfg.prefill_offload!r}"
+            )
     if cfg.device not in ("auto", "gpu", "host"):
         raise ConfigError(f"--device must be auto, gpu or host, got {cfg.device!r}")
     if cfg.expert_cache not in (None, "all", "auto"):

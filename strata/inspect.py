@@ -56,7 +56,8 @@ def report(model: Model, budget_mib: int = 10240, n_ctx: int = 4096) -> str:
     left = budget - dense - kv
     lines += [
         "",
-        f"VRAM budget {budget_mib} MiB at ctx {n_ctx}: dense {_mib(dense)} + KV {_mib(kv)}",
+        f"VRAM budget {budget_mib} MiB at ctx {n_ctx}: dense {_mib(dense)} + KV {_mib(kv)} "
+        f"(f16; {_mib(model.kv_bytes(n_ctx, 'int8'))} with --kv-type int8)",
     ]
     if left <= 0:
         lines.append(f"  does not fit: dense + KV exceed the budget by {_mib(-left)}")

@@ -162,7 +162,7 @@ def test_routed_hybrid_steps(synth_model, device, car):
 def test_route_car_kernel_gives_car_plans_plan(device):
     """route_car.cu against route_topk + car_plan run on the probabilities the kernel wrote."""
     from strata.gpu.rawmod import Kernels
-    from strata.gpu.route_car import knob_values, route_car
+    from strata.gpu.route_car import knob_values, pack_words, route_car
     from strata.routing import route_topk
     from strata.routing.car import CarKnobs, car_plan
 
@@ -188,8 +188,19 @@ def test_route_car_kernel_gives_car_plans_plan(device):
             "stats": cp.zeros((1, 4), np.float32),
         }
         kv = knob_values(knobs.threshold, knobs.budget, knobs.free_ratio, knobs.enabled)
-        route_car(K, cp.asarray(logits), 1, e, k, True, cp.asarray(slot_row), cp.asarray(kv), out)
+        d = int(g.integers(1, 300))  # the packed record: the plan + an h row of d floats
+        h = cp.asarray(g.standard_normal((1, d)).astype(np.float32))
+        pack = cp.full((pack_words(k, d),), 0xDEADBEEF, np.uint32)
+        route_car(
+            K, cp.asarray(logits), 1, e, k, True, cp.asarray(slot_row), cp.asarray(kv), out,
+            pack, h,
+        )  # fmt: skip
         got = {n: cp.asnumpy(v) for n, v in out.items()}
+        w = cp.asnumpy(pack)
+        for j, n in enumerate(("ids0", "ids", "weights", "pair_slot")):
+            np.testing.assert_array_equal(w[j * k : (j + 1) * k].view(got[n].dtype), got[n][0])
+        np.testing.assert_array_equal(w[4 * k : 4 * k + 4].view(np.float32), got["stats"][0])
+        np.testing.assert_array_equal(w[4 * k + 4 :].view(np.float32), cp.asnumpy(h)[0])
         probs = got["probs"]
         assert np.allclose(probs, route_topk(logits, k, True)[2], rtol=1e-5)
         order = np.lexsort((np.arange(e), -probs[0]))[:k]  # top-k of the kernel's probs

@@ -309,7 +309,8 @@ def test_f16_conversions_are_exact(K):
     + [(q, q, q) for q in (QT.Q5_K, QT.IQ4_XS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S, QT.IQ1_M)],
     ids=lambda q: "-".join(x.name for x in q),
 )
-def test_moe_experts_match_reference(K, qts):
+@pytest.mark.parametrize("variant", ["legacy+legacy", "st1+st", "st2+st"])
+def test_moe_experts_match_reference(K, qts, variant):
     g = rng()
     d, f, n_exp, t, k = 512, 256, 6, 3, 4
     raws = [
@@ -346,6 +347,7 @@ def test_moe_experts_match_reference(K, qts):
         act,
         aact,
         out,
+        variant=variant,
     )
     # the intermediate: silu(gate) * up from the same Q8 h (bit-exact quantization) -> 1e-5
     gq = fmt(qts[0]).vec_dot
@@ -378,3 +380,74 @@ def test_moe_experts_match_reference(K, qts):
                 y = expert_ref(h[ti : ti + 1], raws[0][e], raws[1][e], raws[2][e], qts)
                 ref[ti] += w[ti, ki] * y[0]
     assert rel(cp.asnumpy(out)[:t], ref) < 5e-3
+
+
+# ---- decode variants: staged kernels and the compile-time decode knobs, bit for bit ----
+class _OptKernels(Kernels):
+    def __init__(self, base: Kernels, extra: tuple[str, ...]):
+        super().__init__(cp, base.warp, base.sm_count)
+        self.extra = extra
+
+    def options(self) -> tuple[str, ...]:
+        return super().options() + self.extra
+
+
+@pytest.fixture(scope="module")
+def K_fast(K):
+    return _OptKernels(K, ("-DSTRATA_FAST_DECODE=1", "-DSTRATA_SMEM_GRID=1"))
+
+
+@pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
+@pytest.mark.parametrize("cols_blocks", [3, 10])  # one chunk; several with a short last one
+def test_gemv1_staged_and_fast_decode_equal_split(K, K_fast, qt, cols_blocks):
+    g = rng()
+    rows, cols = 67, cols_blocks * fmt(qt).block_elems * (8 if fmt(qt).block_elems == 32 else 1)
+    raw = random_quantized(qt, (rows, cols), g, 1 / np.sqrt(cols))
+    bias = g.standard_normal(rows).astype(np.float32)
+    x = act_input(g, 1, cols)
+    w = DeviceWeight(cp, raw, qt, rows, cols, bias=bias)
+    act = ActBuf(cp, cols, 1, w.vec_dot)
+    norm_quant(K, cp.asarray(x), 1, act=act)
+    outs = {}
+    for name, kk in (("base", K), ("fast", K_fast)):
+        for variant in ("split", "staged"):
+            out = cp.zeros((1, rows), np.float32)
+            gemv(kk, w, act, out, 1, variant=variant)
+            outs[(name, variant)] = cp.asnumpy(out)
+    assert rel(outs[("base", "split")], gemv_ref(raw, qt, x, bias)) < 1e-5
+    for key, o in outs.items():
+        np.testing.assert_array_equal(o, outs[("base", "split")], err_msg=str(key))
+
+
+@pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
+def test_moe_decode_variants_equal_legacy(K, K_fast, qt):
+    """Every decode kernel pair, either build, gives the legacy kernels' bits (K = 8, T = 2)."""
+    g = rng()
+    d, f, n_exp, t, k = 1024, 768, 9, 2, 8  # f = 768: the Qwen3 down row, one short chunk
+    raws = [
+        random_quantized(qt, (n_exp, f, d), g, 1 / np.sqrt(d)),
+        random_quantized(qt, (n_exp, f, d), g, 1 / np.sqrt(d)),
+        random_quantized(qt, (n_exp, d, f), g, 1 / np.sqrt(f)),
+    ]
+    stores = [SlotStore(cp, n_exp, r[0].nbytes) for r in raws]
+    for st, r in zip(stores, raws, strict=True):
+        st.buf[...] = cp.asarray(np.ascontiguousarray(r).reshape(n_exp, -1).view(np.uint8))
+    slots = np.stack([g.permutation(n_exp)[:k] for _ in range(t)]).astype(np.int32)
+    slots[1, 3] = -1
+    ps, pw = cp.asarray(slots.ravel()), cp.asarray(g.uniform(0.1, 1, t * k).astype(np.float32))
+    vd = fmt(qt).vec_dot
+    hact = ActBuf(cp, d, t, vd)
+    norm_quant(K, cp.asarray(act_input(g, t, d)), t, act=hact)
+    outs = {}
+    for name, kk in (("base", K), ("fast", K_fast)):
+        for variant in ("legacy+legacy", "st1+st", "st2+st", "st2+legacy", "legacy+st"):
+            act = cp.zeros((t * k, f), np.float32)
+            aact = ActBuf(cp, f, t * k, vd)
+            out = cp.zeros((t, d), np.float32)
+            moe_experts(kk, (qt,) * 3, (d, f), stores, hact, ps, pw, t, k, act, aact, out,
+                        variant=variant)  # fmt: skip
+            outs[(name, variant)] = (cp.asnumpy(act), cp.asnumpy(out))
+    a0, o0 = outs[("base", "legacy+legacy")]
+    for key, (a, o) in outs.items():
+        np.testing.assert_array_equal(a, a0, err_msg=str(key))
+        np.testing.assert_array_equal(o, o0, err_msg=str(key))

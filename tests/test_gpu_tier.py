@@ -207,3 +207,33 @@ def test_budget_reservations_and_pool_cap_hold(device):
         held.clear()
         pool.free_all_blocks()
         DeviceBudget(total_mib=10240).install_pool_cap(cp)
+
+
+@pytest.mark.parametrize("quant", ["Q4_K", "IQ3_XXS"])
+def test_staged_experts_equal_the_cached_ones_and_leave_the_cache_alone(synth_model, device, quant):
+    """experts_staged (uploads to the prompt staging slots, in groups smaller than the experts
+    needed) gives the cache path's result; the cache's slot table does not change."""
+    model = load_model(synth_model("tiny", quant, seed=11))
+    a = model.args
+    full = CupyTier(model, n_ctx=64, budget=small_budget(), device=device)
+    few = CupyTier(
+        model,
+        n_ctx=64,
+        budget=small_budget(),
+        expert_slots=a.n_expert_used,
+        device=device,
+        prefill_stage=3,
+    )
+    assert "prefill_stage" in few.budget.table()
+    rng = np.random.default_rng()
+    t = 48
+    h = rng.standard_normal((t, a.n_embd)).astype(np.float32)
+    ids, w, _ = route_topk(rng.standard_normal((t, a.n_expert)), a.n_expert_used, True)
+    ids[rng.random(ids.shape) < 0.2] = -1  # some picks served elsewhere
+    slot_of = few.slot_of.copy()
+    for layer in range(a.n_layer):
+        want = full.experts(layer, h, ids, w)
+        got = few.experts_staged(layer, h, ids, w)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_array_equal(few.slot_of, slot_of)
+    assert few.stage_uploads == a.n_layer * np.unique(ids[ids >= 0]).size

@@ -53,6 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--pack", default=None, help="engine arms: the CPU pool reads this pack")
     ap.add_argument(
+        "--kv-type",
+        default=None,
+        choices=["f16", "int8"],
+        help="engine arms: KV cache f16 (default) or int8 with a scale per row",
+    )
+    ap.add_argument(
+        "--prefill-offload",
+        default=None,
+        metavar="auto|off|N",
+        help="engine arms: a prompt's missed experts on the card from N staging slots "
+        "(default auto: 64) or in the CPU pool (off)",
+    )
+    ap.add_argument(
         "--calibrate",
         action="store_true",
         help="car-off/car-on: place the expert cache by a usage profile of a calibration prompt",
@@ -133,6 +146,10 @@ def _arm_extra(ns, arm: str) -> dict:
     extra: dict = {"adapt_swaps": ns.adapt_swaps, "cuda_graphs": not ns.no_cuda_graphs}
     if ns.pack:
         extra["pack"] = ns.pack
+    if ns.kv_type:
+        extra["kv_type"] = ns.kv_type
+    if ns.prefill_offload:
+        extra["prefill_offload"] = ns.prefill_offload
     if ns.vram_budget_widen:
         extra["vram_budget_widen"] = True
     if ns.expert_cache and arm in ("car-off", "car-on"):

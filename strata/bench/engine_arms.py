@@ -113,6 +113,9 @@ def run_engine_arm(
         "tier_weight_gbps": (_dense_read_bytes(model) + (expert_bytes - miss_bytes)) * med / 1e9,
         "resident_experts": int(engine.resident.sum()),
         "graph_steps": engine.stats.graph_steps,
+        # prompt picks the cache missed that ran on the card's staging slots (--prefill-offload)
+        "prefill_offloaded_picks": engine.stats.offloaded,
+        "prefill_stage_slots": int(getattr(engine.tier, "stage_n", 0)),
         # the adaptive cache over all runs (warm-up included): swaps, expert bytes sent to the
         # card, bytes this process read from storage (page-cache misses: experts re-read)
         "adapt_swaps": engine.stats.swaps - swaps0,

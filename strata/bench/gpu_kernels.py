@@ -238,7 +238,35 @@ def bench_attention(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
                     timing=how,
                 )  # fmt: skip
             )
-        del kc, vc, ws
+        del kc, vc
+        # the int8 cache (--kv-type int8): quants + a float32 scale per row, half the bytes
+        kv8_bytes = 2 * G * ctx * (DH + 4)
+        k8 = cp.asarray(rng.integers(-127, 128, (layers, G, ctx, DH), dtype=np.int8))
+        v8 = cp.asarray(rng.integers(-127, 128, (layers, G, ctx, DH), dtype=np.int8))
+        kd = cp.asarray(rng.uniform(0.005, 0.03, (layers, G, ctx)).astype(np.float32))
+        vd = cp.asarray(rng.uniform(0.005, 0.03, (layers, G, ctx)).astype(np.float32))
+        cp.cuda.Device().synchronize()
+
+        def call_dec8(i, ws=ws, q=q, k8=k8, v8=v8, kd=kd, vd=vd, pos=pos, o=o, scale=scale):
+            attention_decode(K, ws, q, k8[i], v8[i], pos, (H, G, DH, DH), scale, o, kd[i], vd[i])
+
+        us, how = timer.graph_us([lambda i=i: call_dec8(i) for i in range(layers)])
+        gbps = kv8_bytes / (us * 1e-6) / 1e9
+        out_rows.append(
+            dict(
+                kernel="attention_decode",
+                variant="attention_decode_int8",
+                context=ctx,
+                bytes_kv=kv8_bytes,
+                bytes_scores=2 * 4 * H * ctx,
+                us=round(us, 2),
+                gbps_kv=round(gbps, 1),
+                gbps_all=round((kv8_bytes + 2 * 4 * H * ctx) / (us * 1e-6) / 1e9, 1),
+                pct_copy=round(100 * gbps / copy_gbps, 1),
+                timing=how,
+            )
+        )
+        del k8, v8, kd, vd, ws
     return out_rows
 
 

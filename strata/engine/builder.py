@@ -15,10 +15,10 @@ from strata.routing.profile import AdaptiveCache, UsageProfile, place
 MiB = 1 << 20
 
 
-def auto_slots(model: Model, budget_mib: int, n_ctx: int) -> int:
+def auto_slots(model: Model, budget_mib: int, n_ctx: int, kv_type: str = "f16") -> int:
     """Expert slots that fit the budget after the dense weights and the KV cache."""
     a = model.args
-    left = budget_mib * MiB - model.dense_bytes() - model.kv_bytes(n_ctx)
+    left = budget_mib * MiB - model.dense_bytes() - model.kv_bytes(n_ctx, kv_type)
     mean_expert = model.total_expert_bytes() / (a.n_expert * a.n_layer)
     return int(max(0, min(left // mean_expert, a.n_expert * a.n_layer)))
 
@@ -33,6 +33,18 @@ def resident_mask(model: Model, slots: int, profile: UsageProfile | None) -> np.
     for i in range(a.n_layer):
         mask[i, : min(a.n_expert, per + (i < extra))] = True
     return mask
+
+
+PREFILL_STAGE_AUTO = 64  # staging slots of --prefill-offload auto
+
+
+def prefill_stage_slots(cfg: EngineConfig, n_expert: int, cpu_pool: bool) -> int:
+    """Staging slots for a prompt's missed experts on the card (0: the CPU pool computes them):
+    only where some experts live in the pool; never more than a layer's experts."""
+    if not cpu_pool or cfg.prefill_offload == "off":
+        return 0
+    n = PREFILL_STAGE_AUTO if cfg.prefill_offload == "auto" else int(cfg.prefill_offload)
+    return min(n, n_expert)
 
 
 def _gpu_available(device: str) -> bool:
@@ -52,7 +64,7 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
     if cache == "all":
         slots = total
     elif cache == "auto":
-        slots = auto_slots(model, cfg.vram_budget_mib, n_ctx)  # the host tier's estimate
+        slots = auto_slots(model, cfg.vram_budget_mib, n_ctx, cfg.kv_type)  # host's estimate
     else:
         slots = min(int(cache), total)
     tier = make_tier(
@@ -64,6 +76,8 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
         expert_slots="auto" if cache == "auto" else max(slots, a.n_expert_used),
         device=cfg.device,
         widen_budget=cfg.vram_budget_widen,
+        kv_type=cfg.kv_type,
+        prefill_stage=prefill_stage_slots(cfg, a.n_expert, on_gpu and slots < total),
     )
     if cache == "auto" and hasattr(tier, "n_slots"):
         slots = min(int(tier.n_slots), total)

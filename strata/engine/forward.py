@@ -17,12 +17,17 @@ from typing import Protocol
 import numpy as np
 
 from strata.engine.car_fast import car_plan_fast
+from strata.gpu.sample import SampleKnobs, sample_ref
 from strata.gpu.tier import DeviceTier
 from strata.model.loader import Model
 from strata.routing import route_topk
 from strata.routing.car import CarKnobs
 from strata.routing.profile import AdaptiveCache
 from strata.routing.trace import TraceWriter
+
+# a prompt chunk of at least this many tokens runs its missed experts on the tier's staging
+# slots where it has them (llama.cpp offloads host-resident weights from a batch of 32)
+PREFILL_OFFLOAD_MIN_T = 32
 
 
 class MissRunner(Protocol):
@@ -51,6 +56,16 @@ class EngineStats:
     route_s: float = 0.0
     pool_s: float = 0.0
     graph_steps: int = 0  # decode steps replayed from CUDA graphs
+    offloaded: int = 0  # prompt picks missed by the cache and run from the tier's staging slots
+
+    def add_window(self, t0: float, t1: float, t2: float, t3: float) -> None:
+        """One layer's decode window: started t0, the card's result at t1, routed by t2, the
+        pool done at t3 (perf_counter seconds)."""
+        self.wait_s += t1 - t0
+        self.route_s += t2 - t1
+        self.pool_s += t3 - t2
+        self.window_s += t3 - t0
+        self.window_layers += 1
 
     def window_ms(self) -> dict[str, float]:
         """Mean per-layer decode window split: total, waiting on the card, routing, pool."""
@@ -157,10 +172,20 @@ class Engine:
                 self.tier.prefetch(i, e, cold)
 
     def _moe(self, i: int, h: np.ndarray, logits: np.ndarray, decode: bool) -> np.ndarray:
+        tier = self.tier
         ids, weights, hit = self._route(i, logits, decode)
         n_hit = int(hit.sum())
         if n_hit == hit.size:
             y = self.tier.experts(i, h, ids, weights)
+            self._prefetch(i)
+            return y
+        if not decode and h.shape[0] >= PREFILL_OFFLOAD_MIN_T and getattr(tier, "stage_n", 0):
+            # a prompt: the misses run on the tier from its staging slots (uploading an
+            # expert's bytes once beats the pool's compute-bound pass over many tokens)
+            y = tier.experts_staged(i, h, np.where(hit, -1, ids), weights)
+            self.stats.offloaded += hit.size - n_hit
+            if n_hit:
+                y = y + tier.experts(i, h, np.where(hit, ids, -1), weights)
             self._prefetch(i)
             return y
         # misses: x rows go host-ward once (before the resident launches, which a GPU tier then
@@ -195,9 +220,9 @@ class Engine:
             return "hybrid"  # the host routes (CAR, traces, the adaptive cache) between graphs
         return None  # misses the tier serves by uploading experts on demand: eager
 
-    def _decode_all_resident(self, g, token: int, greedy: bool = False):
+    def _decode_all_resident(self, g, token: int, pick: str | None = None):
         a, st = self.args, self.stats
-        logits = g.step_all_resident(token, self.pos, greedy)
+        logits = g.step_all_resident(token, self.pos, pick)
         np.add.at(st.expert_hist, (self._layer_rows, g.picks_h.a), 1)
         st.hits += a.n_layer * a.n_expert_used
         return logits
@@ -210,7 +235,7 @@ class Engine:
             return np.array([1.0, 0.0, 1.0, 0.0])
         return np.array([car.threshold, car.budget, car.free_ratio, float(on)])
 
-    def _decode_routed(self, g, token: int, greedy: bool = False):
+    def _decode_routed(self, g, token: int, pick: str | None = None):
         """Hybrid step routed on the card: per layer one graph up to the routing plan (top-k,
         CAR, the slots), one for the resident experts; the host reads the plan, counts it and
         runs the pool on the misses while the card runs the resident experts."""
@@ -218,10 +243,10 @@ class Engine:
         pc = time.perf_counter
         k = a.n_expert_used
         g.begin_routed(token, self.pos, self._car_knobs())
-        y_h, h = g.y_h.a, g.h_h.a
+        y_h = g.y_h.a
         for i in range(a.n_layer):
             t0 = pc()
-            plan = g.front_routed(i)
+            plan = g.front_routed(i)  # pinned views, refreshed in place every layer
             t1 = pc()
             g.experts_routed(i)
             slots, stats = plan["pair_slot"], plan["stats"]
@@ -235,18 +260,14 @@ class Engine:
             t2 = pc()
             if after:
                 miss = np.where(slots < 0, plan["ids"], -1)[None]
-                y_h[:] = self.miss_runner.experts(i, h, miss, plan["weights"][None])
+                y_h[:] = self.miss_runner.experts(i, plan["h"], miss, plan["weights"][None])
             else:
                 y_h[:] = 0.0
             t3 = pc()
-            st.wait_s += t1 - t0
-            st.route_s += t2 - t1
-            st.pool_s += t3 - t2
-            st.window_s += t3 - t0
-            st.window_layers += 1
-        return g.finish(greedy)
+            st.add_window(t0, t1, t2, t3)
+        return g.finish(pick)
 
-    def _decode_hybrid(self, g, token: int, greedy: bool = False):
+    def _decode_hybrid(self, g, token: int, pick: str | None = None):
         """Per layer: the card's front half, host routing, resident experts launched, the pool
         on the misses meanwhile; its sum joins on the card at the next layer's front."""
         a, st, tier = self.args, self.stats, self.tier
@@ -271,12 +292,8 @@ class Engine:
             else:
                 g.y_h.a[:] = self.miss_runner.experts(i, h, np.where(hit, -1, ids), weights)
             t3 = pc()
-            st.wait_s += t1 - t0
-            st.route_s += t2 - t1
-            st.pool_s += t3 - t2
-            st.window_s += t3 - t0
-            st.window_layers += 1
-        return g.finish(greedy)
+            st.add_window(t0, t1, t2, t3)
+        return g.finish(pick)
 
     def _check(self, tokens: Sequence[int]) -> np.ndarray:
         a = self.args
@@ -289,16 +306,17 @@ class Engine:
             raise ValueError(f"context full: {self.pos + ids.size} tokens > n_ctx {self.n_ctx}")
         return ids
 
-    def _graph_step(self, mode: str, token: int, greedy: bool):
+    def _graph_step(self, mode: str, token: int, pick: str | None):
         """One decode step from CUDA graphs -> the logits [V] (a view until the next step), or
-        with `greedy` the argmax token taken on the card (no logits read back)."""
+        the token picked on the card (no logits read back): `pick` "greedy" (the argmax) or
+        "sample" (the chain, knobs set with the decoder's `set_sample`)."""
         g = self.tier.graph_decoder()
         if mode == "all":
-            out = self._decode_all_resident(g, token, greedy)
+            out = self._decode_all_resident(g, token, pick)
         elif mode == "routed":
-            out = self._decode_routed(g, token, greedy)
+            out = self._decode_routed(g, token, pick)
         else:
-            out = self._decode_hybrid(g, token, greedy)
+            out = self._decode_hybrid(g, token, pick)
         self.pos += 1
         self.stats.tokens += 1
         self.stats.decode_steps += 1
@@ -311,18 +329,44 @@ class Engine:
         self._check([token])
         mode = self._graph_mode() if self.pos > 0 else None
         if mode is not None:
-            return int(self._graph_step(mode, int(token), True))
+            return int(self._graph_step(mode, int(token), "greedy"))
         return int(np.argmax(self.forward([token])))
+
+    def decode_sample(self, token: int, params: SampleKnobs, u: float) -> int:
+        """Decode `token` and return the next token drawn by the sampling chain with uniform u in
+        [0, 1) (strata/gpu/sample.py; the Sampler's math, so a seed gives the same tokens as
+        sampling the logits). The GPU tier samples on the card, in graph steps too: only the id
+        comes back."""
+        ids = self._check([token])
+        mode = self._graph_mode() if self.pos > 0 else None
+        if mode is not None:
+            self.tier.graph_decoder().set_sample(params, u)
+            return int(self._graph_step(mode, int(token), "sample"))
+        x = self._layers(ids, self.pos > 0)[-1:]  # [1, D]
+        sample = getattr(self.tier, "output_sample", None)
+        if sample is None:
+            return sample_ref(self.tier.output(x)[0], params, u)
+        return int(sample(x, params, u))
 
     def forward(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Run `tokens` at positions pos..; logits [V] of the last token ([T, V] if all_logits)."""
-        a, tier = self.args, self.tier
+        tier = self.tier
         ids = self._check(tokens)
         decode = ids.size == 1 and self.pos > 0
         mode = self._graph_mode() if decode else None
         if mode is not None:
-            out = np.array(self._graph_step(mode, int(ids[0]), False), copy=True)
+            out = np.array(self._graph_step(mode, int(ids[0]), None), copy=True)
             return out[None] if all_logits else out
+        x = self._layers(ids, decode)  # [T, D]
+        if not all_logits:
+            x = x[-1:]
+        out = tier.output(x)  # [T or 1, V]
+        return out if all_logits else out[0]
+
+    def _layers(self, ids: np.ndarray, decode: bool):
+        """Embed ids [T] and run every layer at positions pos.. (pos and counters advance) ->
+        the last residual x [T, D] (the tier's array kind)."""
+        a, tier = self.args, self.tier
         x = tier.embed(ids)  # [T, D]
         for i in range(a.n_layer):
             x = tier.attention(i, x, self.pos)
@@ -334,10 +378,7 @@ class Engine:
         self.pos += ids.size
         self.stats.tokens += ids.size
         self.stats.decode_steps += decode
-        if not all_logits:
-            x = x[-1:]
-        out = tier.output(x)  # [T or 1, V]
-        return out if all_logits else out[0]
+        return x
 
     def close(self) -> None:
         if self.trace is not None:

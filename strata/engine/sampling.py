@@ -1,10 +1,14 @@
-"""Token sampling: greedy, temperature, top-k, top-p, min-p, seeded (llama.cpp's chain order)."""
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, seeded (llama.cpp's chain order).
+
+The chain's math is strata/gpu/sample.py's `sample_ref`, shared with the card's kernel."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+from strata.gpu.sample import sample_ref
 
 
 @dataclass(frozen=True)
@@ -27,28 +31,19 @@ class SamplingParams:
 
 
 class Sampler:
+    """The host side of sampling: one uniform u per token from the seeded generator, then
+    `sample_ref` (the chain the GPU tier runs on the card, strata/gpu/sample.py). A seed gives
+    the same tokens whether a step samples here from the logits or on the card with `draw()`."""
+
     def __init__(self, params: SamplingParams):
         self.p = params
         self.rng = np.random.default_rng(params.seed)
 
+    def draw(self) -> float:
+        """The next token's uniform number in [0, 1)."""
+        return float(self.rng.random())
+
     def __call__(self, logits: np.ndarray) -> int:
-        p = self.p
-        if p.temperature == 0:
-            return int(np.argmax(logits))
-        z = logits.astype(np.float64)
-        cand = np.argsort(-z, kind="stable")  # candidates, best first
-        if p.top_k:
-            cand = cand[: p.top_k]
-        zc = z[cand]
-        probs = np.exp(zc - zc[0])
-        probs /= probs.sum()
-        if p.top_p < 1:
-            keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
-            cand, zc, probs = cand[:keep], zc[:keep], probs[:keep]
-        if p.min_p > 0:
-            keep = probs >= p.min_p * probs[0]
-            cand, zc = cand[keep], zc[keep]
-        zt = zc / p.temperature
-        probs = np.exp(zt - zt.max())
-        probs /= probs.sum()
-        return int(cand[self.rng.choice(len(cand), p=probs)])
+        if self.p.temperature == 0:
+            return int(np.argmax(logits))  # greedy draws no u
+        return sample_ref(logits, self.p, self.draw())

@@ -96,8 +96,10 @@ class Session:
         emitted = 0  # chars of res.text already yielded
         t1 = time.perf_counter()
         res.finish_reason = "length"
-        # greedy: the engine's decode_greedy may take the argmax on the card (no logits back)
+        # the engine picks the next token on the card where it can (no logits back): the argmax,
+        # or the sampling chain with the sampler's next u (the same tokens as sampler(logits))
         greedy = sampling.temperature == 0 and hasattr(self.engine, "decode_greedy")
+        on_card = sampling.temperature > 0 and hasattr(self.engine, "decode_sample")
         pending: int | None = None
         for step in range(max_tokens):
             nxt = pending if pending is not None else sampler(logits)
@@ -119,6 +121,8 @@ class Session:
             if step + 1 < max_tokens:
                 if greedy:
                     pending = self.engine.decode_greedy(nxt)
+                elif on_card:
+                    pending = self.engine.decode_sample(nxt, sampling, sampler.draw())
                 else:
                     logits = self.engine.forward([nxt])
                 self.history.append(nxt)

@@ -1,4 +1,8 @@
-"""Split-K attention over the f16 KV cache (kernels/attention.cu): launcher, workspace, reference.
+"""Split-K attention over the KV cache (kernels/attention.cu): launcher, workspace, reference.
+
+The cache is f16 (uint16 bits) or int8 with a float32 scale per row (`k_scale`/`v_scale`
+[G, S_cap], strata.gpu.rope_kv.quantize_kv_rows); the int8 form runs the `_i8` kernels, the
+same code instantiated for int8 rows (a template argument, no branch in the loops).
 
 Decode (T = 1) and causal prefill (T > 1) share the three launches; the scores of a call live in
 a preallocated workspace [T*H, S_cap], so `AttnWorkspace.tmax` bounds the query rows per call
@@ -13,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.gpu.rawmod import Kernels, f32, i32
+from strata.gpu.rope_kv import dequantize_kv_rows, kv_is_int8
 
 TILE = 64  # ATT_TILE in attention.cu
 MAX_REP = 16
@@ -72,20 +77,26 @@ def attention(
     dims: tuple[int, int, int, int],
     scale: float,
     out,
+    k_scale=None,
+    v_scale=None,
 ) -> None:
-    """out [T, H*Dv] = softmax(q k^T * scale, causal) v for q [T, H, Dh] (f16 values)."""
+    """out [T, H*Dv] = softmax(q k^T * scale, causal) v for q [T, H, Dh] (f16 values); an int8
+    cache (k_cache/v_cache int8) comes with its scales k_scale/v_scale [G, S_cap]."""
     h, g, dh, dv = dims
     if h // g > MAX_REP or dh > MAX_DH or dv > MAX_DH or h % g or dh % 8 or dv % 8:
         raise ValueError(f"attention shape H={h} G={g} Dh={dh} Dv={dv} is not supported")
+    i8 = kv_is_int8(k_cache, v_cache, k_scale, v_scale)
+    sfx = "_i8" if i8 else ""
     s = pos0 + t
     s_cap = k_cache.shape[1]
     ntiles = -(-s // TILE)
-    K.fn("attention.cu", "attn_scores")(
+    K.fn("attention.cu", "attn_scores" + sfx)(
         (ntiles, g, t),
         (TILE,),
         (
             q,
             k_cache,
+            *((k_scale,) if i8 else ()),
             i32(s_cap),
             i32(dh),
             i32(h),
@@ -103,7 +114,7 @@ def attention(
     nsplit = n_splits(K, s, g, t, ws.max_split)
     chunk = -(-s // nsplit)
     threads = -(-dv // K.warp) * K.warp
-    K.fn("attention.cu", "attn_pv")(
+    K.fn("attention.cu", "attn_pv" + sfx)(
         (nsplit, g, t),
         (threads,),
         (
@@ -114,6 +125,7 @@ def attention(
             i32(ws.ntc),
             i32(ntiles),
             v_cache,
+            *((v_scale,) if i8 else ()),
             i32(s_cap),
             i32(dv),
             i32(h),
@@ -159,11 +171,14 @@ def attention_decode(
     dims: tuple[int, int, int, int],
     scale: float,
     out,
+    k_scale=None,
+    v_scale=None,
 ) -> None:
     """out [1, H*Dv] = softmax(q k^T * scale) v over keys 0..pos for q [1, H, Dh] (f16 values),
     pos = pos_dev[0] read on the device (its K/V row already appended). Two launches whose
     grids and arguments depend only on S_cap and `ws`: capturable once, replayable at any pos.
-    Roundings as `attention` (probabilities rounded to f16 after normalizing); deterministic."""
+    Roundings as `attention` (probabilities rounded to f16 after normalizing); deterministic.
+    An int8 cache comes with k_scale/v_scale [G, S_cap]."""
     h, g, dh, dv = dims
     if h // g > MAX_REP or dh > MAX_DH or dv > MAX_DH or h % g or dh % 8 or dv % 8:
         raise ValueError(f"attention shape H={h} G={g} Dh={dh} Dv={dv} is not supported")
@@ -181,28 +196,44 @@ def attention_decode(
     if pos_dev.dtype != np.int32 or pos_dev.size < 1:
         raise ValueError("pos_dev must be a device int32 array holding the position")
     for fn, grid, block, args in decode_launches(
-        K, ws, q, k_cache, v_cache, pos_dev, dims, scale, out
+        K, ws, q, k_cache, v_cache, pos_dev, dims, scale, out, k_scale, v_scale
     ):
         fn(grid, block, args)
 
 
-def decode_launches(K: Kernels, ws: AttnWorkspace, q, k_cache, v_cache, pos_dev, dims, scale, out):
+def decode_launches(
+    K: Kernels,
+    ws: AttnWorkspace,
+    q,
+    k_cache,
+    v_cache,
+    pos_dev,
+    dims,
+    scale,
+    out,
+    k_scale=None,
+    v_scale=None,
+):
     """attention_decode's two launches as (kernel, grid, block, args), for benchmarks to time
     one by one."""
     h, g, dh, dv = dims
     s_cap = k_cache.shape[1]
     r = rep_bucket(h // g)
     nsplit = ws.dec_nsplit
-    scores = K.fn("attention.cu", f"attn_dec_scores_r{r}")
-    pv = K.fn("attention.cu", f"attn_dec_pv_r{r}")
+    i8 = kv_is_int8(k_cache, v_cache, k_scale, v_scale)
+    sfx = "_i8" if i8 else ""
+    ks, vs = ((k_scale,), (v_scale,)) if i8 else ((), ())
+    scores = K.fn("attention.cu", f"attn_dec_scores{sfx}_r{r}")
+    pv = K.fn("attention.cu", f"attn_dec_pv{sfx}_r{r}")
     return [
         (
             scores,
             (nsplit, g),
             (DEC_THREADS,),
             (
-                q, k_cache, pos_dev, i32(s_cap), i32(dh), i32(h), i32(g), f32(scale), ws.scores,
-                i32(ws.s_cap), ws.dec_pm, ws.dec_pl, i32(nsplit), i32(ws.dec_min_chunk),
+                q, k_cache, *ks, pos_dev, i32(s_cap), i32(dh), i32(h), i32(g), f32(scale),
+                ws.scores, i32(ws.s_cap), ws.dec_pm, ws.dec_pl, i32(nsplit),
+                i32(ws.dec_min_chunk),
             ),
         ),
         (
@@ -210,9 +241,9 @@ def decode_launches(K: Kernels, ws: AttnWorkspace, q, k_cache, v_cache, pos_dev,
             (nsplit, g),
             (DEC_THREADS,),
             (
-                ws.scores, i32(ws.s_cap), ws.dec_pm, ws.dec_pl, v_cache, pos_dev, i32(s_cap),
-                i32(dv), i32(h), i32(g), ws.dec_opart, i32(nsplit), i32(ws.dec_min_chunk),
-                ws.dec_cnt, ws.dec_tpart, out,
+                ws.scores, i32(ws.s_cap), ws.dec_pm, ws.dec_pl, v_cache, *vs, pos_dev,
+                i32(s_cap), i32(dv), i32(h), i32(g), ws.dec_opart, i32(nsplit),
+                i32(ws.dec_min_chunk), ws.dec_cnt, ws.dec_tpart, out,
             ),
         ),
     ]  # fmt: skip
@@ -220,7 +251,8 @@ def decode_launches(K: Kernels, ws: AttnWorkspace, q, k_cache, v_cache, pos_dev,
 
 def attention_ref(q, k, v, pos0: int, scale: float) -> np.ndarray:
     """HostTier's attention core. q [T, H, Dh] (f16 values), k [S, G, Dh] f16, v [S, G, Dv] f16
-    with S = pos0 + T -> o [T, H*Dv]."""
+    (or the float32 rows an int8 cache reads back as: `attention_int8_ref`) with S = pos0 + T
+    -> o [T, H*Dv]."""
     t, h, dh = q.shape
     s, g, dv = v.shape
     rep = h // g
@@ -234,3 +266,9 @@ def attention_ref(q, k, v, pos0: int, scale: float) -> np.ndarray:
     p /= p.sum(axis=-1, keepdims=True)
     p = p.astype(np.float16).astype(np.float32)
     return np.einsum("grts,sgd->tgrd", p, vc).reshape(t, h * dv)
+
+
+def attention_int8_ref(q, k8, kd, v8, vd, pos0: int, scale: float) -> np.ndarray:
+    """HostTier's attention core over an int8 cache: k8 [S, G, Dh] int8 with kd [S, G] float32,
+    v8 [S, G, Dv] with vd [S, G], read back as q * d (float32) -> o [T, H*Dv]."""
+    return attention_ref(q, dequantize_kv_rows(k8, kd), dequantize_kv_rows(v8, vd), pos0, scale)

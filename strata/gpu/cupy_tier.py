@@ -1,8 +1,9 @@
 """`CupyTier`: the DeviceTier interface (strata/gpu/tier.py) on the card, with CuPy RawKernels.
 
 Numerics copy HostTier's (and so llama.cpp's): activations are quantized on the device to each
-weight's vec_dot type exactly as strata.quant.activation does, the KV cache is f16, q meets it
-as f16 and the softmax probabilities are rounded to f16. What differs is float32 summation
+weight's vec_dot type exactly as strata.quant.activation does, the KV cache is f16 (or, with
+kv_type="int8", int8 rows with a float32 scale each, rounded as HostTier's int8 cache), q meets
+it as f16 and the softmax probabilities are rounded to f16. What differs is float32 summation
 order, so logits agree with HostTier to ~1e-5 relative except where a Q8 rounding flips.
 
 Arrays at the boundary: `embed` returns a device (CuPy) array; every other method accepts NumPy
@@ -42,10 +43,12 @@ from strata.gpu.experts import (
     moe_experts_grouped,
 )
 from strata.gpu.gemv import DeviceWeight, gemv
-from strata.gpu.host import EXPERT_MATS, rope_inv_freq
+from strata.gpu.host import EXPERT_MATS, check_kv_type, rope_inv_freq
 from strata.gpu.norm_quant import ActBuf, norm_quant
 from strata.gpu.rawmod import kernels_for
 from strata.gpu.rope_kv import qk_norm_rope_kv
+from strata.gpu.sample import SampleBufs, sample_logits
+from strata.gpu.staging import StageUploader
 from strata.model.loader import Model
 from strata.model.qwen3moe import name
 from strata.model.weights import dequant
@@ -73,6 +76,8 @@ class CupyTier:
         expert_slots: int | str = "auto",
         device: DeviceInfo | None = None,
         tmax: int = 32,
+        kv_type: str = "f16",
+        prefill_stage: int = 0,
     ):
         cp = self.cp = import_cupy()
         info = device or primary_device()
@@ -91,13 +96,20 @@ class CupyTier:
 
         self.budget.reserve("weights", self._dense_bytes())
         self._load_dense()
+        # KV cache [L, G, S, Dh]: f16 bits, or int8 with a float32 scale per row [L, G, S]
+        self.kv_type = check_kv_type(kv_type)
         kv_shape = (a.n_layer, a.n_head_kv, self.n_ctx)
-        kv_bytes = 2 * int(np.prod(kv_shape)) * (a.head_dim + a.v_head_dim)
-        self.budget.reserve("kv", kv_bytes)
-        self.k_cache = cp.zeros((*kv_shape, a.head_dim), np.uint16)  # f16 bits
-        self.v_cache = cp.zeros((*kv_shape, a.v_head_dim), np.uint16)
+        self.budget.reserve("kv", model.kv_bytes(self.n_ctx, self.kv_type))
+        kv = np.int8 if self.kv_type == "int8" else np.uint16
+        self.k_cache = cp.zeros((*kv_shape, a.head_dim), kv)
+        self.v_cache = cp.zeros((*kv_shape, a.v_head_dim), kv)
+        self.k_scale = self.v_scale = None
+        if self.kv_type == "int8":
+            self.k_scale = cp.zeros(kv_shape, np.float32)
+            self.v_scale = cp.zeros(kv_shape, np.float32)
         self.inv_freq = cp.asarray(rope_inv_freq(a.head_dim, a.rope_theta))
         self._alloc_workspace()
+        self._init_stage(prefill_stage)
         self._init_slots(expert_slots)
 
     # ---- loading ----
@@ -210,6 +222,7 @@ class CupyTier:
         floats += self.moe_rows * (a.expert_ff + 2)
         nbytes += 4 * floats + 4 * tm + 4 + TileBufs.bytes_for(self.moe_rows, a.n_embd)
         nbytes += GraphDecoder.device_bytes(a)  # built on the first graph decode step
+        nbytes += SampleBufs.bytes_for(a.n_vocab)
         self.budget.reserve("workspace", nbytes)
         self._graph: GraphDecoder | None = None
         self.acts = {k: ActBuf(cp, n, r, vd) for k, (n, r, vd) in specs.items()}
@@ -229,6 +242,7 @@ class CupyTier:
         self.tiles = TileBufs(cp, self.moe_rows, a.n_embd)
         self.ids_buf = cp.empty((tm,), np.int32)
         self.pos_buf = cp.zeros((1,), np.int32)  # the decode position, read by the kernels
+        self.sample_bufs = SampleBufs(cp, a.n_vocab)  # sampling on the card (eager and graphs)
         self._last_h = None  # (h view handed out by router, layer)
 
     def graph_decoder(self) -> GraphDecoder:
@@ -252,10 +266,58 @@ class CupyTier:
         return self.acts[(n, int(vec_dot))]
 
     # ---- expert slots ----
-    def _init_slots(self, expert_slots: int | str) -> None:
+    def _expert_slot_bytes(self) -> list[int]:
+        """Bytes of one slot per expert matrix (gate, up, down): the largest layer's expert."""
         a, m = self.args, self.model
         per = [[m.tensor(t, i).nbytes // a.n_expert for t in EXPERT_MATS] for i in range(a.n_layer)]
-        self.slot_bytes = [max(p[j] for p in per) for j in range(3)]
+        return [max(p[j] for p in per) for j in range(3)]
+
+    def _init_stage(self, n: int) -> None:
+        """Staging slots for a prompt's missed experts (`experts_staged`), reserved before the
+        expert cache takes what the budget leaves; 0: none (the CPU pool computes them)."""
+        self.stage_n = max(0, min(int(n), self.args.n_expert))
+        self.stage_stores = self._stager = None
+        self.stage_uploads = 0  # experts uploaded to staging (statistics)
+        if self.stage_n:
+            sb = self._expert_slot_bytes()
+            self.budget.reserve("prefill_stage", self.stage_n * sum(sb))
+            self.stage_stores = tuple(SlotStore(self.cp, self.stage_n, b) for b in sb)
+
+    def experts_staged(self, layer: int, h, ids: np.ndarray, weights: np.ndarray):
+        """Σ_k weights · expert(h) over ids >= 0 ([T, K]), every expert uploaded to the staging
+        slots first, in groups of `stage_n` (the cache's slots stay as they are): a prompt's
+        misses computed on the card instead of the CPU pool, as llama.cpp offloads a large
+        batch's host-resident weights. The experts' GGUF bytes go up through pinned memory
+        (strata/gpu/staging.py), one copy per matrix and group."""
+        if not self.stage_n:
+            raise DeviceError("experts_staged needs staging slots (prefill_stage > 0)")
+        cp, a = self.cp, self.args
+        hd, host = self._in(h)
+        ids = np.asarray(ids)
+        w = np.ascontiguousarray(weights, dtype=np.float32)
+        need = np.unique(ids[ids >= 0])
+        out = cp.zeros((hd.shape[0], a.n_embd), np.float32)
+        tmp = cp.empty_like(out) if need.size > self.stage_n else out
+        mats = [self.model.tensor(t, layer).raw() for t in EXPERT_MATS]  # [E*R, row_bytes]
+        if self._stager is None:
+            self._stager = StageUploader(cp, self._expert_slot_bytes(), self.stage_n)
+        for grp in np.array_split(need, -(-need.size // self.stage_n)) if need.size else []:
+            self.await_uploads()  # an adaptive prefetch may still be in flight
+            stage_of = np.full(a.n_expert, -1, np.int32)
+            stage_of[grp] = np.arange(grp.size, dtype=np.int32)
+            sent = self._stager.upload(self.stage_stores, mats, a.n_expert, grp)
+            self.expert_bytes_uploaded += sent
+            self.stage_uploads += grp.size
+            slots = np.where(ids >= 0, stage_of[np.maximum(ids, 0)], -1).astype(np.int32)
+            self._last_h = None
+            self._experts(layer, hd, h, slots, w, tmp, stores=self.stage_stores)
+            if tmp is not out:
+                out += tmp
+        return self._out(out, host)
+
+    def _init_slots(self, expert_slots: int | str) -> None:
+        a = self.args
+        self.slot_bytes = self._expert_slot_bytes()
         one = sum(self.slot_bytes)
         total = a.n_layer * a.n_expert
         if expert_slots == "auto":
@@ -458,6 +520,9 @@ class CupyTier:
                 norm_quant(K, x, t, L.attn_norm, self.eps, act=wa)
             gemv(K, w, wa, flat[off:], t, ldo=self.qkv_dim)
         kc, vc = self.k_cache[layer], self.v_cache[layer]
+        ks = vs = None  # the int8 cache's row scales [G, S]
+        if self.k_scale is not None:
+            ks, vs = self.k_scale[layer], self.v_scale[layer]
         qk_norm_rope_kv(
             K,
             self.qkv_buf,
@@ -472,15 +537,19 @@ class CupyTier:
             kc,
             vc,
             pos_dev=pos_dev,
+            k_scale=ks,
+            v_scale=vs,
         )
         if pos_dev is not None:
             attention_decode(
-                K, self.attn_ws, self.q_buf, kc, vc, pos_dev, self.dims, self.scale, self.o_buf
-            )
+                K, self.attn_ws, self.q_buf, kc, vc, pos_dev, self.dims, self.scale, self.o_buf,
+                ks, vs,
+            )  # fmt: skip
         else:
             attention(
-                K, self.attn_ws, self.q_buf, kc, vc, t, pos0, self.dims, self.scale, self.o_buf
-            )
+                K, self.attn_ws, self.q_buf, kc, vc, t, pos0, self.dims, self.scale, self.o_buf,
+                ks, vs,
+            )  # fmt: skip
         oact = self.act(self.o_buf.shape[1], L.o.vec_dot)
         norm_quant(K, self.o_buf, t, act=oact)
         gemv(K, L.o, oact, out, t, resid=x)
@@ -533,7 +602,10 @@ class CupyTier:
         self._last_h = None
         return self._out(out, host)
 
-    def _experts(self, layer: int, hd, h, slots: np.ndarray, w: np.ndarray, out) -> None:
+    def _experts(
+        self, layer: int, hd, h, slots: np.ndarray, w: np.ndarray, out, stores=None
+    ) -> None:
+        """out = the experts of `slots` [T, K] (in `stores`, default the cache's) on h."""
         t, k = slots.shape
         a, L = self.args, self.layers[layer]
         hact = self.act(a.n_embd, fmt(L.exp_qt[0]).vec_dot)
@@ -551,7 +623,7 @@ class CupyTier:
                     self.K,
                     L.exp_qt,
                     (a.n_embd, a.expert_ff),
-                    self.stores,
+                    stores or self.stores,
                     gh,
                     sl,
                     self.pair_slot,
@@ -567,16 +639,17 @@ class CupyTier:
                 norm_quant(self.K, hd[c0 : c0 + n], n, act=hact)
             self.pair_slot[: n * k].set(slots[c0 : c0 + n].reshape(-1))
             self.pair_w[: n * k].set(w[c0 : c0 + n].reshape(-1))
-            self._moe_pairs(layer, n, k, out[c0 : c0 + n])
+            self._moe_pairs(layer, n, k, out[c0 : c0 + n], stores)
 
-    def _moe_pairs(self, layer: int, t: int, k: int, out) -> None:
-        """out[:t] = the experts of pair_slot/pair_w [t*k] on h, quantized in its ActBuf."""
+    def _moe_pairs(self, layer: int, t: int, k: int, out, stores=None) -> None:
+        """out[:t] = the experts of pair_slot/pair_w [t*k] on h, quantized in its ActBuf
+        (slots of `stores`, default the cache's)."""
         a, L = self.args, self.layers[layer]
         moe_experts(
             self.K,
             L.exp_qt,
             (a.n_embd, a.expert_ff),
-            self.stores,
+            stores or self.stores,
             self.act(a.n_embd, fmt(L.exp_qt[0]).vec_dot),
             self.pair_slot,
             self.pair_w,
@@ -620,6 +693,14 @@ class CupyTier:
             self._output_into(xd[c0 : c0 + n], n, act)
             logits[c0 : c0 + n] = self.cp.asnumpy(self.logits_buf[:n])
         return logits
+
+    def output_sample(self, x, params, u: float) -> int:
+        """Final norm + lm_head of the last row of x, then the sampling chain on the card with
+        uniform u (strata/gpu/sample.py): only the token id comes back."""
+        xd, _ = self._in(x)
+        a = self.args
+        self._output_into(xd[-1:], 1, self.act(a.n_embd, self.lm_head.vec_dot))
+        return sample_logits(self.K, self.logits_buf, a.n_vocab, self.sample_bufs, params, u)
 
     def _output_into(self, x, n: int, act: ActBuf) -> None:
         """logits_buf[:n] = lm_head(output_norm(x[:n]))."""

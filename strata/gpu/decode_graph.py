@@ -4,8 +4,9 @@ Two shapes of step (T = 1):
 
 - **all resident** (every expert in a VRAM slot): one graph per token: the token id and position
   come in from pinned memory, embedding, L x (attention, router, top-k on the device, the (slot,
-  weight) pairs from the layer's slot table, resident experts, residual), output; the logits and
-  the L x K picks go out to pinned memory. The host only waits for it.
+  weight) pairs from the layer's slot table, resident experts, residual), output; the logits (or
+  only the token the card picked: the argmax, or a draw with knobs written to pinned memory
+  before the replay) and the L x K picks go out to pinned memory. The host only waits for it.
 - **hybrid** (some experts in the CPU pool): per layer i, graph A_i (the previous layer's MoE sum
   completed: the pool's rows come in and are added; attention; router; h and the router logits go
   host-ward) and graph B_i (the host's (slot, weight) pairs come in; the resident experts run).
@@ -28,8 +29,9 @@ import numpy as np
 from strata.gpu.elementwise import argmax_rows
 from strata.gpu.embed import embed
 from strata.gpu.experts import pairs_from_topk
-from strata.gpu.route_car import route_car
+from strata.gpu.route_car import pack_words, route_car
 from strata.gpu.router_topk import router_topk
+from strata.gpu.sample import N_KNOBS, knob_values, sample_row
 
 
 class Pinned:
@@ -64,7 +66,8 @@ class GraphDecoder:
         self.pairw_h = Pinned(cp, (k,), f32)
         self.logits_h = Pinned(cp, (1, a.n_vocab), f32)
         self.picks_h = Pinned(cp, (n_layer, k), np.int32)  # all-resident step: router picks
-        self.tok_h = Pinned(cp, (1,), np.int32)  # the greedy token
+        self.tok_h = Pinned(cp, (1,), np.int32)  # the token picked on the card
+        self.sample_h = Pinned(cp, (N_KNOBS,), np.float64)  # sampling knobs + u (sample.py)
         # device side (reserved by the tier's workspace: `device_bytes`)
         self.tokpos_d = cp.zeros((2,), np.int32)
         self.tok_d = cp.zeros((1,), np.int32)
@@ -87,12 +90,17 @@ class GraphDecoder:
             "pair_slot": tier.pair_slot[:k].reshape(1, k),
             "stats": cp.zeros((1, 4), f32),
         }
+        # the plan and h come back packed in one record (one copy per layer): views made once
+        self.pack_d = cp.zeros((pack_words(k, d),), np.uint32)
+        self.pack_h = Pinned(cp, (pack_words(k, d),), np.uint32)
+        w = self.pack_h.a
         self.plan_h = {
-            "ids0": Pinned(cp, (k,), np.int32),
-            "ids": Pinned(cp, (k,), np.int32),
-            "weights": Pinned(cp, (k,), f32),
-            "pair_slot": Pinned(cp, (k,), np.int32),
-            "stats": Pinned(cp, (4,), f32),
+            "ids0": w[:k].view(np.int32),
+            "ids": w[k : 2 * k].view(np.int32),
+            "weights": w[2 * k : 3 * k].view(f32),
+            "pair_slot": w[3 * k : 4 * k].view(np.int32),
+            "stats": w[4 * k : 4 * k + 4].view(f32),
+            "h": w[4 * k + 4 :].view(f32).reshape(1, d),
         }
         self._slot_version = tier.slot_version
         self.graphs: dict[object, object] = {}
@@ -107,6 +115,7 @@ class GraphDecoder:
         return (
             4 * (2 + 5 * a.n_embd + 2 * a.n_layer * k + a.n_layer * a.n_expert)
             + 4 * (a.n_expert + 3 * k + 4)
+            + 4 * pack_words(k, a.n_embd)
             + 8 * 4
         )
 
@@ -142,11 +151,9 @@ class GraphDecoder:
         self._seg_front(i, host=False)
         route_car(
             t.K, t.rlogits_buf, 1, a.n_expert, self.k, a.norm_topk, self.slot_table[i],
-            self.knobs_d, self.plan,
+            self.knobs_d, self.plan, self.pack_d, t.h_buf[:1],
         )  # fmt: skip
-        for name, host in self.plan_h.items():
-            self._down(host.a, self.plan[name])
-        self._down(self.h_h.a, t.h_buf[:1])
+        self._down(self.pack_h.a, self.pack_d)
 
     def _seg_experts_routed(self, i: int) -> None:
         """The resident experts of the card's own plan (pair_slot/pair_w are in place)."""
@@ -188,12 +195,17 @@ class GraphDecoder:
             cp.add(self.y_d, self.sh_out, out=self.y_d)
         cp.add(self.xb, self.y_d, out=self.xa)
 
-    def _seg_output(self, picks: bool, greedy: bool = False) -> None:
+    def _seg_output(self, picks: bool, pick: str | None = None) -> None:
         t = self.t
         t._output_into(self.xa, 1, self._out_act)
-        if greedy:  # the argmax on the card: 4 bytes come back instead of the logits
+        if pick == "greedy":  # the argmax on the card: 4 bytes come back instead of the logits
             argmax_rows(t.K, t.logits_buf, 1, t.args.n_vocab, self.tok_d)
             self._down(self.tok_h.a, self.tok_d)
+        elif pick == "sample":  # the sampling chain on the card, knobs from set_sample
+            sb = t.sample_bufs
+            self._up(sb.knobs, self.sample_h.a)
+            sample_row(t.K, t.logits_buf, t.args.n_vocab, sb)
+            self._down(self.tok_h.a, sb.tok)
         else:
             self._down(self.logits_h.a, t.logits_buf[:1])
         if picks:
@@ -222,10 +234,14 @@ class GraphDecoder:
         self.stream.wait_event(self.cp.cuda.Stream.null.record())
 
     # ---- the steps ----
-    def step_all_resident(self, token: int, pos: int, greedy: bool = False):
+    def set_sample(self, params, u: float) -> None:
+        """The knobs and uniform u of the next step picked with "sample" (sample.knob_values)."""
+        self.sample_h.a[:] = knob_values(params, u)
+
+    def step_all_resident(self, token: int, pos: int, pick: str | None = None):
         """One decode step with every expert resident -> logits [V] (a view, valid until the
-        next step), or with `greedy` the argmax token; self.picks_h.a [L, K] holds the
-        router's picks."""
+        next step), or with `pick` ("greedy", "sample") the token picked on the card;
+        self.picks_h.a [L, K] holds the router's picks."""
         n_layer = self.t.args.n_layer
 
         def whole() -> None:
@@ -233,12 +249,12 @@ class GraphDecoder:
             for i in range(n_layer):
                 self._seg_front(i, host=False)
                 self._seg_experts(i, device_routing=True)
-            self._seg_output(picks=True, greedy=greedy)
+            self._seg_output(picks=True, pick=pick)
 
         self._begin(token, pos)
-        self._run(("all", greedy), whole)
+        self._run(("all", pick), whole)
         self.stream.synchronize()
-        return int(self.tok_h.a[0]) if greedy else self.logits_h.a[0]
+        return int(self.tok_h.a[0]) if pick else self.logits_h.a[0]
 
     def front(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Hybrid step, layer i: finish layer i-1's MoE (the pool's rows in y_h), attention,
@@ -255,15 +271,15 @@ class GraphDecoder:
         self.t.await_uploads(self.stream)
         self._run(("b", i), lambda: self._seg_experts(i, device_routing=False))
 
-    def finish(self, greedy: bool = False):
+    def finish(self, pick: str | None = None):
         """The last layer's MoE sum and the output -> logits [V] (view, valid until next step),
-        or with `greedy` the argmax token."""
+        or with `pick` ("greedy", "sample") the token picked on the card."""
         self._run(
-            ("out", greedy),
-            lambda: (self._seg_finish_moe(), self._seg_output(picks=False, greedy=greedy)),
+            ("out", pick),
+            lambda: (self._seg_finish_moe(), self._seg_output(picks=False, pick=pick)),
         )
         self.stream.synchronize()
-        return int(self.tok_h.a[0]) if greedy else self.logits_h.a[0]
+        return int(self.tok_h.a[0]) if pick else self.logits_h.a[0]
 
     def begin(self, token: int, pos: int) -> None:
         """Start a hybrid step: the token and its position go to the card with graph A_0."""
@@ -282,13 +298,13 @@ class GraphDecoder:
 
     def front_routed(self, i: int) -> dict:
         """Layer i up to the card's routing plan; waits -> the plan's pinned host views
-        (ids0, ids, weights, pair_slot [K], stats [4]); h is in self.h_h.a."""
+        (ids0, ids, weights, pair_slot [K], stats [4], h [1, D]; the same dict every call)."""
         if i == 0:
             self._run(("ra", 0), lambda: (self._seg_embed(), self._seg_front_routed(0)))
         else:
             self._run(("ra", i), lambda: (self._seg_finish_moe(), self._seg_front_routed(i)))
         self.stream.synchronize()
-        return {name: host.a for name, host in self.plan_h.items()}
+        return self.plan_h
 
     def experts_routed(self, i: int) -> None:
         """Launch layer i's resident experts on the card's plan (returns at once)."""

@@ -2,6 +2,8 @@
 
 It copies llama.cpp CPU's roundings (activations through the weight's vec_dot type, an f16 KV
 cache, f16 softmax probabilities), so its greedy tokens match llama.cpp's on the same file.
+`kv_type="int8"` keeps the KV rows as int8 with a float32 scale per row instead
+(strata.gpu.rope_kv.quantize_kv_rows: the rounding the GPU tier's int8 cache uses).
 "Resident" experts are dequantized slot copies kept in an LRU bounded in bytes: an emulation for
 tests and CPU-only runs, never the CPU pool.
 """
@@ -14,6 +16,8 @@ import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
+from strata.gpu.rope_kv import dequantize_kv_rows, quantize_kv_rows
+from strata.gpu.sample import sample_ref
 from strata.model.loader import Model
 from strata.model.weights import dequant
 from strata.progress import bar
@@ -22,6 +26,13 @@ from strata.quant.activation import roundtrip
 
 QT = GGMLQuantizationType
 EXPERT_MATS = (MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP)
+KV_TYPES = ("f16", "int8")  # the KV cache's element type (--kv-type)
+
+
+def check_kv_type(kv_type: str) -> str:
+    if kv_type not in KV_TYPES:
+        raise ValueError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
+    return kv_type
 
 
 def rope_inv_freq(head_dim: int, base: float) -> np.ndarray:
@@ -56,10 +67,19 @@ class _Linear:
 class HostTier:
     name = "host"
 
-    def __init__(self, model: Model, n_ctx: int = 4096, expert_cache_mib: int = 2048):
+    def __init__(
+        self,
+        model: Model,
+        n_ctx: int = 4096,
+        expert_cache_mib: int = 2048,
+        kv_type: str = "f16",
+        prefill_stage: int = 0,
+    ):
         a = self.args = model.args
         self.model = model
         self.n_ctx = n_ctx
+        self.kv_type = check_kv_type(kv_type)
+        self.stage_n = int(prefill_stage)  # experts_staged: any expert computes here
         self._slot_budget_mib = expert_cache_mib
         self.eps = np.float32(a.rms_eps)
         self.embd = model.tensor(MT.TOKEN_EMBD)
@@ -101,9 +121,14 @@ class HostTier:
     def _init_rest(self, model: Model) -> None:
         a, n_ctx = self.args, self.n_ctx
         self.inv_freq = rope_inv_freq(a.head_dim, a.rope_theta)  # [Dh/2]
-        # f16 KV cache, allocated once: [L, S, G, Dh]
-        self.k_cache = np.zeros((a.n_layer, n_ctx, a.n_head_kv, a.head_dim), np.float16)
-        self.v_cache = np.zeros((a.n_layer, n_ctx, a.n_head_kv, a.v_head_dim), np.float16)
+        # KV cache, allocated once: [L, S, G, Dh] f16, or int8 with scales [L, S, G] float32
+        kv = np.int8 if self.kv_type == "int8" else np.float16
+        self.k_cache = np.zeros((a.n_layer, n_ctx, a.n_head_kv, a.head_dim), kv)
+        self.v_cache = np.zeros((a.n_layer, n_ctx, a.n_head_kv, a.v_head_dim), kv)
+        self.k_scale = self.v_scale = None
+        if self.kv_type == "int8":
+            self.k_scale = np.zeros((a.n_layer, n_ctx, a.n_head_kv), np.float32)
+            self.v_scale = np.zeros((a.n_layer, n_ctx, a.n_head_kv), np.float32)
         self.expert_vec_dot = [
             tuple(fmt(model.tensor(m, i).qtype).vec_dot for m in EXPERT_MATS)
             for i in range(a.n_layer)
@@ -145,10 +170,16 @@ class HostTier:
             k = self.rms_norm(k, L["k_norm"])
         q, k = self.rope(q, pos0), self.rope(k, pos0)
         s = pos0 + t
-        self.k_cache[layer, pos0:s] = k
-        self.v_cache[layer, pos0:s] = v
-        kc = self.k_cache[layer, :s].astype(np.float32)  # [S, G, Dh]
-        vc = self.v_cache[layer, :s].astype(np.float32)
+        if self.kv_type == "int8":  # int8 rows, one scale each: quantized from float32 k, v
+            self.k_cache[layer, pos0:s], self.k_scale[layer, pos0:s] = quantize_kv_rows(k)
+            self.v_cache[layer, pos0:s], self.v_scale[layer, pos0:s] = quantize_kv_rows(v)
+            kc = dequantize_kv_rows(self.k_cache[layer, :s], self.k_scale[layer, :s])  # [S, G, Dh]
+            vc = dequantize_kv_rows(self.v_cache[layer, :s], self.v_scale[layer, :s])
+        else:
+            self.k_cache[layer, pos0:s] = k
+            self.v_cache[layer, pos0:s] = v
+            kc = self.k_cache[layer, :s].astype(np.float32)  # [S, G, Dh]
+            vc = self.v_cache[layer, :s].astype(np.float32)
         rep = a.n_head // a.n_head_kv
         qg = q.astype(np.float16).astype(np.float32).reshape(t, a.n_head_kv, rep, a.head_dim)
         scores = np.einsum("tgrd,sgd->grts", qg, kc) * np.float32(1.0 / np.sqrt(a.head_dim))
@@ -201,6 +232,13 @@ class HostTier:
             out[rows] += weights[rows, ks][:, None] * y
         return out
 
+    def experts_staged(
+        self, layer: int, h: np.ndarray, ids: np.ndarray, weights: np.ndarray
+    ) -> np.ndarray:
+        """A prompt's missed experts computed on this tier (the GPU tier uploads them to its
+        staging slots first; here every expert is at hand)."""
+        return self.experts(layer, h, ids, weights)
+
     def shared_expert(self, layer: int, h: np.ndarray) -> np.ndarray:
         L = self.layers[layer]
         if "sh_gate" not in L:
@@ -212,3 +250,8 @@ class HostTier:
 
     def output(self, x: np.ndarray) -> np.ndarray:
         return self.lm_head(self.rms_norm(x, self.out_norm))  # [T, V]
+
+    def output_sample(self, x: np.ndarray, params, u: float) -> int:
+        """The sampling chain on the last row's logits with uniform u: the GPU tier's
+        `output_sample` computed with its NumPy reference (strata/gpu/sample.py)."""
+        return sample_ref(self.output(x[-1:])[0], params, u)

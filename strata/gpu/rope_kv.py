@@ -1,10 +1,17 @@
-"""q/k RMSNorm + NEOX RoPE + f16 KV append (kernels/rope_kv.cu): launcher and NumPy reference."""
+"""q/k RMSNorm + NEOX RoPE + KV append (kernels/rope_kv.cu): launcher and NumPy reference.
+
+The KV cache is f16 (uint16 bits) or int8: quants with one float32 scale per cached row (per
+token and KV head, for K and for V), d = absmax / 127 and q = rint(x / d) in float32
+(`quantize_kv_rows`, the rounding both tiers use). A row reads back as q * d.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from strata.gpu.rawmod import Kernels, f32, i32, ptr
+
+U16 = np.dtype(np.uint16)
 
 
 def qk_norm_rope_kv(
@@ -21,8 +28,11 @@ def qk_norm_rope_kv(
     k_cache,
     v_cache,
     pos_dev=None,
+    k_scale=None,
+    v_scale=None,
 ) -> None:
-    """qkv [T, H*Dh + G*Dh + G*Dv]; k_cache/v_cache: one layer, [G, S_cap, Dh] uint16 (f16).
+    """qkv [T, H*Dh + G*Dh + G*Dv]; k_cache/v_cache: one layer, [G, S_cap, Dh] uint16 (f16),
+    or int8 with k_scale/v_scale [G, S_cap] float32 (the int8 cache: `quantize_kv_rows`).
 
     Tokens sit at positions pos0..pos0+T-1, or, with `pos_dev` (a device int32 array [1]), at
     pos_dev[0].. read by the kernel itself: the launch then does not change with the position
@@ -31,27 +41,57 @@ def qk_norm_rope_kv(
         raise ValueError("pos_dev must be a device int32 array holding the start position")
     h, g, dh, dv = dims
     threads = -(-max(dh, dv) // K.warp) * K.warp
+    head = (qkv, i32(h), i32(g), i32(dh), i32(dv), ptr(q_norm), ptr(k_norm), f32(eps), inv_freq)
+    if kv_is_int8(k_cache, v_cache, k_scale, v_scale):
+        K.fn("rope_kv.cu", "qk_norm_rope_kv_i8")(
+            (h + 2 * g, t),
+            (threads,),
+            (*head, i32(pos0), q_out, k_cache, v_cache, k_scale, v_scale,
+             i32(k_cache.shape[1]), ptr(pos_dev)),
+        )  # fmt: skip
+        return
     K.fn("rope_kv.cu", "qk_norm_rope_kv")(
         (h + 2 * g, t),
         (threads,),
-        (
-            qkv,
-            i32(h),
-            i32(g),
-            i32(dh),
-            i32(dv),
-            ptr(q_norm),
-            ptr(k_norm),
-            f32(eps),
-            inv_freq,
-            i32(pos0),
-            q_out,
-            k_cache,
-            v_cache,
-            i32(k_cache.shape[1]),
-            ptr(pos_dev),
-        ),
+        (*head, i32(pos0), q_out, k_cache, v_cache, i32(k_cache.shape[1]), ptr(pos_dev)),
     )
+
+
+def kv_is_int8(k_cache, v_cache, k_scale, v_scale) -> bool:
+    """Whether a layer's cache is int8 (then with its scales [G, S_cap] float32), else f16;
+    a mixed or incomplete set is refused."""
+    if k_scale is None and v_scale is None and k_cache.dtype == U16 and v_cache.dtype == U16:
+        return False  # the f16 cache: the common case, checked first (eager decode calls this)
+    kinds = {np.dtype(k_cache.dtype), np.dtype(v_cache.dtype)}
+    if kinds == {np.dtype(np.uint16)}:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError("an f16 KV cache takes no scales")
+        return False
+    if kinds != {np.dtype(np.int8)}:
+        raise ValueError(f"KV cache must be uint16 (f16) or int8, got {sorted(map(str, kinds))}")
+    for c, sc, n in ((k_cache, k_scale, "k"), (v_cache, v_scale, "v")):
+        if sc is None or np.dtype(sc.dtype) != np.float32 or tuple(sc.shape) != c.shape[:2]:
+            raise ValueError(f"an int8 KV cache needs {n}_scale float32 {c.shape[:2]}")
+    return True
+
+
+def quantize_kv_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x [..., D] float32 -> (q [..., D] int8, d [...] float32): d = absmax / 127 per row,
+    q = rint(x / d) (nearest, ties to even; a division, not a product with 1 / d, which would
+    overflow for a subnormal d), clipped to +-127; d = 0 and q = 0 for a zero row. The int8 KV
+    rows of both tiers; the GPU kernel does the same correctly rounded float32 operations."""
+    x = np.asarray(x, np.float32)
+    amax = np.max(np.abs(x), axis=-1)  # [...]
+    d = (amax / np.float32(127)).astype(np.float32)
+    r = np.zeros_like(x)
+    np.divide(x, d[..., None], out=r, where=d[..., None] != 0)
+    q = np.clip(np.rint(r), -127, 127).astype(np.int8)
+    return q, d
+
+
+def dequantize_kv_rows(q: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """(q [..., D] int8, d [...] float32) -> x [..., D] float32 = q * d."""
+    return q.astype(np.float32) * d[..., None].astype(np.float32)
 
 
 def rms_norm_ref(x, w, eps):
@@ -69,8 +109,9 @@ def rope_ref(x: np.ndarray, pos0: int, inv_freq: np.ndarray) -> np.ndarray:
     return np.concatenate([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
 
 
-def qk_norm_rope_kv_ref(qkv, dims, q_norm, k_norm, eps, inv_freq, pos0):
-    """-> q [T, H, Dh] (f16 values as float32), k [T, G, Dh] f16, v [T, G, Dv] f16."""
+def qk_norm_rope_kv_ref(qkv, dims, q_norm, k_norm, eps, inv_freq, pos0, kv_type: str = "f16"):
+    """-> q [T, H, Dh] (f16 values as float32), k [T, G, Dh] f16, v [T, G, Dv] f16; with
+    kv_type "int8": q, (k8 [T, G, Dh] int8, kd [T, G] float32), (v8, vd) instead."""
     h, g, dh, dv = dims
     t = qkv.shape[0]
     q = qkv[:, : h * dh].reshape(t, h, dh)
@@ -80,6 +121,8 @@ def qk_norm_rope_kv_ref(qkv, dims, q_norm, k_norm, eps, inv_freq, pos0):
         q = rms_norm_ref(q, q_norm, eps)
         k = rms_norm_ref(k, k_norm, eps)
     q, k = rope_ref(q, pos0, inv_freq), rope_ref(k, pos0, inv_freq)
+    if kv_type == "int8":
+        return q.astype(np.float16).astype(np.float32), quantize_kv_rows(k), quantize_kv_rows(v)
     return (
         q.astype(np.float16).astype(np.float32),
         k.astype(np.float16),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.gpu.rawmod import Kernels, f32, i32
+from strata.gpu.rawmod import Kernels, f32, i32, ptr
 from strata.routing.topk import MIN_WEIGHT_SUM
 
 MAX_K = 16
@@ -20,14 +20,37 @@ def route_car_supported(K: Kernels, e: int, k: int) -> bool:
     return k <= MAX_K and k <= e <= MAX_PER_LANE * K.warp
 
 
+def pack_words(k: int, d: int) -> int:
+    """32-bit words of one token's packed plan: ids0, ids, weights, pair_slot [K], stats [4],
+    h [D]."""
+    return 4 * k + 4 + d
+
+
 def route_car(
-    K: Kernels, logits, t: int, e: int, k: int, renorm: bool, slot_row, knobs, out: dict
+    K: Kernels,
+    logits,
+    t: int,
+    e: int,
+    k: int,
+    renorm: bool,
+    slot_row,
+    knobs,
+    out: dict,
+    pack=None,
+    h=None,
 ) -> None:
     """out: probs [T, E] f32, ids0/ids/pair_slot [T, K] i32, weights [T, K] f32, stats [T, 4]
     f32 (misses before CAR, substitutions, misses after, sum of ratios). knobs [4] float64 on
-    the device: threshold, budget, free_ratio, on. slot_row [E] i32 (-1: not resident)."""
+    the device: threshold, budget, free_ratio, on. slot_row [E] i32 (-1: not resident).
+    With `pack` (uint32 [T, pack_words(K, D)]) the plan and the rows h [T, D] are also written
+    there as one record per token (one copy to the host)."""
     if not route_car_supported(K, e, k):
         raise ValueError(f"device routing of top-{k} of {e} experts is not supported")
+    d = 0
+    if pack is not None:
+        d = int(h.shape[-1])
+        if pack.dtype != np.uint32 or pack.size < t * pack_words(k, d):
+            raise ValueError(f"pack must be uint32 with {t} x {pack_words(k, d)} words")
     K.fn("route_car.cu", "route_car")(
         (t,),
         (K.warp,),
@@ -45,6 +68,9 @@ def route_car(
             out["weights"],
             out["pair_slot"],
             out["stats"],
+            ptr(pack),
+            ptr(h),
+            i32(d),
         ),
     )
 

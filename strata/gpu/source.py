@@ -29,6 +29,7 @@ SOURCES = (
     "router_topk.cu",
     "route_car.cu",
     "elementwise.cu",
+    "sample.cu",
 )
 
 

@@ -91,10 +91,14 @@ class Model:
     def total_expert_bytes(self) -> int:
         return sum(self.expert_bytes(i) * self.args.n_expert for i in range(self.args.n_layer))
 
-    def kv_bytes(self, n_ctx: int) -> int:
-        """f16 K and V for every layer at `n_ctx` positions."""
+    def kv_bytes(self, n_ctx: int, kv_type: str = "f16") -> int:
+        """K and V for every layer at `n_ctx` positions: f16, or int8 with a float32 scale per
+        row (token, KV head; K and V each)."""
         a = self.args
-        return a.n_layer * n_ctx * a.n_head_kv * (a.head_dim + a.v_head_dim) * 2
+        rows = a.n_layer * n_ctx * a.n_head_kv  # per K and per V
+        if kv_type == "int8":
+            return rows * (a.head_dim + a.v_head_dim + 2 * 4)
+        return rows * (a.head_dim + a.v_head_dim) * 2
 
     def dense_bytes(self) -> int:
         expert = {name(t, i) for i in range(self.args.n_layer) for t in EXPERT_TENSORS}

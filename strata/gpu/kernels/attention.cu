@@ -1,6 +1,7 @@
-// Attention over the f16 KV cache, split along the keys (flash-decoding), for decode and for
-// causal prefill, with llama.cpp's roundings: q as f16 values, scores in float32, softmax
-// probabilities rounded to f16 *after* normalization (they meet the f16 V as f16).
+// Attention over the KV cache (f16, or int8 with a scale per row: see below), split along the
+// keys (flash-decoding), for decode and for causal prefill, with llama.cpp's roundings: q as f16
+// values, scores in float32, softmax probabilities rounded to f16 *after* normalization (they
+// meet the f16 V as f16).
 //
 // Because the f16 rounding needs the final max and sum, the probabilities cannot be folded
 // online; three launches instead, all deterministic (fixed reduction orders, no atomics):
@@ -13,57 +14,133 @@
 //   attn_combine  grid (T*H), block Dv: o = sum of the split partials (already normalized).
 // Query t sees keys 0..pos0+t (causal); S = pos0 + T keys are valid. Dh, Dv <= ATT_MAX_DH and
 // multiples of 8; H / G <= ATT_MAX_REP (accumulators past rep are computed, never stored).
+//
+// The cache element type is a template argument (KvF16, KvI8) of every kernel: the int8 cache
+// (`_i8` kernels) holds quants q with one float scale d per row ([G, S_cap] beside the cache),
+// a row being x = q * d. The scores take d once per key (q.k8 * d * scale); V's d is folded into
+// the key's probability after its f16 rounding (f16(p) * d, then * v8).
 #include "common.cuh"
 
 #define ATT_TILE 64
 #define ATT_MAX_REP 16
 #define ATT_MAX_DH 128
 
-// rows [s0, s0 + n) of a [S_cap, D] f16 cache (D multiple of 8) into shared memory, row
-// stride `ld` words (u32), by 16-byte loads spread over the block
-__device__ __forceinline__ void stage_rows(const u16* __restrict__ src, int D, int n, u32* dst,
-                                           int ld) {
-    const int chunks = D / 8;  // 16-byte chunks per row
-    for (int c = threadIdx.x; c < n * chunks; c += blockDim.x) {
-        const int row = c / chunks, col = c - row * chunks;
-        const i32x4 v = *(const i32x4*)(src + (i64)row * D + col * 8);
-        u32* d = dst + row * ld + col * 4;
+struct alignas(8) i32x2 {
+    int x, y;
+};
+
+// f16 cache: a chunk of 8 dims is 16 bytes (4 words of 2 halves); no scales
+struct KvF16 {
+    typedef u16 T;
+    typedef i32x4 Chunk;
+    enum { CW = 4, W4 = 2 };  // words per chunk, words per 4 dims
+    static __device__ __forceinline__ int words(int D) { return D / 2; }
+    static __device__ __forceinline__ Chunk zero() { return i32x4{0, 0, 0, 0}; }
+    static __device__ __forceinline__ void put(u32* d, const Chunk& v) {
         d[0] = (u32)v.x;
         d[1] = (u32)v.y;
         d[2] = (u32)v.z;
         d[3] = (u32)v.w;
     }
+    static __device__ __forceinline__ void unpack8(const Chunk& c, float* f) {
+        const u32 w4[4] = {(u32)c.x, (u32)c.y, (u32)c.z, (u32)c.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            f[2 * e] = h2f((u16)w4[e]);
+            f[2 * e + 1] = h2f((u16)(w4[e] >> 16));
+        }
+    }
+    // dims 4j..4j+3 of a staged row (kr: its words, w = W4 * j)
+    static __device__ __forceinline__ void get4(const u32* kr, int w, float& k0, float& k1,
+                                                float& k2, float& k3) {
+        const u32 ka = kr[w], kb = kr[w + 1];
+        k0 = h2f((u16)ka), k1 = h2f((u16)(ka >> 16));
+        k2 = h2f((u16)kb), k3 = h2f((u16)(kb >> 16));
+    }
+    static __device__ __forceinline__ float elem(const u32* base, int i) {
+        return h2f(((const u16*)base)[i]);
+    }
+    static __device__ __forceinline__ float scale_at(const float*, i64) { return 1.0f; }
+    static __device__ __forceinline__ float scaled(float x, float) { return x; }
+};
+
+// int8 cache: a chunk of 8 dims is 8 bytes (2 words of 4 quants); a float scale per row
+struct KvI8 {
+    typedef i8 T;
+    typedef i32x2 Chunk;
+    enum { CW = 2, W4 = 1 };
+    static __device__ __forceinline__ int words(int D) { return D / 4; }
+    static __device__ __forceinline__ Chunk zero() { return i32x2{0, 0}; }
+    static __device__ __forceinline__ void put(u32* d, const Chunk& v) {
+        d[0] = (u32)v.x;
+        d[1] = (u32)v.y;
+    }
+    static __device__ __forceinline__ void unpack8(const Chunk& c, float* f) {
+        const u32 w2[2] = {(u32)c.x, (u32)c.y};
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) f[4 * e + b] = (float)(i8)(w2[e] >> (8 * b));
+    }
+    static __device__ __forceinline__ void get4(const u32* kr, int w, float& k0, float& k1,
+                                                float& k2, float& k3) {
+        const u32 ka = kr[w];
+        k0 = (float)(i8)ka, k1 = (float)(i8)(ka >> 8);
+        k2 = (float)(i8)(ka >> 16), k3 = (float)(i8)(ka >> 24);
+    }
+    static __device__ __forceinline__ float elem(const u32* base, int i) {
+        return (float)((const i8*)base)[i];
+    }
+    static __device__ __forceinline__ float scale_at(const float* s, i64 i) { return s[i]; }
+    static __device__ __forceinline__ float scaled(float x, float d) { return x * d; }
+};
+
+// rows [s0, s0 + n) of a [S_cap, D] cache (D multiple of 8) into shared memory, row stride `ld`
+// words (u32), by chunk loads (8 dims each: 16 bytes f16, 8 bytes int8) spread over the block
+template <typename KV>
+__device__ __forceinline__ void stage_rows(const typename KV::T* __restrict__ src, int D, int n,
+                                           u32* dst, int ld) {
+    const int chunks = D / 8;  // chunks per row
+    for (int c = threadIdx.x; c < n * chunks; c += blockDim.x) {
+        const int row = c / chunks, col = c - row * chunks;
+        const typename KV::Chunk v = *(const typename KV::Chunk*)(src + (i64)row * D + col * 8);
+        KV::put(dst + row * ld + col * KV::CW, v);
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_TILE)
-    attn_scores(const float* __restrict__ q, const u16* __restrict__ k_cache, int S_cap, int Dh,
-                int H, int G, int pos0, int S, float scale, float* __restrict__ scores, int ss,
-                float* __restrict__ pmax, float* __restrict__ psum, int ntc) {
+template <typename KV>
+__device__ __forceinline__ void attn_scores_t(const float* __restrict__ q,
+                                              const typename KV::T* __restrict__ k_cache,
+                                              const float* __restrict__ k_scale, int S_cap,
+                                              int Dh, int H, int G, int pos0, int S, float scale,
+                                              float* __restrict__ scores, int ss,
+                                              float* __restrict__ pmax, float* __restrict__ psum,
+                                              int ntc) {
     __shared__ f32x4 qs4[ATT_MAX_REP * ATT_MAX_DH / 4];
     __shared__ u32 ks[ATT_TILE * (ATT_MAX_DH / 2 + 1)];  // +1 word per row: no bank conflicts
     float* qs = (float*)qs4;
     __shared__ float red[1024 / STRATA_WARP];
     const int tile = blockIdx.x, g = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
-    const int rep = H / G, ld = Dh / 2 + 1;
+    const int rep = H / G, ld = KV::words(Dh) + 1;
     const int s0 = tile * ATT_TILE, s = s0 + tid;
     for (int k = tid; k < rep * Dh; k += blockDim.x)
         qs[k] = q[((i64)t * H + g * rep) * Dh + k];  // heads g*rep.. are contiguous
-    stage_rows(k_cache + ((i64)g * S_cap + s0) * Dh, Dh, min(ATT_TILE, S - s0), ks, ld);
+    stage_rows<KV>(k_cache + ((i64)g * S_cap + s0) * Dh, Dh, min(ATT_TILE, S - s0), ks, ld);
     __syncthreads();
     const bool valid = s < S && s <= pos0 + t;
+    const float kd = valid ? KV::scale_at(k_scale, (i64)g * S_cap + s) : 0.0f;  // int8: row's d
     float acc[ATT_MAX_REP];
 #pragma unroll
     for (int r = 0; r < ATT_MAX_REP; ++r) acc[r] = 0.0f;
     if (valid) {
         const u32* kr = ks + tid * ld;
-        for (int w = 0; w < Dh / 2; w += 2) {  // 4 dims a step: one 16-byte q load per head
-            const u32 ka = kr[w], kb = kr[w + 1];
-            const float k0 = h2f((u16)ka), k1 = h2f((u16)(ka >> 16));
-            const float k2 = h2f((u16)kb), k3 = h2f((u16)(kb >> 16));
+        for (int w = 0; w < KV::words(Dh); w += KV::W4) {  // 4 dims a step: one q load a head
+            float k0, k1, k2, k3;
+            KV::get4(kr, w, k0, k1, k2, k3);
 #pragma unroll
             for (int r = 0; r < ATT_MAX_REP; ++r) {
                 if (r < rep) {
-                    const f32x4 qv = qs4[(r * Dh) / 4 + w / 2];
+                    const f32x4 qv = qs4[(r * Dh) / 4 + w / KV::W4];
                     acc[r] += qv.x * k0 + qv.y * k1 + qv.z * k2 + qv.w * k3;
                 }
             }
@@ -72,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE)
 #pragma unroll
     for (int r = 0; r < ATT_MAX_REP; ++r) {
         if (r < rep) {  // block-uniform
-            const float sc = valid ? acc[r] * scale : NEG_INF;
+            const float sc = valid ? KV::scaled(acc[r], kd) * scale : NEG_INF;
             const i64 row = (i64)t * H + g * rep + r;
             if (s < S) scores[row * ss + s] = sc;
             const float m = block_max_f32(sc, red);
@@ -86,11 +163,31 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE)
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_MAX_DH)
-    attn_pv(const float* __restrict__ scores, int ss, const float* __restrict__ pmax,
-            const float* __restrict__ psum, int ntc, int ntiles, const u16* __restrict__ v_cache,
-            int S_cap, int Dv, int H, int G, int S, int chunk, float* __restrict__ o_part,
-            int nsplit) {
+extern "C" __global__ void __launch_bounds__(ATT_TILE)
+    attn_scores(const float* __restrict__ q, const u16* __restrict__ k_cache, int S_cap, int Dh,
+                int H, int G, int pos0, int S, float scale, float* __restrict__ scores, int ss,
+                float* __restrict__ pmax, float* __restrict__ psum, int ntc) {
+    attn_scores_t<KvF16>(q, k_cache, nullptr, S_cap, Dh, H, G, pos0, S, scale, scores, ss, pmax,
+                         psum, ntc);
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_TILE)
+    attn_scores_i8(const float* __restrict__ q, const i8* __restrict__ k_cache,
+                   const float* __restrict__ k_scale, int S_cap, int Dh, int H, int G, int pos0,
+                   int S, float scale, float* __restrict__ scores, int ss,
+                   float* __restrict__ pmax, float* __restrict__ psum, int ntc) {
+    attn_scores_t<KvI8>(q, k_cache, k_scale, S_cap, Dh, H, G, pos0, S, scale, scores, ss, pmax,
+                        psum, ntc);
+}
+
+template <typename KV>
+__device__ __forceinline__ void attn_pv_t(const float* __restrict__ scores, int ss,
+                                          const float* __restrict__ pmax,
+                                          const float* __restrict__ psum, int ntc, int ntiles,
+                                          const typename KV::T* __restrict__ v_cache,
+                                          const float* __restrict__ v_scale, int S_cap, int Dv,
+                                          int H, int G, int S, int chunk,
+                                          float* __restrict__ o_part, int nsplit) {
     __shared__ float M[ATT_MAX_REP], L[ATT_MAX_REP];
     __shared__ f32x4 p4[ATT_TILE * ATT_MAX_REP / 4];  // p[i][r]: a key's rep probabilities
     float* p = (float*)p4;
@@ -119,23 +216,24 @@ extern "C" __global__ void __launch_bounds__(ATT_MAX_DH)
 #pragma unroll
     for (int r = 0; r < ATT_MAX_REP; ++r) acc[r] = 0.0f;
     const int s0 = split * chunk, s1 = min(S, s0 + chunk);
-    const u16* vh = (const u16*)vs;
     for (int base = s0; base < s1; base += ATT_TILE) {
         const int n = min(ATT_TILE, s1 - base);
-        stage_rows(v_cache + ((i64)g * S_cap + base) * Dv, Dv, n, vs, Dv / 2);
+        stage_rows<KV>(v_cache + ((i64)g * S_cap + base) * Dv, Dv, n, vs, KV::words(Dv));
         for (int k = tid; k < rep * ATT_TILE; k += blockDim.x) {
             const int r = k / ATT_TILE, i = k % ATT_TILE;
             float pv = 0.0f;
             if (i < n) {
                 const float sc = scores[((i64)t * H + g * rep + r) * ss + base + i];
-                if (sc != NEG_INF) pv = round_f16(expf(sc - M[r]) / L[r]);
+                if (sc != NEG_INF)  // int8: the V row's scale rides on its probability
+                    pv = KV::scaled(round_f16(expf(sc - M[r]) / L[r]),
+                                    KV::scale_at(v_scale, (i64)g * S_cap + base + i));
             }
             p[i * ATT_MAX_REP + r] = pv;
         }
         __syncthreads();
         if (tid < Dv) {
             for (int i = 0; i < n; ++i) {
-                const float v = h2f(vh[i * Dv + tid]);
+                const float v = KV::elem(vs, i * Dv + tid);
 #pragma unroll
                 for (int j = 0; j < ATT_MAX_REP / 4; ++j) {
                     if (4 * j < rep) {
@@ -153,6 +251,24 @@ extern "C" __global__ void __launch_bounds__(ATT_MAX_DH)
     if (tid < Dv)
         for (int r = 0; r < rep; ++r)
             o_part[(((i64)t * H + g * rep + r) * nsplit + split) * Dv + tid] = acc[r];
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_MAX_DH)
+    attn_pv(const float* __restrict__ scores, int ss, const float* __restrict__ pmax,
+            const float* __restrict__ psum, int ntc, int ntiles, const u16* __restrict__ v_cache,
+            int S_cap, int Dv, int H, int G, int S, int chunk, float* __restrict__ o_part,
+            int nsplit) {
+    attn_pv_t<KvF16>(scores, ss, pmax, psum, ntc, ntiles, v_cache, nullptr, S_cap, Dv, H, G, S,
+                     chunk, o_part, nsplit);
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_MAX_DH)
+    attn_pv_i8(const float* __restrict__ scores, int ss, const float* __restrict__ pmax,
+               const float* __restrict__ psum, int ntc, int ntiles, const i8* __restrict__ v_cache,
+               const float* __restrict__ v_scale, int S_cap, int Dv, int H, int G, int S,
+               int chunk, float* __restrict__ o_part, int nsplit) {
+    attn_pv_t<KvI8>(scores, ss, pmax, psum, ntc, ntiles, v_cache, v_scale, S_cap, Dv, H, G, S,
+                    chunk, o_part, nsplit);
 }
 
 extern "C" __global__ void attn_combine(const float* __restrict__ o_part, int nsplit, int Dv,
@@ -244,8 +360,9 @@ __device__ __forceinline__ int dec_head0(int li) {
     return off;
 }
 
-template <int U>
-__device__ __forceinline__ void dec_load_k(i32x4 (&kv)[U][2], const u16* __restrict__ kg, int base,
+template <typename KV, int U>
+__device__ __forceinline__ void dec_load_k(typename KV::Chunk (&kv)[U][2],
+                                           const typename KV::T* __restrict__ kg, int base,
                                            int k1, int li, int nch, int Dh) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -253,16 +370,26 @@ __device__ __forceinline__ void dec_load_k(i32x4 (&kv)[U][2], const u16* __restr
         for (int cc = 0; cc < 2; ++cc) {
             const int c = li + 8 * cc;
             if (base + u < k1 && c < nch)
-                kv[u][cc] = *(const i32x4*)(kg + (i64)(base + u) * Dh + c * 8);
+                kv[u][cc] = *(const typename KV::Chunk*)(kg + (i64)(base + u) * Dh + c * 8);
             else
-                kv[u][cc] = i32x4{0, 0, 0, 0};
+                kv[u][cc] = KV::zero();
         }
     }
 }
 
-template <int R>
+// int8: the scales of the keys dec_load_k loads, rows row0 + key (f16: nothing is read)
+template <typename KV, int U>
+__device__ __forceinline__ void dec_load_kd(float (&kd)[U], const float* __restrict__ k_scale,
+                                            i64 row0, int base, int k1) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+        kd[u] = base + u < k1 ? KV::scale_at(k_scale, row0 + base + u) : 0.0f;
+}
+
+template <int R, typename KV>
 __device__ __forceinline__ void dec_scores(const float* __restrict__ q,
-                                           const u16* __restrict__ k_cache,
+                                           const typename KV::T* __restrict__ k_cache,
+                                           const float* __restrict__ k_scale,
                                            const int* __restrict__ pos_dev, int S_cap, int Dh,
                                            int H, int G, float scale, float* __restrict__ scores,
                                            int ss, float* __restrict__ pm, float* __restrict__ pl,
@@ -279,9 +406,11 @@ __device__ __forceinline__ void dec_scores(const float* __restrict__ q,
     const int rep = H / G, nch = Dh / 8;
     const int k0 = split * chunk, k1 = min(S, k0 + chunk);
     const int grp = tid >> 3, li = tid & 7;
-    const u16* kg = k_cache + (i64)g * S_cap * Dh;
-    i32x4 kv[U][2];
-    dec_load_k<U>(kv, kg, k0 + grp * U, k1, li, nch, Dh);  // in flight while q is staged
+    const typename KV::T* kg = k_cache + (i64)g * S_cap * Dh;
+    typename KV::Chunk kv[U][2];
+    float kd[U];
+    dec_load_k<KV, U>(kv, kg, k0 + grp * U, k1, li, nch, Dh);  // in flight while q is staged
+    dec_load_kd<KV, U>(kd, k_scale, (i64)g * S_cap, k0 + grp * U, k1);
     float* qs = (float*)qs4;
     for (int i = tid; i < R * Dh; i += blockDim.x)
         qs[i] = i < rep * Dh ? q[(i64)g * rep * Dh + i] : 0.0f;  // heads g*rep.. contiguous
@@ -307,15 +436,7 @@ __device__ __forceinline__ void dec_scores(const float* __restrict__ q,
             if (c < nch) {
                 float kf[U][8];
 #pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const u32 w4[4] = {(u32)kv[u][cc].x, (u32)kv[u][cc].y, (u32)kv[u][cc].z,
-                                       (u32)kv[u][cc].w};
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        kf[u][2 * e] = h2f((u16)w4[e]);
-                        kf[u][2 * e + 1] = h2f((u16)(w4[e] >> 16));
-                    }
-                }
+                for (int u = 0; u < U; ++u) KV::unpack8(kv[u][cc], kf[u]);
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     if (r < rep) {
@@ -330,7 +451,11 @@ __device__ __forceinline__ void dec_scores(const float* __restrict__ q,
                 }
             }
         }
-        dec_load_k<U>(kv, kg, base + NGRP * U, k1, li, nch, Dh);  // the next step's keys
+        float kdn[U];  // int8: this step's key scales (the loads below replace kd)
+#pragma unroll
+        for (int u = 0; u < U; ++u) kdn[u] = kd[u];
+        dec_load_k<KV, U>(kv, kg, base + NGRP * U, k1, li, nch, Dh);  // the next step's keys
+        dec_load_kd<KV, U>(kd, k_scale, (i64)g * S_cap, base + NGRP * U, k1);
 #pragma unroll
         for (int u = 0; u < U; ++u) GroupSum<R, 4>::run(acc[u], li);
         if (owner) {
@@ -342,7 +467,7 @@ __device__ __forceinline__ void dec_scores(const float* __restrict__ q,
                     for (int j = 0; j < NV; ++j) {
                         const int r = h0 + j;
                         if (r < rep) {
-                            const float sc = acc[u][j] * scale;
+                            const float sc = KV::scaled(acc[u][j], kdn[u]) * scale;
                             scores[(i64)(g * rep + r) * ss + key] = sc;
                             if (sc > m_run[j]) {
                                 l_run[j] = l_run[j] * expf(m_run[j] - sc) + 1.0f;
@@ -413,10 +538,11 @@ __device__ __forceinline__ f32x4 dec_sum_rows(const float* src, int n, i64 strid
     return o;
 }
 
-template <int R>
+template <int R, typename KV>
 __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
                                        const float* __restrict__ pm, const float* __restrict__ pl,
-                                       const u16* __restrict__ v_cache,
+                                       const typename KV::T* __restrict__ v_cache,
+                                       const float* __restrict__ v_scale,
                                        const int* __restrict__ pos_dev, int S_cap, int Dv, int H,
                                        int G, float* o_part, int nsplit, int min_chunk,
                                        int* __restrict__ cnt, float* tpart,
@@ -447,25 +573,26 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[r][e] = 0.0f;
     const int k0 = split * chunk, k1 = min(S, k0 + chunk);
-    const u16* vg = v_cache + (i64)g * S_cap * Dv;
+    const typename KV::T* vg = v_cache + (i64)g * S_cap * Dv;
     for (int base = k0; base < k1; base += DEC_TILE) {
         const int n = min(DEC_TILE, k1 - base);
-        i32x4 vv[MAXRPT];  // the tile's V rows and scores first: in flight together
+        typename KV::Chunk vv[MAXRPT];  // the tile's V rows and scores first: in flight together
 #pragma unroll
         for (int j = 0; j < MAXRPT; ++j) {
             const int i = slot + j * rpi;
             if (active && i < n)
-                vv[j] = *(const i32x4*)(vg + (i64)(base + i) * Dv + d8 * 8);
+                vv[j] = *(const typename KV::Chunk*)(vg + (i64)(base + i) * Dv + d8 * 8);
             else
-                vv[j] = i32x4{0, 0, 0, 0};
+                vv[j] = KV::zero();
         }
-        float sc[SCN];  // k = tid + j * threads over [rep, n]: coalesced over keys of a head
+        float sc[SCN], vd[SCN];  // k = tid + j * threads over [rep, n]: coalesced over keys
 #pragma unroll
         for (int j = 0; j < SCN; ++j) {
             const int k = tid + j * DEC_THREADS;
             if (k < rep * n) {
                 const int r = k / n, i = k - r * n;
                 sc[j] = scores[(i64)(g * rep + r) * ss + base + i];
+                vd[j] = KV::scale_at(v_scale, (i64)g * S_cap + base + i);  // int8: V's d
             }
         }
         if (base == k0) {  // global max and sum per head, every block in the same order
@@ -490,7 +617,7 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
             const int k = tid + j * DEC_THREADS;
             if (k < rep * n) {
                 const int r = k / n, i = k - r * n;
-                p[i * RP + r] = round_f16(expf(sc[j] - Ms[r]) / Ls[r]);
+                p[i * RP + r] = KV::scaled(round_f16(expf(sc[j] - Ms[r]) / Ls[r]), vd[j]);
             }
         }
         __syncthreads();
@@ -499,13 +626,8 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
             for (int j = 0; j < MAXRPT; ++j) {
                 const int i = slot + j * rpi;
                 if (i < n) {
-                    const u32 w4[4] = {(u32)vv[j].x, (u32)vv[j].y, (u32)vv[j].z, (u32)vv[j].w};
                     float v[8];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        v[2 * e] = h2f((u16)w4[e]);
-                        v[2 * e + 1] = h2f((u16)(w4[e] >> 16));
-                    }
+                    KV::unpack8(vv[j], v);
 #pragma unroll
                     for (int r4 = 0; r4 < RP / 4; ++r4) {
                         if (4 * r4 < rep) {
@@ -597,15 +719,29 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         const float* q, const u16* k_cache, const int* pos_dev, int S_cap, int Dh, int H,       \
         int G, float scale, float* scores, int ss, float* pm, float* pl, int nsplit,            \
         int min_chunk) {                                                                        \
-        dec_scores<R>(q, k_cache, pos_dev, S_cap, Dh, H, G, scale, scores, ss, pm, pl, nsplit,  \
-                      min_chunk);                                                               \
+        dec_scores<R, KvF16>(q, k_cache, nullptr, pos_dev, S_cap, Dh, H, G, scale, scores, ss,  \
+                             pm, pl, nsplit, min_chunk);                                        \
     }                                                                                           \
     extern "C" __global__ void DEC_PV_BOUNDS attn_dec_pv_r##R(                                  \
         const float* scores, int ss, const float* pm, const float* pl, const u16* v_cache,      \
         const int* pos_dev, int S_cap, int Dv, int H, int G, float* o_part, int nsplit,         \
         int min_chunk, int* cnt, float* tpart, float* out) {                                    \
-        dec_pv<R>(scores, ss, pm, pl, v_cache, pos_dev, S_cap, Dv, H, G, o_part, nsplit,        \
-                  min_chunk, cnt, tpart, out);                                                  \
+        dec_pv<R, KvF16>(scores, ss, pm, pl, v_cache, nullptr, pos_dev, S_cap, Dv, H, G,        \
+                         o_part, nsplit, min_chunk, cnt, tpart, out);                           \
+    }                                                                                           \
+    extern "C" __global__ void attn_dec_scores_i8_r##R(                                         \
+        const float* q, const i8* k_cache, const float* k_scale, const int* pos_dev, int S_cap, \
+        int Dh, int H, int G, float scale, float* scores, int ss, float* pm, float* pl,         \
+        int nsplit, int min_chunk) {                                                            \
+        dec_scores<R, KvI8>(q, k_cache, k_scale, pos_dev, S_cap, Dh, H, G, scale, scores, ss,   \
+                            pm, pl, nsplit, min_chunk);                                         \
+    }                                                                                           \
+    extern "C" __global__ void DEC_PV_BOUNDS attn_dec_pv_i8_r##R(                               \
+        const float* scores, int ss, const float* pm, const float* pl, const i8* v_cache,       \
+        const float* v_scale, const int* pos_dev, int S_cap, int Dv, int H, int G,              \
+        float* o_part, int nsplit, int min_chunk, int* cnt, float* tpart, float* out) {         \
+        dec_pv<R, KvI8>(scores, ss, pm, pl, v_cache, v_scale, pos_dev, S_cap, Dv, H, G, o_part, \
+                        nsplit, min_chunk, cnt, tpart, out);                                    \
     }
 ATTN_DEC_KERNELS(1)
 ATTN_DEC_KERNELS(2)

@@ -12,7 +12,10 @@
 //      stats[t] = (misses before CAR, substitutions, misses after CAR, sum of accepted ratios).
 // knobs[4] float64 (device memory, so a captured graph sees updates): threshold, budget,
 // free_ratio, on.
-#include "common.cuh"
+//   5. pack (may be null): the same plan, plus the token's h row [D] (h_src), as one record of
+//      32-bit words per token, ids0 [K] | ids [K] | weights [K] | pair_slot [K] | stats [4] |
+//      h [D]: the host reads a decode step's whole plan with one copy.
+#include "topk.cuh"
 
 #define RC_MAX_PER_LANE 8  // E <= 8 * STRATA_WARP
 #define RC_MAX_K 16
@@ -22,15 +25,13 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
                                      const double* __restrict__ knobs,
                                      float* __restrict__ probs, i32* __restrict__ ids0,
                                      i32* __restrict__ ids, float* __restrict__ weights,
-                                     i32* __restrict__ pair_slot, float* __restrict__ stats) {
+                                     i32* __restrict__ pair_slot, float* __restrict__ stats,
+                                     u32* __restrict__ pack, const float* __restrict__ h_src,
+                                     int D) {
     const int t = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (i64)t * E;
-    float m = NEG_INF;
-    for (int e = lane; e < E; e += STRATA_WARP) m = fmaxf(m, l[e]);
-    m = warp_max(m);
-    float s = 0.0f;
-    for (int e = lane; e < E; e += STRATA_WARP) s += expf(l[e] - m);
-    s = warp_sum(s);
+    float m, s;
+    softmax_stats(l, E, m, s);
     float p[RC_MAX_PER_LANE];
 #pragma unroll
     for (int c = 0; c < RC_MAX_PER_LANE; ++c) {
@@ -54,15 +55,7 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
                 bi = e;
             }
         }
-#pragma unroll
-        for (int o = STRATA_WARP / 2; o > 0; o >>= 1) {
-            const float op = SHFL_XOR(bp, o);
-            const int oi = SHFL_XOR(bi, o);
-            if (op > bp || (op == bp && oi < bi)) {
-                bp = op;
-                bi = oi;
-            }
-        }
+        warp_best(bp, bi);
         if (bi % STRATA_WARP == lane) taken |= 1u << (bi / STRATA_WARP);
         pick[k] = bi;
         pw[k] = bp;
@@ -125,6 +118,11 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
             ratio_sum += (double)(float)br;  // the plan's float32 ratio, summed
         }
     }
+    u32* rec = pack ? pack + (i64)t * (4 * K + 4 + D) : nullptr;
+    if (rec) {
+        const u32* hs = (const u32*)(h_src + (i64)t * D);
+        for (int d = lane; d < D; d += STRATA_WARP) rec[4 * K + 4 + d] = hs[d];
+    }
     if (lane == 0) {
         int after = 0;
         for (int k = 0; k < K; ++k) {
@@ -135,10 +133,17 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
             const int sl = slot_row[final_[k]];
             pair_slot[q] = sl;
             after += sl < 0;
+            if (rec) {
+                rec[k] = (u32)pick[k];
+                rec[K + k] = (u32)final_[k];
+                rec[2 * K + k] = __float_as_uint(weights[q]);
+                rec[3 * K + k] = (u32)sl;
+            }
         }
-        stats[(i64)t * 4 + 0] = (float)misses;
-        stats[(i64)t * 4 + 1] = (float)n_sub;
-        stats[(i64)t * 4 + 2] = (float)after;
-        stats[(i64)t * 4 + 3] = (float)ratio_sum;
+        const float st[4] = {(float)misses, (float)n_sub, (float)after, (float)ratio_sum};
+        for (int j = 0; j < 4; ++j) {
+            stats[(i64)t * 4 + j] = st[j];
+            if (rec) rec[4 * K + j] = __float_as_uint(st[j]);
+        }
     }
 }
