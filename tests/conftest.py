@@ -46,3 +46,27 @@ def llama_cpp():
     return pytest.importorskip(
         "llama_cpp", reason="llama-cpp-python (the llama.cpp oracle) missing"
     )
+
+
+@pytest.fixture(scope="session")
+def device():
+    """The primary GPU's DeviceInfo; the test skips where CuPy or a usable device is missing."""
+    from strata.gpu.device import primary_device
+
+    try:
+        info = primary_device()
+    except Exception as e:  # an unusable device is a skip here, not a failure
+        pytest.skip(f"no usable GPU: {e}")
+    if info is None:
+        pytest.skip("no GPU")
+    return info
+
+
+@pytest.fixture(scope="session")
+def K(device):
+    """The kernel loader for the primary GPU."""
+    import cupy as cp
+
+    from strata.gpu.rawmod import Kernels
+
+    return Kernels(cp, device.warp_size, device.sm_count)

@@ -25,7 +25,6 @@ from strata.gpu.attention import (  # noqa: E402
     attention_ref,
     dec_splits,
 )
-from strata.gpu.device import primary_device  # noqa: E402
 from strata.gpu.gemv import (  # noqa: E402
     WARPS_PER_SM,
     DeviceWeight,
@@ -35,7 +34,6 @@ from strata.gpu.gemv import (  # noqa: E402
 )
 from strata.gpu.host import rope_inv_freq  # noqa: E402
 from strata.gpu.norm_quant import ActBuf, norm_quant  # noqa: E402
-from strata.gpu.rawmod import Kernels  # noqa: E402
 from strata.gpu.rope_kv import qk_norm_rope_kv  # noqa: E402
 from strata.quant import random_quantized  # noqa: E402
 from tests.test_gpu_kernels import flip_allowance, rel  # noqa: E402
@@ -43,17 +41,6 @@ from tests.test_gpu_kernels import flip_allowance, rel  # noqa: E402
 QT = GGMLQuantizationType
 pytestmark = pytest.mark.gpu
 S_CAP = 4352
-
-
-@pytest.fixture(scope="module")
-def K():
-    try:
-        info = primary_device()
-    except Exception as e:  # an unusable device is a skip here, not a failure
-        pytest.skip(f"no usable GPU: {e}")
-    if info is None:
-        pytest.skip("no GPU")
-    return Kernels(cp, info.warp_size, info.sm_count)
 
 
 class Case:

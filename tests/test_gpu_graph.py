@@ -17,22 +17,10 @@ cp = pytest.importorskip("cupy")
 
 from strata.config import resolve  # noqa: E402
 from strata.engine.builder import build_engine  # noqa: E402
-from strata.gpu.device import primary_device  # noqa: E402
 from strata.model.loader import load_model  # noqa: E402
 from tests.oracle import position_errors  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def device():
-    try:
-        info = primary_device()
-    except Exception as e:
-        pytest.skip(f"no usable GPU: {e}")
-    if info is None:
-        pytest.skip("no GPU")
-    return info
 
 
 def engine(model, graphs: bool, **flags):

@@ -14,7 +14,6 @@ cp = pytest.importorskip("cupy")
 
 from gguf.constants import GGMLQuantizationType  # noqa: E402
 
-from strata.gpu.device import primary_device  # noqa: E402
 from strata.gpu.experts import (  # noqa: E402
     SlotStore,
     TileBufs,
@@ -22,23 +21,11 @@ from strata.gpu.experts import (  # noqa: E402
     moe_experts_grouped,
 )
 from strata.gpu.norm_quant import ActBuf, norm_quant  # noqa: E402
-from strata.gpu.rawmod import Kernels  # noqa: E402
 from strata.quant import fmt  # noqa: E402
 from strata.quant.synth_blocks import random_quantized  # noqa: E402
 
 QT = GGMLQuantizationType
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def K():
-    try:
-        info = primary_device()
-    except Exception as e:
-        pytest.skip(f"no usable GPU: {e}")
-    if info is None:
-        pytest.skip("no GPU")
-    return Kernels(cp, info.warp_size, info.sm_count)
 
 
 @pytest.mark.parametrize(

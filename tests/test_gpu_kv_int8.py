@@ -29,9 +29,7 @@ from strata.gpu.attention import (  # noqa: E402
     attention_int8_ref,
 )
 from strata.gpu.cupy_tier import CupyTier  # noqa: E402
-from strata.gpu.device import primary_device  # noqa: E402
 from strata.gpu.host import HostTier, rope_inv_freq  # noqa: E402
-from strata.gpu.rawmod import Kernels  # noqa: E402
 from strata.gpu.rope_kv import (  # noqa: E402
     dequantize_kv_rows,
     qk_norm_rope_kv,
@@ -45,22 +43,6 @@ from tests.test_gpu_tier import greedy_lockstep, small_budget  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 S_CAP = 4352
-
-
-@pytest.fixture(scope="module")
-def K():
-    try:
-        info = primary_device()
-    except Exception as e:  # an unusable device is a skip here, not a failure
-        pytest.skip(f"no usable GPU: {e}")
-    if info is None:
-        pytest.skip("no GPU")
-    return Kernels(cp, info.warp_size, info.sm_count)
-
-
-@pytest.fixture(scope="module")
-def device(K):
-    return primary_device()
 
 
 def int8_cache(rows: np.ndarray, s_cap: int):

@@ -19,7 +19,6 @@ from strata.engine.forward import Engine  # noqa: E402
 from strata.engine.sampling import SamplingParams  # noqa: E402
 from strata.gpu.cupy_tier import CupyTier  # noqa: E402
 from strata.gpu.decode_graph import Pinned  # noqa: E402
-from strata.gpu.device import primary_device  # noqa: E402
 from strata.gpu.rawmod import Kernels  # noqa: E402
 from strata.gpu.sample import (  # noqa: E402
     N_KNOBS,
@@ -35,17 +34,6 @@ from tests.test_gpu_tier import record_routing, routes, small_budget  # noqa: E4
 from tests.test_sampling_device import random_knobs, random_logits  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def device():
-    try:
-        info = primary_device()
-    except Exception as e:  # an unusable device is a skip here, not a failure
-        pytest.skip(f"no usable GPU: {e}")
-    if info is None:
-        pytest.skip("no GPU")
-    return info
 
 
 @pytest.fixture(scope="module")

@@ -27,23 +27,11 @@ cp = pytest.importorskip("cupy")
 from strata.engine.forward import Engine  # noqa: E402
 from strata.gpu.budget import MIB, BudgetExceeded, DeviceBudget  # noqa: E402
 from strata.gpu.cupy_tier import CupyTier  # noqa: E402
-from strata.gpu.device import primary_device  # noqa: E402
 from strata.model.loader import load_model  # noqa: E402
 from strata.routing import route_topk  # noqa: E402
 from tests.oracle import FLIP_BOUND, assert_logits_match, position_errors  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def device():
-    try:
-        info = primary_device()
-    except Exception as e:
-        pytest.skip(f"no usable GPU: {e}")
-    if info is None:
-        pytest.skip("no GPU")
-    return info
 
 
 def small_budget() -> DeviceBudget:
