@@ -23,22 +23,10 @@ cp = pytest.importorskip("cupy")
 
 from gguf.constants import GGMLQuantizationType  # noqa: E402
 
-from strata.gpu.device import primary_device  # noqa: E402
 from strata.gpu.rawmod import kernels_for  # noqa: E402
 
 QT = GGMLQuantizationType
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def device():
-    try:
-        info = primary_device()
-    except Exception as e:
-        pytest.skip(f"no usable GPU: {e}")
-    if info is None:
-        pytest.skip("no GPU")
-    return info
 
 
 @pytest.fixture(scope="module")
