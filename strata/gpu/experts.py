@@ -2,9 +2,12 @@
 (kernels/experts.cu): slot storage, launcher, NumPy reference.
 
 T = tokens, K = experts per token, P = T*K pairs, D = hidden, F = expert FFN size, S = slots.
+Decode kernels: MOE_VARIANT ("<gate/up>+<down>", STRATA_MOE_VARIANT overrides the default).
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType
@@ -18,6 +21,27 @@ from strata.quant.activation import roundtrip
 
 QT = GGMLQuantizationType
 THREADS = 128
+ST_WARPS = 4  # experts.cu MOE_ST_WARPS: warps a block of the staged (*_st*) kernels
+
+# Decode (T <= GROUPED_MIN_T) kernel pairs, "<gate/up>+<down>": legacy = moe_gate_up / moe_down
+# (one warp a row, weights read straight from global memory); st1 / st2 = moe_gate_up_st1/2
+# (1 or 2 rows a warp, row chunks staged through shared memory with 16-byte loads); st =
+# moe_down_st. Same sums in the same order; bench/experts_decode_sweep.py times them.
+GATE_UP_VARIANTS = {"legacy": ("moe_gate_up", 0), "st1": ("moe_gate_up_st1", 1),
+                    "st2": ("moe_gate_up_st2", 2)}  # fmt: skip
+DOWN_VARIANTS = {"legacy": "moe_down", "st": "moe_down_st"}
+DEFAULT_MOE_VARIANT = "legacy+legacy"  # the engine's choice: set from the sweep's winner
+MOE_VARIANT = os.environ.get("STRATA_MOE_VARIANT", DEFAULT_MOE_VARIANT)
+
+
+def parse_variant(variant: str | None) -> tuple[str, str]:
+    """'st2+st' -> ('st2', 'st'); a lone gate/up name keeps the legacy down kernel."""
+    gu, _, dn = (variant or MOE_VARIANT).partition("+")
+    dn = dn or "legacy"
+    if gu not in GATE_UP_VARIANTS or dn not in DOWN_VARIANTS:
+        raise ValueError(f"unknown MoE decode variant {variant!r} (gate/up: "
+                         f"{sorted(GATE_UP_VARIANTS)}, down: {sorted(DOWN_VARIANTS)})")  # fmt: skip
+    return gu, dn
 
 
 class SlotStore:
@@ -41,19 +65,24 @@ def moe_experts(
     act,
     aact: ActBuf,
     out,
+    variant: str | None = None,
 ) -> None:
     """out[:t] = sum_k pair_w[t, k] * expert_{pair_slot[t, k]}(h[t]); hact holds h quantized for
-    the gate/up vec_dot, act [P, F] float32 and aact [P, F] are the intermediate's buffers."""
+    the gate/up vec_dot, act [P, F] float32 and aact [P, F] are the intermediate's buffers.
+    `variant`: the decode kernels, "<gate/up>+<down>" (default MOE_VARIANT)."""
     qg, qu, qd = (QT(int(q)) for q in qtypes)
     if qg != qu:
         raise ValueError(f"gate ({qg.name}) and up ({qu.name}) experts must share a type")
     d, f = dims
     gate, up, down = stores
+    gu, dn = parse_variant(variant)
     wpb = K.warps_per_block(THREADS)
     block = (wpb * K.warp,)
-    K.fn("experts.cu", f"moe_gate_up_{Q_NAMES[qg]}")(
-        (-(-f // wpb), t * k),
-        block,
+    st_block = (ST_WARPS * K.warp,)
+    gu_name, rows = GATE_UP_VARIANTS[gu]
+    K.fn("experts.cu", f"{gu_name}_{Q_NAMES[qg]}")(
+        (-(-f // (wpb if rows == 0 else ST_WARPS * rows)), t * k),
+        block if rows == 0 else st_block,
         (
             gate.buf,
             up.buf,
@@ -69,9 +98,9 @@ def moe_experts(
         ),
     )
     norm_quant(K, act, t * k, act=aact)  # the intermediate, Q8 as ggml quantizes it
-    K.fn("experts.cu", f"moe_down_{Q_NAMES[qd]}")(
-        (-(-d // wpb), t),
-        block,
+    K.fn("experts.cu", f"{DOWN_VARIANTS[dn]}_{Q_NAMES[qd]}")(
+        (-(-d // (wpb if dn == "legacy" else ST_WARPS)), t),
+        block if dn == "legacy" else st_block,
         (
             down.buf,
             i64(down.slot_bytes),

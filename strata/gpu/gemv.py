@@ -5,9 +5,13 @@ activation type llama.cpp pairs it with (`vec_dot`); `gemv()` multiplies it by a
 already prepared in an `ActBuf` (norm_quant.py), as ggml's mmvq does with its q8_1 input.
 Decode (T = 1) takes gemv1w_*: gemv1_*'s one-warp-per-row loop with a row split over two warps
 when the rows alone leave the SMs short of warps (attn_k/v, attn_o); `legacy=True` keeps gemv1_*.
+gemv1s_* (variant "staged", STRATA_GEMV1_VARIANT=staged) is gemv1w_* with the row bytes staged
+through shared memory by 16-byte loads; same sums, same order (bit-identical output).
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType
@@ -37,6 +41,11 @@ THREADS = 128
 GEMV1_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1w_*
 WARPS_PER_SM = 16  # gemv1w_*: below this many warps per SM, a row is split over two warps
 MAX_WPR = 2  # measured on the H200 (bench/results/gpu-decode-kernels-h200-20261129.md)
+# decode (T = 1) kernel: "split" = gemv1w_*, "staged" = gemv1s_* (the same rows and warp split,
+# the row bytes staged through shared memory with 16-byte loads); bench/experts_decode_sweep.py
+DEFAULT_GEMV1 = "split"  # the engine's choice: set from the sweep's winner
+GEMV1_VARIANT = os.environ.get("STRATA_GEMV1_VARIANT", DEFAULT_GEMV1)
+GEMV1_PREFIX = {"split": "gemv1w", "staged": "gemv1s"}
 
 
 def kernel_name(prefix: str, qtype) -> str:
@@ -88,15 +97,17 @@ def gemv(
     resid=None,
     ldo: int | None = None,
     legacy: bool = False,
+    variant: str | None = None,
 ) -> None:
     """out[:t] = act[:t] @ w.T (+ w.bias) (+ resid[:t]); out and resid rows `ldo` floats apart
     (default: rows). `act` is an ActBuf prepared for w.vec_dot; for F32 weights it may also be
-    the float activation itself. `legacy`: decode through gemv1_* (benchmarks compare)."""
+    the float activation itself. `legacy`: decode through gemv1_* (benchmarks compare);
+    `variant`: the T = 1 kernel, "split" or "staged" (default GEMV1_VARIANT)."""
     if t == 1 and w.quantized and not legacy:
         wpr = warps_per_row(K, w)
         rpb = GEMV1_WARPS // wpr
         args = (w.buf, act.q, act.d, i32(xd_shift(act.mode)), ptr(w.bias), ptr(resid), out)
-        K.fn("gemv.cu", kernel_name("gemv1w", w.qtype))(
+        K.fn("gemv.cu", kernel_name(GEMV1_PREFIX[variant or GEMV1_VARIANT], w.qtype))(
             (-(-w.rows // rpb),),
             (GEMV1_WARPS * K.warp,),
             args + (i32(w.rows), i32(w.cols), i32(wpr)),

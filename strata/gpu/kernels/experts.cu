@@ -9,7 +9,19 @@
 // Slots are fixed VRAM buffers: slot s of a matrix starts at base + s * slot_stride bytes and
 // holds that expert's rows in GGUF order. pair_slot[p] < 0 skips the pair (a missed expert the
 // CPU pool computes, or an empty entry).
+// Decode variants (experts.py picks one; the sweep bench/experts_decode_sweep.py times them):
+//   moe_gate_up_st{1,2}  the same sums with MOE_ST_WARPS warps a block, R = 1 or 2 rows (gate
+//                and up each) a warp: a warp copies its rows' chunks of STRATA_WARP sub-blocks
+//                into shared memory with 16-byte loads (quant_blocks.cuh staged_rows, the next
+//                chunk in flight while one is decoded) and decodes from there; R = 2 reuses each
+//                lane's activation for 4 decodes and keeps twice the bytes in flight.
+//   moe_down_st  one row a warp, the K pairs' row chunks (up to MOE_KG at a time) staged
+//                together, then the lanes share out the (pair, sub-block) items as moe_down does.
+// Per (pair, row) the float operations and their order are those of moe_gate_up / moe_down.
 #include "quant_blocks.cuh"
+
+#define MOE_ST_WARPS 4  // experts.py's ST_WARPS
+#define MOE_KG 8        // pairs staged together by moe_down_st (fewer where 40 KiB is short)
 
 template <int QT>
 __device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u8* __restrict__ up,
@@ -81,19 +93,164 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
     if (lane == 0) out[t * D + d] = acc;
 }
 
+template <int QT, int R>
+__device__ __forceinline__ void moe_gate_up_st(const u8* __restrict__ gate,
+                                               const u8* __restrict__ up, i64 slot_stride,
+                                               const i8* __restrict__ hq,
+                                               const float* __restrict__ hd, int xd_shift,
+                                               const i32* __restrict__ pair_slot, int K,
+                                               float* __restrict__ act, int F, int D) {
+    typedef Stage<QT> S;
+    __shared__ i32x4 sm[MOE_ST_WARPS][2 * R * S::BUF / 16];  // 16-byte aligned
+    __shared__ typename Fmt<QT>::tab_t smt[S::SM_TAB];
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int p = blockIdx.y;
+    const int slot = pair_slot[p];
+    if (slot < 0) return;  // the whole block: one pair
+    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);
+    const int f0 = (blockIdx.x * MOE_ST_WARPS + wid) * R;
+    if (f0 >= F) return;
+    const i64 t = p / K;
+    const int nsub = D / 32, nxd = nsub >> xd_shift;
+    const i64 row_bytes = (i64)(D / Fmt<QT>::QK) * Fmt<QT>::BB;
+    const u8* rows[2 * R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const i64 off = slot * slot_stride + (i64)min(f0 + r, F - 1) * row_bytes;
+        rows[2 * r] = gate + off;
+        rows[2 * r + 1] = up + off;
+    }
+    float acc[2 * R];
+#pragma unroll
+    for (int m = 0; m < 2 * R; ++m) acc[m] = 0.0f;
+    staged_rows<QT, 2 * R>((u8*)sm[wid], rows, nsub, 0, 1, hq + t * D, hd + t * nxd, xd_shift, tab,
+                           acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const float ag = warp_sum(acc[2 * r]), au = warp_sum(acc[2 * r + 1]);
+        if (lane == 0 && f0 + r < F) act[(i64)p * F + f0 + r] = ag / (1.0f + expf(-ag)) * au;
+    }
+}
+
+template <int QT>
+__device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slot_stride,
+                                            const i8* __restrict__ aq,
+                                            const float* __restrict__ ad, int xd_shift,
+                                            const i32* __restrict__ pair_slot,
+                                            const float* __restrict__ pair_w, int K,
+                                            float* __restrict__ out, int D, int F) {
+    typedef Stage<QT> S;
+    enum {
+        DB = 8,  // 16-byte loads a lane has in flight while staging
+        KGF = 40960 / (MOE_ST_WARPS * S::BUF),
+        KG = KGF < MOE_KG ? (KGF < 1 ? 1 : KGF) : MOE_KG  // pairs staged together
+    };
+    __shared__ i32x4 sm[MOE_ST_WARPS][KG * S::BUF / 16];  // 16-byte aligned
+    __shared__ typename Fmt<QT>::tab_t smt[S::SM_TAB];
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);
+    const int d = blockIdx.x * MOE_ST_WARPS + wid;
+    const i64 t = blockIdx.y;
+    if (d >= D) return;
+    const int nsub = F / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
+    const int nch = (nsub + STRATA_WARP - 1) / STRATA_WARP;
+    const i64 row_bytes = (i64)(F / Fmt<QT>::QK) * Fmt<QT>::BB;
+    u8* my = (u8*)sm[wid];
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += KG) {
+        const int kn = min((int)KG, K - k0);
+        for (int c = 0; c < nch; ++c) {
+            const int n = S::bytes(nsub, c), nsc = min(nsub - c * STRATA_WARP, STRATA_WARP);
+            const int sv = (n + 30) >> 4, tot = kn * sv;  // 16-byte words a pair may need
+            for (int base = 0; base < tot; base += DB * STRATA_WARP) {
+                i32x4 v[DB];
+#pragma unroll
+                for (int q = 0; q < DB; ++q) {
+                    const int i = base + q * STRATA_WARP + lane, k = i / sv, e = i - k * sv;
+                    const int slot = i < tot ? pair_slot[t * K + k0 + k] : -1;
+                    if (slot >= 0) {
+                        const u8* g = down + slot * slot_stride + d * row_bytes + c * S::CB;
+                        const int o = stage_off(g);
+                        if (e < ((o + n + 15) >> 4)) v[q] = ((const i32x4*)(g - o))[e];
+                    }
+                }
+#pragma unroll
+                for (int q = 0; q < DB; ++q) {
+                    const int i = base + q * STRATA_WARP + lane, k = i / sv, e = i - k * sv;
+                    const int slot = i < tot ? pair_slot[t * K + k0 + k] : -1;
+                    if (slot >= 0) {
+                        const u8* g = down + slot * slot_stride + d * row_bytes + c * S::CB;
+                        const int o = stage_off(g);
+                        if (e < ((o + n + 15) >> 4)) ((i32x4*)(my + k * S::BUF))[e] = v[q];
+                    }
+                }
+            }
+            STRATA_WARP_SYNC();
+            for (int j = lane; j < kn * nsc; j += STRATA_WARP) {
+                const int k = j / nsc, sbc = j - k * nsc;
+                const i64 p = t * K + k0 + k;
+                const int slot = pair_slot[p];
+                if (slot < 0) continue;
+                const u8* g = down + slot * slot_stride + d * row_bytes + c * S::CB;
+                const u8* blk = my + k * S::BUF + stage_off(g) + (sbc / spb) * Fmt<QT>::BB;
+                const int sb = c * STRATA_WARP + sbc;
+                const i32x4* xp = (const i32x4*)(aq + p * F + sb * 32);
+                const i32x4 a = xp[0], b = xp[1];
+                const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                int w[8];
+                float s0, s1, mn;
+                Fmt<QT>::decode(blk, sbc % spb, w, s0, s1, mn, tab);
+                acc += pair_w[p] * (ad[p * nxd + (sb >> xd_shift)] * dot32<QT>(w, s0, s1, mn, xv));
+            }
+            STRATA_WARP_SYNC();  // the next chunk overwrites `my`
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) out[t * D + d] = acc;
+}
+
 #define MOE_KERNELS(name, QT)                                                                  \
     extern "C" __global__ void moe_gate_up_##name(                                             \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
-        moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D);     \
+        if (FMT_ON(QT))                                                                        \
+            moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D); \
     }                                                                                          \
     extern "C" __global__ void moe_down_##name(const u8* down, i64 slot_stride, const i8* aq,  \
                                                const float* ad, int xd_shift,                  \
                                                const i32* pair_slot, const float* pair_w,      \
                                                int K, float* out, int D, int F) {              \
-        moe_down<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F);    \
+        if (FMT_ON(QT))                                                                        \
+            moe_down<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F); \
     }
 STRATA_QFORMATS(MOE_KERNELS)
+
+#define MOE_ST_KERNELS(name, QT)                                                               \
+    extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \
+        moe_gate_up_st1_##name(const u8* gate, const u8* up, i64 slot_stride, const i8* hq,    \
+                               const float* hd, int xd_shift, const i32* pair_slot, int K,     \
+                               float* act, int F, int D) {                                     \
+        if (FMT_ON(QT))                                                                        \
+            moe_gate_up_st<QT, 1>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,  \
+                                  F, D);                                                       \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \
+        moe_gate_up_st2_##name(const u8* gate, const u8* up, i64 slot_stride, const i8* hq,    \
+                               const float* hd, int xd_shift, const i32* pair_slot, int K,     \
+                               float* act, int F, int D) {                                     \
+        if (FMT_ON(QT))                                                                        \
+            moe_gate_up_st<QT, 2>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,  \
+                                  F, D);                                                       \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \
+        moe_down_st_##name(const u8* down, i64 slot_stride, const i8* aq, const float* ad,     \
+                           int xd_shift, const i32* pair_slot, const float* pair_w, int K,     \
+                           float* out, int D, int F) {                                         \
+        if (FMT_ON(QT))                                                                        \
+            moe_down_st<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, \
+                            F);                                                                \
+    }
+STRATA_QFORMATS(MOE_ST_KERNELS)
 
 // The (slot, weight) pair list of a layer from the device router's top-K, for a decode step that
 // never leaves the card: pair_slot[p] = slot_row[ids[p]] (a layer's (expert -> slot) table, -1

@@ -105,13 +105,14 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
     extern "C" __global__ void gemv_##name(const u8* W, const i8* xq, const float* xd,          \
                                            int xd_shift, const float* bias, const float* resid, \
                                            float* out, int rows, int cols, int ntok, int ldo) { \
-        gemv_q<QT, GEMV_NT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok, ldo);      \
+        if (FMT_ON(QT))                                                                         \
+            gemv_q<QT, GEMV_NT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok, ldo);  \
     }                                                                                           \
     extern "C" __global__ void gemv1_##name(const u8* W, const i8* xq, const float* xd,         \
                                             int xd_shift, const float* bias,                    \
                                             const float* resid, float* out, int rows, int cols, \
                                             int ntok, int ldo) {                                \
-        gemv_q<QT, 1>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok, ldo);            \
+        if (FMT_ON(QT)) gemv_q<QT, 1>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok, ldo); \
     }
 STRATA_QFORMATS(GEMV_Q_KERNEL)
 
@@ -174,6 +175,53 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
         gemv1w_##name(const u8* W, const i8* xq, const float* xd, int xd_shift,                 \
                       const float* bias, const float* resid, float* out, int rows, int cols,    \
                       int wpr) {                                                                \
-        gemv1_split<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr);                \
+        if (FMT_ON(QT)) gemv1_split<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr); \
     }
 STRATA_QFORMATS(GEMV1W_KERNEL)
+
+// ---- decode (T = 1), staged: gemv1s_* ----
+// gemv1w_*'s rows and warp split with the row bytes staged through shared memory
+// (quant_blocks.cuh staged_rows: 16-byte loads of STRATA_WARP sub-blocks at a time, the next
+// chunk in flight while one is decoded); the split warps take alternate chunks, which is
+// gemv1w_*'s sub-block dealing, so the sums (and their order) are gemv1w_*'s.
+template <int QT>
+__device__ __forceinline__ void gemv1_staged(const u8* __restrict__ W, const i8* __restrict__ xq,
+                                             const float* __restrict__ xd, int xd_shift,
+                                             const float* __restrict__ bias,
+                                             const float* __restrict__ resid,
+                                             float* __restrict__ out, int rows, int cols,
+                                             int wpr) {
+    typedef Stage<QT> S;
+    __shared__ i32x4 sm[GEMV1_WARPS][S::BUF / 16];  // 16-byte aligned
+    __shared__ typename Fmt<QT>::tab_t smt[S::SM_TAB];
+    __shared__ float part[GEMV1_WARPS];
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);
+    const int r = blockIdx.x * (GEMV1_WARPS / wpr) + wid / wpr, ws = wid % wpr;
+    float acc = 0.0f;
+    if (r < rows) {
+        const u8* wr = W + (i64)r * (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
+        staged_rows<QT, 1>((u8*)sm[wid], &wr, cols / 32, ws, wpr, xq, xd, xd_shift, tab, &acc);
+    }
+    acc = warp_sum(acc);
+    if (wpr > 1) {
+        if (lane == 0) part[wid] = acc;
+        __syncthreads();
+        if (ws != 0) return;
+        for (int k = 1; k < wpr; ++k) acc += part[wid + k];
+    }
+    if (lane == 0 && r < rows) {
+        if (bias) acc += bias[r];
+        if (resid) acc += resid[r];
+        out[r] = acc;
+    }
+}
+
+#define GEMV1S_KERNEL(name, QT)                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV1_WARPS* STRATA_WARP)                      \
+        gemv1s_##name(const u8* W, const i8* xq, const float* xd, int xd_shift,                 \
+                      const float* bias, const float* resid, float* out, int rows, int cols,    \
+                      int wpr) {                                                                \
+        if (FMT_ON(QT)) gemv1_staged<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr); \
+    }
+STRATA_QFORMATS(GEMV1S_KERNEL)

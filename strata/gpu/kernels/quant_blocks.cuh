@@ -32,12 +32,61 @@ __device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
     return (int)((g ^ m) + (m & 0x01010101u));
 }
 
+// Compile-time knobs of the decode (kernels are built with -D to compare; these are the defaults):
+//   STRATA_FAST_DECODE 1: fewer loads per sub-block, same integers: the IQ2/IQ3 sign byte
+//                      computed (7 bits + parity, == ksigns_iq2xs[i]) instead of a table lookup,
+//                      IQ3_XXS's qs read as 16-bit words, Q4_K/Q5_K's 6-bit scales without a
+//                      divergent branch; 0: the original decode.
+//   STRATA_SMEM_GRID   1: the staged kernels (experts.cu moe_*_st*, gemv.cu gemv1s_*) copy small
+//                      lookup grids (<= 2 KiB) into shared memory; 0: they read them from global.
+#ifndef STRATA_FAST_DECODE
+#define STRATA_FAST_DECODE 0
+#endif
+#ifndef STRATA_SMEM_GRID
+#define STRATA_SMEM_GRID 0
+#endif
+
+// ksigns_iq2xs[i & 127]: the 7 sign bits and an 8th making the count of set bits even
+__device__ __forceinline__ u32 iq_signs(u32 i) {
+#if STRATA_FAST_DECODE
+#if defined(__HIP__) || defined(STRATA_EMU) || !defined(__CUDA_ARCH__)
+    const u32 par = (u32)__builtin_popcount(i & 127u) & 1u;
+#else
+    const u32 par = (u32)__popc(i & 127u) & 1u;
+#endif
+    return (i & 127u) | (par << 7);
+#else
+    return ksigns_iq2xs[i & 127u];
+#endif
+}
+
+// Fmt<QT>::decode(b, j, w, s0, s1, mn, tab) reads the format's lookup table (tab_t[TAB_N],
+// gtab() in global memory) through `tab`, so a kernel may pass a shared-memory copy; formats
+// without a table ignore it. The six-argument decode uses gtab().
+#define FMT_NO_TAB                                                                              \
+    typedef u8 tab_t;                                                                           \
+    enum { TAB_N = 0 };                                                                         \
+    static __device__ __forceinline__ const tab_t* gtab() { return nullptr; }                   \
+    static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,        \
+                                                  float& s1, float& mn, const tab_t*) {         \
+        decode(b, j, w, s0, s1, mn);                                                            \
+    }
+#define FMT_TAB(T, N, G)                                                                        \
+    typedef T tab_t;                                                                            \
+    enum { TAB_N = N };                                                                         \
+    static __device__ __forceinline__ const tab_t* gtab() { return G; }                         \
+    static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,        \
+                                                  float& s1, float& mn) {                       \
+        decode(b, j, w, s0, s1, mn, G);                                                         \
+    }
+
 template <int QT>
 struct Fmt;
 
 template <>
 struct Fmt<QT_Q8_0> {
     enum { QK = 32, BB = 34, HAS_MIN = 0 };
+    FMT_NO_TAB
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn) {
         s0 = s1 = h2f(ld_u16(b));
@@ -48,6 +97,15 @@ struct Fmt<QT_Q8_0> {
 };
 
 __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int& sc, int& m) {
+#if STRATA_FAST_DECODE
+    // q[j & 3], q[4 + (j & 3)], q[8 + (j & 3)]: three loads and selects, not a branch (the lanes
+    // of a warp differ in j)
+    const int a = q[j & 3], b = q[4 + (j & 3)], c = q[8 + (j & 3)];
+    const bool lo = j < 4;
+    sc = lo ? (a & 63) : ((c & 0xF) | ((a >> 6) << 4));
+    m = lo ? (b & 63) : ((c >> 4) | ((b >> 6) << 4));
+    return;
+#endif
     if (j < 4) {
         sc = q[j] & 63;
         m = q[j + 4] & 63;
@@ -60,6 +118,7 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int& sc, int& m
 template <>
 struct Fmt<QT_Q4_K> {
     enum { QK = 256, BB = 144, HAS_MIN = 1 };
+    FMT_NO_TAB
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn) {
         int sc, m;
@@ -76,6 +135,7 @@ struct Fmt<QT_Q4_K> {
 template <>
 struct Fmt<QT_Q5_K> {
     enum { QK = 256, BB = 176, HAS_MIN = 1 };
+    FMT_NO_TAB
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn) {
         int sc, m;
@@ -97,6 +157,7 @@ struct Fmt<QT_Q5_K> {
 template <>
 struct Fmt<QT_Q6_K> {
     enum { QK = 256, BB = 210, HAS_MIN = 0 };
+    FMT_NO_TAB
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn) {
         const float d = h2f(ld_u16(b + 208));
@@ -120,8 +181,10 @@ struct Fmt<QT_Q6_K> {
 template <>
 struct Fmt<QT_IQ4_XS> {
     enum { QK = 256, BB = 136, HAS_MIN = 0 };
+    FMT_TAB(i8, 16, kvalues_iq4nl)
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
-                                                  float& s1, float& mn) {
+                                                  float& s1, float& mn,
+                                                  const tab_t* __restrict__ grid) {
         const int ls = ((b[4 + (j >> 1)] >> (4 * (j & 1))) & 0xF) |
                        (((ld_u16(b + 2) >> (2 * j)) & 3) << 4);
         s0 = s1 = h2f(ld_u16(b)) * (float)(ls - 32);
@@ -133,8 +196,8 @@ struct Fmt<QT_IQ4_XS> {
             u32 lo = 0, hi = 0;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                lo |= (u32)(u8)kvalues_iq4nl[(q >> (8 * i)) & 0xF] << (8 * i);
-                hi |= (u32)(u8)kvalues_iq4nl[(q >> (8 * i + 4)) & 0xF] << (8 * i);
+                lo |= (u32)(u8)grid[(q >> (8 * i)) & 0xF] << (8 * i);
+                hi |= (u32)(u8)grid[(q >> (8 * i + 4)) & 0xF] << (8 * i);
             }
             w[k] = (int)lo;
             w[k + 4] = (int)hi;
@@ -145,33 +208,47 @@ struct Fmt<QT_IQ4_XS> {
 template <>
 struct Fmt<QT_IQ3_XXS> {
     enum { QK = 256, BB = 98, HAS_MIN = 0 };
+    FMT_TAB(u32, 256, iq3xxs_grid)
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
-                                                  float& s1, float& mn) {
+                                                  float& s1, float& mn,
+                                                  const tab_t* __restrict__ grid) {
         const u32 aux = ld_u32_a2(b + 66 + 4 * j);
         s0 = s1 = h2f(ld_u16(b)) * (0.5f + (float)(aux >> 28)) * 0.5f;
         mn = 0.0f;
         const u8* qs = b + 2 + 8 * j;
+#if STRATA_FAST_DECODE
+        const u32 qw[2] = {ld_u32_a2(qs), ld_u32_a2(qs + 4)};
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            const u32 sg = ksigns_iq2xs[(aux >> (7 * l)) & 127];
-            w[2 * l] = apply_signs4(iq3xxs_grid[qs[2 * l]], sg & 15);
-            w[2 * l + 1] = apply_signs4(iq3xxs_grid[qs[2 * l + 1]], sg >> 4);
+            const u32 sg = iq_signs(aux >> (7 * l)), q = qw[l >> 1] >> (16 * (l & 1));
+            w[2 * l] = apply_signs4(grid[q & 0xFF], sg & 15);
+            w[2 * l + 1] = apply_signs4(grid[(q >> 8) & 0xFF], sg >> 4);
         }
+#else
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u32 sg = iq_signs(aux >> (7 * l));
+            w[2 * l] = apply_signs4(grid[qs[2 * l]], sg & 15);
+            w[2 * l + 1] = apply_signs4(grid[qs[2 * l + 1]], sg >> 4);
+        }
+#endif
     }
 };
 
 template <>
 struct Fmt<QT_IQ2_XXS> {
     enum { QK = 256, BB = 66, HAS_MIN = 0 };
+    FMT_TAB(u64, 256, iq2xxs_grid)
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
-                                                  float& s1, float& mn) {
+                                                  float& s1, float& mn,
+                                                  const tab_t* __restrict__ grid) {
         const u32 a0 = ld_u32_a2(b + 2 + 8 * j), a1 = ld_u32_a2(b + 6 + 8 * j);
         s0 = s1 = h2f(ld_u16(b)) * (0.5f + (float)(a1 >> 28)) * 0.25f;
         mn = 0.0f;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            const u64 g = iq2xxs_grid[(a0 >> (8 * l)) & 255];
-            const u32 sg = ksigns_iq2xs[(a1 >> (7 * l)) & 127];
+            const u64 g = grid[(a0 >> (8 * l)) & 255];
+            const u32 sg = iq_signs(a1 >> (7 * l));
             w[2 * l] = apply_signs4((u32)g, sg & 15);
             w[2 * l + 1] = apply_signs4((u32)(g >> 32), sg >> 4);
         }
@@ -181,8 +258,10 @@ struct Fmt<QT_IQ2_XXS> {
 template <>
 struct Fmt<QT_IQ2_S> {
     enum { QK = 256, BB = 82, HAS_MIN = 0 };
+    FMT_TAB(u64, 1024, iq2s_grid)
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
-                                                  float& s1, float& mn) {
+                                                  float& s1, float& mn,
+                                                  const tab_t* __restrict__ grid) {
         const float d = h2f(ld_u16(b));
         const int sc = b[74 + j];
         s0 = d * (0.5f + (float)(sc & 0xF)) * 0.25f;
@@ -192,7 +271,7 @@ struct Fmt<QT_IQ2_S> {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const int g = 4 * j + l;
-            const u64 gr = iq2s_grid[b[2 + g] | (((qh >> (2 * l)) & 3) << 8)];
+            const u64 gr = grid[b[2 + g] | (((qh >> (2 * l)) & 3) << 8)];
             const u32 sg = b[34 + g];
             w[2 * l] = apply_signs4((u32)gr, sg & 15);
             w[2 * l + 1] = apply_signs4((u32)(gr >> 32), sg >> 4);
@@ -203,8 +282,10 @@ struct Fmt<QT_IQ2_S> {
 template <>
 struct Fmt<QT_IQ3_S> {
     enum { QK = 256, BB = 110, HAS_MIN = 0 };
+    FMT_TAB(u32, 512, iq3s_grid)
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
-                                                  float& s1, float& mn) {
+                                                  float& s1, float& mn,
+                                                  const tab_t* __restrict__ grid) {
         const int sc = (b[106 + (j >> 1)] >> (4 * (j & 1))) & 0xF;
         s0 = s1 = h2f(ld_u16(b)) * (float)(1 + 2 * sc);
         mn = 0.0f;
@@ -212,8 +293,8 @@ struct Fmt<QT_IQ3_S> {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const int g = 8 * j + 2 * l;
-            const u32 g0 = iq3s_grid[b[2 + g] | (((qh >> (2 * l)) & 1) << 8)];
-            const u32 g1 = iq3s_grid[b[3 + g] | (((qh >> (2 * l + 1)) & 1) << 8)];
+            const u32 g0 = grid[b[2 + g] | (((qh >> (2 * l)) & 1) << 8)];
+            const u32 g1 = grid[b[3 + g] | (((qh >> (2 * l + 1)) & 1) << 8)];
             const u32 sg = b[74 + 4 * j + l];
             w[2 * l] = apply_signs4(g0, sg & 15);
             w[2 * l + 1] = apply_signs4(g1, sg >> 4);
@@ -224,8 +305,10 @@ struct Fmt<QT_IQ3_S> {
 template <>
 struct Fmt<QT_IQ1_M> {
     enum { QK = 256, BB = 56, HAS_MIN = 0 };
+    FMT_TAB(u64, 2048, iq1s_grid)
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
-                                                  float& s1, float& mn) {
+                                                  float& s1, float& mn,
+                                                  const tab_t* __restrict__ grid) {
         const u16 sc0 = ld_u16(b + 48), sc1 = ld_u16(b + 50), sc2 = ld_u16(b + 52),
                   sc3 = ld_u16(b + 54);
         const u16 dbits = (u16)((sc0 >> 12) | ((sc1 >> 8) & 0x00F0) | ((sc2 >> 4) & 0x0F00) |
@@ -240,7 +323,7 @@ struct Fmt<QT_IQ1_M> {
         for (int l = 0; l < 4; ++l) {
             const int g = 4 * j + l;
             const int nib = (b[32 + (g >> 1)] >> (4 * (g & 1))) & 0xF;
-            const u64 gr = iq1s_grid[b[g] | ((nib & 7) << 8)];
+            const u64 gr = grid[b[g] | ((nib & 7) << 8)];
             const int delta = (nib & 8) ? -1 : 1;
             u32 lo = 0, hi = 0;
 #pragma unroll
@@ -286,6 +369,12 @@ __device__ __forceinline__ float dot32(const int* w, float s0, float s1, float m
     return r;
 }
 
+// formats whose kernels get a body (bit QT set): a sweep compiles only what it times, faster
+#ifndef STRATA_FMT_MASK
+#define STRATA_FMT_MASK (~0ull)
+#endif
+#define FMT_ON(QT) (((unsigned long long)(STRATA_FMT_MASK) >> (QT)) & 1ull)
+
 // every quantized format Strata has kernels for, as one X-macro: X(name, QT)
 #define STRATA_QFORMATS(X) \
     X(q8_0, QT_Q8_0)       \
@@ -298,3 +387,143 @@ __device__ __forceinline__ float dot32(const int* w, float s0, float s1, float m
     X(iq2_xxs, QT_IQ2_XXS) \
     X(iq2_s, QT_IQ2_S)     \
     X(iq1_m, QT_IQ1_M)
+
+// ---- staged decode (decode-sized GEMVs: T <= 8) ----
+// A warp copies the bytes of STRATA_WARP consecutive sub-blocks of a row (a "chunk": whole blocks)
+// into its own shared memory with 16-byte loads, then each lane decodes its sub-block from there.
+// The global reads are then whole 512-byte lines per warp instruction instead of one 2-byte word
+// per lane at a block's stride; the decode's many small loads hit shared memory. The copy keeps
+// the source's offset mod 16 (blocks are only 2-byte aligned), reading at most 15 bytes either
+// side of the chunk within its 16-byte-aligned span (inside the allocation: it is 256-aligned).
+
+#if defined(__HIP__)
+#define STRATA_WARP_SYNC()                                   \
+    do {                                                     \
+        __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront"); \
+        __builtin_amdgcn_wave_barrier();                     \
+        __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront"); \
+    } while (0)
+#elif defined(STRATA_EMU)
+#define STRATA_WARP_SYNC() emu::syncwarp()
+#elif !defined(__CUDA_ARCH__)
+#define STRATA_WARP_SYNC() \
+    do {                   \
+    } while (0)
+#else
+#define STRATA_WARP_SYNC() __syncwarp()
+#endif
+
+template <int QT>
+struct Stage {
+    enum {
+        CB = (STRATA_WARP * 32 / Fmt<QT>::QK) * Fmt<QT>::BB,  // bytes of one chunk
+        BUF = (CB + 30) / 16 * 16,                             // + up to 15 bytes of offset
+        NV = (BUF / 16 + STRATA_WARP - 1) / STRATA_WARP,       // 16-byte loads per lane
+        // shared-memory copy of the lookup grid: small tables only (STRATA_SMEM_GRID)
+        SM_TAB = (STRATA_SMEM_GRID && Fmt<QT>::TAB_N > 0 &&
+                  Fmt<QT>::TAB_N * sizeof(typename Fmt<QT>::tab_t) <= 2048)
+                     ? (int)Fmt<QT>::TAB_N
+                     : 1,
+        USE_SM_TAB = SM_TAB > 1
+    };
+    // bytes of chunk c of a row of nsub sub-blocks (the last one may be short: whole blocks)
+    static __device__ __forceinline__ int bytes(int nsub, int c) {
+        const int n = min(nsub - c * STRATA_WARP, STRATA_WARP);
+        return n * 32 / Fmt<QT>::QK * Fmt<QT>::BB;
+    }
+};
+
+__device__ __forceinline__ int stage_off(const u8* g) { return (int)((u64)g & 15u); }
+
+// the 16-byte words of [g, g + n) into registers (lane's share), then into shared memory
+template <int NV>
+__device__ __forceinline__ void stage_load(i32x4* v, const u8* __restrict__ g, int n, int lane) {
+    const int o = stage_off(g), nv = (o + n + 15) >> 4;
+    const i32x4* src = (const i32x4*)(g - o);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int i = lane + k * STRATA_WARP;
+        if (i < nv) v[k] = src[i];
+    }
+}
+
+// returns where the chunk's first byte lands in `sm` (16-byte aligned buffer)
+template <int NV>
+__device__ __forceinline__ const u8* stage_store(u8* sm, const i32x4* v, const u8* g, int n,
+                                                 int lane) {
+    const int o = stage_off(g), nv = (o + n + 15) >> 4;
+    i32x4* dst = (i32x4*)sm;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int i = lane + k * STRATA_WARP;
+        if (i < nv) dst[i] = v[k];
+    }
+    return sm + o;
+}
+
+// the table decode reads: a block's shared copy (filled by all its threads, then a barrier)
+// when Stage<QT>::USE_SM_TAB, else the global one; every thread of the block must call it
+template <int QT>
+__device__ __forceinline__ const typename Fmt<QT>::tab_t* stage_tab(
+    typename Fmt<QT>::tab_t* sm_tab) {
+#if STRATA_SMEM_GRID
+    if (Stage<QT>::USE_SM_TAB) {
+        for (int i = threadIdx.x; i < Stage<QT>::SM_TAB; i += blockDim.x)
+            sm_tab[i] = Fmt<QT>::gtab()[i];
+        __syncthreads();
+        return sm_tab;
+    }
+#endif
+    return Fmt<QT>::gtab();
+}
+
+// acc[m] += sum over sub-blocks sb of dx(sb) * dot(row m, x) for M rows sharing one activation
+// (xq int8 [nsub * 32], xd its scales, one per 32 << xd_shift), chunks c0, c0 + cstep, ...;
+// lane l takes sub-block c * STRATA_WARP + l, in the same order (and float operations) as a
+// one-warp-per-row loop over sb = lane, lane + STRATA_WARP, ... `sm` holds M * Stage::BUF bytes
+// of this warp. Chunk c + cstep is read into registers while chunk c is decoded.
+template <int QT, int M>
+__device__ __forceinline__ void staged_rows(u8* sm, const u8* const* rows, int nsub, int c0,
+                                            int cstep, const i8* __restrict__ xq,
+                                            const float* __restrict__ xd, int xd_shift,
+                                            const typename Fmt<QT>::tab_t* tab, float* acc) {
+    typedef Stage<QT> S;
+    const int lane = threadIdx.x % STRATA_WARP, spb = Fmt<QT>::QK / 32;
+    const int nch = (nsub + STRATA_WARP - 1) / STRATA_WARP;
+    i32x4 v[M][S::NV];
+    if (c0 < nch) {
+        const int n = S::bytes(nsub, c0);
+#pragma unroll
+        for (int m = 0; m < M; ++m) stage_load<S::NV>(v[m], rows[m] + c0 * S::CB, n, lane);
+    }
+    for (int c = c0; c < nch; c += cstep) {
+        const int n = S::bytes(nsub, c);
+        const u8* blk[M];
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+            blk[m] = stage_store<S::NV>(sm + m * S::BUF, v[m], rows[m] + c * S::CB, n, lane);
+        STRATA_WARP_SYNC();
+        if (c + cstep < nch) {
+            const int n2 = S::bytes(nsub, c + cstep);
+#pragma unroll
+            for (int m = 0; m < M; ++m)
+                stage_load<S::NV>(v[m], rows[m] + (c + cstep) * S::CB, n2, lane);
+        }
+        const int sb = c * STRATA_WARP + lane;
+        if (sb < nsub) {
+            const i32x4* xp = (const i32x4*)(xq + (i64)sb * 32);
+            const i32x4 a = xp[0], b = xp[1];
+            const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            const float dx = xd[sb >> xd_shift];
+            const int boff = (lane / spb) * Fmt<QT>::BB, j = lane % spb;
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                int w[8];
+                float s0, s1, mn;
+                Fmt<QT>::decode(blk[m] + boff, j, w, s0, s1, mn, tab);
+                acc[m] += dx * dot32<QT>(w, s0, s1, mn, xv);
+            }
+        }
+        STRATA_WARP_SYNC();  // the next chunk overwrites `sm`
+    }
+}
