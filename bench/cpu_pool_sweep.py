@@ -264,7 +264,7 @@ def _markdown(a, ceil, pool, ab, ovh=()) -> str:
         "",
         f"- machine: {m['cpu']}, {m['cores']} cores, SIMD path {m['simd']}, numba {m['numba']} "
         f"({m['threading_layer']})",
-        f"- commit: {_commit()} (plus the working tree)",
+        f"- commit: {_commit()}",
         f"- date: {datetime.now(UTC).isoformat(timespec='seconds')}",
         "- command: `PYTHONPATH=. python bench/cpu_pool_sweep.py "
         f"--quant {a.quant} --threads {a.threads or 'default'} --tokens {a.tokens}"
