@@ -8,8 +8,9 @@ Builds (compile-time knobs of quant_blocks.cuh): base (the defaults), fast (STRA
 sign bytes computed, IQ3_XXS qs read as words, Q4_K/Q5_K scales branch-free), fast+smem (and
 STRATA_SMEM_GRID: small i-quant grids in shared memory, staged kernels only).
 Experts (Qwen3-30B-A3B layer: D 2048, F 768, K 8; T 1 and 4): the decode kernel pairs
-"<gate/up>+<down>" of strata.gpu.experts (legacy, st1, st2 x legacy, st), each call = gate/up +
-the intermediate's Q8 quantization + down. GEMV (T = 1) at attn_q/attn_kv/attn_o: split
+"<gate/up>+<down>" of strata.gpu.experts (legacy, st1, st2, fq x legacy, st), each call = gate/up +
+the intermediate's Q8 quantization + down (fq: that quantization done by the gate/up kernel's last
+block of each pair, two launches instead of three). GEMV (T = 1) at attn_q/attn_kv/attn_o: split
 (gemv1w_*) against staged (gemv1s_*).
 Defaults to flip afterwards: strata/gpu/experts.py DEFAULT_MOE_VARIANT, strata/gpu/gemv.py
 DEFAULT_GEMV1, strata/gpu/kernels/quant_blocks.cuh STRATA_FAST_DECODE / STRATA_SMEM_GRID.
@@ -95,11 +96,13 @@ class ExpertCase:
         self.vd = f.vec_dot
         self.act = cp.zeros((self.p, F), np.float32)
         self.out = cp.zeros((t, D), np.float32)
+        self.cnt = cp.zeros((self.p,), np.int32)  # the fused-quant (fq) counters, stay 0
         self.bytes = self.p * self.expert_bytes + t * D + 4 * t * D
 
     def run(self, K, variant: str, i: int, hact: ActBuf, aact: ActBuf) -> None:
         moe_experts(K, (self.qt,) * 3, (D, F), self.stores, hact, self.pair_slot[i], self.pair_w,
-                    self.t, KUSED, self.act, aact, self.out, variant=variant)  # fmt: skip
+                    self.t, KUSED, self.act, aact, self.out, variant=variant,
+                    cnt=self.cnt)  # fmt: skip
 
     def check(self, cp, aact: ActBuf) -> tuple[float, float]:
         """(rel error of act, rel error of out) against NumPy from the same Q8 inputs (call 0)."""

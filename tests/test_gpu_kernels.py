@@ -309,7 +309,7 @@ def test_f16_conversions_are_exact(K):
     + [(q, q, q) for q in (QT.Q5_K, QT.IQ4_XS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S, QT.IQ1_M)],
     ids=lambda q: "-".join(x.name for x in q),
 )
-@pytest.mark.parametrize("variant", ["legacy+legacy", "st1+st", "st2+st"])
+@pytest.mark.parametrize("variant", ["legacy+legacy", "st1+st", "st2+st", "fq+legacy"])
 def test_moe_experts_match_reference(K, qts, variant):
     g = rng()
     d, f, n_exp, t, k = 512, 256, 6, 3, 4
@@ -440,7 +440,8 @@ def test_moe_decode_variants_equal_legacy(K, K_fast, qt):
     norm_quant(K, cp.asarray(act_input(g, t, d)), t, act=hact)
     outs = {}
     for name, kk in (("base", K), ("fast", K_fast)):
-        for variant in ("legacy+legacy", "st1+st", "st2+st", "st2+legacy", "legacy+st"):
+        for variant in ("legacy+legacy", "st1+st", "st2+st", "st2+legacy", "legacy+st", "fq+legacy",
+                        "fq+st"):  # fmt: skip
             act = cp.zeros((t * k, f), np.float32)
             aact = ActBuf(cp, f, t * k, vd)
             out = cp.zeros((t, d), np.float32)
@@ -451,3 +452,44 @@ def test_moe_decode_variants_equal_legacy(K, K_fast, qt):
     for key, (a, o) in outs.items():
         np.testing.assert_array_equal(a, a0, err_msg=str(key))
         np.testing.assert_array_equal(o, o0, err_msg=str(key))
+
+
+@pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
+@pytest.mark.parametrize("t", [1, 3])
+def test_moe_fused_quant_equals_legacy(K, qt, t):
+    """gate/up "fq" (the intermediate quantized by the gate/up kernel's last block of each pair)
+    gives legacy's act, Q8 intermediate and output bit for bit, launch after launch (its
+    counters go back to 0: a fixed buffer, as CupyTier's moe_cnt and a graph replay use it)."""
+    g = rng()
+    d, f, n_exp, k = 1024, 768, 10, 8
+    raws = [
+        random_quantized(qt, (n_exp, f, d), g, 1 / np.sqrt(d)),
+        random_quantized(qt, (n_exp, f, d), g, 1 / np.sqrt(d)),
+        random_quantized(qt, (n_exp, d, f), g, 1 / np.sqrt(f)),
+    ]
+    stores = [SlotStore(cp, n_exp, r[0].nbytes) for r in raws]
+    for st, r in zip(stores, raws, strict=True):
+        st.buf[...] = cp.asarray(np.ascontiguousarray(r).reshape(n_exp, -1).view(np.uint8))
+    vd = fmt(qt).vec_dot
+    nb = f // (256 if vd == QT.Q8_K else 32)
+    hact = ActBuf(cp, d, t, vd)
+    bufs = {v: (cp.zeros((t * k, f), np.float32), ActBuf(cp, f, t * k, vd)) for v in ("l", "f")}
+    cnt = cp.zeros((t * k + 5,), np.int32)
+    for rep in range(3):  # new tokens and slots each launch, the same buffers and counters
+        slots = np.stack([g.permutation(n_exp)[:k] for _ in range(t)]).astype(np.int32)
+        slots[t - 1, (rep + 2) % k] = -1  # a skipped pair
+        live = slots.ravel() >= 0
+        ps, pw = cp.asarray(slots.ravel()), cp.asarray(g.uniform(0.1, 1, t * k).astype(np.float32))
+        norm_quant(K, cp.asarray(act_input(g, t, d)), t, act=hact)
+        res = {}
+        for v, variant in (("l", "legacy+legacy"), ("f", "fq+legacy")):
+            act, aact = bufs[v]
+            out = cp.zeros((t, d), np.float32)
+            moe_experts(K, (qt,) * 3, (d, f), stores, hact, ps, pw, t, k, act, aact, out,
+                        variant=variant, cnt=cnt)  # fmt: skip
+            q = cp.asnumpy(aact.q)[: t * k][live]
+            dd = cp.asnumpy(aact.d).ravel()[: t * k * nb].reshape(t * k, nb)[live]
+            res[v] = (cp.asnumpy(act)[: t * k][live], q, dd, cp.asnumpy(out))
+        assert not cp.asnumpy(cnt).any(), "fq left a counter set"
+        for name, a, b in zip(("act", "q", "d", "out"), res["l"], res["f"], strict=True):
+            np.testing.assert_array_equal(b, a, err_msg=f"{name}, launch {rep}")

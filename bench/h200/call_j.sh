@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 3, call J: the fused gate/up + intermediate-quantization variant ("fq"): its GPU tests
-# and the experts sweep, then all-resident decode with the default kernels and with it.
+# and the graph tests with it, then all-resident decode with the default kernels and with it.
 set -u
 export PYTHONUNBUFFERED=1
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -9,9 +9,9 @@ M=/tmp/q30.gguf
   > /tmp/synth.log 2>&1 < /dev/null &)
 timeout 90 python3 -m pytest -q -m gpu tests/test_gpu_kernels.py -k "moe or variant" -p no:cacheprovider 2>&1 \
   | tee $OUT/gpu-moe-tests.txt | tail -3
-el "sweep"
-timeout 80 python3 bench/experts_decode_sweep.py --no-gemv --json $OUT/experts-sweep.json 2>&1 \
-  | tee $OUT/experts-sweep.txt | grep -E "^experts .* now|summed|base " | head -24
+el "graph tests with fq+legacy (counter reset across replays)"
+STRATA_MOE_VARIANT=fq+legacy timeout 100 python3 -m pytest -q -m gpu tests/test_gpu_graph.py -p no:cacheprovider \
+  2>&1 | tee $OUT/gpu-graph-fq-tests.txt | tail -3
 for i in $(seq 1 60); do [ -f $M ] && ! pgrep -f "strata synth" > /dev/null && break; sleep 2; done
 el "all-gpu default, then fq+legacy"
 for v in legacy+legacy fq+legacy; do

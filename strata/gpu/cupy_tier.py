@@ -219,7 +219,7 @@ class CupyTier:
         floats = tm * (
             self.qkv_dim + h * dh + h * dv + 2 * a.n_embd + a.n_vocab + a.n_expert + 3 * fs + 1
         )
-        floats += self.moe_rows * (a.expert_ff + 2)
+        floats += self.moe_rows * (a.expert_ff + 3)  # moe_act, pair_slot/_w, moe_cnt
         nbytes += 4 * floats + 4 * tm + 4 + TileBufs.bytes_for(self.moe_rows, a.n_embd)
         nbytes += GraphDecoder.device_bytes(a)  # built on the first graph decode step
         nbytes += SampleBufs.bytes_for(a.n_vocab)
@@ -239,6 +239,7 @@ class CupyTier:
         self.moe_act = cp.empty((self.moe_rows, a.expert_ff), np.float32)
         self.pair_slot = cp.empty((self.moe_rows,), np.int32)
         self.pair_w = cp.empty((self.moe_rows,), np.float32)
+        self.moe_cnt = cp.zeros((self.moe_rows,), np.int32)  # fused-quant MoE counters (stay 0)
         self.tiles = TileBufs(cp, self.moe_rows, a.n_embd)
         self.ids_buf = cp.empty((tm,), np.int32)
         self.pos_buf = cp.zeros((1,), np.int32)  # the decode position, read by the kernels
@@ -658,6 +659,7 @@ class CupyTier:
             self.moe_act,
             self.acts[(a.expert_ff, int(fmt(L.exp_qt[2]).vec_dot), "moe")],
             out,
+            cnt=self.moe_cnt,
         )
 
     def shared_expert(self, layer: int, h):

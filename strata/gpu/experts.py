@@ -14,7 +14,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from strata.gpu.gemv import Q_NAMES
-from strata.gpu.norm_quant import ActBuf, norm_quant, xd_shift
+from strata.gpu.norm_quant import MODES, ActBuf, norm_quant, xd_shift
 from strata.gpu.rawmod import Kernels, i32, i64
 from strata.quant import fmt
 from strata.quant.activation import roundtrip
@@ -26,9 +26,12 @@ ST_WARPS = 4  # experts.cu MOE_ST_WARPS: warps a block of the staged (*_st*) ker
 # Decode (T <= GROUPED_MIN_T) kernel pairs, "<gate/up>+<down>": legacy = moe_gate_up / moe_down
 # (one warp a row, weights read straight from global memory); st1 / st2 = moe_gate_up_st1/2
 # (1 or 2 rows a warp, row chunks staged through shared memory with 16-byte loads); st =
-# moe_down_st. Same sums in the same order; bench/experts_decode_sweep.py times them.
+# moe_down_st; fq = moe_gate_up_fq (moe_gate_up that also quantizes the intermediate, the last
+# block of each pair through a counter: no separate norm_quant launch, the same bits). Same sums
+# in the same order; bench/experts_decode_sweep.py times them.
 GATE_UP_VARIANTS = {"legacy": ("moe_gate_up", 0), "st1": ("moe_gate_up_st1", 1),
-                    "st2": ("moe_gate_up_st2", 2)}  # fmt: skip
+                    "st2": ("moe_gate_up_st2", 2), "fq": ("moe_gate_up_fq", 0)}  # fmt: skip
+FUSED_QUANT = {"fq"}  # gate/up variants that quantize the intermediate themselves (need `cnt`)
 DOWN_VARIANTS = {"legacy": "moe_down", "st": "moe_down_st"}
 DEFAULT_MOE_VARIANT = "legacy+legacy"  # the engine's choice: set from the sweep's winner
 MOE_VARIANT = os.environ.get("STRATA_MOE_VARIANT", DEFAULT_MOE_VARIANT)
@@ -66,10 +69,13 @@ def moe_experts(
     aact: ActBuf,
     out,
     variant: str | None = None,
+    cnt=None,
 ) -> None:
     """out[:t] = sum_k pair_w[t, k] * expert_{pair_slot[t, k]}(h[t]); hact holds h quantized for
     the gate/up vec_dot, act [P, F] float32 and aact [P, F] are the intermediate's buffers.
-    `variant`: the decode kernels, "<gate/up>+<down>" (default MOE_VARIANT)."""
+    `variant`: the decode kernels, "<gate/up>+<down>" (default MOE_VARIANT). `cnt`: int32 [>= P]
+    zeros, the per-pair counters of a fused-quant gate/up (left zeroed after every launch, so a
+    fixed buffer serves every call and graph replay); None: one kept with aact (fq_counters)."""
     qg, qu, qd = (QT(int(q)) for q in qtypes)
     if qg != qu:
         raise ValueError(f"gate ({qg.name}) and up ({qu.name}) experts must share a type")
@@ -80,24 +86,22 @@ def moe_experts(
     block = (wpb * K.warp,)
     st_block = (ST_WARPS * K.warp,)
     gu_name, rows = GATE_UP_VARIANTS[gu]
+    args = (gate.buf, up.buf, i64(gate.slot_bytes), hact.q, hact.d, i32(xd_shift(hact.mode)),
+            pair_slot, i32(k), act, i32(f), i32(d))  # fmt: skip
+    if gu in FUSED_QUANT:  # the intermediate quantized by the gate/up kernel itself
+        if cnt is None:
+            cnt = fq_counters(K, aact)
+        if cnt.size < t * k or aact.tmax < t * k:
+            raise ValueError(f"fused-quant MoE: {t * k} pairs for {cnt.size} counters / "
+                             f"{aact.tmax} intermediate rows")  # fmt: skip
+        args += (aact.q, aact.d, i32(MODES[aact.mode]), cnt)
     K.fn("experts.cu", f"{gu_name}_{Q_NAMES[qg]}")(
         (-(-f // (wpb if rows == 0 else ST_WARPS * rows)), t * k),
         block if rows == 0 else st_block,
-        (
-            gate.buf,
-            up.buf,
-            i64(gate.slot_bytes),
-            hact.q,
-            hact.d,
-            i32(xd_shift(hact.mode)),
-            pair_slot,
-            i32(k),
-            act,
-            i32(f),
-            i32(d),
-        ),
+        args,
     )
-    norm_quant(K, act, t * k, act=aact)  # the intermediate, Q8 as ggml quantizes it
+    if gu not in FUSED_QUANT:
+        norm_quant(K, act, t * k, act=aact)  # the intermediate, Q8 as ggml quantizes it
     K.fn("experts.cu", f"{DOWN_VARIANTS[dn]}_{Q_NAMES[qd]}")(
         (-(-d // (wpb if dn == "legacy" else ST_WARPS)), t),
         block if dn == "legacy" else st_block,
@@ -115,6 +119,16 @@ def moe_experts(
             i32(f),
         ),
     )
+
+
+def fq_counters(K: Kernels, aact: ActBuf):
+    """The fused-quant counters kept with `aact` ([aact.tmax] int32 zeros), allocated on its first
+    use: for callers without a workspace of their own (tests, benches; CupyTier passes its own
+    preallocated moe_cnt)."""
+    c = getattr(aact, "fq_cnt", None)
+    if c is None:
+        c = aact.fq_cnt = K.cp.zeros((aact.tmax,), np.int32)
+    return c
 
 
 def expert_ref(h, gate_raw, up_raw, down_raw, qtypes) -> np.ndarray:

@@ -17,25 +17,26 @@
 //                lane's activation for 4 decodes and keeps twice the bytes in flight.
 //   moe_down_st  one row a warp, the K pairs' row chunks (up to MOE_KG at a time) staged
 //                together, then the lanes share out the (pair, sub-block) items as moe_down does.
+//   moe_gate_up_fq  moe_gate_up that also quantizes the intermediate (fused quant: no separate
+//                norm_quant launch between the two): after its rows of act, a block adds 1 to
+//                its pair's counter cnt[p]; the block that finds itself the pair's last
+//                (gridDim.x - 1 before it) quantizes the whole row act[p] into aq / ad exactly
+//                as norm_quant does (q8_quant.cuh) and sets the counter back to 0 (ready for the
+//                next launch or a graph replay). Skipped pairs touch neither act nor aq / cnt.
 // Per (pair, row) the float operations and their order are those of moe_gate_up / moe_down.
 #include "quant_blocks.cuh"
+#include "q8_quant.cuh"
 
 #define MOE_ST_WARPS 4  // experts.py's ST_WARPS
 #define MOE_KG 8        // pairs staged together by moe_down_st (fewer where 40 KiB is short)
 
+// one warp: silu(gate[f]) * up[f] of expert slot `slot` on token t (lane 0 holds the result)
 template <int QT>
-__device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u8* __restrict__ up,
-                                            i64 slot_stride, const i8* __restrict__ hq,
-                                            const float* __restrict__ hd, int xd_shift,
-                                            const i32* __restrict__ pair_slot, int K,
-                                            float* __restrict__ act, int F, int D) {
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int f = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
-    const int p = blockIdx.y;
-    if (f >= F) return;
-    const int slot = pair_slot[p];
-    if (slot < 0) return;
-    const i64 t = p / K;
+__device__ __forceinline__ float moe_gate_up_row(const u8* __restrict__ gate,
+                                                 const u8* __restrict__ up, int slot,
+                                                 i64 slot_stride, const i8* __restrict__ hq,
+                                                 const float* __restrict__ hd, int xd_shift,
+                                                 i64 t, int f, int D, int lane) {
     const int nsub = D / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
     const i64 row_bytes = (i64)(D / Fmt<QT>::QK) * Fmt<QT>::BB;
     const u8* gr = gate + slot * slot_stride + f * row_bytes;
@@ -56,7 +57,64 @@ __device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u
     }
     ag = warp_sum(ag);
     au = warp_sum(au);
-    if (lane == 0) act[(i64)p * F + f] = ag / (1.0f + expf(-ag)) * au;
+    return ag / (1.0f + expf(-ag)) * au;
+}
+
+template <int QT>
+__device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u8* __restrict__ up,
+                                            i64 slot_stride, const i8* __restrict__ hq,
+                                            const float* __restrict__ hd, int xd_shift,
+                                            const i32* __restrict__ pair_slot, int K,
+                                            float* __restrict__ act, int F, int D) {
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int f = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
+    const int p = blockIdx.y;
+    if (f >= F) return;
+    const int slot = pair_slot[p];
+    if (slot < 0) return;
+    const float a = moe_gate_up_row<QT>(gate, up, slot, slot_stride, hq, hd, xd_shift, p / K, f,
+                                        D, lane);
+    if (lane == 0) act[(i64)p * F + f] = a;
+}
+
+struct VolatileRow {  // q8_quant.cuh's source: a row other blocks wrote (loads skip the L1)
+    const volatile float* r;
+    __device__ __forceinline__ float operator()(int i) const { return r[i]; }
+};
+
+template <int QT>
+__device__ __forceinline__ void moe_gate_up_fq(const u8* __restrict__ gate,
+                                               const u8* __restrict__ up, i64 slot_stride,
+                                               const i8* __restrict__ hq,
+                                               const float* __restrict__ hd, int xd_shift,
+                                               const i32* __restrict__ pair_slot, int K,
+                                               float* __restrict__ act, int F, int D,
+                                               i8* __restrict__ aq, float* __restrict__ ad,
+                                               int amode, i32* __restrict__ cnt) {
+    __shared__ int last;
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int nw = blockDim.x / STRATA_WARP;
+    const int f = blockIdx.x * nw + wid;
+    const int p = blockIdx.y;
+    const int slot = pair_slot[p];
+    if (slot < 0) return;  // the whole block: one pair
+    if (f < F) {
+        const float a = moe_gate_up_row<QT>(gate, up, slot, slot_stride, hq, hd, xd_shift, p / K,
+                                            f, D, lane);
+        if (lane == 0) act[(i64)p * F + f] = a;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(cnt + p, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const VolatileRow y{act + (i64)p * F};
+    if (amode == MODE_Q8_K)
+        q8k_row(y, F, aq + (i64)p * F, ad + (i64)p * (F / 256), wid, nw, lane);
+    else
+        q8_0_row(y, F, aq + (i64)p * F, ad + (i64)p * (F / 32), wid, nw, lane);
+    if (threadIdx.x == 0) cnt[p] = 0;
 }
 
 template <int QT>
@@ -215,6 +273,14 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
         int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
         if (FMT_ON(QT))                                                                        \
             moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D); \
+    }                                                                                          \
+    extern "C" __global__ void moe_gate_up_fq_##name(                                          \
+        const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
+        int xd_shift, const i32* pair_slot, int K, float* act, int F, int D, i8* aq,           \
+        float* ad, int amode, i32* cnt) {                                                      \
+        if (FMT_ON(QT))                                                                        \
+            moe_gate_up_fq<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F,  \
+                               D, aq, ad, amode, cnt);                                         \
     }                                                                                          \
     extern "C" __global__ void moe_down_##name(const u8* down, i64 slot_stride, const i8* aq,  \
                                                const float* ad, int xd_shift,                  \
