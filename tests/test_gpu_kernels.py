@@ -18,7 +18,6 @@ cp = pytest.importorskip("cupy")
 from gguf.quants import dequantize  # noqa: E402
 
 from strata.gpu.attention import AttnWorkspace, attention, attention_ref  # noqa: E402
-from strata.gpu.device import primary_device  # noqa: E402
 from strata.gpu.elementwise import (  # noqa: E402
     argmax_rows,
     f16_convert,
@@ -53,17 +52,6 @@ QUANTS = [
     QT.IQ1_M,
 ]
 FLOATS = [QT.F32, QT.F16, QT.BF16]
-
-
-@pytest.fixture(scope="module")
-def K():
-    try:
-        info = primary_device()
-    except Exception as e:  # an unusable device is a skip here, not a failure
-        pytest.skip(f"no usable GPU: {e}")
-    if info is None:
-        pytest.skip("no GPU")
-    return Kernels(cp, info.warp_size, info.sm_count)
 
 
 def rng() -> np.random.Generator:
