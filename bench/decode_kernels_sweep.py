@@ -38,17 +38,6 @@ from strata.quant import fmt
 QT = GGMLQuantizationType
 
 
-class OptKernels(Kernels):
-    """Kernels compiled with extra -D options (a variant's compile-time knobs)."""
-
-    def __init__(self, cp, warp: int, sm: int, extra: tuple[str, ...]):
-        super().__init__(cp, warp, sm)
-        self.extra = extra
-
-    def options(self) -> tuple[str, ...]:
-        return super().options() + self.extra
-
-
 def sweep_attention(cp, K0, timer, rng, copy: float) -> list[dict]:
     rows = []
     scale = float(np.float32(1 / np.sqrt(DH)))
@@ -71,7 +60,7 @@ def sweep_attention(cp, K0, timer, rng, copy: float) -> list[dict]:
         configs += [(4, 64, (f"-DDEC_TILE={t}",)) for t in (32, 128)]
         configs += [(4, 64, ("-DDEC_PV_MINB=4",))]
         for per_sm, mc, extra in configs:
-            K = OptKernels(cp, K0.warp, K0.sm_count, extra) if extra else K0
+            K = Kernels(cp, K0.warp, K0.sm_count, extra) if extra else K0
             ws = AttnWorkspace(cp, K, H, G, ctx, DH, 1)
             ws.dec_nsplit = dec_splits(K, ctx, G, per_sm)
             ws.dec_pm = cp.empty((H, ws.dec_nsplit), np.float32)

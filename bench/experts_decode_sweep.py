@@ -47,17 +47,6 @@ BUILDS = {
 N_EXP = 4  # distinct random experts, repeated over the slots
 
 
-class OptKernels(Kernels):
-    """Kernels compiled with extra -D options (a build's compile-time knobs)."""
-
-    def __init__(self, cp, warp: int, sm: int, extra: tuple[str, ...]):
-        super().__init__(cp, warp, sm)
-        self.extra = extra
-
-    def options(self) -> tuple[str, ...]:
-        return super().options() + self.extra
-
-
 def rel(a, b) -> float:
     return float(np.abs(np.asarray(a, np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
 
@@ -236,7 +225,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     info = primary_device()
-    builds = {b: OptKernels(cp, info.warp_size, info.sm_count, (f"-DSTRATA_FMT_MASK={MASK}ull",)
+    builds = {b: Kernels(cp, info.warp_size, info.sm_count, (f"-DSTRATA_FMT_MASK={MASK}ull",)
                             + extra) for b, extra in BUILDS.items()}  # fmt: skip
     timer, rng = _Timer(cp), np.random.default_rng(0)
     copy = max(_copy_gbps(cp, timer).values())

@@ -371,18 +371,9 @@ def test_moe_experts_match_reference(K, qts, variant):
 
 
 # ---- decode variants: staged kernels and the compile-time decode knobs, bit for bit ----
-class _OptKernels(Kernels):
-    def __init__(self, base: Kernels, extra: tuple[str, ...]):
-        super().__init__(cp, base.warp, base.sm_count)
-        self.extra = extra
-
-    def options(self) -> tuple[str, ...]:
-        return super().options() + self.extra
-
-
 @pytest.fixture(scope="module")
 def K_fast(K):
-    return _OptKernels(K, ("-DSTRATA_FAST_DECODE=1", "-DSTRATA_SMEM_GRID=1"))
+    return Kernels(cp, K.warp, K.sm_count, ("-DSTRATA_FAST_DECODE=1", "-DSTRATA_SMEM_GRID=1"))
 
 
 @pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)

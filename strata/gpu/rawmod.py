@@ -33,15 +33,16 @@ def ptr(a):
 class Kernels:
     """The RawModules of one device; `fn(source, name)` returns a launchable kernel."""
 
-    def __init__(self, cp, warp_size: int, sm_count: int = 1):
+    def __init__(self, cp, warp_size: int, sm_count: int = 1, extra: tuple[str, ...] = ()):
         self.cp = cp
         self.warp = int(warp_size)
         self.sm_count = int(sm_count)
+        self.extra = tuple(extra)  # more compiler options (-D knobs of a build under test)
         self._mods: dict[str, object] = {}
         self._fns: dict[tuple[str, str], object] = {}
 
     def options(self) -> tuple[str, ...]:
-        return (f"-DSTRATA_WARP={self.warp}",)
+        return (f"-DSTRATA_WARP={self.warp}", *self.extra)
 
     def module(self, source: str):
         m = self._mods.get(source)
