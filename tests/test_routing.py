@@ -195,9 +195,11 @@ def test_config_flag_beats_environment_beats_default():
 def test_car_on_an_unwired_path_is_refused_if_asked_and_downgraded_if_default(synth_model):
     model = load_model(synth_model("tiny", "Q4_K"))
     cfg = resolve({}, {})
-    e = build_engine(model, cfg)  # every expert resident: no pool, CAR cannot act
+    e = build_engine(model, cfg)  # no GPU: every expert in the pool, CAR has nothing to use
     assert e.car.threshold == 1.0 and any(CAR_OFF_NOTICE in n for n in cfg.notices)
     with pytest.raises(ConfigError, match="cannot apply"):
         build_engine(model, resolve({"car_threshold": 0.5}, {}))
     partial = build_engine(model, resolve({"expert_cache": "6"}, {}))
     assert partial.car.threshold == 0.35 and partial.resident.sum() == 6
+    full = build_engine(model, resolve({"expert_cache": "all"}, {}))  # no pool: CAR cannot act
+    assert full.car.threshold == 1.0 and full.miss_runner is full.tier
