@@ -224,6 +224,14 @@ def atomic_load(typingctx, arr, i):
 _X86 = bool({"sse2", "avx2"} & FEATURES)
 
 
+def _pause(builder) -> None:
+    """Emit x86 `pause` (the spin-wait hint)."""
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause"
+    )
+    builder.call(fn, [])
+
+
 @intrinsic
 def cpu_relax(typingctx):
     """The spin-wait hint (x86 `pause`; nothing elsewhere)."""
@@ -231,10 +239,7 @@ def cpu_relax(typingctx):
 
     def codegen(context, builder, sg, args):
         if _X86:
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause"
-            )
-            builder.call(fn, [])
+            _pause(builder)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -257,10 +262,7 @@ def os_yield(typingctx):
             )
             builder.call(fn, [])
         elif _X86:
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause"
-            )
-            builder.call(fn, [])
+            _pause(builder)
         return context.get_dummy_value()
 
     return sig, codegen
