@@ -16,6 +16,7 @@ timeout 330 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -x -q 2>&1 | 
 for i in $(seq 1 90); do [ -f $M ] && ! pgrep -f "strata synth" > /dev/null && break; sleep 2; done
 el "ncu decode profile"
 timeout 200 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
-  --log-file $OUT/ncu-decode.csv python3 scripts/profile_decode.py run --model $M --tokens 2 2>&1 | tail -4
-python3 scripts/profile_decode.py report $OUT/ncu-decode.csv --tokens 2 --step-ms 5.29 | tee $OUT/ncu-report.txt | head -40
+  --log-file $OUT/ncu-decode.csv python3 scripts/profile_decode.py run --model $M --tokens 2 2>&1 | tee /tmp/prof.log | tail -4
+S=$(grep -o 'unprofiled step: [0-9.]*' /tmp/prof.log | awk '{print $3}')
+python3 scripts/profile_decode.py report $OUT/ncu-decode.csv --tokens 2 --step-ms ${S:-0} | tee $OUT/ncu-report.txt | head -40
 el "done"
