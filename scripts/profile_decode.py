@@ -36,7 +36,7 @@ def run(args) -> int:
         vram_budget_mib=args.vram_budget_mib,
         vram_budget_widen=True,
         adapt_swaps=0,
-        n_ctx=args.prompt + args.warm + args.tokens + 8,
+        n_ctx=args.prompt + 2 * args.warm + args.tokens + 8,
     )
     engine = build_engine(model, resolve(flags, env={}))
     cp = engine.tier.cp
