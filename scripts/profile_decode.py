@@ -51,8 +51,10 @@ def run(args) -> int:
         tok = engine.decode_greedy(tok)
     cp.cuda.Device().synchronize()
     step_ms = (time.perf_counter() - t0) * 1e3 / args.warm
-    print(f"unprofiled step: {step_ms:.3f} ms ({1e3 / step_ms:.1f} tok/s), "
-          f"graph steps so far {engine.stats.graph_steps}")
+    print(
+        f"unprofiled step: {step_ms:.3f} ms ({1e3 / step_ms:.1f} tok/s), "
+        f"graph steps so far {engine.stats.graph_steps}"
+    )
     cp.cuda.runtime.profilerStart()
     for _ in range(args.tokens):
         tok = engine.decode_greedy(tok)
@@ -73,13 +75,17 @@ def report(args) -> int:
     out = [f"{len(rows)} kernels over {args.tokens} tokens; kernel time {total:.1f} us/token"]
     if args.step_ms:
         gap = args.step_ms * 1e3 - total
-        out.append(f"measured step {args.step_ms * 1e3:.1f} us: {gap:.1f} us/token outside "
-                   f"kernels ({gap / (len(rows) / args.tokens):.2f} us per launch)")
+        out.append(
+            f"measured step {args.step_ms * 1e3:.1f} us: {gap:.1f} us/token outside "
+            f"kernels ({gap / (len(rows) / args.tokens):.2f} us per launch)"
+        )
     out.append(f"{'kernel':<44} {'n/tok':>6} {'median us':>10} {'us/tok':>9} {'share':>6}")
     for name, v in sorted(per.items(), key=lambda kv: -sum(kv[1])):
         s = sum(v) / args.tokens
-        out.append(f"{name[:44]:<44} {len(v) / args.tokens:>6.1f} {statistics.median(v):>10.2f} "
-                   f"{s:>9.1f} {s / total:>6.1%}")
+        out.append(
+            f"{name[:44]:<44} {len(v) / args.tokens:>6.1f} {statistics.median(v):>10.2f} "
+            f"{s:>9.1f} {s / total:>6.1%}"
+        )
     print("\n".join(out))
     return 0
 

@@ -234,14 +234,26 @@ def flip_allowance(q, k, v, pos0, scale, rel_noise=1e-5):
 @pytest.mark.parametrize("renorm", [True, False])
 def test_router_topk_matches_route_topk(K, renorm):
     g = rng()
-    t, e, k = 6, 128, 8
-    logits = (g.standard_normal((t, e)) * 3).astype(np.float32)
-    ids = cp.empty((t, k), np.int32)
-    w = cp.empty((t, k), np.float32)
-    router_topk(K, cp.asarray(logits), t, e, k, renorm, ids, w)
-    want_ids, want_w, _ = route_topk(logits, k, renorm)
-    np.testing.assert_array_equal(cp.asnumpy(ids), want_ids)
-    np.testing.assert_allclose(cp.asnumpy(w), want_w, rtol=1e-5)
+    for t, e, k in ((6, 128, 8), (3, 60, 5)):  # 60: lanes without a second logit
+        logits = (g.standard_normal((t, e)) * 3).astype(np.float32)
+        logits[0, [7, 40]] = logits[0].max() + 1  # a tie at the top: the lower id first
+        ids = cp.empty((t, k), np.int32)
+        w = cp.empty((t, k), np.float32)
+        slot_row = g.permutation(e).astype(np.int32)
+        slot_row[g.integers(0, e, 10)] = -1  # experts not resident
+        pair_slot = cp.full(t * k, -7, np.int32)
+        pair_w = cp.empty(t * k, np.float32)
+        router_topk(K, cp.asarray(logits), t, e, k, renorm, ids, w)
+        want_ids, want_w, _ = route_topk(logits, k, renorm)
+        np.testing.assert_array_equal(cp.asnumpy(ids), want_ids)
+        np.testing.assert_allclose(cp.asnumpy(w), want_w, rtol=1e-5)
+        # the pair list in the same launch: the same picks through the slot table
+        ids2, w2 = cp.empty_like(ids), cp.empty_like(w)
+        router_topk(K, cp.asarray(logits), t, e, k, renorm, ids2, w2,
+                    cp.asarray(slot_row), pair_slot, pair_w)  # fmt: skip
+        np.testing.assert_array_equal(cp.asnumpy(ids2), want_ids)
+        np.testing.assert_array_equal(cp.asnumpy(pair_slot), slot_row[want_ids].ravel())
+        np.testing.assert_array_equal(cp.asnumpy(pair_w), cp.asnumpy(w).ravel())
 
 
 def test_argmax_and_silu(K):
@@ -431,6 +443,14 @@ def test_moe_decode_variants_equal_legacy(K, K_fast, qt):
     for key, (a, o) in outs.items():
         np.testing.assert_array_equal(a, a0, err_msg=str(key))
         np.testing.assert_array_equal(o, o0, err_msg=str(key))
+    # the residual added by the down kernel: resid + the sum, bit for bit
+    resid = g.standard_normal((t, d)).astype(np.float32)
+    for variant in ("legacy+legacy", "st2+st"):
+        act, aact = cp.zeros((t * k, f), np.float32), ActBuf(cp, f, t * k, vd)
+        out = cp.zeros((t, d), np.float32)
+        moe_experts(K, (qt,) * 3, (d, f), stores, hact, ps, pw, t, k, act, aact, out,
+                    variant=variant, resid=cp.asarray(resid))  # fmt: skip
+        np.testing.assert_array_equal(cp.asnumpy(out), resid + o0, err_msg=variant)
 
 
 @pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)

@@ -642,9 +642,9 @@ class CupyTier:
             self.pair_w[: n * k].set(w[c0 : c0 + n].reshape(-1))
             self._moe_pairs(layer, n, k, out[c0 : c0 + n], stores)
 
-    def _moe_pairs(self, layer: int, t: int, k: int, out, stores=None) -> None:
+    def _moe_pairs(self, layer: int, t: int, k: int, out, stores=None, resid=None) -> None:
         """out[:t] = the experts of pair_slot/pair_w [t*k] on h, quantized in its ActBuf
-        (slots of `stores`, default the cache's)."""
+        (slots of `stores`, default the cache's), + resid[:t] where given."""
         a, L = self.args, self.layers[layer]
         moe_experts(
             self.K,
@@ -660,6 +660,7 @@ class CupyTier:
             self.acts[(a.expert_ff, int(fmt(L.exp_qt[2]).vec_dot), "moe")],
             out,
             cnt=self.moe_cnt,
+            resid=resid,
         )
 
     def shared_expert(self, layer: int, h):

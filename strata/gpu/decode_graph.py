@@ -28,7 +28,6 @@ import numpy as np
 
 from strata.gpu.elementwise import argmax_rows
 from strata.gpu.embed import embed
-from strata.gpu.experts import pairs_from_topk
 from strata.gpu.route_car import pack_words, route_car
 from strata.gpu.router_topk import router_topk
 from strata.gpu.sample import N_KNOBS, knob_values, sample_row
@@ -164,26 +163,25 @@ class GraphDecoder:
 
     def _seg_experts(self, i: int, device_routing: bool) -> None:
         t, cp = self.t, self.cp
-        if device_routing:
+        if device_routing:  # the router's picks go out as the pair list in the same launch
             a = t.args
             router_topk(
                 t.K, t.rlogits_buf, 1, a.n_expert, self.k, a.norm_topk,
-                self.topk_ids[i], self.topk_w[i],
-            )  # fmt: skip
-            pairs_from_topk(
-                t.K, self.topk_ids[i], self.topk_w[i], self.slot_table[i], self.k,
-                t.pair_slot, t.pair_w,
+                self.topk_ids[i], self.topk_w[i], self.slot_table[i], t.pair_slot, t.pair_w,
             )  # fmt: skip
         else:
             self._up(t.pair_slot[: self.k], self.pair_h.a)
             self._up(t.pair_w[: self.k], self.pairw_h.a)
+        if device_routing and not self.shared:
+            # nothing from the pool or a shared expert: x = xb + resident, added by the down kernel
+            t._moe_pairs(i, 1, self.k, self.xa, resid=self.xb)
+            return
         t._moe_pairs(i, 1, self.k, self.moe_out)
         if self.shared:
             t._shared_into(i, t.h_buf[:1], 1, self.sh_out)
-        if device_routing:  # nothing from the pool: y = resident (+ shared), x = xb + y
+        if device_routing:  # nothing from the pool: y = resident + shared, x = xb + y
             y = self.moe_out
-            if self.shared:
-                cp.add(y, self.sh_out, out=y)
+            cp.add(y, self.sh_out, out=y)
             cp.add(self.xb, y, out=self.xa)
 
     def _seg_finish_moe(self) -> None:

@@ -15,7 +15,7 @@ from gguf.quants import dequantize
 
 from strata.gpu.gemv import Q_NAMES
 from strata.gpu.norm_quant import MODES, ActBuf, norm_quant, xd_shift
-from strata.gpu.rawmod import Kernels, i32, i64
+from strata.gpu.rawmod import Kernels, i32, i64, ptr
 from strata.quant import fmt
 from strata.quant.activation import roundtrip
 
@@ -70,8 +70,10 @@ def moe_experts(
     out,
     variant: str | None = None,
     cnt=None,
+    resid=None,
 ) -> None:
-    """out[:t] = sum_k pair_w[t, k] * expert_{pair_slot[t, k]}(h[t]); hact holds h quantized for
+    """out[:t] = sum_k pair_w[t, k] * expert_{pair_slot[t, k]}(h[t]) (+ resid[:t], the residual
+    add in the down kernel, where nothing else joins the sum); hact holds h quantized for
     the gate/up vec_dot, act [P, F] float32 and aact [P, F] are the intermediate's buffers.
     `variant`: the decode kernels, "<gate/up>+<down>" (default MOE_VARIANT). `cnt`: int32 [>= P]
     zeros, the per-pair counters of a fused-quant gate/up (left zeroed after every launch, so a
@@ -117,6 +119,7 @@ def moe_experts(
             out,
             i32(d),
             i32(f),
+            ptr(resid),
         ),
     )
 
@@ -141,13 +144,6 @@ def expert_ref(h, gate_raw, up_raw, down_raw, qtypes) -> np.ndarray:
     u = roundtrip(h, fmt(qu).vec_dot) @ up.T
     a = g / (np.float32(1.0) + np.exp(-g)) * u
     return roundtrip(a, fmt(qd).vec_dot) @ down.T
-
-
-def pairs_from_topk(K: Kernels, ids, weights, slot_row, n: int, pair_slot, pair_w) -> None:
-    """pair_slot[:n] = slot_row[ids[:n]], pair_w[:n] = weights[:n] (all on the device)."""
-    K.fn("experts.cu", "moe_pairs_from_topk")(
-        (-(-n // THREADS),), (THREADS,), (ids, weights, slot_row, i32(n), pair_slot, pair_w)
-    )
 
 
 MOE_NT = 8  # pairs per tile in experts_grouped.cu

@@ -3,8 +3,10 @@
 A `DeviceWeight` is a GGUF tensor's bytes uploaded unchanged ([rows, row_bytes] uint8) with the
 activation type llama.cpp pairs it with (`vec_dot`); `gemv()` multiplies it by an activation
 already prepared in an `ActBuf` (norm_quant.py), as ggml's mmvq does with its q8_1 input.
-Decode (T = 1) takes gemv1w_*: gemv1_*'s one-warp-per-row loop with a row split over two warps
-when the rows alone leave the SMs short of warps (attn_k/v, attn_o); `legacy=True` keeps gemv1_*.
+Decode (T = 1) of float weights (the router) takes gemv1f_*: a block per row, 16-byte loads.
+Decode (T = 1) of quantized weights takes gemv1w_*: gemv1_*'s one-warp-per-row loop with a row
+split over two warps when the rows alone leave the SMs short of warps (attn_k/v, attn_o);
+`legacy=True` keeps gemv1_*.
 gemv1s_* (variant "staged", STRATA_GEMV1_VARIANT=staged) is gemv1w_* with the row bytes staged
 through shared memory by 16-byte loads; same sums, same order (bit-identical output).
 """
@@ -38,6 +40,7 @@ Q_NAMES = {
 F_NAMES = {QT.F32: "f32", QT.F16: "f16", QT.BF16: "bf16"}
 SUPPORTED = tuple(Q_NAMES) + tuple(F_NAMES)
 THREADS = 128
+GEMV1F_THREADS = 128  # gemv.cu's GEMV1F_THREADS: gemv1f_* (T = 1, float weights), a block per row
 GEMV1_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1w_*
 WARPS_PER_SM = 16  # gemv1w_*: below this many warps per SM, a row is split over two warps
 MAX_WPR = 2  # measured on the H200 (bench/results/gpu-decode-kernels-h200-20261129.md)
@@ -111,6 +114,12 @@ def gemv(
             (-(-w.rows // rpb),),
             (GEMV1_WARPS * K.warp,),
             args + (i32(w.rows), i32(w.cols), i32(wpr)),
+        )
+        return
+    if t == 1 and not w.quantized and w.cols % 8 == 0 and not legacy:
+        x = act.r if isinstance(act, ActBuf) else act
+        K.fn("gemv.cu", kernel_name("gemv1f", w.qtype))(
+            (w.rows,), (GEMV1F_THREADS,), (w.buf, x, ptr(w.bias), ptr(resid), out, i32(w.cols))
         )
         return
     wpb = K.warps_per_block(THREADS)

@@ -16,6 +16,8 @@ QT = GGMLQuantizationType
 MODES = {QT.F32: 0, QT.F16: 1, QT.Q8_0: 8, QT.Q8_K: 15, QT.BF16: 30}
 BLOCK = {QT.Q8_0: 32, QT.Q8_K: 256}  # elements per activation scale
 THREADS = 256
+THREADS_FEW = 1024  # up to FEW rows (decode): one row's loads and sums spread over more warps
+FEW = 16
 
 
 def mode_of(vec_dot) -> QT:
@@ -69,7 +71,7 @@ def norm_quant(
     mode = MODES[act.mode] if act is not None else 0
     K.fn("norm_quant.cu", "norm_quant")(
         (t,),
-        (THREADS,),
+        (THREADS_FEW if t <= FEW else THREADS,),
         (
             x,
             ptr(w),

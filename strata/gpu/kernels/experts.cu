@@ -5,7 +5,8 @@
 //                act[p, f] = silu(gate) * up, as HostTier: g / (1 + exp(-g)) * u.
 //   moe_down     grid (D / warps, T): out[t, d] = sum_k w[t, k] * down_slot(act_q[t*K + k])[d],
 //                the K pairs of a token summed by one warp in a fixed order (deterministic, no
-//                atomics).
+//                atomics); with resid (optional) out[t, d] = resid[t, d] + that sum (the layer's
+//                residual add, where nothing else joins the MoE sum).
 // Slots are fixed VRAM buffers: slot s of a matrix starts at base + s * slot_stride bytes and
 // holds that expert's rows in GGUF order. pair_slot[p] < 0 skips the pair (a missed expert the
 // CPU pool computes, or an empty entry).
@@ -122,7 +123,8 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
                                          const i8* __restrict__ aq, const float* __restrict__ ad,
                                          int xd_shift, const i32* __restrict__ pair_slot,
                                          const float* __restrict__ pair_w, int K,
-                                         float* __restrict__ out, int D, int F) {
+                                         float* __restrict__ out, int D, int F,
+                                         const float* __restrict__ resid) {
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int d = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
     const i64 t = blockIdx.y;
@@ -148,7 +150,7 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
         acc += pair_w[p] * (ad[p * nxd + (sb >> xd_shift)] * dot32<QT>(w, s0, s1, mn, xv));
     }
     acc = warp_sum(acc);
-    if (lane == 0) out[t * D + d] = acc;
+    if (lane == 0) out[t * D + d] = resid ? resid[t * D + d] + acc : acc;
 }
 
 template <int QT, int R>
@@ -196,7 +198,8 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
                                             const float* __restrict__ ad, int xd_shift,
                                             const i32* __restrict__ pair_slot,
                                             const float* __restrict__ pair_w, int K,
-                                            float* __restrict__ out, int D, int F) {
+                                            float* __restrict__ out, int D, int F,
+                                            const float* __restrict__ resid) {
     typedef Stage<QT> S;
     enum {
         DB = 8,  // 16-byte loads a lane has in flight while staging
@@ -264,7 +267,7 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
         }
     }
     acc = warp_sum(acc);
-    if (lane == 0) out[t * D + d] = acc;
+    if (lane == 0) out[t * D + d] = resid ? resid[t * D + d] + acc : acc;
 }
 
 #define MOE_KERNELS(name, QT)                                                                  \
@@ -285,9 +288,11 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
     extern "C" __global__ void moe_down_##name(const u8* down, i64 slot_stride, const i8* aq,  \
                                                const float* ad, int xd_shift,                  \
                                                const i32* pair_slot, const float* pair_w,      \
-                                               int K, float* out, int D, int F) {              \
+                                               int K, float* out, int D, int F,                \
+                                               const float* resid) {                           \
         if (FMT_ON(QT))                                                                        \
-            moe_down<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F); \
+            moe_down<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F, \
+                         resid);                                                               \
     }
 STRATA_QFORMATS(MOE_KERNELS)
 
@@ -311,23 +316,9 @@ STRATA_QFORMATS(MOE_KERNELS)
     extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \
         moe_down_st_##name(const u8* down, i64 slot_stride, const i8* aq, const float* ad,     \
                            int xd_shift, const i32* pair_slot, const float* pair_w, int K,     \
-                           float* out, int D, int F) {                                         \
+                           float* out, int D, int F, const float* resid) {                     \
         if (FMT_ON(QT))                                                                        \
             moe_down_st<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, \
-                            F);                                                                \
+                            F, resid);                                                         \
     }
 STRATA_QFORMATS(MOE_ST_KERNELS)
-
-// The (slot, weight) pair list of a layer from the device router's top-K, for a decode step that
-// never leaves the card: pair_slot[p] = slot_row[ids[p]] (a layer's (expert -> slot) table, -1
-// where the expert is not resident), pair_w[p] = weights[p].
-extern "C" __global__ void moe_pairs_from_topk(const i32* __restrict__ ids,
-                                               const float* __restrict__ weights,
-                                               const i32* __restrict__ slot_row, int n,
-                                               i32* __restrict__ pair_slot,
-                                               float* __restrict__ pair_w) {
-    const int p = blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= n) return;
-    pair_slot[p] = slot_row[ids[p]];
-    pair_w[p] = weights[p];
-}

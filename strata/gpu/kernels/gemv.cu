@@ -225,3 +225,79 @@ __device__ __forceinline__ void gemv1_staged(const u8* __restrict__ W, const i8*
         if (FMT_ON(QT)) gemv1_staged<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr); \
     }
 STRATA_QFORMATS(GEMV1S_KERNEL)
+
+// ---- decode (T = 1), float weights: gemv1f_* ----
+// One block of GEMV1F_THREADS per row (the router's 128 rows fill 128 SMs, where one warp per
+// row left 96 idle): each thread takes 16-byte chunks of the row (4 floats or 8 halves) and the
+// matching x, GEMV1F_U chunks' loads issued before their sums; warp sums, then the block's in
+// warp order (deterministic). cols must be a multiple of 8 (the launcher checks).
+#define GEMV1F_THREADS 128
+#define GEMV1F_U 4
+template <int QT>
+__device__ __forceinline__ void wf8(const u8* row, int c, float (&w)[8]) {  // chunk c: 8 floats
+    if (QT == QT_F32) {
+        const f32x4 a = ((const f32x4*)row)[2 * c], b = ((const f32x4*)row)[2 * c + 1];
+        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z,
+        w[7] = b.w;
+    } else {
+        const i32x4 a = ((const i32x4*)row)[c];
+        const int u[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const u16 lo = (u16)(u[j] & 0xffff), hi = (u16)((u32)u[j] >> 16);
+            w[2 * j] = QT == QT_F16 ? h2f(lo) : bf2f(lo);
+            w[2 * j + 1] = QT == QT_F16 ? h2f(hi) : bf2f(hi);
+        }
+    }
+}
+
+template <int QT>
+__device__ __forceinline__ void gemv1_f(const u8* __restrict__ W, const float* __restrict__ x,
+                                        const float* __restrict__ bias,
+                                        const float* __restrict__ resid, float* __restrict__ out,
+                                        int cols) {
+    __shared__ float part[GEMV1F_THREADS / 32];
+    const int r = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    const int lane = tid % STRATA_WARP, wid = tid / STRATA_WARP, nw = nt / STRATA_WARP;
+    const u8* wr = W + (i64)r * cols * (QT == QT_F32 ? 4 : 2);
+    const int nch = cols / 8;
+    float acc = 0.0f;
+    for (int c0 = tid; c0 < nch; c0 += GEMV1F_U * nt) {
+        float w[GEMV1F_U][8], xv[GEMV1F_U][8];
+#pragma unroll
+        for (int u = 0; u < GEMV1F_U; ++u) {
+            const int c = c0 + u * nt;
+            if (c < nch) {
+                wf8<QT>(wr, c, w[u]);
+                wf8<QT_F32>((const u8*)x, c, xv[u]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) w[u][j] = xv[u][j] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV1F_U; ++u)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc += w[u][j] * xv[u][j];
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) part[wid] = acc;
+    __syncthreads();
+    if (tid == 0) {
+        float v = part[0];
+        for (int k = 1; k < nw; ++k) v += part[k];
+        if (bias) v += bias[r];
+        if (resid) v += resid[r];
+        out[r] = v;
+    }
+}
+
+#define GEMV1F_KERNEL(name, QT)                                                                 \
+    extern "C" __global__ void __launch_bounds__(GEMV1F_THREADS)                                \
+        gemv1f_##name(const u8* W, const float* x, const float* bias, const float* resid,       \
+                      float* out, int cols) {                                                   \
+        gemv1_f<QT>(W, x, bias, resid, out, cols);                                              \
+    }
+GEMV1F_KERNEL(f32, QT_F32)
+GEMV1F_KERNEL(f16, QT_F16)
+GEMV1F_KERNEL(bf16, QT_BF16)

@@ -56,20 +56,28 @@ template <class Y>
 __device__ __forceinline__ void q8_0_row(const Y& y, int n, i8* __restrict__ out_q,
                                          float* __restrict__ out_d, int wid, int nw, int lane) {
     const int nb = n / 32, per = STRATA_WARP / 32;  // 32-element blocks per warp pass
-    const int sub = lane / 32, l = lane % 32;
-    for (int base = wid * per; base < nb; base += nw * per) {
-        const int bi = base + sub;
-        const bool ok = bi < nb;
-        const float v = ok ? y(bi * 32 + l) : 0.0f;
-        float a = fabsf(v);
+    const int sub = lane / 32, l = lane % 32, step = nw * per;
+    constexpr int P = 4;  // passes whose loads are issued before any of their sums
+    for (int base = wid * per; base < nb; base += P * step) {
+        float v[P];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, SHFL_XOR(a, o));
-        if (ok) {
-            const float d = h2f(f2h(a / 127.0f));
-            const float inv = a != 0.0f ? 127.0f / a : 0.0f;
-            const int q = max(-128, min(127, __float2int_rn(v * inv)));
-            out_q[bi * 32 + l] = (i8)q;
-            if (l == 0) out_d[bi] = d;
+        for (int p = 0; p < P; ++p) {
+            const int bi = base + p * step + sub;
+            v[p] = bi < nb ? y(bi * 32 + l) : 0.0f;
+        }
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            const int bi = base + p * step + sub;
+            float a = fabsf(v[p]);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, SHFL_XOR(a, o));
+            if (bi < nb) {
+                const float d = h2f(f2h(a / 127.0f));
+                const float inv = a != 0.0f ? 127.0f / a : 0.0f;
+                const int q = max(-128, min(127, __float2int_rn(v[p] * inv)));
+                out_q[bi * 32 + l] = (i8)q;
+                if (l == 0) out_d[bi] = d;
+            }
         }
     }
 }

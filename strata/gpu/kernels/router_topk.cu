@@ -1,29 +1,53 @@
 // Router on the device: softmax over all E experts, top-K by probability (ties: lower id),
 // optional renormalization of the K weights with the sum clamped below at min_sum (llama.cpp's
 // qwen3moe), as strata.routing.route_topk. One warp per token; E <= 32 * STRATA_WARP.
+// slot_row (optional): a layer's (expert -> slot) table; then the picks also go out as the
+// resident-expert pair list, pair_slot = slot_row[id] (-1: not resident), pair_w = weight (what
+// a separate launch used to do).
 #include "topk.cuh"
+
+#define RT_C 32  // logits a lane can hold: E <= RT_C * STRATA_WARP
 
 extern "C" __global__ void router_topk(const float* __restrict__ logits, int E, int K, int renorm,
                                        float min_sum, i32* __restrict__ ids,
-                                       float* __restrict__ weights) {
+                                       float* __restrict__ weights,
+                                       const i32* __restrict__ slot_row,
+                                       i32* __restrict__ pair_slot, float* __restrict__ pair_w) {
     const int t = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (i64)t * E;
-    float m, s;
-    softmax_stats(l, E, m, s);
-    u32 taken = 0;  // bit c: expert lane + c * STRATA_WARP already picked
+    // the row's probabilities in registers (lane's expert lane + c * STRATA_WARP at p[c]): the K
+    // rounds below only shuffle, instead of reloading and exponentiating every logit K times
+    float p[RT_C];
+    float m = NEG_INF;
+#pragma unroll
+    for (int c = 0; c < RT_C; ++c) {
+        const int e = lane + c * STRATA_WARP;
+        p[c] = e < E ? l[e] : NEG_INF;
+        m = fmaxf(m, p[c]);
+    }
+    m = warp_max(m);
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < RT_C; ++c)
+        if (lane + c * STRATA_WARP < E) s += expf(p[c] - m);
+    s = warp_sum(s);
+#pragma unroll
+    for (int c = 0; c < RT_C; ++c) p[c] = lane + c * STRATA_WARP < E ? expf(p[c] - m) / s : -1.0f;
     float wsum = 0.0f;
     for (int k = 0; k < K; ++k) {
         float bp = -1.0f;
         int bi = 0x7fffffff;
-        for (int e = lane, c = 0; e < E; e += STRATA_WARP, ++c) {
-            const float p = expf(l[e] - m) / s;
-            if (!((taken >> c) & 1u) && p > bp) {
-                bp = p;
-                bi = e;
+#pragma unroll
+        for (int c = 0; c < RT_C; ++c) {
+            if (p[c] > bp) {  // taken experts hold -1 and no expert's p is below 0
+                bp = p[c];
+                bi = lane + c * STRATA_WARP;
             }
         }
         warp_best(bp, bi);
-        if (bi % STRATA_WARP == lane) taken |= 1u << (bi / STRATA_WARP);
+#pragma unroll
+        for (int c = 0; c < RT_C; ++c)
+            if (lane + c * STRATA_WARP == bi) p[c] = -2.0f;
         if (lane == 0) {
             ids[(i64)t * K + k] = bi;
             weights[(i64)t * K + k] = bp;
@@ -33,5 +57,12 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, int E, 
     if (renorm && lane == 0) {
         const float div = fmaxf(wsum, min_sum);
         for (int k = 0; k < K; ++k) weights[(i64)t * K + k] /= div;
+    }
+    if (slot_row && lane == 0) {
+        for (int k = 0; k < K; ++k) {
+            const i64 j = (i64)t * K + k;
+            pair_slot[j] = slot_row[ids[j]];
+            pair_w[j] = weights[j];
+        }
     }
 }
