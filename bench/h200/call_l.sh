@@ -22,6 +22,6 @@ done
 el "ncu"
 timeout 200 ncu --clock-control none --cache-control none --profile-from-start off --metrics gpu__time_duration.sum \
   --csv --log-file $OUT/ncu-decode.csv python3 scripts/profile_decode.py run --model $M --tokens 2 2>&1 | tail -1
-S=$(python3 -c "import json; print(1000/json.load(open('$OUT/all-gpu-after.json'))['arms'][0]['decode_tps'])" 2>/dev/null)
+S=$(python3 -c "import json; print(1000/json.load(open('$OUT/all-gpu-after.json'))['results'][0]['decode_tps'])" 2>/dev/null)
 python3 scripts/profile_decode.py report $OUT/ncu-decode.csv --tokens 2 --step-ms ${S:-0} | tee $OUT/ncu-report.txt | head -30
 el "done"
