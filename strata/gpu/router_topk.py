@@ -17,7 +17,7 @@ def router_topk(
     """ids [T, K] int32, weights [T, K] float32 from logits [T, E] (best first); with slot_row
     (a layer's expert -> slot table) also the pair list pair_slot = slot_row[ids], pair_w =
     weights, in the same launch."""
-    if k > e or e > 32 * K.warp:
+    if k > e or e > 32 * K.warp or k > K.warp:
         raise ValueError(f"router top-{k} of {e} experts is not supported on the device")
     K.fn("router_topk.cu", "router_topk")(
         (t,),

@@ -59,9 +59,8 @@ __device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
     __syncthreads();  // scratch may still be read by a previous call
     if (lane == 0) scratch[wid] = v;
     __syncthreads();
-    double t = 0.0;
-    for (int w = 0; w < nw; ++w) t += scratch[w];  // fixed order: deterministic
-    return t;
+    // every warp sums the partials by the same shuffle tree (fixed order: deterministic)
+    return warp_sum(lane < nw ? scratch[lane] : 0.0);
 }
 
 __device__ __forceinline__ float block_max_f32(float v, float* scratch) {

@@ -43,6 +43,7 @@ __device__ __forceinline__ float moe_gate_up_row(const u8* __restrict__ gate,
     const u8* gr = gate + slot * slot_stride + f * row_bytes;
     const u8* ur = up + slot * slot_stride + f * row_bytes;
     float ag = 0.0f, au = 0.0f;
+#pragma unroll 2  // D = 2048: both of a lane's sub-blocks in flight at once
     for (int sb = lane; sb < nsub; sb += STRATA_WARP) {
         const i32x4* xp = (const i32x4*)(hq + t * D + sb * 32);
         const i32x4 a = xp[0], b = xp[1];
@@ -134,7 +135,7 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
     // the lanes share out the (pair, sub-block) items of all K pairs: every pair's weights are
     // in flight at once (F = 768 is only 24 sub-blocks: one pair alone would idle the warp)
     float acc = 0.0f;
-#pragma unroll 2
+#pragma unroll 6  // K = 8, F = 768: a lane's 6 items in flight at once
     for (int j = lane; j < K * nsub; j += STRATA_WARP) {
         const int k = j / nsub, sb = j - k * nsub;
         const i64 p = t * K + k;

@@ -33,13 +33,14 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, int E, 
     s = warp_sum(s);
 #pragma unroll
     for (int c = 0; c < RT_C; ++c) p[c] = lane + c * STRATA_WARP < E ? expf(p[c] - m) / s : -1.0f;
-    float wsum = 0.0f;
+    float wsum = 0.0f, my_p = 0.0f;
+    int my_id = 0;  // lane k keeps pick k: the outputs below go out from K lanes at once
     for (int k = 0; k < K; ++k) {
         float bp = -1.0f;
         int bi = 0x7fffffff;
 #pragma unroll
         for (int c = 0; c < RT_C; ++c) {
-            if (p[c] > bp) {  // taken experts hold -1 and no expert's p is below 0
+            if (p[c] > bp) {  // taken experts hold -2 and no expert's p is below 0
                 bp = p[c];
                 bi = lane + c * STRATA_WARP;
             }
@@ -48,21 +49,20 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, int E, 
 #pragma unroll
         for (int c = 0; c < RT_C; ++c)
             if (lane + c * STRATA_WARP == bi) p[c] = -2.0f;
-        if (lane == 0) {
-            ids[(i64)t * K + k] = bi;
-            weights[(i64)t * K + k] = bp;
+        if (lane == k) {
+            my_id = bi;
+            my_p = bp;
         }
         wsum += bp;
     }
-    if (renorm && lane == 0) {
-        const float div = fmaxf(wsum, min_sum);
-        for (int k = 0; k < K; ++k) weights[(i64)t * K + k] /= div;
-    }
-    if (slot_row && lane == 0) {
-        for (int k = 0; k < K; ++k) {
-            const i64 j = (i64)t * K + k;
-            pair_slot[j] = slot_row[ids[j]];
-            pair_w[j] = weights[j];
+    if (lane < K) {
+        const i64 j = (i64)t * K + lane;
+        const float w = renorm ? my_p / fmaxf(wsum, min_sum) : my_p;
+        ids[j] = my_id;
+        weights[j] = w;
+        if (slot_row) {
+            pair_slot[j] = slot_row[my_id];
+            pair_w[j] = w;
         }
     }
 }
