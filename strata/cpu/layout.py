@@ -12,7 +12,9 @@ place (a view into the mmap) unless a repacked layout makes the SIMD kernel chea
     F16, BF16, F32 -> portable @njit kernels only (not yet SIMD)
 
 IQ3_XXS, IQ2_XXS and IQ1_M also have AVX2 gather kernels on the GGUF bytes (gather.py): more
-arithmetic per weight than the repacks, fewer bytes. Which one "auto" takes is `AUTO_GGUF`; a
+arithmetic per weight than the repacks, fewer bytes; on hosts with AVX-512 VBMI + VNNI, IQ3_XXS's
+GGUF bytes get the iq3_vbmi.py kernel instead (`gguf_kernel`). Which one "auto" takes is
+`AUTO_GGUF`; a
 layout spec picks per format: "gguf", "repack", "auto", or a comma list whose bare item is the
 default and QUANT=LAYOUT items override it ("auto,IQ3_XXS=gguf"); STRATA_CPU_LAYOUT holds one.
 
@@ -30,7 +32,7 @@ from gguf.constants import GGMLQuantizationType
 
 from strata.cpu.kernels import dispatch as K
 from strata.cpu.kernels import iq1_t2, lut4
-from strata.cpu.kernels.simd import simd_enabled
+from strata.cpu.kernels.simd import HAS_AVX512_VBMI, avx512_enabled, simd_enabled
 from strata.cpu.quantize import act_code
 from strata.quant.formats import QT, fmt
 
@@ -43,8 +45,11 @@ REPACKS = {
     QT.IQ1_M: (iq1_t2.repack, K.K_IQ1_M_T2_AVX2, "t2"),
 }
 
-# formats in REPACKS whose "auto" layout is the GGUF bytes (gather kernels) instead of the repack
-AUTO_GGUF: frozenset = frozenset()
+# formats in REPACKS whose "auto" layout is the GGUF bytes (gather kernels) instead of the repack;
+# AUTO_GGUF_AVX512 joins them on hosts with the AVX-512 VBMI kernels (candidate, not measured yet:
+# frozenset({QT.IQ3_XXS}))
+AUTO_GGUF_AVX512: frozenset = frozenset()
+AUTO_GGUF: frozenset = frozenset() | (AUTO_GGUF_AVX512 if HAS_AVX512_VBMI else frozenset())
 
 
 def layout_for(spec: str, qtype) -> str:
@@ -65,6 +70,16 @@ def layout_for(spec: str, qtype) -> str:
     if lay == "auto":
         return "gguf" if qtype in AUTO_GGUF else "repack"
     return lay
+
+
+def gguf_kernel(qtype, simd: bool = True) -> int:
+    """The kernel code that reads format `qtype`'s GGUF bytes: the AVX-512 one where the host
+    has it (`avx512_enabled`), else the AVX2 one, else (or with simd False) the portable one."""
+    if simd and avx512_enabled() and qtype in K.AVX512_GGUF:
+        return K.AVX512_GGUF[qtype]
+    if simd and qtype in K.SIMD_GGUF:
+        return K.SIMD_GGUF[qtype]
+    return K.PORTABLE[qtype]
 
 
 @dataclass(frozen=True)
@@ -118,9 +133,9 @@ def prepare(
     """An `ExpertMatrix` from a GGUF expert tensor: type, numpy shape [E, R, C] and raw bytes.
 
     layout (a spec, see `layout_for`): "repack" repacks where a SIMD kernel reads a repacked
-    layout; "gguf" keeps the file's bytes (and the kernel that reads them: AVX2 where there is
-    one, else portable); "auto" is "repack" except for the formats in `AUTO_GGUF`. layout=None
-    follows STRATA_CPU_LAYOUT (default "auto"); simd=None follows the host (`simd_enabled()`).
+    layout; "gguf" keeps the file's bytes (and the kernel that reads them, `gguf_kernel`);
+    "auto" is "repack" except for the formats in `AUTO_GGUF`. layout=None follows
+    STRATA_CPU_LAYOUT (default "auto"); simd=None follows the host (`simd_enabled()`).
     """
     f = fmt(qtype)
     want = layout_for(layout or os.environ.get("STRATA_CPU_LAYOUT", "auto"), f.qtype)
@@ -132,12 +147,10 @@ def prepare(
     raw = np.asarray(data).view(np.uint8).reshape(e * r, f.row_bytes(c))
     simd = simd_enabled() if simd is None else simd
     qt = f.qtype
-    kernel, lay = K.PORTABLE[qt], "gguf"
+    kernel, lay = gguf_kernel(qt, simd), "gguf"
     if simd and want == "repack" and qt in REPACKS:
         repack, kernel, lay = REPACKS[qt]
         raw = repack(raw)
-    elif simd and qt in K.SIMD_GGUF:
-        kernel = K.SIMD_GGUF[qt]
     return ExpertMatrix(qt, e, r, c, raw, kernel, act_code(f.vec_dot), lay)
 
 

@@ -20,6 +20,7 @@ from strata.cpu.kernels.iq1_t2 import dot_t2_avx2, dot_t2_portable
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
 from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2
 from strata.cpu.kernels.iq3 import dot_iq3_s, dot_iq3_xxs
+from strata.cpu.kernels.iq3_vbmi import dot_iq3_xxs_vbmi
 from strata.cpu.kernels.iq4 import dot_iq4_xs
 from strata.cpu.kernels.iq4_avx2 import dot_iq4_xs_avx2, dot_q8_0_avx2
 from strata.cpu.kernels.kquants import dot_q4_k, dot_q5_k, dot_q6_k
@@ -60,6 +61,10 @@ SIMD_GGUF = {  # AVX2 kernels on the GGUF bytes
     QT.IQ2_XXS: K_IQ2_XXS_GATHER,
     QT.IQ1_M: K_IQ1_M_GATHER,
 }
+# AVX-512 VBMI + VNNI on the GGUF bytes (iq3_vbmi.py): replace SIMD_GGUF's kernel where the host
+# has the features (`simd.avx512_enabled`)
+K_IQ3_XXS_VBMI = 39
+AVX512_GGUF = {QT.IQ3_XXS: K_IQ3_XXS_VBMI}
 
 PORTABLE = {
     QT.F32: K_F32,
@@ -109,6 +114,7 @@ KERNELS = {
     K_IQ3_XXS_GATHER: dot_iq3_xxs_gather,
     K_IQ2_XXS_GATHER: dot_iq2_xxs_gather,
     K_IQ1_M_GATHER: dot_iq1_m_gather,
+    K_IQ3_XXS_VBMI: dot_iq3_xxs_vbmi,
 }
 
 

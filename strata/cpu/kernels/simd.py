@@ -6,7 +6,8 @@ integer dot products run 32 bytes at a time instead of being widened to int64 la
 
 Every SIMD kernel has a plain @njit twin (the portable path and the test oracle). Codegen checks
 the host features: on a machine without AVX2 the intrinsics emit a trap, and the dispatcher never
-selects them (`SIMD` is False there). STRATA_CPU_SIMD=0 forces the portable kernels.
+selects them (`SIMD` is False there). STRATA_CPU_SIMD=0 forces the portable kernels,
+STRATA_CPU_SIMD=avx2 the AVX2 ones where the host also has the AVX-512 kernels' features.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from llvmlite import binding as llb
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.core import config as numba_config
 from numba.extending import intrinsic
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -28,16 +30,27 @@ V8I32 = ir.VectorType(I32, 8)
 
 
 def host_features() -> set[str]:
-    """The host CPU's features as LLVM names ("avx2", "avx512vnni", ...)."""
-    try:
-        flat = llb.get_host_cpu_features().flatten()
-    except RuntimeError:  # some platforms cannot report features
-        return set()
-    return {f[1:] for f in flat.split(",") if f.startswith("+")}
+    """The features Numba compiles for, as LLVM names ("avx2", "avx512vnni", ...): the host
+    CPU's, or NUMBA_CPU_FEATURES ("+avx2,+fma,...") where that is set (Numba then targets those,
+    so the kernels emitted must match them: e.g. AVX-512 code compiled on an AVX2 host for asm
+    inspection)."""
+    override = numba_config.CPU_FEATURES
+    if override is not None:
+        flat = override
+    else:
+        try:
+            flat = llb.get_host_cpu_features().flatten()
+        except RuntimeError:  # some platforms cannot report features
+            return set()
+    return {f.strip()[1:] for f in flat.split(",") if f.strip().startswith("+")}
 
 
 FEATURES = host_features()
 HAS_AVX2 = {"avx2", "fma", "f16c"} <= FEATURES
+# what the AVX-512 kernels use (iq3_vbmi.py): vpermi2b/vpmultishiftqb (vbmi), vpdpbusd (vnni),
+# byte ops and 64-bit masks (bw), a 256-bit EVEX form (vl)
+AVX512_VBMI_FEATURES = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512vnni"})
+HAS_AVX512_VBMI = HAS_AVX2 and AVX512_VBMI_FEATURES <= FEATURES
 
 
 def simd_enabled() -> bool:
@@ -45,7 +58,15 @@ def simd_enabled() -> bool:
     return HAS_AVX2 and os.environ.get("STRATA_CPU_SIMD", "1") not in ("0", "off", "no")
 
 
+def avx512_enabled() -> bool:
+    """Whether the pool should pick the AVX-512 VBMI kernels (iq3_vbmi.py) over the AVX2 ones:
+    the host has `AVX512_VBMI_FEATURES`, SIMD is on, and STRATA_CPU_SIMD is not "avx2"."""
+    return HAS_AVX512_VBMI and simd_enabled() and os.environ.get("STRATA_CPU_SIMD", "1") != "avx2"
+
+
 def simd_level() -> str:
+    if avx512_enabled():
+        return "avx512vbmi"
     return "avx2" if simd_enabled() else "portable"
 
 
