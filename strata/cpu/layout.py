@@ -75,7 +75,7 @@ def layout_for(spec: str, qtype) -> str:
 def gguf_kernel(qtype, simd: bool = True) -> int:
     """The kernel code that reads format `qtype`'s GGUF bytes: the AVX-512 one where the host
     has it (`avx512_enabled`), else the AVX2 one, else (or with simd False) the portable one."""
-    if simd and avx512_enabled() and qtype in K.AVX512_GGUF:
+    if avx512_enabled(simd) and qtype in K.AVX512_GGUF:
         return K.AVX512_GGUF[qtype]
     if simd and qtype in K.SIMD_GGUF:
         return K.SIMD_GGUF[qtype]

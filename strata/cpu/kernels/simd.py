@@ -50,7 +50,7 @@ HAS_AVX2 = {"avx2", "fma", "f16c"} <= FEATURES
 # what the AVX-512 kernels use (iq3_vbmi.py): vpermi2b/vpmultishiftqb (vbmi), vpdpbusd (vnni),
 # byte ops and 64-bit masks (bw), a 256-bit EVEX form (vl)
 AVX512_VBMI_FEATURES = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512vnni"})
-HAS_AVX512_VBMI = HAS_AVX2 and AVX512_VBMI_FEATURES <= FEATURES
+HAS_AVX512_VBMI = AVX512_VBMI_FEATURES <= FEATURES
 
 
 def simd_enabled() -> bool:
@@ -58,10 +58,12 @@ def simd_enabled() -> bool:
     return HAS_AVX2 and os.environ.get("STRATA_CPU_SIMD", "1") not in ("0", "off", "no")
 
 
-def avx512_enabled() -> bool:
+def avx512_enabled(simd: bool | None = None) -> bool:
     """Whether the pool should pick the AVX-512 VBMI kernels (iq3_vbmi.py) over the AVX2 ones:
-    the host has `AVX512_VBMI_FEATURES`, SIMD is on, and STRATA_CPU_SIMD is not "avx2"."""
-    return HAS_AVX512_VBMI and simd_enabled() and os.environ.get("STRATA_CPU_SIMD", "1") != "avx2"
+    SIMD is on (simd; None: `simd_enabled()`), the host has `AVX512_VBMI_FEATURES`, and
+    STRATA_CPU_SIMD is not "avx2"."""
+    on = simd_enabled() if simd is None else simd
+    return on and HAS_AVX512_VBMI and os.environ.get("STRATA_CPU_SIMD", "1") != "avx2"
 
 
 def simd_level() -> str:
