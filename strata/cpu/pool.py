@@ -89,6 +89,8 @@ def _env_flag(name: str, default: bool) -> bool:
 
 
 PREFETCH_ROWS = 3  # software prefetch distance: the hardware prefetcher alone left ~40% idle
+PREFETCH_BYTES = 4096  # ... and at least this many bytes ahead (short rows: 294 B at F = 768)
+OUT_BLOCK = 4096  # floats of output a down run keeps (16 KiB: L1-resident sums)
 SPIN_BEFORE_YIELD = 256  # pause spins (~5-20 us) before a barrier yields its core
 SPIN_LIMIT = 1 << 24  # barrier checks before giving up (seconds of yields): then fall back
 # threading layers whose prange(nt) over nt threads runs one iteration on each thread, all at
@@ -137,10 +139,14 @@ def _quant_share(tid, nt, src, n_rows, code, act):
 
 
 @njit(cache=True)
-def _gate_up_share(tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h):
+def _gate_up_share(
+    tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf
+):  # fmt: skip
     """Thread tid's contiguous share of phase 2: the F rows of every active expert, weighted by
     the expert's token count, cut into nt runs at row granularity (so a decode step with one or
-    two experts still spreads over every thread, each streaming its own rows)."""
+    two experts still spreads over every thread, each streaming its own rows). Rows are
+    prefetched `pf` bytes ahead (at least PREFETCH_ROWS rows)."""
+    ahead = max(PREFETCH_ROWS, pf // gw.shape[1])
     total = 0
     for ia in range(na):
         e = active[ia]
@@ -158,9 +164,9 @@ def _gate_up_share(tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg,
             r1 = min(f, (hi - pos + n_e - 1) // n_e)
             for r in range(r0, r1):
                 wr = e * f + r
-                if r + PREFETCH_ROWS < f:
-                    prefetch_row(gw, wr + PREFETCH_ROWS, gw.shape[1])
-                    prefetch_row(uw, wr + PREFETCH_ROWS, uw.shape[1])
+                if r + ahead < f:
+                    prefetch_row(gw, wr + ahead, gw.shape[1])
+                    prefetch_row(uw, wr + ahead, uw.shape[1])
                 for p in range(start[e], cnt[e]):
                     t = tok[order[p]]
                     g = dot(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], t)
@@ -170,14 +176,21 @@ def _gate_up_share(tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg,
 
 
 @njit(cache=True)
-def _down_share(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out):
-    """Thread tid's contiguous share of the D rows of phase 4, every active expert ascending."""
+def _down_share(
+    tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf
+):  # fmt: skip
+    """Thread tid's contiguous share of the D rows of phase 4, every active expert ascending,
+    in runs of rows whose outputs (T of them a row) stay within OUT_BLOCK floats (at least
+    `chunk` rows): at T = 1 one run, so each expert's rows stream in one piece. Rows are
+    prefetched `pf` bytes ahead (at least PREFETCH_ROWS rows)."""
     hq, hd, hb, h8, hf = acth
     t_n = out.shape[0]
     lo = tid * dim // nt
     hi = (tid + 1) * dim // nt
-    for r0 in range(lo, hi, chunk):
-        r1 = min(hi, r0 + chunk)
+    run = max(chunk, OUT_BLOCK // max(t_n, 1))
+    ahead = max(PREFETCH_ROWS, pf // dw.shape[1])
+    for r0 in range(lo, hi, run):
+        r1 = min(hi, r0 + run)
         for t in range(t_n):
             for r in range(r0, r1):
                 out[t, r] = 0
@@ -185,12 +198,10 @@ def _down_share(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk,
             e = active[ia]
             for r in range(r0, r1):
                 wr = e * dim + r
-                if r + PREFETCH_ROWS < r1:
-                    prefetch_row(dw, wr + PREFETCH_ROWS, dw.shape[1])
-                elif ia + 1 < na:  # the next expert's first rows of this chunk
-                    prefetch_row(
-                        dw, active[ia + 1] * dim + r0 + (r + PREFETCH_ROWS - r1), dw.shape[1]
-                    )
+                if r + ahead < r1:
+                    prefetch_row(dw, wr + ahead, dw.shape[1])
+                elif ia + 1 < na:  # the next expert's first rows of this run
+                    prefetch_row(dw, active[ia + 1] * dim + r0 + (r + ahead - r1), dw.shape[1])
                 for p in range(start[e], cnt[e]):
                     j = order[p]
                     y = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
@@ -206,7 +217,7 @@ def _quant_x(tid, nt, x, ag, actg, au, actu):
 
 @njit(cache=True)
 def _fused_share(
-    tid, nt, q1, q3, n, f, dim, chunk, x, tok, wt, order, start, cnt, active, na,
+    tid, nt, q1, q3, n, f, dim, chunk, pf, x, tok, wt, order, start, cnt, active, na,
     gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
 ):  # fmt: skip
     """All four phases for thread tid in one parallel region, a spin barrier between phases.
@@ -218,7 +229,9 @@ def _fused_share(
     if not _barrier(bar, nt):
         stats[2] = 1
         return
-    _gate_up_share(tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h)
+    _gate_up_share(
+        tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf
+    )
     if not _barrier(bar, 2 * nt):
         stats[2] = 1
         return
@@ -227,7 +240,7 @@ def _fused_share(
     if not _barrier(bar, 3 * nt):
         stats[2] = 1
         return
-    _down_share(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out)
+    _down_share(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf)
 
 
 @njit(cache=True, parallel=True)
@@ -235,7 +248,7 @@ def _run_layer(
     x, tok, ex, wt, out,
     gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
     actg, actu, acth, h, order, cnt, start, active, bar, stats,
-    nt, par_quant, min_tasks, chunk, fused,
+    nt, par_quant, min_tasks, chunk, pf, fused,
 ):  # fmt: skip
     literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
     literally(uk)
@@ -271,14 +284,14 @@ def _run_layer(
     bar[0] = 0
     if nt == 1:  # no parallel region at all (a region of one thread still costs ~2.5 us)
         _fused_share(
-            0, 1, False, False, n, f, dim, chunk, x, tok, wt, order, start, cnt, active, na,
+            0, 1, False, False, n, f, dim, chunk, pf, x, tok, wt, order, start, cnt, active, na,
             gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
         )  # fmt: skip
         return na
     if fused:
         for tid in prange(nt):
             _fused_share(
-                tid, nt, q1, q3, n, f, dim, chunk, x, tok, wt, order, start, cnt, active, na,
+                tid, nt, q1, q3, n, f, dim, chunk, pf, x, tok, wt, order, start, cnt, active, na,
                 gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
             )  # fmt: skip
         return -ERR_BARRIER if stats[2] else na
@@ -292,7 +305,7 @@ def _run_layer(
     # ---- 2. gate, up, silu(gate) * up
     for tid in prange(nt):
         _gate_up_share(
-            tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h
+            tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf
         )
     # ---- 3. quantize the intermediate rows (one per task, in grouped order)
     if q3:
@@ -302,7 +315,9 @@ def _run_layer(
         _quant_share(0, 1, h, n, ad, acth)
     # ---- 4. down and the weighted sum: D rows split evenly, all active experts
     for tid in prange(nt):
-        _down_share(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out)
+        _down_share(
+            tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf
+        )
     return na
 
 
@@ -335,6 +350,7 @@ class ExpertPool:
         quant_min_tasks: int | None = None,
         row_chunk: int = 32,
         fused: bool | None = None,
+        prefetch_bytes: int | None = None,
     ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
@@ -357,6 +373,9 @@ class ExpertPool:
         self.quant_min_tasks = int(quant_min_tasks)
         self.row_chunk = int(row_chunk)
         self.fused = bool(fused)
+        if prefetch_bytes is None:
+            prefetch_bytes = int(os.environ.get("STRATA_POOL_PREFETCH_BYTES", PREFETCH_BYTES))
+        self.prefetch_bytes = int(prefetch_bytes)
         numba.set_num_threads(n)  # launches the threading layer: its ctypes getter exists now
         # the raw getter behind numba.get_num_threads (a private name: fall back if it moves)
         self._get_threads = getattr(_numba_parallel, "_get_num_threads", numba.get_num_threads)
@@ -458,7 +477,7 @@ class ExpertPool:
         mt = self.quant_min_tasks
         if fused and not self._min_tasks_set:
             mt = 1  # in the fused region a parallel quantization costs no extra region
-        return (self.n_threads, self.parallel_quant, mt, self.row_chunk, fused)
+        return (self.n_threads, self.parallel_quant, mt, self.row_chunk, self.prefetch_bytes, fused)
 
     # ---- the call
     def run_layer(self, x, tok, expert, weight, gate, up=None, down=None, out=None) -> np.ndarray:
