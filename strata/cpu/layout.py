@@ -13,7 +13,7 @@ place (a view into the mmap) unless a repacked layout makes the SIMD kernel chea
 
 IQ3_XXS, IQ2_XXS and IQ1_M also have AVX2 gather kernels on the GGUF bytes (gather.py): more
 arithmetic per weight than the repacks, fewer bytes; on hosts with AVX-512 VBMI + VNNI, IQ3_XXS's
-GGUF bytes get the iq3_vbmi.py kernel instead (`gguf_kernel`), and "auto" takes them there.
+GGUF bytes get the iq3_vbmi.py kernel instead (`gguf_kernel`).
 Which one "auto" takes is `AUTO_GGUF`; a layout spec picks per format: "gguf", "repack",
 "auto", or a comma list whose bare item is the default and QUANT=LAYOUT items override it
 ("auto,IQ3_XXS=gguf"); STRATA_CPU_LAYOUT holds one.
@@ -46,10 +46,12 @@ REPACKS = {
 }
 
 # formats in REPACKS whose "auto" layout is the GGUF bytes (gather kernels) instead of the repack;
-# AUTO_GGUF_AVX512 joins them on hosts with the AVX-512 VBMI kernels: on the H200's 16 Emerald
-# Rapids cores IQ3_XXS's pool at T = 1 read 46.7 GB/s of GGUF bytes (63% of the host's read
-# bandwidth) against lut4's 29.5 (bench/results/cpu-pool-h200-16core-20261129T2024Z-*.md)
-AUTO_GGUF_AVX512: frozenset = frozenset({QT.IQ3_XXS})
+# AUTO_GGUF_AVX512 would join them on hosts with the AVX-512 VBMI kernels. Measured on the H200's
+# 16 Emerald Rapids cores (bench/results/cpu-pool-h200-16core-20261129T20*): IQ3_XXS's pool at
+# T = 1 took 0.309 ms a layer on its GGUF bytes against lut4's 0.490 on one host, 0.332-0.349
+# against 0.315 on another: no clear winner, so "auto" keeps lut4 and `--layout IQ3_XXS=gguf`
+# picks the VBMI kernel (27% fewer bytes in RAM and in a pack).
+AUTO_GGUF_AVX512: frozenset = frozenset()
 AUTO_GGUF: frozenset = frozenset() | (AUTO_GGUF_AVX512 if HAS_AVX512_VBMI else frozenset())
 
 
