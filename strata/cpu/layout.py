@@ -49,8 +49,8 @@ REPACKS = {
 # AUTO_GGUF_AVX512 would join them on hosts with the AVX-512 VBMI kernels. Measured on the H200's
 # 16 Emerald Rapids cores (bench/results/cpu-pool-h200-16core-20261129T20*): IQ3_XXS's pool at
 # T = 1 took 0.309 ms a layer on its GGUF bytes against lut4's 0.490 on one host, 0.332-0.349
-# against 0.315 on another: no clear winner, so "auto" keeps lut4 and `--layout IQ3_XXS=gguf`
-# picks the VBMI kernel (27% fewer bytes in RAM and in a pack).
+# against 0.315 on another: no clear winner, so "auto" keeps lut4 and
+# STRATA_CPU_LAYOUT=IQ3_XXS=gguf picks the VBMI kernel (27% fewer bytes in RAM and in a pack).
 AUTO_GGUF_AVX512: frozenset = frozenset()
 AUTO_GGUF: frozenset = frozenset() | (AUTO_GGUF_AVX512 if HAS_AVX512_VBMI else frozenset())
 
