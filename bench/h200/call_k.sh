@@ -1,19 +1,15 @@
 #!/usr/bin/env bash
 # Session 4, call K: host CPU flags + versions; the whole GPU test suite (last full run at
 # be32cd9); per-kernel device time of an all-resident decode token under ncu.
-set -u
-export PYTHONUNBUFFERED=1
-T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-M=/tmp/q30.gguf
-(setsid nohup python3 -m strata synth $M --shape qwen3-30b-a3b --quant IQ3_XXS --skew 1 \
-  > /tmp/synth.log 2>&1 < /dev/null &)
+. bench/h200/lib.sh
+start_model
 { grep -o 'avx512[a-z_0-9]*\|amx[a-z_0-9]*\|gfni\|vaes' /proc/cpuinfo | sort -u | tr '\n' ' '; echo;
   grep -m1 'model name' /proc/cpuinfo; grep -m1 MHz /proc/cpuinfo;
   python3 -c "import numba, llvmlite, llvmlite.binding as b; print('numba', numba.__version__, 'llvmlite', llvmlite.__version__, 'llvm', b.llvm_version_info, b.get_host_cpu_name())"; } \
   | tee $OUT/host-cpu.txt
 el "GPU tests"
 timeout 330 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider -x -q 2>&1 | tee $OUT/gpu-tests.txt | tail -5
-for i in $(seq 1 90); do [ -f $M ] && ! pgrep -f "strata synth" > /dev/null && break; sleep 2; done
+wait_model
 el "ncu decode profile"
 timeout 200 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
   --log-file $OUT/ncu-decode.csv python3 scripts/profile_decode.py run --model $M --tokens 2 2>&1 | tee /tmp/prof.log | tail -4

@@ -1,18 +1,14 @@
 #!/usr/bin/env bash
 # Session 4, call L: after the decode-chain fixes (gemv1f router, norm_quant, router_topk +
 # pairs, residual in moe_down): GPU tests, all-resident decode before (base.tar) and after, and
-# the ncu per-kernel table after.
-set -u
-export PYTHONUNBUFFERED=1
-T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-M=/tmp/q30.gguf
-[ -f $M ] || (setsid nohup python3 -m strata synth $M --shape qwen3-30b-a3b --quant IQ3_XXS --skew 1 \
-  > /tmp/synth.log 2>&1 < /dev/null &)
+# the ncu per-kernel table after (SIDES: the order of the all-gpu runs).
+. bench/h200/lib.sh
+start_model
 el "GPU tests (kernels, graph, tier)"
 timeout 250 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tee $OUT/gpu-tests.txt | tail -4
-for i in $(seq 1 90); do [ -f $M ] && ! pgrep -f "strata synth" > /dev/null && break; sleep 2; done
+wait_model
 mkdir -p /tmp/base && tar -xf .snap/base.tar -C /tmp/base
-for side in after base after; do
+for side in ${SIDES:-after base after}; do
   d=$PWD; [ $side = base ] && d=/tmp/base
   el "all-gpu $side"
   (cd $d && PYTHONPATH=/tmp/site:$d timeout 100 python3 -m strata.bench --arm all-gpu --model $M \

@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # Session 4, call N: the AVX-512 VBMI IQ3_XXS kernel on the host that has it (tests, then the
 # pool on the GGUF bytes vs the lut4 repack, 16 threads, T = 1 and 8).
-set -u
-export PYTHONUNBUFFERED=1
-T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+. bench/h200/lib.sh
 el "VBMI kernel tests"
 timeout 150 python3 -m pytest -q tests/test_cpu_iq3_vbmi.py tests/test_cpu_gather.py -p no:cacheprovider -rs 2>&1 \
   | tee $OUT/vbmi-tests.txt | tail -6

@@ -2,9 +2,7 @@
 # Session 4, call O: the pool with IQ3_XXS on its GGUF bytes by default (VBMI host), down rows in
 # one run at T = 1, prefetch a byte distance ahead (A/B: STRATA_POOL_PREFETCH_BYTES); then the
 # hybrid and all-CPU arms after this session's GPU and pool changes.
-set -u
-export PYTHONUNBUFFERED=1
-T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+. bench/h200/lib.sh
 setsid nohup bash bench/h200/prep.sh > /tmp/prep.log 2>&1 < /dev/null &
 for pf in 4096 0 16384; do
   el "pool T=1, prefetch bytes $pf"

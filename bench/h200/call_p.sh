@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # Session 4, call P: the pool on a quiet host (call O's sweeps ran beside the model/pack build):
 # IQ3_XXS T = 1 default (GGUF bytes, VBMI; prefetch 4096 B), prefetch 0 (3 rows), lut4; T = 8.
-set -u
-export PYTHONUNBUFFERED=1
-T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+. bench/h200/lib.sh
 run() { local name=$1; shift; el "$name"; timeout 120 "$@" --out $OUT/$name 2>&1 | grep -A3 "^shape" | grep IQ3; }
 run t1-default python3 bench/cpu_pool_sweep.py --quant IQ3_XXS --threads 16 --tokens 1
 STRATA_POOL_PREFETCH_BYTES=0 run t1-pf0 python3 bench/cpu_pool_sweep.py --quant IQ3_XXS --threads 16 --tokens 1

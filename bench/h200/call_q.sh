@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
 # Session 4, call Q: T = 8 and T = 1 pool, this commit's pool.py against 5d23757's (base.tar), one host.
-set -u
-export PYTHONUNBUFFERED=1
-T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+. bench/h200/lib.sh
 mkdir -p /tmp/base && tar -xf .snap/base.tar -C /tmp/base
 for T in 8 1; do for side in new old; do
   d=$PWD; [ $side = old ] && d=/tmp/base
