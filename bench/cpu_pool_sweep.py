@@ -6,6 +6,8 @@
     PYTHONPATH=. python bench/cpu_pool_sweep.py --quant IQ3_XXS,IQ2_XXS,IQ1_M --layout gguf
         # the gather kernels on the GGUF bytes instead of the repacks ("repack", or per format:
         # --layout auto,IQ1_M=gguf); --ceiling-only: the one-core kernel table alone
+    PYTHONPATH=. python bench/cpu_pool_sweep.py --quant IQ3_XXS --threads 16 --layout-ab repack,gguf
+        # the layouts timed against each other in one process, calls interleaved
 
 Tables: kernel compute ceilings (one core, weights in L2: what the arithmetic allows), the pool
 on one decode layer (weights from DRAM, host read bandwidth measured in the same run), the
@@ -30,10 +32,12 @@ from numba import literally, njit, prange
 from strata.bench.cpu_pool import (
     _commit,
     _routes,
+    format_layout_ab,
     format_table,
     machine,
     make_layer,
     run_cpu_pool_arm,
+    run_layout_ab,
     run_quant_ab,
 )
 from strata.cpu import ExpertPool
@@ -188,6 +192,11 @@ def main() -> None:
         default=None,
         help="auto, gguf (the file's bytes) or repack, or per format: auto,IQ1_M=gguf",
     )
+    ap.add_argument(
+        "--layout-ab",
+        default="",
+        help="layouts timed against each other, calls interleaved (e.g. repack,gguf)",
+    )
     ap.add_argument("--ceiling-only", action="store_true", help="only the one-core kernel table")
     ap.add_argument("--wait-quiet", action="store_true", help="wait for an idle machine first")
     ap.add_argument("--overhead", action="store_true", help="also the per-call fixed cost table")
@@ -213,9 +222,12 @@ def main() -> None:
             ovh += overhead("tiny", quants[0], t, baseline=base)
             ovh += overhead(a.shape, quants[0], t, baseline=base)
             ovh.append({"empty_region_us": empty_region_us(t), "threads": t})
-    ceil = [] if a.overhead_only else [kernel_ceiling(q, layout=a.layout) for q in quants]
+    lays = a.layout_ab.split(",") if a.layout_ab else [a.layout]
+    ceil = (
+        [] if a.overhead_only else [kernel_ceiling(q, layout=lay) for q in quants for lay in lays]
+    )
     pool = []
-    for q in [] if a.overhead_only or a.ceiling_only else quants:
+    for q in [] if a.overhead_only or a.ceiling_only or a.layout_ab else quants:
         for t in threads:
             pool.append(
                 run_cpu_pool_arm(
@@ -230,6 +242,20 @@ def main() -> None:
                 )
             )
             gc.collect()
+    lab = []
+    for q in quants if a.layout_ab and not a.ceiling_only else []:
+        for t in threads:
+            lab += run_layout_ab(
+                a.shape,
+                q,
+                tuple(lays),
+                a.tokens,
+                t,
+                a.repeats,
+                print_table=False,
+                wait_quiet=a.wait_quiet,
+            )
+            gc.collect()
     ab = (
         run_quant_ab(
             a.shape, "IQ3_XXS", threads=max(threads), print_table=False, wait_quiet=a.wait_quiet
@@ -237,7 +263,7 @@ def main() -> None:
         if a.ab
         else []
     )
-    md = _markdown(a, ceil, pool, ab, ovh)
+    md = _markdown(a, ceil, pool, ab, ovh, lab)
     print(md)
     if a.out:
         with open(a.out + ".md", "w") as f:
@@ -248,6 +274,7 @@ def main() -> None:
                     "kernels": ceil,
                     "pool": pool,
                     "quant_ab": ab,
+                    "layout_ab": lab,
                     "overhead": ovh,
                     "machine": machine(),
                     "commit": _commit(),
@@ -257,7 +284,7 @@ def main() -> None:
             )
 
 
-def _markdown(a, ceil, pool, ab, ovh=()) -> str:
+def _markdown(a, ceil, pool, ab, ovh=(), lab=()) -> str:
     m = machine()
     out = [
         f"# CPU pool: {a.shape}, T={a.tokens}",
@@ -269,6 +296,7 @@ def _markdown(a, ceil, pool, ab, ovh=()) -> str:
         "- command: `PYTHONPATH=. python bench/cpu_pool_sweep.py "
         f"--quant {a.quant} --threads {a.threads or 'default'} --tokens {a.tokens}"
         f"{' --layout ' + a.layout if a.layout else ''}"
+        f"{' --layout-ab ' + a.layout_ab if a.layout_ab else ''}"
         f"{' --ceiling-only' if a.ceiling_only else ''}"
         f"{' --ab' if a.ab else ''}{' --overhead' if a.overhead else ''}"
         f"{' --overhead-only' if a.overhead_only else ''}"
@@ -315,6 +343,15 @@ def _markdown(a, ceil, pool, ab, ovh=()) -> str:
             f"| {c['quant']} | {c['layout']} | {c['kernel']} | {c['gweights_s']:.1f} | "
             f"{c['gbps_read']:.1f} | {c['gbps_gguf']:.1f} |"
         )
+    if lab:
+        out += [
+            "",
+            "## Layouts against each other, calls interleaved (one layer from DRAM)",
+            "",
+            "```",
+            format_layout_ab(list(lab)),
+            "```",
+        ]
     if pool:
         out += [
             "",

@@ -13,6 +13,7 @@ from gguf.constants import MODEL_TENSOR as MT
 from gguf.quants import dequantize
 
 from strata.cpu import ExpertPool, prepare_layer
+from strata.cpu.kernels.simd import simd_enabled
 from strata.quant import fmt, random_quantized, roundtrip
 from strata.quant.formats import QT
 
@@ -220,3 +221,20 @@ def test_importing_strata_cpu_pulls_in_no_gpu_engine_or_server():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_layout_ab_times_both_layouts_on_the_same_experts():
+    from strata.bench.cpu_pool import format_layout_ab, run_layout_ab
+
+    rows = run_layout_ab("tiny", "IQ3_XXS", ("repack", "gguf"), tokens=2, threads=1, repeats=3,
+                         print_table=False)  # fmt: skip
+    assert [r["layout"].split("/")[0] for r in rows] == (
+        ["lut4", "gguf"] if simd_enabled() else ["gguf", "gguf"]
+    )
+    # the same experts and routings: the GGUF bytes agree, the repack reads more of them
+    assert rows[0]["weight_bytes_gguf"] == rows[1]["weight_bytes_gguf"] > 0
+    assert rows[0]["weight_bytes_read"] >= rows[1]["weight_bytes_read"]
+    for r in rows:
+        assert 0 < r["seconds_best"] <= r["seconds"]
+        assert r["ratio_gguf"] == pytest.approx(r["gbps_gguf"] / r["host_read_gbps"])
+    assert len(format_layout_ab(rows).splitlines()) == 3

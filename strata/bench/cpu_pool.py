@@ -288,6 +288,98 @@ def run_quant_ab(
     return rows
 
 
+def run_layout_ab(
+    shape: str = "qwen3-30b-a3b",
+    quant: str = "IQ3_XXS",
+    layouts: tuple[str, ...] = ("repack", "gguf"),
+    tokens: int = 1,
+    threads: int | None = None,
+    repeats: int = 30,
+    print_table: bool = True,
+    wait_quiet: bool = False,
+) -> list[dict]:
+    """Layouts of one format (e.g. a SIMD repack against the GGUF bytes) timed against each other
+    in one process: each arm's layer copies (> 2x the LLC apiece) built from the same random
+    experts, the arms alternating call by call on the same routings (ABBA order), so that a
+    host's drift falls on every arm alike (on the H200's host the pool's figures moved 10-40%
+    between calls, more than the kernels differ). Per arm: median and best seconds per layer,
+    GB/s of GGUF bytes and of the bytes read (over all calls: total bytes / total time), and
+    their ratio to the host read bandwidth measured once in the same run."""
+    threads = threads or numba.config.NUMBA_NUM_THREADS
+    s = SHAPES[shape]
+    k, d = s["n_expert_used"], s["n_embd"]
+    arms = {lay: layer_copies(make_layer(shape, quant, layout=lay)) for lay in layouts}
+    pool = ExpertPool(threads)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((tokens, d)).astype(np.float32)
+    routes = [_routes(rng, tokens, s["n_expert"], k) for _ in range(repeats)]
+    for lws in arms.values():
+        pool.run_layer(x, *routes[0], lws[-1])  # compile / warm
+    quiet = wait_for_idle() if wait_quiet else None
+    times = {lay: [] for lay in arms}
+    nbytes, gbytes = {}, {}
+    for i, r in enumerate(routes):
+        order = list(arms) if i % 2 == 0 else list(arms)[::-1]
+        for lay in order:
+            lws = arms[lay]
+            t0 = time.perf_counter()
+            pool.run_layer(x, *r, lws[i % len(lws)])
+            times[lay].append(time.perf_counter() - t0)
+            nbytes.setdefault(lay, []).append(pool.last_bytes)
+            gbytes.setdefault(lay, []).append(pool.last_gguf_bytes)
+    host = host_read_bandwidth(threads)
+    rows = []
+    for lay, ts in times.items():
+        # bytes per call averaged over the (shared) routings; GB/s from the totals
+        nb, gb = float(np.mean(nbytes[lay])), float(np.mean(gbytes[lay]))
+        sec, mean = float(np.median(ts)), float(np.mean(ts))
+        lw = arms[lay][0]
+        rows.append(
+            {
+                "arm": "cpu-pool-layout-ab",
+                "shape": shape,
+                "quant": fmt(quant).name,
+                "layout": f"{lw.gate.layout}/{lw.up.layout}/{lw.down.layout}",
+                "kernels": [lw.gate.kernel, lw.up.kernel, lw.down.kernel],
+                "threads": threads,
+                "tokens": tokens,
+                "repeats": repeats,
+                "layer_copies": len(arms[lay]),
+                "seconds": sec,
+                "seconds_best": min(ts),
+                "weight_bytes_gguf": gb,
+                "weight_bytes_read": nb,
+                "gbps_gguf": gb / mean / 1e9,
+                "gbps_read": nb / mean / 1e9,
+                "host_read_gbps": host["gbps"],
+                "ratio_gguf": gb / mean / 1e9 / host["gbps"],
+                "ratio_read": nb / mean / 1e9 / host["gbps"],
+                "waited_for_quiet": quiet,
+                "machine": machine(),
+                "commit": _commit(),
+                "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            }
+        )
+    if print_table:
+        print(format_layout_ab(rows))
+    return rows
+
+
+def format_layout_ab(rows: list[dict]) -> str:
+    head = (
+        f"{'quant':<8} {'layout':<16} {'thr':>3} {'T':>3} {'ms med':>8} {'ms best':>8} "
+        f"{'GB/s gguf':>9} {'GB/s read':>9} {'host GB/s':>9} {'ratio gguf':>10}"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r['quant']:<8} {r['layout']:<16} {r['threads']:>3} {r['tokens']:>3} "
+            f"{1e3 * r['seconds']:>8.3f} {1e3 * r['seconds_best']:>8.3f} {r['gbps_gguf']:>9.2f} "
+            f"{r['gbps_read']:>9.2f} {r['host_read_gbps']:>9.2f} {r['ratio_gguf']:>10.2f}"
+        )
+    return "\n".join(lines)
+
+
 def format_table(results: list[dict]) -> str:
     head = (
         f"{'shape':<14} {'quant':<8} {'layout':<14} {'thr':>3} {'T':>4} {'K':>2} "
