@@ -1,4 +1,4 @@
-"""Where a decode token's device time goes: per-kernel durations of T = 1 steps, under ncu.
+"""Where a decode token's (or a prompt's) device time goes: per-kernel durations, under ncu.
 
     ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
         --log-file ncu.csv python scripts/profile_decode.py run --model M.gguf --tokens 3
@@ -6,7 +6,9 @@
 
 `run` builds the engine (every expert resident unless --expert-cache says otherwise), warms the
 decode graph up, then opens the profiler for --tokens greedy steps only (cudaProfilerStart/Stop),
-so ncu sees just those steps' kernels, each timed alone (no launch gaps). `report` groups the
+so ncu sees just those steps' kernels, each timed alone (no launch gaps). With --prefill N it
+profiles one prompt of N tokens instead (after an unprofiled one of the same length); `report`
+then takes --tokens 1 and --step-ms the prompt's time. `report` groups the
 kernels by name: launches per token, median and total microseconds per token, and the sum against
 the measured step time (--step-ms, e.g. from `strata.bench --arm all-gpu`): what is left over is
 launch latency and gaps between the graph's nodes, which kernel time alone does not show.
@@ -36,11 +38,28 @@ def run(args) -> int:
         vram_budget_mib=args.vram_budget_mib,
         vram_budget_widen=True,
         adapt_swaps=0,
-        n_ctx=args.prompt + 2 * args.warm + args.tokens + 8,
+        n_ctx=max(args.prompt + 2 * args.warm + args.tokens, args.prefill) + 8,
     )
     engine = build_engine(model, resolve(flags, env={}))
     cp = engine.tier.cp
     rng = np.random.default_rng(0)
+    if args.prefill:
+        prompt = rng.integers(0, model.args.n_vocab, args.prefill).tolist()
+        engine.forward(prompt)  # compile, fill the slots
+        engine.reset()
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        engine.forward(prompt)
+        cp.cuda.Device().synchronize()
+        ms = (time.perf_counter() - t0) * 1e3
+        tps = args.prefill / ms * 1e3
+        print(f"unprofiled step: {ms:.3f} ms (prompt of {args.prefill}: {tps:.1f} tok/s)")
+        engine.reset()
+        cp.cuda.runtime.profilerStart()
+        engine.forward(prompt)
+        cp.cuda.Device().synchronize()
+        cp.cuda.runtime.profilerStop()
+        return 0
     logits = engine.forward(rng.integers(0, model.args.n_vocab, args.prompt).tolist())
     tok = int(np.argmax(logits))
     for _ in range(args.warm):  # compile, capture the graph, settle clocks
@@ -113,7 +132,8 @@ def main(argv=None) -> int:
     r.add_argument("--tokens", type=int, default=3, help="profiled decode steps")
     r.add_argument("--warm", type=int, default=16, help="unprofiled steps before (and timed)")
     r.add_argument("--prompt", type=int, default=64, help="prompt tokens before decoding")
-    r.add_argument("--expert-cache", default="all")
+    r.add_argument("--prefill", type=int, default=0, help="profile a prompt of N tokens instead")
+    r.add_argument("--expert-cache", default="all", help="all (default), auto, 0 or a count")
     r.add_argument("--vram-budget-mib", type=int, default=40000)
     q = sub.add_parser("report", help="per-kernel table from ncu's CSV log")
     q.add_argument("csv")
