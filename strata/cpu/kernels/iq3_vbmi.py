@@ -6,9 +6,10 @@ no per-weight table loads:
 
 1. grid rows -> level indices. The 64 index bytes G (one load) are permuted once (`PERM`; it
    moves whole dwords, so one vpermd) so that step 2's in-lane unpacks leave the weights in
-   natural order. Two 256-entry byte tables give, per index g, A[g] = l0 | l1 << 4 and B[g] = l2 | l3 << 4 (lp: the 3-bit
-   level of position p of grid row g, `LEVELS` the eight magnitudes); each lookup is two
-   vpermi2b (7-bit index into 128 table bytes) and a select on bit 7 of the index.
+   natural order. Two 256-entry byte tables give, per index g, A[g] = l0 | l1 << 4 and
+   B[g] = l2 | l3 << 4 (lp: the 3-bit level of position p of grid row g, `LEVELS` the eight
+   magnitudes); each lookup is two vpermi2b (7-bit index into 128 table bytes) and a select on
+   bit 7 of the index.
 2. unpack: U = (A, B) byte-interleaved is one 16-bit word l0 | l1 << 4 | l2 << 8 | l3 << 12 per
    g; O = U >> 4 (a word shift) has l1 | l2 << 4 and l3 in its bytes. Interleaving the bytes of
    U and O gives per g the bytes l0 | l1 << 4, l1 | l2 << 4, l2 | l3 << 4, l3: level p in the
