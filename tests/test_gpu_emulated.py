@@ -1,0 +1,36 @@
+"""GPU kernels checked without a GPU: a subset of the `gpu` tests run on tools/gpu_emu (the CUDA
+subset emulated on the CPU, a fake CuPy), at warp 32 and at warp 64 (CDNA's wave64), so kernel
+logic and its warp-size assumptions are checked in CI; the GPU machine's run stays the authority
+(see tools/gpu_emu/README.md for what the emulator does not model)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EMU = ROOT / "tools" / "gpu_emu"
+# small, quick kernel tests touching the decode chain's kernels (router top-k and its pair list,
+# the norms and activation quantization, T = 1 GEMV of float and quantized weights)
+SUBSET = "router_topk or norm_quant or (gemv_matches and (F32 or F16 or BF16 or Q8_0 or IQ3_XXS))"
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the emulator builds with g++")
+
+
+@pytest.mark.parametrize("warp", [32, 64])
+def test_gpu_kernel_subset_on_the_emulator(warp, tmp_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(EMU / "fakecupy"), str(ROOT)])
+    env["EMU_WARP"] = str(warp)
+    env.setdefault("EMU_BUILD", str(tmp_path / "emu-build"))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+           str(ROOT / "tests" / "test_gpu_kernels.py"), "-k", SUBSET]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    tail = (r.stdout + r.stderr)[-3000:]
+    assert r.returncode == 0, tail
+    assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], tail
