@@ -380,6 +380,12 @@ def test_moe_experts_match_reference(K, qts, variant):
                 y = expert_ref(h[ti : ti + 1], raws[0][e], raws[1][e], raws[2][e], qts)
                 ref[ti] += w[ti, ki] * y[0]
     assert rel(cp.asnumpy(out)[:t], ref) < 5e-3
+    # the residual added by the down kernel (all-resident graph steps): resid + the sum, exactly
+    resid = g.standard_normal((8, d)).astype(np.float32)
+    out_r = cp.empty((8, d), np.float32)
+    moe_experts(K, qts, (d, f), stores, hact, cp.asarray(slots.ravel()), cp.asarray(w.ravel()),
+                t, k, act, aact, out_r, variant=variant, resid=cp.asarray(resid))  # fmt: skip
+    np.testing.assert_array_equal(cp.asnumpy(out_r)[:t], resid[:t] + cp.asnumpy(out)[:t])
 
 
 # ---- decode variants: staged kernels and the compile-time decode knobs, bit for bit ----
