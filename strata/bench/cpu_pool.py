@@ -159,6 +159,29 @@ def time_pool(pool: ExpertPool, lw, d: int, tokens: int, k: int, repeats: int, s
     return times[i], nbytes[i], gbytes[i], active[i]
 
 
+def _rates(gbytes: float, nbytes: float, sec: float, host: dict) -> dict:
+    """Bytes per call (GGUF encoding and the kernels' layout), the GB/s they make in `sec`, and
+    both against the host read bandwidth `host` (`host_read_bandwidth`)."""
+    return {
+        "weight_bytes_gguf": gbytes,
+        "weight_bytes_read": nbytes,
+        "gbps_gguf": gbytes / sec / 1e9,
+        "gbps_read": nbytes / sec / 1e9,
+        "host_read_gbps": host["gbps"],
+        "host_read_best_gbps": host["best_gbps"],
+        "ratio_gguf": gbytes / sec / 1e9 / host["gbps"],
+        "ratio_read": nbytes / sec / 1e9 / host["gbps"],
+    }
+
+
+def _stamp() -> dict:
+    return {
+        "machine": machine(),
+        "commit": _commit(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
 def run_cpu_pool_arm(
     shape: str = "qwen3-30b-a3b",
     quant: str = "IQ3_XXS",
@@ -201,20 +224,11 @@ def run_cpu_pool_arm(
         "layer_copies": len(lws),
         "parallel_quant": pool.parallel_quant,
         "quant_min_tasks": pool.quant_min_tasks,
-        "weight_bytes_gguf": gbytes,
-        "weight_bytes_read": nbytes,
         "seconds": sec,
-        "gbps_gguf": gbytes / sec / 1e9,
-        "gbps_read": nbytes / sec / 1e9,
-        "host_read_gbps": host["gbps"],
-        "host_read_best_gbps": host["best_gbps"],
-        "ratio_gguf": gbytes / sec / 1e9 / host["gbps"],
-        "ratio_read": nbytes / sec / 1e9 / host["gbps"],
+        **_rates(gbytes, nbytes, sec, host),
         "decode_tok_s_all_cpu": 1.0 / (sec * n_layer) if tokens == 1 else None,
         "waited_for_quiet": quiet,
-        "machine": machine(),
-        "commit": _commit(),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        **_stamp(),
     }
     if print_table:
         print(format_table([res]))
@@ -347,17 +361,9 @@ def run_layout_ab(
                 "layer_copies": len(arms[lay]),
                 "seconds": sec,
                 "seconds_best": min(ts),
-                "weight_bytes_gguf": gb,
-                "weight_bytes_read": nb,
-                "gbps_gguf": gb / mean / 1e9,
-                "gbps_read": nb / mean / 1e9,
-                "host_read_gbps": host["gbps"],
-                "ratio_gguf": gb / mean / 1e9 / host["gbps"],
-                "ratio_read": nb / mean / 1e9 / host["gbps"],
+                **_rates(gb, nb, mean, host),
                 "waited_for_quiet": quiet,
-                "machine": machine(),
-                "commit": _commit(),
-                "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                **_stamp(),
             }
         )
     if print_table:

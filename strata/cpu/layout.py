@@ -32,7 +32,7 @@ from gguf.constants import GGMLQuantizationType
 
 from strata.cpu.kernels import dispatch as K
 from strata.cpu.kernels import iq1_t2, lut4
-from strata.cpu.kernels.simd import HAS_AVX512_VBMI, avx512_enabled, simd_enabled
+from strata.cpu.kernels.simd import avx512_enabled, simd_enabled
 from strata.cpu.quantize import act_code
 from strata.quant.formats import QT, fmt
 
@@ -45,14 +45,12 @@ REPACKS = {
     QT.IQ1_M: (iq1_t2.repack, K.K_IQ1_M_T2_AVX2, "t2"),
 }
 
-# formats in REPACKS whose "auto" layout is the GGUF bytes (gather kernels) instead of the repack;
-# AUTO_GGUF_AVX512 would join them on hosts with the AVX-512 VBMI kernels. Measured on the H200's
-# 16 Emerald Rapids cores (bench/results/cpu-pool-h200-16core-20261129T20*): IQ3_XXS's pool at
-# T = 1 took 0.309 ms a layer on its GGUF bytes against lut4's 0.490 on one host, 0.332-0.349
-# against 0.315 on another: no clear winner, so "auto" keeps lut4 and
-# STRATA_CPU_LAYOUT=IQ3_XXS=gguf picks the VBMI kernel (27% fewer bytes in RAM and in a pack).
-AUTO_GGUF_AVX512: frozenset = frozenset()
-AUTO_GGUF: frozenset = frozenset() | (AUTO_GGUF_AVX512 if HAS_AVX512_VBMI else frozenset())
+# formats in REPACKS whose "auto" layout is the GGUF bytes instead of the repack: none. IQ3_XXS on
+# AVX-512 VBMI hosts (iq3_vbmi.py) is the candidate: on the H200's 16 Emerald Rapids cores
+# (bench/results/cpu-pool-h200-16core-20261129T20*) its pool at T = 1 took 0.309 ms a layer on the
+# GGUF bytes against lut4's 0.490 on one host, 0.332-0.349 against 0.315 on another: no clear
+# winner, so STRATA_CPU_LAYOUT=IQ3_XXS=gguf picks it (27% fewer bytes in RAM and in a pack).
+AUTO_GGUF: frozenset = frozenset()
 
 
 def layout_for(spec: str, qtype) -> str:
