@@ -416,19 +416,23 @@ def test_gemv1_staged_and_fast_decode_equal_split(K, K_fast, qt, cols_blocks):
         np.testing.assert_array_equal(o, outs[("base", "split")], err_msg=str(key))
 
 
+def _expert_slots(g, qt, n_exp: int, d: int, f: int) -> list:
+    """Random gate/up/down experts of type qt, expert e in slot e of three SlotStores."""
+    stores = []
+    for shape, cols in (((n_exp, f, d), d), ((n_exp, f, d), d), ((n_exp, d, f), f)):
+        r = random_quantized(qt, shape, g, 1 / np.sqrt(cols))
+        st = SlotStore(cp, n_exp, r[0].nbytes)
+        st.buf[...] = cp.asarray(np.ascontiguousarray(r).reshape(n_exp, -1).view(np.uint8))
+        stores.append(st)
+    return stores
+
+
 @pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
 def test_moe_decode_variants_equal_legacy(K, K_fast, qt):
     """Every decode kernel pair, either build, gives the legacy kernels' bits (K = 8, T = 2)."""
     g = rng()
     d, f, n_exp, t, k = 1024, 768, 9, 2, 8  # f = 768: the Qwen3 down row, one short chunk
-    raws = [
-        random_quantized(qt, (n_exp, f, d), g, 1 / np.sqrt(d)),
-        random_quantized(qt, (n_exp, f, d), g, 1 / np.sqrt(d)),
-        random_quantized(qt, (n_exp, d, f), g, 1 / np.sqrt(f)),
-    ]
-    stores = [SlotStore(cp, n_exp, r[0].nbytes) for r in raws]
-    for st, r in zip(stores, raws, strict=True):
-        st.buf[...] = cp.asarray(np.ascontiguousarray(r).reshape(n_exp, -1).view(np.uint8))
+    stores = _expert_slots(g, qt, n_exp, d, f)
     slots = np.stack([g.permutation(n_exp)[:k] for _ in range(t)]).astype(np.int32)
     slots[1, 3] = -1
     ps, pw = cp.asarray(slots.ravel()), cp.asarray(g.uniform(0.1, 1, t * k).astype(np.float32))
@@ -467,14 +471,7 @@ def test_moe_fused_quant_equals_legacy(K, qt, t):
     counters go back to 0: a fixed buffer, as CupyTier's moe_cnt and a graph replay use it)."""
     g = rng()
     d, f, n_exp, k = 1024, 768, 10, 8
-    raws = [
-        random_quantized(qt, (n_exp, f, d), g, 1 / np.sqrt(d)),
-        random_quantized(qt, (n_exp, f, d), g, 1 / np.sqrt(d)),
-        random_quantized(qt, (n_exp, d, f), g, 1 / np.sqrt(f)),
-    ]
-    stores = [SlotStore(cp, n_exp, r[0].nbytes) for r in raws]
-    for st, r in zip(stores, raws, strict=True):
-        st.buf[...] = cp.asarray(np.ascontiguousarray(r).reshape(n_exp, -1).view(np.uint8))
+    stores = _expert_slots(g, qt, n_exp, d, f)
     vd = fmt(qt).vec_dot
     nb = f // (256 if vd == QT.Q8_K else 32)
     hact = ActBuf(cp, d, t, vd)
