@@ -111,7 +111,7 @@ def test_models_health_and_metrics_answer(client, server):
 
 
 def test_chat_returns_text_and_exact_usage(client, model):
-    r = client.chat.completions.create(model="default", messages=USER, max_tokens=6)
+    r = client.chat.completions.create(model="default", messages=USER, max_tokens=6, temperature=0)
     assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content and r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 6
