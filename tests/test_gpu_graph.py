@@ -217,3 +217,26 @@ def test_decode_greedy_takes_the_argmax_on_the_card(synth_model, device, cache):
         tok = nxt
     assert a.stats.graph_steps == b.stats.graph_steps == 24
     assert a.pos == b.pos == 5 + 24
+
+
+def test_graph_steps_launch_with_pdl_where_the_device_has_it(synth_model, device, monkeypatch):
+    """On sm_90+ the captured kernels go out with programmatic dependent launch (the tests above
+    then hold its order to the eager bits); STRATA_GPU_PDL=0 keeps CuPy's launches."""
+    from strata.gpu.rawmod import Kernels
+
+    model = load_model(synth_model("tiny", "IQ3_XXS", seed=23))
+    g, e = engine(model, True, expert_cache="all"), engine(model, True, expert_cache="all")
+    e.tier.graph_decoder().replay = False
+    K = g.tier.K
+    major = int(device.arch[3:]) // 10 if device.arch.startswith("sm_") else 0
+    assert K.pdl_available == (major >= 9 and cp.cuda.runtime.driverGetVersion() >= 12030)
+    if not K.pdl_available:
+        pytest.skip(f"no PDL on {device.arch}")
+    calls = []
+    real = K._pdl_launcher
+    monkeypatch.setattr(K, "_pdl_launcher", lambda *a: (calls.append(a[0]), real(*a)))
+    prompt = np.random.default_rng().integers(0, model.args.n_vocab, 4).tolist()
+    lockstep(g, e, prompt, 12)
+    assert len(calls) > 10 * model.args.n_layer  # every kernel of the captured step
+    monkeypatch.setenv("STRATA_GPU_PDL", "0")
+    assert not Kernels(cp, device.warp_size, device.sm_count, arch=device.arch).pdl_available

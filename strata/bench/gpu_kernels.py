@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -68,18 +69,20 @@ class _Timer:
         self.cp = cp
         self.stream = cp.cuda.Stream(non_blocking=True)
 
-    def graph_us(self, launches, repeats: int = 15) -> tuple[float, str]:
-        """launches: list of zero-argument callables; returns (median us per launch, how)."""
+    def graph_us(self, launches, repeats: int = 15, pdl=None) -> tuple[float, str]:
+        """launches: list of zero-argument callables; returns (median us per launch, how).
+        pdl: a `Kernels` whose launches are captured with programmatic dependent launch."""
         cp, s = self.cp, self.stream
         with s:
             for f in launches[: min(4, len(launches))]:
                 f()  # compile + warm
             s.synchronize()
-            graph, how = None, "graph"
+            graph, how = None, "graph+pdl" if pdl is not None else "graph"
             try:
                 s.begin_capture()
-                for f in launches:
-                    f()
+                with pdl.pdl_scope() if pdl is not None else nullcontext():
+                    for f in launches:
+                        f()
                 graph = s.end_capture()
             except Exception:
                 try:
@@ -167,10 +170,11 @@ def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
             x = cp.asarray(rng.standard_normal((1, cols)).astype(np.float32))
             norm_quant(K, x, 1, act=act)
             out = cp.empty((1, rows), np.float32)
-            for old in (False, True) if legacy else (False,):
-                us, how = timer.graph_us(
-                    [lambda w=w, a=act, o=out, old=old: gemv(K, w, a, o, 1, legacy=old) for w in ws]
-                )
+            # the default kernel also as a PDL chain (each launch's start overlaps the last's end)
+            arms = [(False, None)] + [(False, K)] * K.pdl_available + [(True, None)] * legacy
+            for old, pdl in arms:
+                calls = [lambda w=w, a=act, y=out, o=old: gemv(K, w, a, y, 1, legacy=o) for w in ws]
+                us, how = timer.graph_us(calls, pdl=pdl)
                 moved = nbytes + cols + 4 * rows
                 gbps = moved / (us * 1e-6) / 1e9
                 rows_out.append(
@@ -364,10 +368,13 @@ class _Layer:
         self.moe_part()
 
 
-def bench_layer(cp, K, timer, rng, copy_gbps: float, expert_qt, legacy: bool = False) -> dict:
+def bench_layer(
+    cp, K, timer, rng, copy_gbps: float, expert_qt, legacy: bool = False, pdl: bool = False
+) -> dict:
     lay = _Layer(cp, K, rng, expert_qt, QT.Q8_0, 4096, legacy)
-    moe_us, how = timer.graph_us([lay.moe_part] * 8)
-    dev_us, _ = timer.graph_us([lambda: (lay.attention_part(), lay.moe_part())] * 4)
+    pk = K if pdl else None
+    moe_us, how = timer.graph_us([lay.moe_part] * 8, pdl=pk)
+    dev_us, _ = timer.graph_us([lambda: (lay.attention_part(), lay.moe_part())] * 4, pdl=pk)
     for _ in range(5):
         lay.eager_step()
     cp.cuda.Device().synchronize()
@@ -380,7 +387,8 @@ def bench_layer(cp, K, timer, rng, copy_gbps: float, expert_qt, legacy: bool = F
     eager_us = float(np.median(times))
     moe_gbps = lay.expert_bytes / (moe_us * 1e-6) / 1e9
     return dict(
-        kernel="layer", variant="legacy" if legacy else "decode", expert_qtype=expert_qt.name,
+        kernel="layer", variant=("legacy" if legacy else "decode") + ("+pdl" if pdl else ""),
+        expert_qtype=expert_qt.name,
         dense_qtype="Q8_0", context=4096,
         moe_us=round(moe_us, 2), moe_gbps=round(moe_gbps, 1),
         moe_pct_copy=round(100 * moe_gbps / copy_gbps, 1), device_us=round(dev_us, 2),
@@ -400,7 +408,7 @@ def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
         raise ImportError("gpu-kernels needs CuPy and a GPU")
     import cupy as cp
 
-    K = Kernels(cp, info.warp_size, info.sm_count)
+    K = Kernels(cp, info.warp_size, info.sm_count, arch=info.arch)
     timer = _Timer(cp)
     rng = np.random.default_rng(0)
     copies = _copy_gbps(cp, timer)
@@ -416,8 +424,13 @@ def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
         "gemv": bench_gemv(cp, K, timer, rng, copy),
         "attention": bench_attention(cp, K, timer, rng, copy),
         "layer": [
-            bench_layer(cp, K, timer, rng, copy, q, legacy)
-            for q, legacy in ((QT.IQ3_XXS, True), (QT.IQ3_XXS, False), (QT.Q4_K, False))
+            bench_layer(cp, K, timer, rng, copy, q, legacy, pdl)
+            for q, legacy, pdl in (
+                (QT.IQ3_XXS, True, False),
+                (QT.IQ3_XXS, False, False),
+                (QT.Q4_K, False, False),
+            )
+            + ((QT.IQ3_XXS, False, True), (QT.Q4_K, False, True)) * K.pdl_available
         ],
     }
     print(table(doc))
@@ -432,11 +445,13 @@ def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
 def table(doc: dict) -> str:
     by = ", ".join(f"{k} {v:.0f}" for k, v in doc["copy_gbps_by_method"].items())
     lines = [f"{doc['device']} | device-to-device copy {doc['copy_gbps']:.0f} GB/s ({by})"]
-    lines.append(f"{'gemv':8} {'kernel':7} {'shape':12} {'us':>8} {'GB/s':>8} {'% copy':>7}")
+    lines.append(
+        f"{'gemv':8} {'kernel':7} {'shape':12} {'us':>8} {'GB/s':>8} {'% copy':>7}  timing"
+    )
     for r in doc["gemv"]:
         lines.append(
             f"{r['qtype']:8} {r.get('variant', 'gemv1'):7} {r['shape']:12} {r['us']:8.2f} "
-            f"{r['gbps']:8.1f} {r['pct_copy']:6.1f}%"
+            f"{r['gbps']:8.1f} {r['pct_copy']:6.1f}%  {r.get('timing', '')}"
         )
     for r in doc["attention"]:
         lines.append(
@@ -446,7 +461,7 @@ def table(doc: dict) -> str:
         )
     for r in doc["layer"]:
         lines.append(
-            f"layer {r.get('variant', 'legacy'):6} ({r['expert_qtype']} experts, ctx 4K): "
+            f"layer {r.get('variant', 'legacy'):10} ({r['expert_qtype']} experts, ctx 4K): "
             f"device {r['device_us']:.1f} us, "
             f"experts {r['moe_us']:.1f} us = {r['moe_gbps']:.0f} GB/s ({r['moe_pct_copy']:.1f}%), "
             f"eager {r['eager_us']:.1f} us -> 48 layers: {r['tokps_48_layers_device']:.0f} tok/s "

@@ -221,7 +221,8 @@ class GraphDecoder:
                 return
             self.stream.begin_capture()
             try:
-                fn()
+                with self.t.K.pdl_scope():  # kernel starts overlap (pdl.py); eager runs don't
+                    fn()
             finally:
                 g = self.stream.end_capture()
         self.graphs[key] = g

@@ -6,6 +6,8 @@ hard-codes 32. CuPy caches the compiled binaries on disk, so a second process st
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from strata.gpu.source import expand
@@ -30,16 +32,59 @@ def ptr(a):
     return NULL if a is None else a
 
 
-class Kernels:
-    """The RawModules of one device; `fn(source, name)` returns a launchable kernel."""
+class Kernel:
+    """One kernel of a module, called as CuPy's: `k(grid, block, args)`. Inside the owner's
+    `pdl_scope()` it goes out with programmatic dependent launch (pdl.py)."""
 
-    def __init__(self, cp, warp_size: int, sm_count: int = 1, extra: tuple[str, ...] = ()):
+    __slots__ = ("f", "owner")
+
+    def __init__(self, f, owner: Kernels):
+        self.f, self.owner = f, owner
+
+    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        if self.owner.pdl is not None:
+            self.owner.pdl(self.f, grid, block, args, shared_mem)
+        else:
+            self.f(grid, block, args, shared_mem=shared_mem)
+
+
+class Kernels:
+    """The RawModules of one device; `fn(source, name)` returns a launchable `Kernel`."""
+
+    def __init__(
+        self,
+        cp,
+        warp_size: int,
+        sm_count: int = 1,
+        extra: tuple[str, ...] = (),
+        arch: str = "",
+    ):
         self.cp = cp
         self.warp = int(warp_size)
         self.sm_count = int(sm_count)
         self.extra = tuple(extra)  # more compiler options (-D knobs of a build under test)
         self._mods: dict[str, object] = {}
-        self._fns: dict[tuple[str, str], object] = {}
+        self._fns: dict[tuple[str, str], Kernel] = {}
+        self.pdl = None  # the PDL launcher while a pdl_scope is open
+        self._pdl_launcher = None
+        if arch:
+            from strata.gpu import pdl
+
+            if pdl.enabled_by_env() and pdl.supported(cp, arch):
+                self._pdl_launcher = pdl.Launcher(cp)
+
+    @property
+    def pdl_available(self) -> bool:
+        return self._pdl_launcher is not None
+
+    @contextmanager
+    def pdl_scope(self):
+        """Launches inside go out with programmatic dependent launch where the device has it."""
+        prev, self.pdl = self.pdl, self._pdl_launcher
+        try:
+            yield
+        finally:
+            self.pdl = prev
 
     def options(self) -> tuple[str, ...]:
         return (f"-DSTRATA_WARP={self.warp}", *self.extra)
@@ -55,7 +100,7 @@ class Kernels:
         key = (source, name)
         f = self._fns.get(key)
         if f is None:
-            f = self.module(source).get_function(name)
+            f = Kernel(self.module(source).get_function(name), self)
             self._fns[key] = f
         return f
 
@@ -72,6 +117,6 @@ def kernels_for(info) -> Kernels:
     if k is None:
         from strata.gpu.device import import_cupy
 
-        k = Kernels(import_cupy(), info.warp_size, info.sm_count)
+        k = Kernels(import_cupy(), info.warp_size, info.sm_count, arch=info.arch)
         _by_device[info.index] = k
     return k

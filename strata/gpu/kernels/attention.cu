@@ -167,6 +167,7 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE)
     attn_scores(const float* __restrict__ q, const u16* __restrict__ k_cache, int S_cap, int Dh,
                 int H, int G, int pos0, int S, float scale, float* __restrict__ scores, int ss,
                 float* __restrict__ pmax, float* __restrict__ psum, int ntc) {
+    STRATA_PDL_ENTER();
     attn_scores_t<KvF16>(q, k_cache, nullptr, S_cap, Dh, H, G, pos0, S, scale, scores, ss, pmax,
                          psum, ntc);
 }
@@ -176,6 +177,7 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE)
                    const float* __restrict__ k_scale, int S_cap, int Dh, int H, int G, int pos0,
                    int S, float scale, float* __restrict__ scores, int ss,
                    float* __restrict__ pmax, float* __restrict__ psum, int ntc) {
+    STRATA_PDL_ENTER();
     attn_scores_t<KvI8>(q, k_cache, k_scale, S_cap, Dh, H, G, pos0, S, scale, scores, ss, pmax,
                         psum, ntc);
 }
@@ -258,6 +260,7 @@ extern "C" __global__ void __launch_bounds__(ATT_MAX_DH)
             const float* __restrict__ psum, int ntc, int ntiles, const u16* __restrict__ v_cache,
             int S_cap, int Dv, int H, int G, int S, int chunk, float* __restrict__ o_part,
             int nsplit) {
+    STRATA_PDL_ENTER();
     attn_pv_t<KvF16>(scores, ss, pmax, psum, ntc, ntiles, v_cache, nullptr, S_cap, Dv, H, G, S,
                      chunk, o_part, nsplit);
 }
@@ -267,12 +270,14 @@ extern "C" __global__ void __launch_bounds__(ATT_MAX_DH)
                const float* __restrict__ psum, int ntc, int ntiles, const i8* __restrict__ v_cache,
                const float* __restrict__ v_scale, int S_cap, int Dv, int H, int G, int S,
                int chunk, float* __restrict__ o_part, int nsplit) {
+    STRATA_PDL_ENTER();
     attn_pv_t<KvI8>(scores, ss, pmax, psum, ntc, ntiles, v_cache, v_scale, S_cap, Dv, H, G, S,
                     chunk, o_part, nsplit);
 }
 
 extern "C" __global__ void attn_combine(const float* __restrict__ o_part, int nsplit, int Dv,
                                         float* __restrict__ out) {
+    STRATA_PDL_ENTER();
     const i64 row = blockIdx.x;  // t * H + h
     const int d = threadIdx.x;
     if (d >= Dv) return;
@@ -719,6 +724,7 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         const float* q, const u16* k_cache, const int* pos_dev, int S_cap, int Dh, int H,       \
         int G, float scale, float* scores, int ss, float* pm, float* pl, int nsplit,            \
         int min_chunk) {                                                                        \
+        STRATA_PDL_ENTER();                                                                     \
         dec_scores<R, KvF16>(q, k_cache, nullptr, pos_dev, S_cap, Dh, H, G, scale, scores, ss,  \
                              pm, pl, nsplit, min_chunk);                                        \
     }                                                                                           \
@@ -726,6 +732,7 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         const float* scores, int ss, const float* pm, const float* pl, const u16* v_cache,      \
         const int* pos_dev, int S_cap, int Dv, int H, int G, float* o_part, int nsplit,         \
         int min_chunk, int* cnt, float* tpart, float* out) {                                    \
+        STRATA_PDL_ENTER();                                                                     \
         dec_pv<R, KvF16>(scores, ss, pm, pl, v_cache, nullptr, pos_dev, S_cap, Dv, H, G,        \
                          o_part, nsplit, min_chunk, cnt, tpart, out);                           \
     }                                                                                           \
@@ -733,6 +740,7 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         const float* q, const i8* k_cache, const float* k_scale, const int* pos_dev, int S_cap, \
         int Dh, int H, int G, float scale, float* scores, int ss, float* pm, float* pl,         \
         int nsplit, int min_chunk) {                                                            \
+        STRATA_PDL_ENTER();                                                                     \
         dec_scores<R, KvI8>(q, k_cache, k_scale, pos_dev, S_cap, Dh, H, G, scale, scores, ss,   \
                             pm, pl, nsplit, min_chunk);                                         \
     }                                                                                           \
@@ -740,6 +748,7 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         const float* scores, int ss, const float* pm, const float* pl, const i8* v_cache,       \
         const float* v_scale, const int* pos_dev, int S_cap, int Dv, int H, int G,              \
         float* o_part, int nsplit, int min_chunk, int* cnt, float* tpart, float* out) {         \
+        STRATA_PDL_ENTER();                                                                     \
         dec_pv<R, KvI8>(scores, ss, pm, pl, v_cache, v_scale, pos_dev, S_cap, Dv, H, G, o_part, \
                         nsplit, min_chunk, cnt, tpart, out);                                    \
     }

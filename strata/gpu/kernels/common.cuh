@@ -24,6 +24,17 @@ struct alignas(16) f32x4 {
 
 #define NEG_INF (-__int_as_float(0x7f800000))  // -inf without <cmath>
 
+// ---- programmatic dependent launch (strata/gpu/pdl.py): the first statement of every kernel.
+// Wait for the kernel before this one in the stream (a no-op when launched without PDL), then let
+// the next one's blocks in. Nothing may run before the wait: a kernel that returned before it
+// could complete ahead of its predecessor and break the chain's order.
+#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define STRATA_PDL_ENTER() \
+    asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define STRATA_PDL_ENTER() ((void)0)
+#endif
+
 // ---- warp shuffles (full warp; `width` keeps CDNA's wave64 honest) ----
 #if defined(STRATA_EMU)
 #define SHFL_XOR(v, m) emu::shfl_xor((v), (m))

@@ -4,6 +4,7 @@
 // out = silu(g) * u, written as HostTier does: g / (1 + exp(-g)) * u
 extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __restrict__ u,
                                     float* __restrict__ out, int n) {
+    STRATA_PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
@@ -11,6 +12,7 @@ extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __
 // y[t, :] *= sigmoid(gl[t]) (qwen2moe's shared-expert gate); gl: [T] gate logits
 extern "C" __global__ void sigmoid_scale_rows(float* __restrict__ y, const float* __restrict__ gl,
                                               int D) {
+    STRATA_PDL_ENTER();
     const int t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < D) y[(i64)t * D + i] *= 1.0f / (1.0f + expf(-gl[t]));
@@ -19,6 +21,7 @@ extern "C" __global__ void sigmoid_scale_rows(float* __restrict__ y, const float
 // ids[t] = argmax_v logits[t, v], the lowest index among equal maxima (greedy sampling)
 extern "C" __global__ void __launch_bounds__(1024)
     argmax_rows(const float* __restrict__ logits, int V, i32* __restrict__ ids) {
+    STRATA_PDL_ENTER();
     __shared__ float bv[1024 / STRATA_WARP];
     __shared__ int bi[1024 / STRATA_WARP];
     const int t = blockIdx.x, tid = threadIdx.x;
@@ -59,6 +62,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 extern "C" __global__ void f16_convert(const u16* __restrict__ hin, float* __restrict__ fout,
                                        const float* __restrict__ fin, u16* __restrict__ hout,
                                        int n) {
+    STRATA_PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         fout[i] = h2f(hin[i]);

@@ -275,6 +275,7 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
     extern "C" __global__ void moe_gate_up_##name(                                             \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
+        STRATA_PDL_ENTER();                                                                    \
         if (FMT_ON(QT))                                                                        \
             moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D); \
     }                                                                                          \
@@ -282,6 +283,7 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* pair_slot, int K, float* act, int F, int D, i8* aq,           \
         float* ad, int amode, i32* cnt) {                                                      \
+        STRATA_PDL_ENTER();                                                                    \
         if (FMT_ON(QT))                                                                        \
             moe_gate_up_fq<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F,  \
                                D, aq, ad, amode, cnt);                                         \
@@ -291,6 +293,7 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
                                                const i32* pair_slot, const float* pair_w,      \
                                                int K, float* out, int D, int F,                \
                                                const float* resid) {                           \
+        STRATA_PDL_ENTER();                                                                    \
         if (FMT_ON(QT))                                                                        \
             moe_down<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F, \
                          resid);                                                               \
@@ -302,6 +305,7 @@ STRATA_QFORMATS(MOE_KERNELS)
         moe_gate_up_st1_##name(const u8* gate, const u8* up, i64 slot_stride, const i8* hq,    \
                                const float* hd, int xd_shift, const i32* pair_slot, int K,     \
                                float* act, int F, int D) {                                     \
+        STRATA_PDL_ENTER();                                                                    \
         if (FMT_ON(QT))                                                                        \
             moe_gate_up_st<QT, 1>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,  \
                                   F, D);                                                       \
@@ -310,6 +314,7 @@ STRATA_QFORMATS(MOE_KERNELS)
         moe_gate_up_st2_##name(const u8* gate, const u8* up, i64 slot_stride, const i8* hq,    \
                                const float* hd, int xd_shift, const i32* pair_slot, int K,     \
                                float* act, int F, int D) {                                     \
+        STRATA_PDL_ENTER();                                                                    \
         if (FMT_ON(QT))                                                                        \
             moe_gate_up_st<QT, 2>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,  \
                                   F, D);                                                       \
@@ -318,6 +323,7 @@ STRATA_QFORMATS(MOE_KERNELS)
         moe_down_st_##name(const u8* down, i64 slot_stride, const i8* aq, const float* ad,     \
                            int xd_shift, const i32* pair_slot, const float* pair_w, int K,     \
                            float* out, int D, int F, const float* resid) {                     \
+        STRATA_PDL_ENTER();                                                                    \
         if (FMT_ON(QT))                                                                        \
             moe_down_st<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, \
                             F, resid);                                                         \

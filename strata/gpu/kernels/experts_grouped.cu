@@ -110,6 +110,7 @@ __device__ __forceinline__ void moe_down_tiles(
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* tile_slot, const i32* tile_first, const i32* tile_n,          \
         const i32* pair_order, int K, float* act, int F, int D) {                              \
+        STRATA_PDL_ENTER();                                                                    \
         moe_gate_up_tiles<QT>(gate, up, slot_stride, hq, hd, xd_shift, tile_slot, tile_first,  \
                               tile_n, pair_order, K, act, F, D);                               \
     }                                                                                          \
@@ -117,6 +118,7 @@ __device__ __forceinline__ void moe_down_tiles(
         const u8* down, i64 slot_stride, const i8* aq, const float* ad, int xd_shift,          \
         const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
         float* y, int D, int F) {                                                              \
+        STRATA_PDL_ENTER();                                                                    \
         moe_down_tiles<QT>(down, slot_stride, aq, ad, xd_shift, tile_slot, tile_first, tile_n, \
                            pair_order, y, D, F);                                               \
     }
@@ -126,6 +128,7 @@ extern "C" __global__ void moe_sum_pairs(const float* __restrict__ y,
                                          const i32* __restrict__ pair_slot,
                                          const float* __restrict__ pair_w, int K, int D,
                                          float* __restrict__ out) {
+    STRATA_PDL_ENTER();
     const int d = blockIdx.x * blockDim.x + threadIdx.x;
     const i64 t = blockIdx.y;
     if (d >= D) return;

@@ -105,6 +105,7 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
     extern "C" __global__ void gemv_##name(const u8* W, const i8* xq, const float* xd,          \
                                            int xd_shift, const float* bias, const float* resid, \
                                            float* out, int rows, int cols, int ntok, int ldo) { \
+        STRATA_PDL_ENTER();                                                                     \
         if (FMT_ON(QT))                                                                         \
             gemv_q<QT, GEMV_NT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok, ldo);  \
     }                                                                                           \
@@ -112,6 +113,7 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
                                             int xd_shift, const float* bias,                    \
                                             const float* resid, float* out, int rows, int cols, \
                                             int ntok, int ldo) {                                \
+        STRATA_PDL_ENTER();                                                                     \
         if (FMT_ON(QT)) gemv_q<QT, 1>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok, ldo); \
     }
 STRATA_QFORMATS(GEMV_Q_KERNEL)
@@ -120,6 +122,7 @@ STRATA_QFORMATS(GEMV_Q_KERNEL)
     extern "C" __global__ void gemv_##name(const u8* W, const float* x, const float* bias,      \
                                            const float* resid, float* out, int rows, int cols,  \
                                            int ntok, int ldo) {                                 \
+        STRATA_PDL_ENTER();                                                                     \
         gemv_f<QT>(W, x, bias, resid, out, rows, cols, ntok, ldo);                              \
     }
 GEMV_F_KERNEL(f32, QT_F32)
@@ -175,6 +178,7 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
         gemv1w_##name(const u8* W, const i8* xq, const float* xd, int xd_shift,                 \
                       const float* bias, const float* resid, float* out, int rows, int cols,    \
                       int wpr) {                                                                \
+        STRATA_PDL_ENTER();                                                                     \
         if (FMT_ON(QT)) gemv1_split<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr); \
     }
 STRATA_QFORMATS(GEMV1W_KERNEL)
@@ -222,6 +226,7 @@ __device__ __forceinline__ void gemv1_staged(const u8* __restrict__ W, const i8*
         gemv1s_##name(const u8* W, const i8* xq, const float* xd, int xd_shift,                 \
                       const float* bias, const float* resid, float* out, int rows, int cols,    \
                       int wpr) {                                                                \
+        STRATA_PDL_ENTER();                                                                     \
         if (FMT_ON(QT)) gemv1_staged<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr); \
     }
 STRATA_QFORMATS(GEMV1S_KERNEL)
@@ -296,6 +301,7 @@ __device__ __forceinline__ void gemv1_f(const u8* __restrict__ W, const float* _
     extern "C" __global__ void __launch_bounds__(GEMV1F_THREADS)                                \
         gemv1f_##name(const u8* W, const float* x, const float* bias, const float* resid,       \
                       float* out, int cols) {                                                   \
+        STRATA_PDL_ENTER();                                                                     \
         gemv1_f<QT>(W, x, bias, resid, out, cols);                                              \
     }
 GEMV1F_KERNEL(f32, QT_F32)

@@ -23,6 +23,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     norm_quant(const float* __restrict__ x, const float* __restrict__ w, float eps, int n,
                float* __restrict__ out_f, float* __restrict__ out_r, i8* __restrict__ out_q,
                float* __restrict__ out_d, int mode) {
+    STRATA_PDL_ENTER();
     __shared__ double red[1024 / STRATA_WARP];
     const int t = blockIdx.x, tid = threadIdx.x;
     const int lane = tid % STRATA_WARP, wid = tid / STRATA_WARP, nw = blockDim.x / STRATA_WARP;

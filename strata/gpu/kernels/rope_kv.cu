@@ -86,6 +86,7 @@ extern "C" __global__ void __launch_bounds__(1024)
                     const float* __restrict__ inv_freq, int pos0, float* __restrict__ q_out,
                     u16* __restrict__ k_cache, u16* __restrict__ v_cache, int S_cap,
                     const int* __restrict__ pos_dev) {
+    STRATA_PDL_ENTER();
     rope_kv<false>(qkv, H, G, Dh, Dv, q_norm, k_norm, eps, inv_freq, pos0, q_out, k_cache,
                    v_cache, nullptr, nullptr, S_cap, pos_dev);
 }
@@ -97,6 +98,7 @@ extern "C" __global__ void __launch_bounds__(1024)
                        float* __restrict__ q_out, i8* __restrict__ k_cache,
                        i8* __restrict__ v_cache, float* __restrict__ k_scale,
                        float* __restrict__ v_scale, int S_cap, const int* __restrict__ pos_dev) {
+    STRATA_PDL_ENTER();
     rope_kv<true>(qkv, H, G, Dh, Dv, q_norm, k_norm, eps, inv_freq, pos0, q_out, k_cache,
                   v_cache, k_scale, v_scale, S_cap, pos_dev);
 }

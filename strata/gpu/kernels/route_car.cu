@@ -28,6 +28,7 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
                                      i32* __restrict__ pair_slot, float* __restrict__ stats,
                                      u32* __restrict__ pack, const float* __restrict__ h_src,
                                      int D) {
+    STRATA_PDL_ENTER();
     const int t = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (i64)t * E;
     float m, s;

@@ -13,6 +13,7 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, int E, 
                                        float* __restrict__ weights,
                                        const i32* __restrict__ slot_row,
                                        i32* __restrict__ pair_slot, float* __restrict__ pair_w) {
+    STRATA_PDL_ENTER();
     const int t = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (i64)t * E;
     // the row's probabilities in registers (lane's expert lane + c * STRATA_WARP at p[c]): the K

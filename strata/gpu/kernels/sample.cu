@@ -235,6 +235,7 @@ struct DrawWeight {  // r_i over the kept set (greedy: the top key only)
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_row(const float* __restrict__ z, int V, const double* __restrict__ prm,
                u64* work, i32* __restrict__ out) {
+    STRATA_PDL_ENTER();
     __shared__ Shared sh;
     const int top_k = (int)prm[0];
     const double top_p = prm[1], min_p = prm[2], temp = prm[3], u = prm[4];
