@@ -64,7 +64,8 @@ def supported(cp, arch: str) -> bool:
 
 
 class Launcher:
-    """cuLaunchKernelEx with the PDL attribute, for CuPy `Function`s (their `.ptr`)."""
+    """cuLaunchKernelEx with the PDL attribute, for CuPy's RawKernels (`.kernel.ptr`: the
+    CUfunction)."""
 
     def __init__(self, cp):
         self.cp = cp
@@ -115,7 +116,7 @@ class Launcher:
             attrs=ctypes.pointer(self._attr),
             n_attrs=1,
         )
-        rc = self._launch(ctypes.byref(cfg), fn.ptr, ptrs, None)
+        rc = self._launch(ctypes.byref(cfg), fn.kernel.ptr, ptrs, None)
         if rc:
             name = ctypes.c_char_p()
             self._err_name(rc, ctypes.byref(name))
