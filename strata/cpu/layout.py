@@ -13,7 +13,8 @@ place (a view into the mmap) unless a repacked layout makes the SIMD kernel chea
 
 IQ3_XXS, IQ2_XXS and IQ1_M also have AVX2 gather kernels on the GGUF bytes (gather.py): more
 arithmetic per weight than the repacks, fewer bytes; on hosts with AVX-512 VBMI + VNNI, IQ3_XXS's
-GGUF bytes get the iq3_vbmi.py kernel instead (`gguf_kernel`).
+GGUF bytes get the iq3_vbmi.py kernel instead and IQ1_M's the iq1_avx512.py one (`gguf_kernel`;
+STRATA_CPU_LAYOUT=IQ1_M=gguf picks it, "auto" keeps T2 until it is measured).
 Which one "auto" takes is `AUTO_GGUF`; a layout spec picks per format: "gguf", "repack",
 "auto", or a comma list whose bare item is the default and QUANT=LAYOUT items override it
 ("auto,IQ3_XXS=gguf"); STRATA_CPU_LAYOUT holds one.

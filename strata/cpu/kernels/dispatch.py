@@ -16,6 +16,7 @@ from numba.extending import overload
 from strata.cpu.kernels.floats import dot_bf16, dot_f16, dot_f32
 from strata.cpu.kernels.gather import dot_iq1_m_gather, dot_iq2_xxs_gather, dot_iq3_xxs_gather
 from strata.cpu.kernels.iq1 import dot_iq1_m
+from strata.cpu.kernels.iq1_avx512 import dot_iq1_m_avx512
 from strata.cpu.kernels.iq1_t2 import dot_t2_avx2, dot_t2_portable
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
 from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2
@@ -61,10 +62,10 @@ SIMD_GGUF = {  # AVX2 kernels on the GGUF bytes
     QT.IQ2_XXS: K_IQ2_XXS_GATHER,
     QT.IQ1_M: K_IQ1_M_GATHER,
 }
-# AVX-512 VBMI + VNNI on the GGUF bytes (iq3_vbmi.py): replace SIMD_GGUF's kernel where the host
-# has the features (`simd.avx512_enabled`)
-K_IQ3_XXS_VBMI = 39
-AVX512_GGUF = {QT.IQ3_XXS: K_IQ3_XXS_VBMI}
+# AVX-512 VBMI + VNNI on the GGUF bytes (iq3_vbmi.py, iq1_avx512.py): replace SIMD_GGUF's kernel
+# where the host has the features (`simd.avx512_enabled`)
+K_IQ3_XXS_VBMI, K_IQ1_M_AVX512 = 39, 40
+AVX512_GGUF = {QT.IQ3_XXS: K_IQ3_XXS_VBMI, QT.IQ1_M: K_IQ1_M_AVX512}
 
 PORTABLE = {
     QT.F32: K_F32,
@@ -115,6 +116,7 @@ KERNELS = {
     K_IQ2_XXS_GATHER: dot_iq2_xxs_gather,
     K_IQ1_M_GATHER: dot_iq1_m_gather,
     K_IQ3_XXS_VBMI: dot_iq3_xxs_vbmi,
+    K_IQ1_M_AVX512: dot_iq1_m_avx512,
 }
 
 
