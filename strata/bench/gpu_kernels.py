@@ -196,6 +196,24 @@ def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
     return rows_out
 
 
+def bench_launch_floor(cp, K, timer) -> list[dict]:
+    """The time a launch costs with nothing to do: chains of `silu_mul` with n = 0 (every thread
+    returns at once) replayed from a graph, one block and a decode GEMV's grid (1280 blocks of
+    128 threads: attn_q's rows, 4 a block), plain and with PDL. No kernel in a chain finishes
+    faster than this, whatever its bytes."""
+    fn = K.fn("elementwise.cu", "silu_mul")
+    z = cp.zeros(1, np.float32)
+    rows = []
+    for blocks in (1, 1280):
+        for pdl in (None, K) if K.pdl_available else (None,):
+            us, how = timer.graph_us(
+                [lambda b=blocks: fn((b,), (128,), (z, z, z, np.int32(0)))] * 64, pdl=pdl
+            )
+            rows.append(dict(kernel="launch_floor", blocks=blocks, threads=128, us=round(us, 3),
+                             timing=how))  # fmt: skip
+    return rows
+
+
 def bench_attention(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
     """Decode attention at 4K and 32K: the three-launch split (`attention`, the position a
     launch argument) and the graph-capturable `attention_decode` (position on the device)."""
@@ -421,6 +439,7 @@ def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
         "device": info.describe(),
         "copy_gbps": round(copy, 1),
         "copy_gbps_by_method": {k: round(v, 1) for k, v in copies.items()},
+        "launch_floor": bench_launch_floor(cp, K, timer),
         "gemv": bench_gemv(cp, K, timer, rng, copy),
         "attention": bench_attention(cp, K, timer, rng, copy),
         "layer": [
@@ -445,6 +464,11 @@ def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
 def table(doc: dict) -> str:
     by = ", ".join(f"{k} {v:.0f}" for k, v in doc["copy_gbps_by_method"].items())
     lines = [f"{doc['device']} | device-to-device copy {doc['copy_gbps']:.0f} GB/s ({by})"]
+    for r in doc.get("launch_floor", []):
+        lines.append(
+            f"launch floor: {r['blocks']:5} blocks x {r['threads']} threads, nothing to do: "
+            f"{r['us']:.2f} us per launch ({r['timing']})"
+        )
     lines.append(
         f"{'gemv':8} {'kernel':7} {'shape':12} {'us':>8} {'GB/s':>8} {'% copy':>7}  timing"
     )
