@@ -6,7 +6,6 @@ hard-codes 32. CuPy caches the compiled binaries on disk, so a second process st
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 
 import numpy as np
@@ -88,11 +87,7 @@ class Kernels:
             self.pdl = prev
 
     def options(self) -> tuple[str, ...]:
-        # STRATA_GPU_WEIGHT_PREFETCH=0: no L2 prefetch of a GEMV's rows ahead of its PDL wait
-        pre = os.environ.get("STRATA_GPU_WEIGHT_PREFETCH", "1").strip()
-        if pre not in ("0", "1"):
-            raise ValueError(f"STRATA_GPU_WEIGHT_PREFETCH={pre!r}: use 1 (on) or 0 (off)")
-        return (f"-DSTRATA_WARP={self.warp}", f"-DSTRATA_W_PREFETCH={pre}", *self.extra)
+        return (f"-DSTRATA_WARP={self.warp}", *self.extra)
 
     def module(self, source: str):
         m = self._mods.get(source)

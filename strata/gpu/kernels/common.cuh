@@ -35,24 +35,6 @@ struct alignas(16) f32x4 {
 #define STRATA_PDL_ENTER() ((void)0)
 #endif
 
-// ---- L2 prefetch of weight bytes [p, p + n): one bulk request (sm_90: cp.async.bulk.prefetch,
-// 16-byte granules) that puts a block's whole share of a matrix in flight at once; weights do not
-// depend on the kernel before, so GEMVs issue it ahead of STRATA_PDL_ENTER. Elsewhere, or with
-// -DSTRATA_W_PREFETCH=0 (the A/B arm, STRATA_GPU_WEIGHT_PREFETCH=0), nothing.
-#ifndef STRATA_W_PREFETCH
-#define STRATA_W_PREFETCH 1
-#endif
-__device__ __forceinline__ void prefetch_l2(const void* p, long long n) {
-#if STRATA_W_PREFETCH && !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && \
-    __CUDA_ARCH__ >= 900
-    const unsigned long long a = (unsigned long long)p & ~15ull;
-    const unsigned long long e = ((unsigned long long)p + (unsigned long long)n + 15ull) & ~15ull;
-    if (n > 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(e - a))
-                     : "memory");
-#endif
-}
-
 // ---- warp shuffles (full warp; `width` keeps CDNA's wave64 honest) ----
 #if defined(STRATA_EMU)
 #define SHFL_XOR(v, m) emu::shfl_xor((v), (m))

@@ -173,21 +173,11 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
     }
 }
 
-// the `rpb` rows of this block, to L2 (before the PDL wait: weights need nothing from before)
-template <int QT>
-__device__ __forceinline__ void gemv1_prefetch(const u8* W, int rows, int cols, int rpb) {
-    const i64 rb = (i64)(cols / Fmt<QT>::QK) * Fmt<QT>::BB;
-    const int r0 = blockIdx.x * rpb;
-    if (r0 < rows) prefetch_l2(W + r0 * rb, (i64)min(rpb, rows - r0) * rb);
-}
-
 #define GEMV1W_KERNEL(name, QT)                                                                 \
     extern "C" __global__ void                                                                  \
         gemv1w_##name(const u8* W, const i8* xq, const float* xd, int xd_shift,                 \
                       const float* bias, const float* resid, float* out, int rows, int cols,    \
                       int wpr) {                                                                \
-        if (FMT_ON(QT) && threadIdx.x == 0)                                                     \
-            gemv1_prefetch<QT>(W, rows, cols, GEMV1_WARPS / wpr);                               \
         STRATA_PDL_ENTER();                                                                     \
         if (FMT_ON(QT)) gemv1_split<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr); \
     }
@@ -311,9 +301,6 @@ __device__ __forceinline__ void gemv1_f(const u8* __restrict__ W, const float* _
     extern "C" __global__ void __launch_bounds__(GEMV1F_THREADS)                                \
         gemv1f_##name(const u8* W, const float* x, const float* bias, const float* resid,       \
                       float* out, int cols) {                                                   \
-        if (threadIdx.x == 0)                                                                   \
-            prefetch_l2(W + (i64)blockIdx.x * cols * (QT == QT_F32 ? 4 : 2),                    \
-                        (i64)cols * (QT == QT_F32 ? 4 : 2));                                    \
         STRATA_PDL_ENTER();                                                                     \
         gemv1_f<QT>(W, x, bias, resid, out, cols);                                              \
     }
