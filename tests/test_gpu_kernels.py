@@ -256,12 +256,15 @@ def test_router_topk_matches_route_topk(K, renorm):
         np.testing.assert_array_equal(cp.asnumpy(pair_w), cp.asnumpy(w).ravel())
 
 
-def test_argmax_and_silu(K):
+@pytest.mark.parametrize("v", [5000, 5001, 151936])  # 16-byte chunks (V % 4 == 0), or not
+def test_argmax_and_silu(K, v):
     g = rng()
-    logits = g.standard_normal((3, 5000)).astype(np.float32)
+    logits = g.standard_normal((4, v)).astype(np.float32)
     logits[1, [10, 4000]] = 50.0  # tie: the lower index
-    ids = cp.empty(3, np.int32)
-    argmax_rows(K, cp.asarray(logits), 3, 5000, ids)
+    logits[2, [4001, 4002]] = 50.0  # a tie inside one 16-byte chunk
+    logits[3, [4003, v - 1]] = 50.0  # one in the last chunk
+    ids = cp.empty(4, np.int32)
+    argmax_rows(K, cp.asarray(logits), 4, v, ids)
     np.testing.assert_array_equal(cp.asnumpy(ids), [np.argmax(r) for r in logits])
     a, b = (g.standard_normal(1000).astype(np.float32) * 4 for _ in range(2))
     out = cp.empty(1000, np.float32)

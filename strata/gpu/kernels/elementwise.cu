@@ -29,11 +29,37 @@ extern "C" __global__ void __launch_bounds__(1024)
     const float* l = logits + (i64)t * V;
     float best = NEG_INF;
     int idx = 0x7fffffff;
-    for (int v = tid; v < V; v += blockDim.x)
-        if (l[v] > best) {  // v grows: the first maximum wins
-            best = l[v];
-            idx = v;
+    // a thread's values are visited in increasing index order: the first maximum wins
+    if (V % 4 == 0 && ((u64)l & 15) == 0) {  // 16-byte chunks, four a thread in flight
+        const f32x4* l4 = (const f32x4*)l;
+        const int n4 = V / 4;
+        for (int c0 = tid; c0 < n4; c0 += 4 * blockDim.x) {
+            f32x4 q[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int c = c0 + u * blockDim.x;
+                if (c < n4) q[u] = l4[c];
+                else q[u].x = q[u].y = q[u].z = q[u].w = NEG_INF;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int v = 4 * (c0 + u * blockDim.x);
+                const float e[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (e[j] > best) {
+                        best = e[j];
+                        idx = v + j;
+                    }
+            }
         }
+    } else {
+        for (int v = tid; v < V; v += blockDim.x)
+            if (l[v] > best) {
+                best = l[v];
+                idx = v;
+            }
+    }
 #pragma unroll
     for (int o = STRATA_WARP / 2; o > 0; o >>= 1) {
         const float ob = SHFL_XOR(best, o);
