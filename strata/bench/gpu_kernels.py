@@ -198,19 +198,20 @@ def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
 
 def bench_launch_floor(cp, K, timer) -> list[dict]:
     """The time a launch costs with nothing to do: chains of `silu_mul` with n = 0 (every thread
-    returns at once) replayed from a graph, one block and a decode GEMV's grid (1280 blocks of
-    128 threads: attn_q's rows, 4 a block), plain and with PDL. No kernel in a chain finishes
-    faster than this, whatever its bytes."""
+    returns at once) replayed from a graph, one block and a decode GEMV's grid (attn_q's 4096
+    rows: 1280 blocks of 128 threads, or the same threads in 320 blocks of 512), plain and with
+    PDL. No kernel in a chain finishes faster than this, whatever its bytes."""
     fn = K.fn("elementwise.cu", "silu_mul")
     z = cp.zeros(1, np.float32)
     rows = []
-    for blocks in (1, 1280):
+    for blocks, threads in ((1, 128), (1280, 128), (320, 512)):
         for pdl in (None, K) if K.pdl_available else (None,):
             us, how = timer.graph_us(
-                [lambda b=blocks: fn((b,), (128,), (z, z, z, np.int32(0)))] * 64, pdl=pdl
+                [lambda b=blocks, n=threads: fn((b,), (n,), (z, z, z, np.int32(0)))] * 64,
+                pdl=pdl,
             )
-            rows.append(dict(kernel="launch_floor", blocks=blocks, threads=128, us=round(us, 3),
-                             timing=how))  # fmt: skip
+            rows.append(dict(kernel="launch_floor", blocks=blocks, threads=threads,
+                             us=round(us, 3), timing=how))  # fmt: skip
     return rows
 
 
@@ -419,7 +420,7 @@ def bench_layer(
 def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
     from strata.bench.common import stamp
     from strata.gpu.device import primary_device
-    from strata.gpu.rawmod import Kernels
+    from strata.gpu.rawmod import GEMV1_WARPS, Kernels
 
     info = primary_device()
     if info is None:
@@ -437,6 +438,7 @@ def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
         "commit_full": os.environ.get("STRATA_COMMIT") or _git_head(),
         "command": "python -m strata.bench " + " ".join(sys.argv[1:]),
         "device": info.describe(),
+        "gemv1_warps": GEMV1_WARPS,
         "copy_gbps": round(copy, 1),
         "copy_gbps_by_method": {k: round(v, 1) for k, v in copies.items()},
         "launch_floor": bench_launch_floor(cp, K, timer),

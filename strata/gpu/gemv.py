@@ -20,7 +20,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from strata.gpu.norm_quant import ActBuf, xd_shift
-from strata.gpu.rawmod import Kernels, i32, ptr
+from strata.gpu.rawmod import GEMV1_WARPS, Kernels, i32, ptr
 from strata.quant import fmt
 from strata.quant.activation import roundtrip
 
@@ -41,7 +41,6 @@ F_NAMES = {QT.F32: "f32", QT.F16: "f16", QT.BF16: "bf16"}
 SUPPORTED = tuple(Q_NAMES) + tuple(F_NAMES)
 THREADS = 128
 GEMV1F_THREADS = 128  # gemv.cu's GEMV1F_THREADS: gemv1f_* (T = 1, float weights), a block per row
-GEMV1_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1w_*
 WARPS_PER_SM = 16  # gemv1w_*: below this many warps per SM, a row is split over two warps
 MAX_WPR = 2  # measured on the H200 (bench/results/gpu-decode-kernels-h200-20261129.md)
 # decode (T = 1) kernel: "split" = gemv1w_*, "staged" = gemv1s_* (the same rows and warp split,
