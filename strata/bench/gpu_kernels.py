@@ -420,7 +420,7 @@ def bench_layer(
 def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
     from strata.bench.common import stamp
     from strata.gpu.device import primary_device
-    from strata.gpu.rawmod import GEMV1_WARPS, Kernels
+    from strata.gpu.rawmod import Kernels
 
     info = primary_device()
     if info is None:
@@ -438,7 +438,6 @@ def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
         "commit_full": os.environ.get("STRATA_COMMIT") or _git_head(),
         "command": "python -m strata.bench " + " ".join(sys.argv[1:]),
         "device": info.describe(),
-        "gemv1_warps": GEMV1_WARPS,
         "copy_gbps": round(copy, 1),
         "copy_gbps_by_method": {k: round(v, 1) for k, v in copies.items()},
         "launch_floor": bench_launch_floor(cp, K, timer),

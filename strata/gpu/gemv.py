@@ -20,7 +20,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from strata.gpu.norm_quant import ActBuf, xd_shift
-from strata.gpu.rawmod import GEMV1_WARPS, Kernels, i32, ptr
+from strata.gpu.rawmod import Kernels, i32, ptr
 from strata.quant import fmt
 from strata.quant.activation import roundtrip
 
@@ -46,6 +46,7 @@ MAX_WPR = 2  # measured on the H200 (bench/results/gpu-decode-kernels-h200-20261
 # decode (T = 1) kernel: "split" = gemv1w_*, "staged" = gemv1s_* (the same rows and warp split,
 # the row bytes staged through shared memory with 16-byte loads); bench/experts_decode_sweep.py
 DEFAULT_GEMV1 = "split"  # the engine's choice: set from the sweep's winner
+GEMV1_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1w_* (16 measured slower)
 GEMV1_VARIANT = os.environ.get("STRATA_GEMV1_VARIANT", DEFAULT_GEMV1)
 GEMV1_PREFIX = {"split": "gemv1w", "staged": "gemv1s"}
 

@@ -6,7 +6,6 @@ hard-codes 32. CuPy caches the compiled binaries on disk, so a second process st
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 
 import numpy as np
@@ -14,18 +13,6 @@ import numpy as np
 from strata.gpu.source import expand
 
 NULL = np.uint64(0)  # a null pointer argument
-
-
-def _gemv1_warps() -> int:
-    v = os.environ.get("STRATA_GEMV1_WARPS", "4").strip()
-    if v not in ("4", "8", "16"):
-        raise ValueError(f"STRATA_GEMV1_WARPS={v!r}: use 4, 8 or 16")
-    return int(v)
-
-
-# warps a block of the T = 1 GEMVs (gemv.cu's GEMV1_WARPS; STRATA_GEMV1_WARPS, the A/B knob):
-# fewer, larger blocks are fewer block launches for the same rows
-GEMV1_WARPS = _gemv1_warps()
 
 
 def i32(v) -> np.int32:
@@ -100,7 +87,7 @@ class Kernels:
             self.pdl = prev
 
     def options(self) -> tuple[str, ...]:
-        return (f"-DSTRATA_WARP={self.warp}", f"-DGEMV1_WARPS={GEMV1_WARPS}", *self.extra)
+        return (f"-DSTRATA_WARP={self.warp}", *self.extra)
 
     def module(self, source: str):
         m = self._mods.get(source)

@@ -129,9 +129,7 @@ GEMV_F_KERNEL(f32, QT_F32)
 GEMV_F_KERNEL(f16, QT_F16)
 GEMV_F_KERNEL(bf16, QT_BF16)
 
-#ifndef GEMV1_WARPS  // warps a block of gemv1w_* / gemv1s_* (rawmod.py passes it)
 #define GEMV1_WARPS 4
-#endif
 
 // ---- decode (T = 1), rows split over warps: gemv1w_* ----
 // gemv1_*'s loads and arithmetic, with `wpr` warps of a block sharing a row (sub-blocks dealt
