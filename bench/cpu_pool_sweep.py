@@ -7,7 +7,8 @@
         # the gather kernels on the GGUF bytes instead of the repacks ("repack", or per format:
         # --layout auto,IQ1_M=gguf); --ceiling-only: the one-core kernel table alone
     PYTHONPATH=. python bench/cpu_pool_sweep.py --quant IQ3_XXS --threads 16 --layout-ab repack,gguf
-        # the layouts timed against each other in one process, calls interleaved
+        # the layouts timed against each other in one process, calls interleaved; an arm may
+        # carry pool prefetch options: --layout-ab gguf,gguf@l2,gguf@pf=16384
 
 Tables: kernel compute ceilings (one core, weights in L2: what the arithmetic allows), the pool
 on one decode layer (weights from DRAM, host read bandwidth measured in the same run), the
@@ -223,9 +224,8 @@ def main() -> None:
             ovh += overhead(a.shape, quants[0], t, baseline=base)
             ovh.append({"empty_region_us": empty_region_us(t), "threads": t})
     lays = a.layout_ab.split(",") if a.layout_ab else [a.layout]
-    ceil = (
-        [] if a.overhead_only else [kernel_ceiling(q, layout=lay) for q in quants for lay in lays]
-    )
+    kl = dict.fromkeys(x.split("@")[0] for x in lays)  # layouts; "@" pool options don't matter
+    ceil = [] if a.overhead_only else [kernel_ceiling(q, layout=x) for q in quants for x in kl]
     pool = []
     for q in [] if a.overhead_only or a.ceiling_only or a.layout_ab else quants:
         for t in threads:

@@ -302,6 +302,21 @@ def run_quant_ab(
     return rows
 
 
+def arm_spec(spec: str) -> tuple[str, dict]:
+    """A layout A/B arm: "gguf", "gguf@l2", "repack@pf=16384": the layout, then the pool's
+    prefetch knobs (l2 / l1: rows ahead into L2 or L1; pf=N: at least N bytes ahead)."""
+    lay, *opts = spec.split("@")
+    kw: dict = {}
+    for o in opts:
+        if o in ("l1", "l2"):
+            kw["prefetch_l2"] = o == "l2"
+        elif o.startswith("pf=") and o[3:].isdigit():
+            kw["prefetch_bytes"] = int(o[3:])
+        else:
+            raise ValueError(f"unknown pool option {o!r} in arm {spec!r} (l1, l2, pf=BYTES)")
+    return lay, kw
+
+
 def run_layout_ab(
     shape: str = "qwen3-30b-a3b",
     quant: str = "IQ3_XXS",
@@ -312,35 +327,41 @@ def run_layout_ab(
     print_table: bool = True,
     wait_quiet: bool = False,
 ) -> list[dict]:
-    """Layouts of one format (e.g. a SIMD repack against the GGUF bytes) timed against each other
-    in one process: each arm's layer copies (> 2x the LLC apiece) built from the same random
-    experts, the arms alternating call by call on the same routings (ABBA order), so that a
-    host's drift falls on every arm alike (on the H200's host the pool's figures moved 10-40%
-    between calls, more than the kernels differ). Per arm: median and best seconds per layer,
-    GB/s of GGUF bytes and of the bytes read (over all calls: total bytes / total time), and
-    their ratio to the host read bandwidth measured once in the same run."""
+    """Layouts of one format (e.g. a SIMD repack against the GGUF bytes; each may carry pool
+    prefetch options, `arm_spec`) timed against each other in one process: each layout's layer
+    copies (> 2x the LLC apiece) built from the same random experts, the arms alternating call
+    by call on the same routings (ABBA order), so that a host's drift falls on every arm alike
+    (on the H200's host the pool's figures moved 10-40% between calls, more than the kernels
+    differ). Per arm: median and best seconds per layer, GB/s of GGUF bytes and of the bytes
+    read (over all calls: total bytes / total time), and their ratio to the host read bandwidth
+    measured once in the same run."""
     threads = threads or numba.config.NUMBA_NUM_THREADS
     s = SHAPES[shape]
     k, d = s["n_expert_used"], s["n_embd"]
-    arms = {lay: layer_copies(make_layer(shape, quant, layout=lay)) for lay in layouts}
-    pool = ExpertPool(threads)
+    specs = {a: arm_spec(a) for a in layouts}
+    copies = {}  # arms of one layout share its layer copies
+    for lay, _ in specs.values():
+        if lay not in copies:
+            copies[lay] = layer_copies(make_layer(shape, quant, layout=lay))
+    arms = {a: copies[lay] for a, (lay, _) in specs.items()}
+    pools = {a: ExpertPool(threads, **kw) for a, (_, kw) in specs.items()}
     rng = np.random.default_rng(1)
     x = rng.standard_normal((tokens, d)).astype(np.float32)
     routes = [_routes(rng, tokens, s["n_expert"], k) for _ in range(repeats)]
-    for lws in arms.values():
-        pool.run_layer(x, *routes[0], lws[-1])  # compile / warm
+    for a, lws in arms.items():
+        pools[a].run_layer(x, *routes[0], lws[-1])  # compile / warm
     quiet = wait_for_idle() if wait_quiet else None
-    times = {lay: [] for lay in arms}
+    times = {a: [] for a in arms}
     nbytes, gbytes = {}, {}
     for i, r in enumerate(routes):
         order = list(arms) if i % 2 == 0 else list(arms)[::-1]
-        for lay in order:
-            lws = arms[lay]
+        for a in order:
+            lws, pool = arms[a], pools[a]
             t0 = time.perf_counter()
             pool.run_layer(x, *r, lws[i % len(lws)])
-            times[lay].append(time.perf_counter() - t0)
-            nbytes.setdefault(lay, []).append(pool.last_bytes)
-            gbytes.setdefault(lay, []).append(pool.last_gguf_bytes)
+            times[a].append(time.perf_counter() - t0)
+            nbytes.setdefault(a, []).append(pool.last_bytes)
+            gbytes.setdefault(a, []).append(pool.last_gguf_bytes)
     host = host_read_bandwidth(threads)
     rows = []
     for lay, ts in times.items():
@@ -353,7 +374,10 @@ def run_layout_ab(
                 "arm": "cpu-pool-layout-ab",
                 "shape": shape,
                 "quant": fmt(quant).name,
-                "layout": f"{lw.gate.layout}/{lw.up.layout}/{lw.down.layout}",
+                "layout": f"{lw.gate.layout}/{lw.up.layout}/{lw.down.layout}"
+                + "".join("@" + o for o in lay.split("@")[1:]),
+                "prefetch_bytes": pools[lay].prefetch_bytes,
+                "prefetch_l2": pools[lay].prefetch_l2,
                 "kernels": [lw.gate.kernel, lw.up.kernel, lw.down.kernel],
                 "threads": threads,
                 "tokens": tokens,
@@ -373,13 +397,13 @@ def run_layout_ab(
 
 def format_layout_ab(rows: list[dict]) -> str:
     head = (
-        f"{'quant':<8} {'layout':<16} {'thr':>3} {'T':>3} {'ms med':>8} {'ms best':>8} "
+        f"{'quant':<8} {'layout':<22} {'thr':>3} {'T':>3} {'ms med':>8} {'ms best':>8} "
         f"{'GB/s gguf':>9} {'GB/s read':>9} {'host GB/s':>9} {'ratio gguf':>10}"
     )
     lines = [head]
     for r in rows:
         lines.append(
-            f"{r['quant']:<8} {r['layout']:<16} {r['threads']:>3} {r['tokens']:>3} "
+            f"{r['quant']:<8} {r['layout']:<22} {r['threads']:>3} {r['tokens']:>3} "
             f"{1e3 * r['seconds']:>8.3f} {1e3 * r['seconds_best']:>8.3f} {r['gbps_gguf']:>9.2f} "
             f"{r['gbps_read']:>9.2f} {r['host_read_gbps']:>9.2f} {r['ratio_gguf']:>10.2f}"
         )

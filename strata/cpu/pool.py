@@ -46,7 +46,14 @@ from numba import literally, njit, prange
 from numba.np.ufunc import parallel as _numba_parallel
 
 from strata.cpu.kernels.dispatch import dot, specialized
-from strata.cpu.kernels.simd import atomic_add, atomic_load, cpu_relax, os_yield, prefetch_row
+from strata.cpu.kernels.simd import (
+    atomic_add,
+    atomic_load,
+    cpu_relax,
+    os_yield,
+    prefetch_row,
+    prefetch_row_l2,
+)
 from strata.cpu.layout import ExpertMatrix, prepare_tensor
 from strata.cpu.quantize import act_unit, alloc_act, quantize_units
 
@@ -119,6 +126,15 @@ def _barrier(bar, target):
     return True
 
 
+@njit(cache=True, inline="always")
+def _prefetch(w, r, l2):
+    """Row r of w ahead of its use: into L1 (prefetcht0), or into L2 only (l2: prefetcht1)."""
+    if l2:
+        prefetch_row_l2(w, r, w.shape[1])
+    else:
+        prefetch_row(w, r, w.shape[1])
+
+
 @njit(cache=True)
 def _quant_share(tid, nt, src, n_rows, code, act):
     """Thread tid's contiguous share of quantizing rows 0..n_rows-1 of src, split by units
@@ -140,7 +156,7 @@ def _quant_share(tid, nt, src, n_rows, code, act):
 
 @njit(cache=True)
 def _gate_up_share(
-    tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf
+    tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2
 ):  # fmt: skip
     """Thread tid's contiguous share of phase 2: the F rows of every active expert, weighted by
     the expert's token count, cut into nt runs at row granularity (so a decode step with one or
@@ -165,8 +181,8 @@ def _gate_up_share(
             for r in range(r0, r1):
                 wr = e * f + r
                 if r + ahead < f:
-                    prefetch_row(gw, wr + ahead, gw.shape[1])
-                    prefetch_row(uw, wr + ahead, uw.shape[1])
+                    _prefetch(gw, wr + ahead, pfl2)
+                    _prefetch(uw, wr + ahead, pfl2)
                 for p in range(start[e], cnt[e]):
                     t = tok[order[p]]
                     g = dot(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], t)
@@ -177,7 +193,7 @@ def _gate_up_share(
 
 @njit(cache=True)
 def _down_share(
-    tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf
+    tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, pfl2
 ):  # fmt: skip
     """Thread tid's contiguous share of the D rows of phase 4, every active expert ascending,
     in runs of rows whose outputs (T of them a row) stay within OUT_BLOCK floats (at least
@@ -199,9 +215,9 @@ def _down_share(
             for r in range(r0, r1):
                 wr = e * dim + r
                 if r + ahead < r1:
-                    prefetch_row(dw, wr + ahead, dw.shape[1])
+                    _prefetch(dw, wr + ahead, pfl2)
                 elif ia + 1 < na:  # the next expert's first rows of this run
-                    prefetch_row(dw, active[ia + 1] * dim + r0 + (r + ahead - r1), dw.shape[1])
+                    _prefetch(dw, active[ia + 1] * dim + r0 + (r + ahead - r1), pfl2)
                 for p in range(start[e], cnt[e]):
                     j = order[p]
                     y = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
@@ -217,7 +233,7 @@ def _quant_x(tid, nt, x, ag, actg, au, actu):
 
 @njit(cache=True)
 def _fused_share(
-    tid, nt, q1, q3, n, f, dim, chunk, pf, x, tok, wt, order, start, cnt, active, na,
+    tid, nt, q1, q3, n, f, dim, chunk, pf, pfl2, x, tok, wt, order, start, cnt, active, na,
     gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
 ):  # fmt: skip
     """All four phases for thread tid in one parallel region, a spin barrier between phases.
@@ -230,7 +246,7 @@ def _fused_share(
         stats[2] = 1
         return
     _gate_up_share(
-        tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf
+        tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2
     )
     if not _barrier(bar, 2 * nt):
         stats[2] = 1
@@ -240,7 +256,9 @@ def _fused_share(
     if not _barrier(bar, 3 * nt):
         stats[2] = 1
         return
-    _down_share(tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf)
+    _down_share(
+        tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, pfl2
+    )
 
 
 @njit(cache=True, parallel=True)
@@ -248,7 +266,7 @@ def _run_layer(
     x, tok, ex, wt, out,
     gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
     actg, actu, acth, h, order, cnt, start, active, bar, stats,
-    nt, par_quant, min_tasks, chunk, pf, fused,
+    nt, par_quant, min_tasks, chunk, pf, pfl2, fused,
 ):  # fmt: skip
     literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
     literally(uk)
@@ -284,14 +302,16 @@ def _run_layer(
     bar[0] = 0
     if nt == 1:  # no parallel region at all (a region of one thread still costs ~2.5 us)
         _fused_share(
-            0, 1, False, False, n, f, dim, chunk, pf, x, tok, wt, order, start, cnt, active, na,
+            0, 1, False, False, n, f, dim, chunk, pf, pfl2, x, tok, wt, order, start, cnt, active,
+            na,
             gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
         )  # fmt: skip
         return na
     if fused:
         for tid in prange(nt):
             _fused_share(
-                tid, nt, q1, q3, n, f, dim, chunk, pf, x, tok, wt, order, start, cnt, active, na,
+                tid, nt, q1, q3, n, f, dim, chunk, pf, pfl2, x, tok, wt, order, start, cnt, active,
+                na,
                 gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
             )  # fmt: skip
         return -ERR_BARRIER if stats[2] else na
@@ -305,7 +325,7 @@ def _run_layer(
     # ---- 2. gate, up, silu(gate) * up
     for tid in prange(nt):
         _gate_up_share(
-            tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf
+            tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2
         )
     # ---- 3. quantize the intermediate rows (one per task, in grouped order)
     if q3:
@@ -316,7 +336,7 @@ def _run_layer(
     # ---- 4. down and the weighted sum: D rows split evenly, all active experts
     for tid in prange(nt):
         _down_share(
-            tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf
+            tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, pfl2
         )
     return na
 
@@ -351,6 +371,7 @@ class ExpertPool:
         row_chunk: int = 32,
         fused: bool | None = None,
         prefetch_bytes: int | None = None,
+        prefetch_l2: bool | None = None,
     ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
@@ -376,6 +397,9 @@ class ExpertPool:
         if prefetch_bytes is None:
             prefetch_bytes = int(os.environ.get("STRATA_POOL_PREFETCH_BYTES", PREFETCH_BYTES))
         self.prefetch_bytes = int(prefetch_bytes)
+        if prefetch_l2 is None:  # STRATA_POOL_PREFETCH_L2=1: rows ahead go to L2, not L1
+            prefetch_l2 = _env_flag("STRATA_POOL_PREFETCH_L2", False)
+        self.prefetch_l2 = bool(prefetch_l2)
         numba.set_num_threads(n)  # launches the threading layer: its ctypes getter exists now
         # the raw getter behind numba.get_num_threads (a private name: fall back if it moves)
         self._get_threads = getattr(_numba_parallel, "_get_num_threads", numba.get_num_threads)
@@ -477,7 +501,15 @@ class ExpertPool:
         mt = self.quant_min_tasks
         if fused and not self._min_tasks_set:
             mt = 1  # in the fused region a parallel quantization costs no extra region
-        return (self.n_threads, self.parallel_quant, mt, self.row_chunk, self.prefetch_bytes, fused)
+        return (
+            self.n_threads,
+            self.parallel_quant,
+            mt,
+            self.row_chunk,
+            self.prefetch_bytes,
+            self.prefetch_l2,
+            fused,
+        )
 
     # ---- the call
     def run_layer(self, x, tok, expert, weight, gate, up=None, down=None, out=None) -> np.ndarray:

@@ -174,10 +174,9 @@ def f16_load(e: Emit, p):
     return e.b.fpext(e.b.bitcast(h, ir.HalfType()), ir.FloatType())
 
 
-@intrinsic
-def prefetch_row(typingctx, w, r, nbytes):
-    """Software-prefetch `nbytes` of row r of the 2-D array w (every 64-byte line), for reading."""
-    sig = types.void(w, types.intp, types.intp)
+def _prefetch_row_codegen(locality: int):
+    """Codegen of a row prefetch with LLVM's locality hint (3: into L1, prefetcht0; 2: into
+    L2, prefetcht1)."""
 
     def codegen(context, builder, sg, args):
         e = Emit(context, builder)
@@ -191,10 +190,25 @@ def prefetch_row(typingctx, w, r, nbytes):
         lines = builder.udiv(builder.add(args[2], ir.Constant(I64, 127)), ir.Constant(I64, 64))
         with cgutils.for_range(builder, lines) as loop:
             q = builder.gep(p, [builder.mul(loop.index, ir.Constant(I64, 64))])
-            builder.call(fn, [q, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+            builder.call(
+                fn, [q, ir.Constant(I32, 0), ir.Constant(I32, locality), ir.Constant(I32, 1)]
+            )
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+@intrinsic
+def prefetch_row(typingctx, w, r, nbytes):
+    """Software-prefetch `nbytes` of row r of the 2-D array w (every 64-byte line) into L1."""
+    return types.void(w, types.intp, types.intp), _prefetch_row_codegen(3)
+
+
+@intrinsic
+def prefetch_row_l2(typingctx, w, r, nbytes):
+    """prefetch_row into L2 only (prefetcht1): the core's L1 fill buffers stay free for the
+    kernel's own loads; the L2 tracks more misses in flight."""
+    return types.void(w, types.intp, types.intp), _prefetch_row_codegen(2)
 
 
 def absb(e: Emit, v):

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Prepared for the next session (not run: session 5's device time was spent). The CPU pool's
+# rows-ahead prefetch into L1 (default) against L2 (STRATA_POOL_PREFETCH_L2) and further ahead,
+# timed in one process, T = 1 and 8: session 5 found the pool's cores neither compute- nor
+# bandwidth-bound but short of overlapping the two (bench/results/session5-h200-20261129.md).
+. bench/h200/lib.sh
+for T in 1 8; do
+  el "IQ1_M prefetch arms T=$T"
+  timeout 120 python3 bench/cpu_pool_sweep.py --quant IQ1_M --threads 16 --tokens $T \
+    --layout-ab gguf,gguf@l2,gguf@pf=16384,gguf@l2@pf=16384 --out $OUT/pool-prefetch-IQ1_M-t$T 2>&1 \
+    | grep -A5 "^quant " | tail -5
+  el "IQ3_XXS prefetch arms T=$T"
+  timeout 120 python3 bench/cpu_pool_sweep.py --quant IQ3_XXS --threads 16 --tokens $T \
+    --layout-ab repack,repack@l2,gguf,gguf@l2,gguf@l2@pf=16384 --out $OUT/pool-prefetch-IQ3_XXS-t$T 2>&1 \
+    | grep -A6 "^quant " | tail -6
+done
+el "done"
