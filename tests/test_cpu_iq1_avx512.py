@@ -11,12 +11,7 @@ trap. Where the host has every feature it uses: the kernel itself against the po
 
 from __future__ import annotations
 
-import os
 import platform
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,8 +31,8 @@ from tests.test_cpu_iq3_vbmi import (
     _DPBUSD,
     _PACKSSDW,
     _PMADDWD,
-    _SPR_FEATURES,
     _vec,
+    avx512_asm,
     packssdw,
     pmaddwd,
     pmultishiftqb,
@@ -254,43 +249,13 @@ def test_avx512_hosts_map_iq1_m_gguf_to_the_kernel():
 
 # ---------------------------------------------------------------- the code an AVX-512 CPU gets
 
-_ASM_SCRIPT = textwrap.dedent(
-    """
-    import numba, numpy as np
-    from strata.cpu.kernels import iq1_avx512
-    from strata.cpu.kernels.simd import HAS_AVX512_VBMI
-    assert HAS_AVX512_VBMI  # FEATURES follows NUMBA_CPU_FEATURES
-    z = np.zeros
-    arrs = [z((2, 56), np.uint8), z((1, 256), np.int8), z((1, 8), np.float32),
-            z((1, 16), np.int16), z((1, 32), np.int16), z((1, 256), np.float32)]
-    t = [numba.typeof(v) for v in arrs]
-    sig = (t[0], numba.types.intp, *t[1:], numba.types.intp)
-    f = iq1_avx512.dot_iq1_m_avx512
-    f.compile(sig)  # compile only: nothing built for that CPU runs here
-    print(f.inspect_asm(sig))
-    """
-)
-
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
 def test_kernel_compiles_to_avx512_gathers_and_vnni(tmp_path):
-    """Compiled for Sapphire Rapids (in a subprocess with its own Numba cache, so no code for
-    another CPU is cached here): two zmm vpgatherdd a block, vpermt2b / vpmultishiftqb / vpermw,
-    vpdpbusd, pext for d, no trap, and the scale qword loaded (not pulled out of a vector)."""
-    env = dict(
-        os.environ,
-        NUMBA_CPU_NAME="sapphirerapids",
-        NUMBA_CPU_FEATURES=_SPR_FEATURES,
-        NUMBA_CACHE_DIR=str(tmp_path / "numba"),
-        PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]), *sys.path]),
-    )
-    res = subprocess.run(
-        [sys.executable, "-c", _ASM_SCRIPT], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    asm = res.stdout
-    assert "ud2" not in asm and "llvm.trap" not in asm
-    ops = [ln.split()[0] for ln in asm.splitlines() if ln.startswith("\t") and "%zmm" in ln]
+    """Compiled for Sapphire Rapids (avx512_asm): two zmm vpgatherdd a block, vpermt2b /
+    vpmultishiftqb / vpermw, vpdpbusd, pext for d, no trap, and the scale qword loaded (not
+    pulled out of a vector)."""
+    asm, ops = avx512_asm(tmp_path, "iq1_avx512", "dot_iq1_m_avx512", 56)
     assert ops.count("vpgatherdd") == 2
     assert ops.count("vpdpbusd") == 4 and ops.count("vpmultishiftqb") == 5
     for op in ("vpermw", "vpackssdw", "vpmaddwd", "vpsrld", "vpternlogd"):

@@ -250,27 +250,25 @@ _SPR_FEATURES = ",".join(
 
 _ASM_SCRIPT = textwrap.dedent(
     """
-    import numba, numpy as np
-    from strata.cpu.kernels import iq3_vbmi
+    import importlib, numba, numpy as np
     from strata.cpu.kernels.simd import HAS_AVX512_VBMI
     assert HAS_AVX512_VBMI  # FEATURES follows NUMBA_CPU_FEATURES
     z = np.zeros
-    arrs = [z((2, 98), np.uint8), z((1, 256), np.int8), z((1, 8), np.float32),
+    arrs = [z((2, {bb}), np.uint8), z((1, 256), np.int8), z((1, 8), np.float32),
             z((1, 16), np.int16), z((1, 32), np.int16), z((1, 256), np.float32)]
     t = [numba.typeof(v) for v in arrs]
     sig = (t[0], numba.types.intp, *t[1:], numba.types.intp)
-    f = iq3_vbmi.dot_iq3_xxs_vbmi
+    f = getattr(importlib.import_module("strata.cpu.kernels.{module}"), "{fn}")
     f.compile(sig)  # compile only: nothing built for that CPU runs here
     print(f.inspect_asm(sig))
     """
 )
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
-def test_kernel_compiles_to_avx512_vbmi_vnni(tmp_path):
-    """Compiled for Sapphire Rapids (in a subprocess with its own Numba cache, so no code for
-    another CPU is cached here): the block loop is zmm vpermt2b/vpermi2b, vpmultishiftqb and
-    vpdpbusd, with no trap."""
+def avx512_asm(tmp_path, module: str, fn: str, bb: int) -> tuple[str, list[str]]:
+    """The x86 asm of row kernel `fn` (strata.cpu.kernels.<module>, `bb`-byte blocks) compiled
+    for Sapphire Rapids in a subprocess with its own Numba cache (so no code for another CPU is
+    cached here), checked free of traps; and the mnemonics of its zmm instructions."""
     env = dict(
         os.environ,
         NUMBA_CPU_NAME="sapphirerapids",
@@ -278,13 +276,21 @@ def test_kernel_compiles_to_avx512_vbmi_vnni(tmp_path):
         NUMBA_CACHE_DIR=str(tmp_path / "numba"),
         PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]), *sys.path]),
     )
+    code = _ASM_SCRIPT.format(module=module, fn=fn, bb=bb)
     res = subprocess.run(
-        [sys.executable, "-c", _ASM_SCRIPT], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert res.returncode == 0, res.stderr[-3000:]
     asm = res.stdout
     assert "ud2" not in asm and "llvm.trap" not in asm
-    ops = [ln.split()[0] for ln in asm.splitlines() if ln.startswith("\t") and "%zmm" in ln]
+    return asm, [ln.split()[0] for ln in asm.splitlines() if ln.startswith("\t") and "%zmm" in ln]
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
+def test_kernel_compiles_to_avx512_vbmi_vnni(tmp_path):
+    """Compiled for Sapphire Rapids (avx512_asm): the block loop is zmm vpermt2b/vpermi2b,
+    vpmultishiftqb and vpdpbusd, with no trap."""
+    asm, ops = avx512_asm(tmp_path, "iq3_vbmi", "dot_iq3_xxs_vbmi", 98)
     for op in ("vpdpbusd", "vpshufb", "vpunpcklbw", "vpmaddwd"):
         assert op in ops, op
     assert {"vpermt2b", "vpermi2b"} & set(ops)
