@@ -71,7 +71,10 @@ class Kernels:
             from strata.gpu import pdl
 
             if pdl.enabled_by_env() and pdl.supported(cp, arch):
-                self._pdl_launcher = pdl.Launcher(cp)
+                try:
+                    self._pdl_launcher = pdl.Launcher(cp)
+                except (OSError, AttributeError) as err:  # no libcuda.so.1 / cuLaunchKernelEx
+                    print(f"strata: programmatic dependent launch off ({err})")
 
     @property
     def pdl_available(self) -> bool:
