@@ -12,6 +12,7 @@ from strata.engine.forward import PREFILL_OFFLOAD_MIN_T, Engine
 from strata.engine.pool_runner import PoolMissRunner
 from strata.gpu.host import HostTier
 from strata.model.loader import load_model
+from tests.oracle import FLIP_BOUND, position_errors
 
 
 class _Counting:
@@ -43,8 +44,11 @@ def test_prompt_misses_run_on_the_staging_tier_and_decode_misses_in_the_pool(syn
     lo, lf = on.forward(prompt), off.forward(prompt)
     assert pool_on.calls == 0 and on.stats.offloaded > 0
     assert on.stats.offloaded == pool_off.picks  # the same misses, computed elsewhere
-    # the host tier and the pool round the same activations: only summation order differs
-    np.testing.assert_allclose(lo, lf, rtol=2e-4, atol=2e-4 * np.abs(lf).max())
+    # the host tier and the pool round the same activations, summing in another order: equal to
+    # float noise, unless a value sat on a Q8 rounding boundary and flipped (tests/oracle.py; a
+    # clean-clone CI run met one: 0.9% of the largest logit)
+    err = position_errors(lo[None], lf[None])[0]
+    assert err <= FLIP_BOUND, f"off by {err:.3g} of the largest logit, more than a Q8 flip"
     assert pool_on.picks == 0
     tok, before, m0 = int(np.argmax(lf)), on.stats.offloaded, on.stats.misses
     for _ in range(4):  # decode steps: their misses go to the pool
