@@ -7,7 +7,8 @@ place (a view into the mmap) unless a repacked layout makes the SIMD kernel chea
     IQ3_XXS -> LUT4 (4-bit codes, 1.37x the bytes; lut4.py)
     IQ3_S   -> LUT4 (the same layout and kernel, 1.22x the bytes)
     IQ2_XXS -> LUT4 (2.03x the bytes)
-    IQ1_M   -> T2   (2-bit ternary codes, 1.36x the bytes; iq1_t2.py)
+    IQ1_M   -> T2   (2-bit ternary codes, 1.36x the bytes; iq1_t2.py, and on AVX-512 VBMI + VNNI
+               hosts with STRATA_CPU_T2_AVX512=1 iq1_t2_avx512.py: `avx512_repack_on`)
     Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, IQ2_S -> AVX2 kernels on the GGUF bytes
     F16, BF16, F32 -> portable @njit kernels only (not yet SIMD)
 
@@ -52,6 +53,14 @@ REPACKS = {
 # GGUF bytes against lut4's 0.490 on one host, 0.332-0.349 against 0.315 on another: no clear
 # winner, so STRATA_CPU_LAYOUT=IQ3_XXS=gguf picks it (27% fewer bytes in RAM and in a pack).
 AUTO_GGUF: frozenset = frozenset()
+
+
+def avx512_repack_on() -> bool:
+    """Whether repacked layouts get their AVX-512 kernels (`dispatch.AVX512_REPACK`: IQ1_M's T2,
+    iq1_t2_avx512.py). That kernel was checked by emulation, by its own IR run on an AVX2 host and
+    by its asm, but has not yet run on AVX-512 hardware: opt-in (STRATA_CPU_T2_AVX512=1) until it
+    has, and its pool measured against the AVX2 kernel."""
+    return os.environ.get("STRATA_CPU_T2_AVX512", "0").strip() == "1"
 
 
 def layout_for(spec: str, qtype) -> str:
@@ -153,6 +162,8 @@ def prepare(
     if simd and want == "repack" and qt in REPACKS:
         repack, kernel, lay = REPACKS[qt]
         raw = repack(raw)
+        if avx512_enabled(simd) and avx512_repack_on():  # that layout's AVX-512 kernel
+            kernel = K.AVX512_REPACK.get(kernel, kernel)
     return ExpertMatrix(qt, e, r, c, raw, kernel, act_code(f.vec_dot), lay)
 
 

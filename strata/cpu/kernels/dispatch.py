@@ -18,6 +18,7 @@ from strata.cpu.kernels.gather import dot_iq1_m_gather, dot_iq2_xxs_gather, dot_
 from strata.cpu.kernels.iq1 import dot_iq1_m
 from strata.cpu.kernels.iq1_avx512 import dot_iq1_m_avx512
 from strata.cpu.kernels.iq1_t2 import dot_t2_avx2, dot_t2_portable
+from strata.cpu.kernels.iq1_t2_avx512 import dot_t2_avx512
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
 from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2
 from strata.cpu.kernels.iq3 import dot_iq3_s, dot_iq3_xxs
@@ -66,6 +67,9 @@ SIMD_GGUF = {  # AVX2 kernels on the GGUF bytes
 # where the host has the features (`simd.avx512_enabled`)
 K_IQ3_XXS_VBMI, K_IQ1_M_AVX512 = 39, 40
 AVX512_GGUF = {QT.IQ3_XXS: K_IQ3_XXS_VBMI, QT.IQ1_M: K_IQ1_M_AVX512}
+# the same hosts, on a repacked layout (iq1_t2_avx512.py): replace layout.REPACKS' kernel
+K_IQ1_M_T2_AVX512 = 41
+AVX512_REPACK = {K_IQ1_M_T2_AVX2: K_IQ1_M_T2_AVX512}
 
 PORTABLE = {
     QT.F32: K_F32,
@@ -117,6 +121,7 @@ KERNELS = {
     K_IQ1_M_GATHER: dot_iq1_m_gather,
     K_IQ3_XXS_VBMI: dot_iq3_xxs_vbmi,
     K_IQ1_M_AVX512: dot_iq1_m_avx512,
+    K_IQ1_M_T2_AVX512: dot_t2_avx512,
 }
 
 
