@@ -33,6 +33,7 @@ from tests.test_cpu_iq3_vbmi import (
     _PMADDWD,
     _vec,
     avx512_asm,
+    jit_generic,
     packssdw,
     pmaddwd,
     pmultishiftqb,
@@ -359,21 +360,8 @@ def block_ir():
     fd = ir.Function(mod, ir.FunctionType(I16, [p8]), "d_bits")
     b = ir.IRBuilder(fd.append_basic_block())
     b.ret(V.d_bits(Emit(None, b), fd.args[0]))
-    text = "\n".join(
-        ln for ln in str(mod).splitlines() if not (ln.startswith("declare") and "llvm.x86.a" in ln)
-    )
-    for old, new in _RENAME.items():
-        text = text.replace(f'"{old}"', f'"{new}"')
-    assert "llvm.x86.avx" not in text  # every AVX intrinsic it uses has a generic twin here
-    llb.initialize_native_target()
-    llb.initialize_native_asmprinter()
-    m = llb.parse_assembly(text + _GENERIC)
-    m.verify()
-    tm = llb.Target.from_default_triple().create_target_machine(
-        features=",".join("+" + f for f in sorted(FEATURES) if f == "bmi2"), opt=2
-    )
-    engine = llb.create_mcjit_compiler(m, tm)
-    engine.finalize_object()
+    bmi2 = ",".join("+" + f for f in sorted(FEATURES) if f == "bmi2")
+    engine = jit_generic(mod, _RENAME, _GENERIC, "llvm.x86.avx", features=bmi2)
     vp = ctypes.c_void_p
     f = ctypes.CFUNCTYPE(ctypes.c_int32, vp, vp, vp)(engine.get_function_address("block_sum"))
     d = ctypes.CFUNCTYPE(ctypes.c_uint16, vp)(engine.get_function_address("d_bits"))

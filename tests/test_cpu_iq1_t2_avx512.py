@@ -28,7 +28,14 @@ from strata.quant import activation as A
 from strata.quant import random_quantized
 from strata.quant.formats import QT
 from tests.test_cpu_iq1_avx512 import _GENERIC, _RENAME, emulate_d, every_index_delta_and_scale
-from tests.test_cpu_iq3_vbmi import avx512_asm, packssdw, pmaddwd, pmultishiftqb, vpdpbusd
+from tests.test_cpu_iq3_vbmi import (
+    avx512_asm,
+    jit_generic,
+    packssdw,
+    pmaddwd,
+    pmultishiftqb,
+    vpdpbusd,
+)
 from tests.test_cpu_kernels import _activations, _gemv
 
 needs_avx512 = pytest.mark.skipif(
@@ -288,19 +295,7 @@ def block_ir():
     fn = ir.Function(mod, ir.FunctionType(I32, [p8] * 5), "block_sum")
     b = ir.IRBuilder(fn.append_basic_block())
     b.ret(V.block_sum(Emit(None, b), *fn.args))
-    text = "\n".join(
-        ln for ln in str(mod).splitlines() if not (ln.startswith("declare") and "llvm.x86.a" in ln)
-    )
-    for old, new in _RENAME.items():
-        text = text.replace(f'"{old}"', f'"{new}"')
-    assert "llvm.x86.avx" not in text  # every AVX intrinsic it uses has a generic twin here
-    llb.initialize_native_target()
-    llb.initialize_native_asmprinter()
-    m = llb.parse_assembly(text + _GENERIC)
-    m.verify()
-    tm = llb.Target.from_default_triple().create_target_machine(opt=2)
-    engine = llb.create_mcjit_compiler(m, tm)
-    engine.finalize_object()
+    engine = jit_generic(mod, _RENAME, _GENERIC, "llvm.x86.avx")
     vp = ctypes.c_void_p
     f = ctypes.CFUNCTYPE(ctypes.c_int32, vp, vp, vp, vp, vp)(
         engine.get_function_address("block_sum")

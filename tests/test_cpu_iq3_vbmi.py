@@ -412,6 +412,29 @@ _RENAME = {
 }
 
 
+def jit_generic(mod, rename: dict, generic: str, swapped: str = "llvm.x86", features: str = ""):
+    """An MCJIT engine for `mod` (llvmlite IR built by a kernel's codegen) with the x86 intrinsics
+    whose names start with `swapped` replaced by generic IR twins: their declarations dropped,
+    calls renamed by `rename`, the twins' definitions (`generic`) appended. Keep the engine alive
+    while its functions are called."""
+    from llvmlite import binding as llb
+
+    text = "\n".join(
+        ln for ln in str(mod).splitlines() if not (ln.startswith("declare") and swapped in ln)
+    )
+    for old, new in rename.items():
+        text = text.replace(f'"{old}"', f'"{new}"')
+    assert swapped not in text  # every such intrinsic it uses has a generic twin here
+    llb.initialize_native_target()
+    llb.initialize_native_asmprinter()
+    m = llb.parse_assembly(text + generic)
+    m.verify()
+    tm = llb.Target.from_default_triple().create_target_machine(features=features, opt=2)
+    engine = llb.create_mcjit_compiler(m, tm)
+    engine.finalize_object()
+    return engine
+
+
 @pytest.fixture(scope="module")
 def block_sum_ir():
     """ctypes function (uint8* block, int8* x) -> int32: the kernel's block IR, generic."""
@@ -428,19 +451,7 @@ def block_sum_ir():
     fn = ir.Function(mod, ir.FunctionType(I32, [p8, p8]), "block_sum")
     b = ir.IRBuilder(fn.append_basic_block())
     b.ret(V.block_sum(Emit(None, b), *fn.args))
-    text = "\n".join(
-        ln for ln in str(mod).splitlines() if not (ln.startswith("declare") and "llvm.x86" in ln)
-    )
-    for old, new in _RENAME.items():
-        text = text.replace(f'"{old}"', f'"{new}"')
-    assert "llvm.x86" not in text  # every x86 intrinsic it uses has a generic twin here
-    llb.initialize_native_target()
-    llb.initialize_native_asmprinter()
-    m = llb.parse_assembly(text + _GENERIC)
-    m.verify()
-    tm = llb.Target.from_default_triple().create_target_machine(opt=2)
-    engine = llb.create_mcjit_compiler(m, tm)
-    engine.finalize_object()
+    engine = jit_generic(mod, _RENAME, _GENERIC)
     f = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)(
         engine.get_function_address("block_sum")
     )
