@@ -445,7 +445,7 @@ def test_moe_decode_variants_equal_legacy(K, K_fast, qt):
     outs = {}
     for name, kk in (("base", K), ("fast", K_fast)):
         for variant in ("legacy+legacy", "st1+st", "st2+st", "st2+legacy", "legacy+st", "fq+legacy",
-                        "fq+st", "lb+legacy"):  # fmt: skip
+                        "fq+st"):  # fmt: skip
             act = cp.zeros((t * k, f), np.float32)
             aact = ActBuf(cp, f, t * k, vd)
             out = cp.zeros((t, d), np.float32)

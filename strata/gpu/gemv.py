@@ -41,12 +41,12 @@ F_NAMES = {QT.F32: "f32", QT.F16: "f16", QT.BF16: "bf16"}
 SUPPORTED = tuple(Q_NAMES) + tuple(F_NAMES)
 THREADS = 128
 GEMV1F_THREADS = 128  # gemv.cu's GEMV1F_THREADS: gemv1f_* (T = 1, float weights), a block per row
+GEMV1_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1w_*
 WARPS_PER_SM = 16  # gemv1w_*: below this many warps per SM, a row is split over two warps
 MAX_WPR = 2  # measured on the H200 (bench/results/gpu-decode-kernels-h200-20261129.md)
 # decode (T = 1) kernel: "split" = gemv1w_*, "staged" = gemv1s_* (the same rows and warp split,
 # the row bytes staged through shared memory with 16-byte loads); bench/experts_decode_sweep.py
 DEFAULT_GEMV1 = "split"  # the engine's choice: set from the sweep's winner
-GEMV1_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1w_* (16 measured slower)
 GEMV1_VARIANT = os.environ.get("STRATA_GEMV1_VARIANT", DEFAULT_GEMV1)
 GEMV1_PREFIX = {"split": "gemv1w", "staged": "gemv1s"}
 

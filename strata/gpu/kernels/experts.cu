@@ -18,7 +18,6 @@
 //                lane's activation for 4 decodes and keeps twice the bytes in flight.
 //   moe_down_st  one row a warp, the K pairs' row chunks (up to MOE_KG at a time) staged
 //                together, then the lanes share out the (pair, sub-block) items as moe_down does.
-//   moe_gate_up_lb  moe_gate_up compiled for more resident blocks (fewer registers; same sums).
 //   moe_gate_up_fq  moe_gate_up that also quantizes the intermediate (fused quant: no separate
 //                norm_quant launch between the two): after its rows of act, a block adds 1 to
 //                its pair's counter cnt[p]; the block that finds itself the pair's last
@@ -31,11 +30,6 @@
 
 #define MOE_ST_WARPS 4  // experts.py's ST_WARPS
 #define MOE_KG 8        // pairs staged together by moe_down_st (fewer where 40 KiB is short)
-// moe_gate_up_lb: moe_gate_up held to MOE_LB_BLOCKS blocks of MOE_LB_THREADS (experts.py's
-// THREADS) a multiprocessor, i.e. <= 40 registers: a decode layer's K x F / 4 blocks fit the
-// card in one wave (plain moe_gate_up takes 72 registers on sm_90 with IQ3_XXS: 7 blocks an SM)
-#define MOE_LB_THREADS 128
-#define MOE_LB_BLOCKS 12
 
 // one warp: silu(gate[f]) * up[f] of expert slot `slot` on token t (lane 0 holds the result)
 template <int QT>
@@ -277,32 +271,14 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
     if (lane == 0) out[t * D + d] = resid ? resid[t * D + d] + acc : acc;
 }
 
-// A gate/up decode kernel (moe_gate_up's arguments): `attrs` its launch bounds (or nothing),
-// `fn` the device function it runs (parenthesized when its template arguments hold a comma).
-#define MOE_GATE_UP_KERNEL(attrs, kname, QT, fn)                                               \
-    extern "C" __global__ void attrs kname(const u8* gate, const u8* up, i64 slot_stride,      \
-                                           const i8* hq, const float* hd, int xd_shift,        \
-                                           const i32* pair_slot, int K, float* act, int F,     \
-                                           int D) {                                            \
-        STRATA_PDL_ENTER();                                                                    \
-        if (FMT_ON(QT)) fn(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D);  \
-    }
-
-// A down decode kernel (moe_down's arguments).
-#define MOE_DOWN_KERNEL(attrs, kname, QT, fn)                                                  \
-    extern "C" __global__ void attrs kname(const u8* down, i64 slot_stride, const i8* aq,      \
-                                           const float* ad, int xd_shift,                      \
-                                           const i32* pair_slot, const float* pair_w, int K,   \
-                                           float* out, int D, int F, const float* resid) {     \
+#define MOE_KERNELS(name, QT)                                                                  \
+    extern "C" __global__ void moe_gate_up_##name(                                             \
+        const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
+        int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
         STRATA_PDL_ENTER();                                                                    \
         if (FMT_ON(QT))                                                                        \
-            fn(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F, resid);   \
-    }
-
-#define MOE_KERNELS(name, QT)                                                                  \
-    MOE_GATE_UP_KERNEL(, moe_gate_up_##name, QT, moe_gate_up<QT>)                              \
-    MOE_GATE_UP_KERNEL(__launch_bounds__(MOE_LB_THREADS, MOE_LB_BLOCKS), moe_gate_up_lb_##name, \
-                       QT, moe_gate_up<QT>)                                                    \
+            moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D); \
+    }                                                                                          \
     extern "C" __global__ void moe_gate_up_fq_##name(                                          \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* pair_slot, int K, float* act, int F, int D, i8* aq,           \
@@ -312,12 +288,44 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
             moe_gate_up_fq<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F,  \
                                D, aq, ad, amode, cnt);                                         \
     }                                                                                          \
-    MOE_DOWN_KERNEL(, moe_down_##name, QT, moe_down<QT>)
+    extern "C" __global__ void moe_down_##name(const u8* down, i64 slot_stride, const i8* aq,  \
+                                               const float* ad, int xd_shift,                  \
+                                               const i32* pair_slot, const float* pair_w,      \
+                                               int K, float* out, int D, int F,                \
+                                               const float* resid) {                           \
+        STRATA_PDL_ENTER();                                                                    \
+        if (FMT_ON(QT))                                                                        \
+            moe_down<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F, \
+                         resid);                                                               \
+    }
 STRATA_QFORMATS(MOE_KERNELS)
 
-#define MOE_ST_BOUNDS __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)
 #define MOE_ST_KERNELS(name, QT)                                                               \
-    MOE_GATE_UP_KERNEL(MOE_ST_BOUNDS, moe_gate_up_st1_##name, QT, (moe_gate_up_st<QT, 1>))     \
-    MOE_GATE_UP_KERNEL(MOE_ST_BOUNDS, moe_gate_up_st2_##name, QT, (moe_gate_up_st<QT, 2>))     \
-    MOE_DOWN_KERNEL(MOE_ST_BOUNDS, moe_down_st_##name, QT, moe_down_st<QT>)
+    extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \
+        moe_gate_up_st1_##name(const u8* gate, const u8* up, i64 slot_stride, const i8* hq,    \
+                               const float* hd, int xd_shift, const i32* pair_slot, int K,     \
+                               float* act, int F, int D) {                                     \
+        STRATA_PDL_ENTER();                                                                    \
+        if (FMT_ON(QT))                                                                        \
+            moe_gate_up_st<QT, 1>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,  \
+                                  F, D);                                                       \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \
+        moe_gate_up_st2_##name(const u8* gate, const u8* up, i64 slot_stride, const i8* hq,    \
+                               const float* hd, int xd_shift, const i32* pair_slot, int K,     \
+                               float* act, int F, int D) {                                     \
+        STRATA_PDL_ENTER();                                                                    \
+        if (FMT_ON(QT))                                                                        \
+            moe_gate_up_st<QT, 2>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,  \
+                                  F, D);                                                       \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \
+        moe_down_st_##name(const u8* down, i64 slot_stride, const i8* aq, const float* ad,     \
+                           int xd_shift, const i32* pair_slot, const float* pair_w, int K,     \
+                           float* out, int D, int F, const float* resid) {                     \
+        STRATA_PDL_ENTER();                                                                    \
+        if (FMT_ON(QT))                                                                        \
+            moe_down_st<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, \
+                            F, resid);                                                         \
+    }
 STRATA_QFORMATS(MOE_ST_KERNELS)

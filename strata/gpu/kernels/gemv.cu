@@ -131,28 +131,6 @@ GEMV_F_KERNEL(bf16, QT_BF16)
 
 #define GEMV1_WARPS 4
 
-// gemv1w_* / gemv1s_*'s end: a lane's sum over its warp, then the wpr warps sharing row r added
-// in their order (part: the block's GEMV1_WARPS floats of shared memory), + bias, + resid,
-// stored by the row's first warp
-__device__ __forceinline__ void gemv1_store(float acc, float* part, int wpr, int ws, int r,
-                                            int rows, const float* __restrict__ bias,
-                                            const float* __restrict__ resid,
-                                            float* __restrict__ out) {
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    acc = warp_sum(acc);
-    if (wpr > 1) {
-        if (lane == 0) part[wid] = acc;
-        __syncthreads();
-        if (ws != 0) return;
-        for (int k = 1; k < wpr; ++k) acc += part[wid + k];
-    }
-    if (lane == 0 && r < rows) {
-        if (bias) acc += bias[r];
-        if (resid) acc += resid[r];
-        out[r] = acc;
-    }
-}
-
 // ---- decode (T = 1), rows split over warps: gemv1w_* ----
 // gemv1_*'s loads and arithmetic, with `wpr` warps of a block sharing a row (sub-blocks dealt
 // round-robin across the row's warps, so neighbouring warps read neighbouring bytes); wpr = 1
@@ -181,7 +159,18 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
             acc += xd[sb >> xd_shift] * dot32<QT>(w, s0, s1, mn, xv);
         }
     }
-    gemv1_store(acc, part, wpr, ws, r, rows, bias, resid, out);
+    acc = warp_sum(acc);
+    if (wpr > 1) {
+        if (lane == 0) part[wid] = acc;
+        __syncthreads();
+        if (ws != 0) return;
+        for (int k = 1; k < wpr; ++k) acc += part[wid + k];
+    }
+    if (lane == 0 && r < rows) {
+        if (bias) acc += bias[r];
+        if (resid) acc += resid[r];
+        out[r] = acc;
+    }
 }
 
 #define GEMV1W_KERNEL(name, QT)                                                                 \
@@ -210,7 +199,7 @@ __device__ __forceinline__ void gemv1_staged(const u8* __restrict__ W, const i8*
     __shared__ i32x4 sm[GEMV1_WARPS][S::BUF / 16];  // 16-byte aligned
     __shared__ typename Fmt<QT>::tab_t smt[S::SM_TAB];
     __shared__ float part[GEMV1_WARPS];
-    const int wid = threadIdx.x / STRATA_WARP;
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);
     const int r = blockIdx.x * (GEMV1_WARPS / wpr) + wid / wpr, ws = wid % wpr;
     float acc = 0.0f;
@@ -218,7 +207,18 @@ __device__ __forceinline__ void gemv1_staged(const u8* __restrict__ W, const i8*
         const u8* wr = W + (i64)r * (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
         staged_rows<QT, 1>((u8*)sm[wid], &wr, cols / 32, ws, wpr, xq, xd, xd_shift, tab, &acc);
     }
-    gemv1_store(acc, part, wpr, ws, r, rows, bias, resid, out);
+    acc = warp_sum(acc);
+    if (wpr > 1) {
+        if (lane == 0) part[wid] = acc;
+        __syncthreads();
+        if (ws != 0) return;
+        for (int k = 1; k < wpr; ++k) acc += part[wid + k];
+    }
+    if (lane == 0 && r < rows) {
+        if (bias) acc += bias[r];
+        if (resid) acc += resid[r];
+        out[r] = acc;
+    }
 }
 
 #define GEMV1S_KERNEL(name, QT)                                                                 \
