@@ -251,7 +251,6 @@ def test_layout_ab_arms_carry_pool_prefetch_options():
     assert arm_spec("repack@l2@pf=8192") == want
     with pytest.raises(ValueError, match="unknown pool option 'x'"):
         arm_spec("gguf@x")
-    assert arm_spec("repack@x512") == ("repack", {"x512": True})
     rows = run_layout_ab("tiny", "IQ1_M", ("gguf", "gguf@l2@pf=8192"), tokens=1, threads=1,
                          repeats=2, print_table=False)  # fmt: skip
     assert [(r["prefetch_l2"], r["prefetch_bytes"]) for r in rows] == [(False, 4096), (True, 8192)]

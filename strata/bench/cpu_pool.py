@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import time
-from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import numba
@@ -303,35 +302,18 @@ def run_quant_ab(
     return rows
 
 
-@contextmanager
-def _env(name: str, value: str):
-    """os.environ[name] = value inside the block, then as it was."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
-
-
 def arm_spec(spec: str) -> tuple[str, dict]:
-    """A layout A/B arm: "gguf", "gguf@l2", "repack@pf=16384", "repack@x512": the layout, then
-    the pool's prefetch knobs (l2 / l1: rows ahead into L2 or L1; pf=N: at least N bytes ahead)
-    and x512 (the repack's AVX-512 kernel, `layout.avx512_repack_on`)."""
+    """A layout A/B arm: "gguf", "gguf@l2", "repack@pf=16384": the layout, then the pool's
+    prefetch knobs (l2 / l1: rows ahead into L2 or L1; pf=N: at least N bytes ahead)."""
     lay, *opts = spec.split("@")
     kw: dict = {}
     for o in opts:
-        if o == "x512":  # the layer built with its repack's AVX-512 kernel (avx512_repack_on)
-            kw["x512"] = True
-        elif o in ("l1", "l2"):
+        if o in ("l1", "l2"):
             kw["prefetch_l2"] = o == "l2"
         elif o.startswith("pf=") and o[3:].isdigit():
             kw["prefetch_bytes"] = int(o[3:])
         else:
-            raise ValueError(f"unknown pool option {o!r} in arm {spec!r} (l1, l2, pf=BYTES, x512)")
+            raise ValueError(f"unknown pool option {o!r} in arm {spec!r} (l1, l2, pf=BYTES)")
     return lay, kw
 
 
@@ -357,13 +339,11 @@ def run_layout_ab(
     s = SHAPES[shape]
     k, d = s["n_expert_used"], s["n_embd"]
     specs = {a: arm_spec(a) for a in layouts}
-    copies = {}  # arms of one layout (and kernel) share its layer copies
-    for lay, kw in specs.values():
-        key = (lay, kw.get("x512", False))
-        if key not in copies:
-            with _env("STRATA_CPU_T2_AVX512", "1" if key[1] else "0"):
-                copies[key] = layer_copies(make_layer(shape, quant, layout=lay))
-    arms = {a: copies[(lay, kw.pop("x512", False))] for a, (lay, kw) in specs.items()}
+    copies = {}  # arms of one layout share its layer copies
+    for lay, _ in specs.values():
+        if lay not in copies:
+            copies[lay] = layer_copies(make_layer(shape, quant, layout=lay))
+    arms = {a: copies[lay] for a, (lay, _) in specs.items()}
     pools = {a: ExpertPool(threads, **kw) for a, (_, kw) in specs.items()}
     rng = np.random.default_rng(1)
     x = rng.standard_normal((tokens, d)).astype(np.float32)

@@ -71,10 +71,7 @@ class Kernels:
             from strata.gpu import pdl
 
             if pdl.enabled_by_env() and pdl.supported(cp, arch):
-                try:
-                    self._pdl_launcher = pdl.Launcher(cp)
-                except (OSError, AttributeError) as err:  # no libcuda.so.1 / cuLaunchKernelEx
-                    print(f"strata: programmatic dependent launch off ({err})")
+                self._pdl_launcher = pdl.Launcher(cp)
 
     @property
     def pdl_available(self) -> bool:
