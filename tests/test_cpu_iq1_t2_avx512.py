@@ -239,9 +239,9 @@ def test_prepare_gives_t2_the_avx512_kernel_where_enabled(monkeypatch):
     shape = (2, 4, 512)
     w = random_quantized(QT.IQ1_M, shape, np.random.default_rng(), 0.05)
     monkeypatch.delenv("STRATA_CPU_SIMD", raising=False)
-    monkeypatch.delenv("STRATA_CPU_T2_AVX512", raising=False)  # opt-in until run on hardware
+    monkeypatch.setenv("STRATA_CPU_T2_AVX512", "0")  # the A/B arm: the AVX2 kernel
     assert L.prepare(QT.IQ1_M, shape, w, layout="auto", simd=True).kernel == K.K_IQ1_M_T2_AVX2
-    monkeypatch.setenv("STRATA_CPU_T2_AVX512", "1")
+    monkeypatch.delenv("STRATA_CPU_T2_AVX512", raising=False)  # default: on where the host has it
     m = L.prepare(QT.IQ1_M, shape, w, layout="auto", simd=True)
     want = K.K_IQ1_M_T2_AVX512 if avx512_enabled(True) else K.K_IQ1_M_T2_AVX2
     assert (m.layout, m.kernel) == ("t2", want)

@@ -8,7 +8,7 @@ place (a view into the mmap) unless a repacked layout makes the SIMD kernel chea
     IQ3_S   -> LUT4 (the same layout and kernel, 1.22x the bytes)
     IQ2_XXS -> LUT4 (2.03x the bytes)
     IQ1_M   -> T2   (2-bit ternary codes, 1.36x the bytes; iq1_t2.py, and on AVX-512 VBMI + VNNI
-               hosts with STRATA_CPU_T2_AVX512=1 iq1_t2_avx512.py: `avx512_repack_on`)
+               hosts iq1_t2_avx512.py unless STRATA_CPU_T2_AVX512=0: `avx512_repack_on`)
     Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, IQ2_S -> AVX2 kernels on the GGUF bytes
     F16, BF16, F32 -> portable @njit kernels only (not yet SIMD)
 
@@ -57,10 +57,11 @@ AUTO_GGUF: frozenset = frozenset()
 
 def avx512_repack_on() -> bool:
     """Whether repacked layouts get their AVX-512 kernels (`dispatch.AVX512_REPACK`: IQ1_M's T2,
-    iq1_t2_avx512.py). That kernel was checked by emulation, by its own IR run on an AVX2 host and
-    by its asm, but has not yet run on AVX-512 hardware: opt-in (STRATA_CPU_T2_AVX512=1) until it
-    has, and its pool measured against the AVX2 kernel."""
-    return os.environ.get("STRATA_CPU_T2_AVX512", "0").strip() == "1"
+    iq1_t2_avx512.py) on hosts that have the features: on by default, STRATA_CPU_T2_AVX512=0 keeps
+    the AVX2 kernel (the A/B arm). On the H200's 16 Emerald Rapids cores the pool at T = 1 took
+    0.197 ms a layer with it against 0.272 with the AVX2 T2 kernel (T = 8: 1.366 against 1.808;
+    bench/results/session6-h200-20261130.md)."""
+    return os.environ.get("STRATA_CPU_T2_AVX512", "1").strip() != "0"
 
 
 def layout_for(spec: str, qtype) -> str:
