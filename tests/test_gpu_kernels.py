@@ -234,9 +234,11 @@ def flip_allowance(q, k, v, pos0, scale, rel_noise=1e-5):
 @pytest.mark.parametrize("renorm", [True, False])
 def test_router_topk_matches_route_topk(K, renorm):
     g = rng()
-    for t, e, k in ((6, 128, 8), (3, 60, 5)):  # 60: lanes without a second logit
+    # E sets how many logits a lane holds (1, 2, 4, 8, 16, 32 at warp 32): one case each; 60 and
+    # 1000 leave lanes without their last logit
+    for t, e, k in ((6, 128, 8), (3, 60, 5), (2, 20, 4), (2, 256, 8), (2, 512, 8), (2, 1000, 8)):
         logits = (g.standard_normal((t, e)) * 3).astype(np.float32)
-        logits[0, [7, 40]] = logits[0].max() + 1  # a tie at the top: the lower id first
+        logits[0, [7, e - 3]] = logits[0].max() + 1  # a tie at the top: the lower id first
         ids = cp.empty((t, k), np.int32)
         w = cp.empty((t, k), np.float32)
         slot_row = g.permutation(e).astype(np.int32)

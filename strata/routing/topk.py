@@ -24,17 +24,16 @@ def route_topk(
     logits [T, E] -> ids [T, K] int32 (best first), weights [T, K] float32, probs [T, E] float32.
     """
     probs = softmax(logits.astype(np.float32, copy=False))  # [T, E]
+    # a stable sort of -p: equal probabilities go lower id first, at the K boundary too (an
+    # argpartition picks among ties at the boundary in no stated order)
     if probs.shape[0] == 1:  # decode: the same selection with plain indexing (hot path)
         p = probs[0]
-        part = np.argpartition(-p, k - 1)[:k]
-        ids1 = part[np.argsort(-p[part], kind="stable")].astype(np.int32)
+        ids1 = np.argsort(-p, kind="stable")[:k].astype(np.int32)
         w = p[ids1]
         if renormalize:
             w = w / np.maximum(w.sum(), MIN_WEIGHT_SUM)
         return ids1[None], w.astype(np.float32)[None], probs
-    part = np.argpartition(-probs, k - 1, axis=-1)[:, :k]  # [T, K] unordered
-    order = np.argsort(-np.take_along_axis(probs, part, axis=-1), axis=-1, kind="stable")
-    ids = np.take_along_axis(part, order, axis=-1).astype(np.int32)  # [T, K]
+    ids = np.argsort(-probs, axis=-1, kind="stable")[:, :k].astype(np.int32)  # [T, K]
     weights = np.take_along_axis(probs, ids, axis=-1)  # [T, K]
     if renormalize:
         weights = weights / np.maximum(weights.sum(axis=-1, keepdims=True), MIN_WEIGHT_SUM)

@@ -8,20 +8,22 @@
 
 #define RT_C 32  // logits a lane can hold: E <= RT_C * STRATA_WARP
 
-extern "C" __global__ void router_topk(const float* __restrict__ logits, int E, int K, int renorm,
-                                       float min_sum, i32* __restrict__ ids,
-                                       float* __restrict__ weights,
-                                       const i32* __restrict__ slot_row,
-                                       i32* __restrict__ pair_slot, float* __restrict__ pair_w) {
-    STRATA_PDL_ENTER();
-    const int t = blockIdx.x, lane = threadIdx.x;
-    const float* l = logits + (i64)t * E;
+// The body for rows of at most C * STRATA_WARP logits: a lane holds C of them in registers (the
+// kernel picks the smallest power-of-two C that fits E, so E = 128 loops over 4, not RT_C).
+template <int C>
+__device__ __forceinline__ void router_topk_row(const float* __restrict__ l, int E, int K,
+                                                int renorm, float min_sum, i64 t,
+                                                i32* __restrict__ ids, float* __restrict__ weights,
+                                                const i32* __restrict__ slot_row,
+                                                i32* __restrict__ pair_slot,
+                                                float* __restrict__ pair_w) {
+    const int lane = threadIdx.x;
     // the row's probabilities in registers (lane's expert lane + c * STRATA_WARP at p[c]): the K
     // rounds below only shuffle, instead of reloading and exponentiating every logit K times
-    float p[RT_C];
+    float p[C];
     float m = NEG_INF;
 #pragma unroll
-    for (int c = 0; c < RT_C; ++c) {
+    for (int c = 0; c < C; ++c) {
         const int e = lane + c * STRATA_WARP;
         p[c] = e < E ? l[e] : NEG_INF;
         m = fmaxf(m, p[c]);
@@ -29,18 +31,18 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, int E, 
     m = warp_max(m);
     float s = 0.0f;
 #pragma unroll
-    for (int c = 0; c < RT_C; ++c)
+    for (int c = 0; c < C; ++c)
         if (lane + c * STRATA_WARP < E) s += expf(p[c] - m);
     s = warp_sum(s);
 #pragma unroll
-    for (int c = 0; c < RT_C; ++c) p[c] = lane + c * STRATA_WARP < E ? expf(p[c] - m) / s : -1.0f;
+    for (int c = 0; c < C; ++c) p[c] = lane + c * STRATA_WARP < E ? expf(p[c] - m) / s : -1.0f;
     float wsum = 0.0f, my_p = 0.0f;
     int my_id = 0;  // lane k keeps pick k: the outputs below go out from K lanes at once
     for (int k = 0; k < K; ++k) {
         float bp = -1.0f;
         int bi = 0x7fffffff;
 #pragma unroll
-        for (int c = 0; c < RT_C; ++c) {
+        for (int c = 0; c < C; ++c) {
             if (p[c] > bp) {  // taken experts hold -2 and no expert's p is below 0
                 bp = p[c];
                 bi = lane + c * STRATA_WARP;
@@ -48,7 +50,7 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, int E, 
         }
         warp_best(bp, bi);
 #pragma unroll
-        for (int c = 0; c < RT_C; ++c)
+        for (int c = 0; c < C; ++c)
             if (lane + c * STRATA_WARP == bi) p[c] = -2.0f;
         if (lane == k) {
             my_id = bi;
@@ -57,7 +59,7 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, int E, 
         wsum += bp;
     }
     if (lane < K) {
-        const i64 j = (i64)t * K + lane;
+        const i64 j = t * K + lane;
         const float w = renorm ? my_p / fmaxf(wsum, min_sum) : my_p;
         ids[j] = my_id;
         weights[j] = w;
@@ -66,4 +68,29 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, int E, 
             pair_w[j] = w;
         }
     }
+}
+
+extern "C" __global__ void router_topk(const float* __restrict__ logits, int E, int K, int renorm,
+                                       float min_sum, i32* __restrict__ ids,
+                                       float* __restrict__ weights,
+                                       const i32* __restrict__ slot_row,
+                                       i32* __restrict__ pair_slot, float* __restrict__ pair_w) {
+    STRATA_PDL_ENTER();
+    const i64 t = blockIdx.x;
+    const float* l = logits + t * E;
+    const int c = (E + STRATA_WARP - 1) / STRATA_WARP;  // block-uniform: no divergence
+#define RT_ROW(C) router_topk_row<C>(l, E, K, renorm, min_sum, t, ids, weights, slot_row, pair_slot, pair_w)
+    if (c <= 1)
+        RT_ROW(1);
+    else if (c <= 2)
+        RT_ROW(2);
+    else if (c <= 4)
+        RT_ROW(4);
+    else if (c <= 8)
+        RT_ROW(8);
+    else if (c <= 16)
+        RT_ROW(16);
+    else
+        RT_ROW(RT_C);
+#undef RT_ROW
 }
