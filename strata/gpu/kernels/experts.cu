@@ -18,7 +18,6 @@
 //                lane's activation for 4 decodes and keeps twice the bytes in flight.
 //   moe_down_st  one row a warp, the K pairs' row chunks (up to MOE_KG at a time) staged
 //                together, then the lanes share out the (pair, sub-block) items as moe_down does.
-//   moe_gate_up_lb  moe_gate_up compiled for more resident blocks (fewer registers; same sums).
 //   moe_gate_up_fq  moe_gate_up that also quantizes the intermediate (fused quant: no separate
 //                norm_quant launch between the two): after its rows of act, a block adds 1 to
 //                its pair's counter cnt[p]; the block that finds itself the pair's last
@@ -31,12 +30,6 @@
 
 #define MOE_ST_WARPS 4  // experts.py's ST_WARPS
 #define MOE_KG 8        // pairs staged together by moe_down_st (fewer where 40 KiB is short)
-// moe_gate_up_lb: moe_gate_up held to registers for MOE_LB_BLOCKS resident blocks of
-// MOE_LB_THREADS (experts.py's THREADS) an SM. Unbounded, ptxas gives the IQ3_XXS kernel 72
-// registers: 7 blocks an SM, so a decode layer's 1536 gate/up blocks (F / 4 x K = 192 x 8) take
-// two waves on 132 SMs; at 12 a SM (40 registers, a few spills) they take one.
-#define MOE_LB_THREADS 128
-#define MOE_LB_BLOCKS 12
 
 // one warp: silu(gate[f]) * up[f] of expert slot `slot` on token t (lane 0 holds the result)
 template <int QT>
@@ -282,14 +275,6 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
     extern "C" __global__ void moe_gate_up_##name(                                             \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
-        STRATA_PDL_ENTER();                                                                    \
-        if (FMT_ON(QT))                                                                        \
-            moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D); \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(MOE_LB_THREADS, MOE_LB_BLOCKS)                \
-        moe_gate_up_lb_##name(const u8* gate, const u8* up, i64 slot_stride, const i8* hq,     \
-                              const float* hd, int xd_shift, const i32* pair_slot, int K,      \
-                              float* act, int F, int D) {                                      \
         STRATA_PDL_ENTER();                                                                    \
         if (FMT_ON(QT))                                                                        \
             moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D); \
