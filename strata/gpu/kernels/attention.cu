@@ -417,8 +417,20 @@ __device__ __forceinline__ void dec_scores(const float* __restrict__ q,
     dec_load_k<KV, U>(kv, kg, k0 + grp * U, k1, li, nch, Dh);  // in flight while q is staged
     dec_load_kd<KV, U>(kd, k_scale, (i64)g * S_cap, k0 + grp * U, k1);
     float* qs = (float*)qs4;
-    for (int i = tid; i < R * Dh; i += blockDim.x)
-        qs[i] = i < rep * Dh ? q[(i64)g * rep * Dh + i] : 0.0f;  // heads g*rep.. contiguous
+    // q of heads g*rep.. (contiguous): every load issued before any store (a loop that stored
+    // each load before issuing the next waited one memory latency per step)
+    constexpr int QPT = (R * ATT_MAX_DH + DEC_THREADS - 1) / DEC_THREADS;
+    float qv[QPT];
+#pragma unroll
+    for (int j = 0; j < QPT; ++j) {
+        const int i = tid + j * DEC_THREADS;
+        qv[j] = i < rep * Dh ? q[(i64)g * rep * Dh + i] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < QPT; ++j) {
+        const int i = tid + j * DEC_THREADS;
+        if (i < R * Dh) qs[i] = qv[j];
+    }
     __syncthreads();
     const int h0 = dec_head0<R>(li);
     const bool owner = R >= 8 || (li & (8 / R - 1)) == 0;
@@ -698,13 +710,17 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
     __syncthreads();
     if (!last) return;
     __threadfence();
+    // one team (nlive <= DEC_TEAM): its sum is the output. The second level would add it to 0
+    // (a sum that started at 0 is never -0: the same bits), after one more fence and counter.
     for (int k = tid; k < rep * t4; k += blockDim.x) {
         const int r = k / t4, d = k - r * t4;
         const i64 h = g * rep + r;
         const f32x4 o = dec_sum_rows(o_part + (h * nsplit + t0) * Dv + 4 * d, tn, Dv);
-        *(f32x4*)(tpart + (h * ntm + team) * Dv + 4 * d) = o;
+        const i64 row = nteam == 1 ? h : h * ntm + team;
+        *(f32x4*)((nteam == 1 ? out : tpart) + row * Dv + 4 * d) = o;
     }
     if (tid == 0) *tcnt = 0;
+    if (nteam == 1) return;
     __threadfence();
     __syncthreads();
     if (tid == 0) last = atomicAdd(cnt + g, 1) == nteam - 1;
