@@ -28,7 +28,13 @@ from strata.gpu.embed import embed, embed_ref  # noqa: E402
 from strata.gpu.experts import SlotStore, expert_ref, moe_experts  # noqa: E402
 from strata.gpu.gemv import DeviceWeight, gemv, gemv_ref  # noqa: E402
 from strata.gpu.host import rope_inv_freq  # noqa: E402
-from strata.gpu.norm_quant import ActBuf, norm_quant, quant_ref, rms_norm_ref  # noqa: E402
+from strata.gpu.norm_quant import (  # noqa: E402
+    BLOCK,
+    ActBuf,
+    norm_quant,
+    quant_ref,
+    rms_norm_ref,
+)
 from strata.gpu.rawmod import Kernels  # noqa: E402
 from strata.gpu.rope_kv import qk_norm_rope_kv, qk_norm_rope_kv_ref  # noqa: E402
 from strata.gpu.router_topk import router_topk  # noqa: E402
@@ -73,23 +79,42 @@ def act_input(g, t, n):
 
 
 # ---- norm_quant ----
-@pytest.mark.parametrize("mode", [QT.Q8_K, QT.Q8_0, QT.F16, QT.BF16, QT.F32])
-@pytest.mark.parametrize("with_norm", [False, True])
-def test_norm_quant_matches_reference(K, mode, with_norm):
-    g = rng()
-    t, n = 5, 768
-    x = act_input(g, t, n)
+NQ_MODES = [QT.Q8_K, QT.Q8_0, QT.F16, QT.BF16, QT.F32]
+NQ_TIES = ((0, (5, 7, 200), (1, -1, -1)), (0, (296, 297, 506), (-1, 1, 1)), (2, (31, 32), (-1, 1)))
+
+
+def nq_input(g, t, n, with_norm):
+    """Rows x [t, n] and norm weight w [n] (or None) with exact ties of the largest |y| inside a
+    block (same lane, across lanes, either sign first), an all-zero Q8_K block (row 1) and an
+    all-zero Q8_0 block (row 3): the tied columns share one w so the ties survive the norm."""
+    x = g.standard_normal((t, n)).astype(np.float32) * np.float32(g.uniform(0.1, 3))
     w = (1 + 0.1 * g.standard_normal(n)).astype(np.float32) if with_norm else None
-    eps = 1e-6
-    act = ActBuf(cp, n, 8, mode)
-    out_f = cp.empty((8, n), np.float32)
-    norm_quant(K, cp.asarray(x), t, None if w is None else cp.asarray(w), eps, out_f, act)
-    y_ref = rms_norm_ref(x, w, eps)
+    m = np.float32(2 * np.abs(x).max())
+    for row, cols, signs in NQ_TIES:
+        if row < t and max(cols) < n:
+            x[row, list(cols)] = m * np.float32(signs)
+            if w is not None:
+                w[list(cols)] = np.float32(1.25)
+    if t > 1:
+        x[1, : min(n, 256)] = 0
+    if t > 3:
+        x[3, 32 : min(n, 64)] = 0
+    return x, w
+
+
+def check_norm_quant(K, mode, x, w, t, xd=None):
+    """Run norm_quant on rows 0..t-1 of x (device copy xd if given) and compare with NumPy."""
+    n, eps = x.shape[-1], 1e-6
+    act = ActBuf(cp, n, t + 2, mode)
+    out_f = cp.empty((t + 2, n), np.float32)
+    xd = cp.asarray(x) if xd is None else xd
+    norm_quant(K, xd, t, None if w is None else cp.asarray(w), eps, out_f, act)
+    y_ref = rms_norm_ref(x[:t], w, eps)
     y = cp.asnumpy(out_f)[:t]
-    if with_norm:
+    if w is not None:  # the f64 sum's order is the device's: the scale may differ in one ulp
         np.testing.assert_allclose(y, y_ref, rtol=2e-7, atol=0)
     else:
-        np.testing.assert_array_equal(y, x)
+        np.testing.assert_array_equal(y, x[:t])
     ref = quant_ref(y, mode)  # quantize what the device normalized: must be bit-exact
     if "q" in ref:
         nb = ref["d"].shape[-1]
@@ -98,6 +123,45 @@ def test_norm_quant_matches_reference(K, mode, with_norm):
         np.testing.assert_array_equal(d, ref["d"])
     else:
         np.testing.assert_array_equal(cp.asnumpy(act.r)[:t], ref["r"])
+
+
+@pytest.mark.parametrize("n", [768, 2048, 4096])  # a decode layer's rows (Qwen3-30B-A3B)
+@pytest.mark.parametrize("mode", NQ_MODES)
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_norm_quant_matches_reference(K, mode, with_norm, n):
+    g = rng()
+    t = 5
+    x, w = nq_input(g, t, n, with_norm)
+    check_norm_quant(K, mode, x, w, t)
+
+
+@pytest.mark.parametrize("n", [8448, 20480])  # 2 and 4 (one empty) chunks of 8 a thread
+@pytest.mark.parametrize("mode", [QT.Q8_K, QT.Q8_0, QT.BF16])
+def test_norm_quant_wide_rows_match_reference(K, mode, n):
+    g = rng()
+    x, w = nq_input(g, 2, n, True)
+    check_norm_quant(K, mode, x, w, 2)
+
+
+NQ_GENERIC = [
+    (case, mode)
+    for case in ("misaligned", "n%8", "huge")
+    for mode in NQ_MODES
+    if case != "n%8" or mode not in BLOCK  # Q8 rows are whole blocks
+]
+
+
+@pytest.mark.parametrize(("case", "mode"), NQ_GENERIC, ids=lambda v: getattr(v, "name", v))
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_norm_quant_generic_path_matches_reference(K, mode, with_norm, case):
+    """Rows the register path cannot take: x not 16-byte aligned, n % 8 != 0, n > 8 * 4 * 1024."""
+    g = rng()
+    t, n = {"misaligned": (4, 768), "n%8": (4, 100), "huge": (2, 33024)}[case]
+    x, w = nq_input(g, t, n, with_norm)
+    xd = None
+    if case == "misaligned":
+        xd = cp.asarray(np.concatenate([np.zeros(1, np.float32), x.ravel()]))[1:].reshape(t, n)
+    check_norm_quant(K, mode, x, w, t, xd)
 
 
 # ---- GEMV ----

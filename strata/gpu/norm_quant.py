@@ -18,6 +18,7 @@ BLOCK = {QT.Q8_0: 32, QT.Q8_K: 256}  # elements per activation scale
 THREADS = 256
 THREADS_FEW = 1024  # up to FEW rows (decode): one row's loads and sums spread over more warps
 FEW = 16
+VEC, CHUNKS = 8, 4  # norm_quant.cu NQ_V, NQ_CMAX: its register path, 8 elements a thread x 4
 
 
 def mode_of(vec_dot) -> QT:
@@ -57,6 +58,14 @@ class ActBuf:
         return tmax * (n + 4 * (n // 32)) if m in BLOCK else tmax * n * 4
 
 
+def threads_for(n: int, t: int, warp: int) -> int:
+    """The block of one row: n/8 threads rounded up to whole warps for the kernel's register
+    path (fixed per n, so CUDA graphs stay valid); the generic path's otherwise."""
+    if n % VEC == 0 and n <= VEC * CHUNKS * THREADS_FEW:
+        return min(THREADS_FEW, -(-n // VEC // warp) * warp)
+    return THREADS_FEW if t <= FEW else THREADS
+
+
 def norm_quant(
     K: Kernels,
     x,
@@ -71,7 +80,7 @@ def norm_quant(
     mode = MODES[act.mode] if act is not None else 0
     K.fn("norm_quant.cu", "norm_quant")(
         (t,),
-        (THREADS_FEW if t <= FEW else THREADS,),
+        (threads_for(n, t, K.warp),),
         (
             x,
             ptr(w),
