@@ -37,7 +37,8 @@ __device__ __forceinline__ float moe_gate_up_row(const u8* __restrict__ gate,
                                                  const u8* __restrict__ up, int slot,
                                                  i64 slot_stride, const i8* __restrict__ hq,
                                                  const float* __restrict__ hd, int xd_shift,
-                                                 i64 t, int f, int D, int lane) {
+                                                 i64 t, int f, int D, int lane,
+                                                 const typename Fmt<QT>::tab_t* __restrict__ tab) {
     const int nsub = D / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
     const i64 row_bytes = (i64)(D / Fmt<QT>::QK) * Fmt<QT>::BB;
     const u8* gr = gate + slot * slot_stride + f * row_bytes;
@@ -52,9 +53,9 @@ __device__ __forceinline__ float moe_gate_up_row(const u8* __restrict__ gate,
         int w[8];
         float s0, s1, mn;
         const i64 boff = (i64)(sb / spb) * Fmt<QT>::BB;
-        Fmt<QT>::decode(gr + boff, sb % spb, w, s0, s1, mn);
+        Fmt<QT>::decode(gr + boff, sb % spb, w, s0, s1, mn, tab);
         ag += dx * dot32<QT>(w, s0, s1, mn, xv);
-        Fmt<QT>::decode(ur + boff, sb % spb, w, s0, s1, mn);
+        Fmt<QT>::decode(ur + boff, sb % spb, w, s0, s1, mn, tab);
         au += dx * dot32<QT>(w, s0, s1, mn, xv);
     }
     ag = warp_sum(ag);
@@ -68,6 +69,8 @@ __device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u
                                             const float* __restrict__ hd, int xd_shift,
                                             const i32* __restrict__ pair_slot, int K,
                                             float* __restrict__ act, int F, int D) {
+    __shared__ typename Fmt<QT>::tab_t smt[Stage<QT>::SM_TAB];
+    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);  // every thread, before any return
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int f = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
     const int p = blockIdx.y;
@@ -75,7 +78,7 @@ __device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u
     const int slot = pair_slot[p];
     if (slot < 0) return;
     const float a = moe_gate_up_row<QT>(gate, up, slot, slot_stride, hq, hd, xd_shift, p / K, f,
-                                        D, lane);
+                                        D, lane, tab);
     if (lane == 0) act[(i64)p * F + f] = a;
 }
 
@@ -94,6 +97,8 @@ __device__ __forceinline__ void moe_gate_up_fq(const u8* __restrict__ gate,
                                                i8* __restrict__ aq, float* __restrict__ ad,
                                                int amode, i32* __restrict__ cnt) {
     __shared__ int last;
+    __shared__ typename Fmt<QT>::tab_t smt[Stage<QT>::SM_TAB];
+    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);  // every thread, before any return
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int nw = blockDim.x / STRATA_WARP;
     const int f = blockIdx.x * nw + wid;
@@ -102,7 +107,7 @@ __device__ __forceinline__ void moe_gate_up_fq(const u8* __restrict__ gate,
     if (slot < 0) return;  // the whole block: one pair
     if (f < F) {
         const float a = moe_gate_up_row<QT>(gate, up, slot, slot_stride, hq, hd, xd_shift, p / K,
-                                            f, D, lane);
+                                            f, D, lane, tab);
         if (lane == 0) act[(i64)p * F + f] = a;
     }
     __threadfence();
@@ -126,6 +131,8 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
                                          const float* __restrict__ pair_w, int K,
                                          float* __restrict__ out, int D, int F,
                                          const float* __restrict__ resid) {
+    __shared__ typename Fmt<QT>::tab_t smt[Stage<QT>::SM_TAB];
+    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);  // every thread, before any return
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int d = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
     const i64 t = blockIdx.y;
@@ -147,7 +154,7 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
         const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
         int w[8];
         float s0, s1, mn;
-        Fmt<QT>::decode(dr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, w, s0, s1, mn);
+        Fmt<QT>::decode(dr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, w, s0, s1, mn, tab);
         acc += pair_w[p] * (ad[p * nxd + (sb >> xd_shift)] * dot32<QT>(w, s0, s1, mn, xv));
     }
     acc = warp_sum(acc);

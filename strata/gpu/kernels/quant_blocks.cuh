@@ -37,8 +37,9 @@ __device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
 //                      computed (7 bits + parity, == ksigns_iq2xs[i]) instead of a table lookup,
 //                      IQ3_XXS's qs read as 16-bit words, Q4_K/Q5_K's 6-bit scales without a
 //                      divergent branch; 0: the original decode.
-//   STRATA_SMEM_GRID   1: the staged kernels (experts.cu moe_*_st*, gemv.cu gemv1s_*) copy small
-//                      lookup grids (<= 2 KiB) into shared memory; 0: they read them from global.
+//   STRATA_SMEM_GRID   1: the MoE kernels (experts.cu) and the staged GEMV (gemv.cu gemv1s_*)
+//                      copy small lookup grids (<= 2 KiB) into shared memory; 0: they read them
+//                      from global memory.
 #ifndef STRATA_FAST_DECODE
 #define STRATA_FAST_DECODE 0
 #endif
