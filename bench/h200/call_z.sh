@@ -6,9 +6,9 @@
 # default flipped by sed; tests hold its outputs bit-identical) and with STRATA_SMEM_GRID=1 too
 # (tree /tmp/ws: lookup grids in shared memory for the MoE kernels), and ncu's per-kernel table.
 . bench/h200/lib.sh
-: "${SNAP:?set SNAP to the .snap directory of the checkout: old.tar = 2b69d98, head.tar = this commit}"
-rm -rf /tmp/wo /tmp/wf /tmp/ws && mkdir -p /tmp/wo /tmp/wf /tmp/ws && tar -xf $SNAP/old.tar -C /tmp/wo \
-  && tar -xf $SNAP/head.tar -C /tmp/wf && tar -xf $SNAP/head.tar -C /tmp/ws
+: "${SNAP:?set SNAP to a directory holding old.tar (git archive of 2b69d98, default.gguf left out)}"
+rm -rf /tmp/wo /tmp/wf /tmp/ws && mkdir -p /tmp/wo && tar -xf $SNAP/old.tar -C /tmp/wo \
+  && cp -a $PWD /tmp/wf && cp -a $PWD /tmp/ws
 for t in wf ws; do
   sed -i 's/^#define STRATA_FAST_DECODE 0$/#define STRATA_FAST_DECODE 1/' /tmp/$t/strata/gpu/kernels/quant_blocks.cuh
 done

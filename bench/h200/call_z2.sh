@@ -3,7 +3,7 @@
 # final commit (this tree), one Qwen3-30B-A3B layer from DRAM, T = 1, 16 threads, the trees
 # alternating per format (layouts interleaved within each run).
 . bench/h200/lib.sh
-: "${SNAP:?set SNAP to the .snap directory of the checkout: old.tar = 2b69d98, head.tar = this commit}"
+: "${SNAP:?set SNAP to a directory holding old.tar (git archive of 2b69d98, default.gguf left out)}"
 rm -rf /tmp/wo && mkdir -p /tmp/wo && tar -xf $SNAP/old.tar -C /tmp/wo
 for q in "IQ3_XXS repack,gguf" "IQ1_M repack,gguf" "Q4_K gguf"; do
   set -- $q
