@@ -459,13 +459,14 @@ def test_moe_experts_match_reference(K, qts, variant):
 
 # ---- decode variants: staged kernels and the compile-time decode knobs, bit for bit ----
 @pytest.fixture(scope="module")
-def K_fast(K):
-    return Kernels(cp, K.warp, K.sm_count, ("-DSTRATA_FAST_DECODE=1", "-DSTRATA_SMEM_GRID=1"))
+def K_plain(K):
+    """The original decode build (both knobs off; the default build has both on)."""
+    return Kernels(cp, K.warp, K.sm_count, ("-DSTRATA_FAST_DECODE=0", "-DSTRATA_SMEM_GRID=0"))
 
 
 @pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
 @pytest.mark.parametrize("cols_blocks", [3, 10])  # one chunk; several with a short last one
-def test_gemv1_staged_and_fast_decode_equal_split(K, K_fast, qt, cols_blocks):
+def test_gemv1_staged_and_plain_decode_equal_split(K, K_plain, qt, cols_blocks):
     g = rng()
     rows, cols = 67, cols_blocks * fmt(qt).block_elems * (8 if fmt(qt).block_elems == 32 else 1)
     raw = random_quantized(qt, (rows, cols), g, 1 / np.sqrt(cols))
@@ -475,7 +476,7 @@ def test_gemv1_staged_and_fast_decode_equal_split(K, K_fast, qt, cols_blocks):
     act = ActBuf(cp, cols, 1, w.vec_dot)
     norm_quant(K, cp.asarray(x), 1, act=act)
     outs = {}
-    for name, kk in (("base", K), ("fast", K_fast)):
+    for name, kk in (("base", K), ("plain", K_plain)):
         for variant in ("split", "staged"):
             out = cp.zeros((1, rows), np.float32)
             gemv(kk, w, act, out, 1, variant=variant)
@@ -497,7 +498,7 @@ def _expert_slots(g, qt, n_exp: int, d: int, f: int) -> list:
 
 
 @pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
-def test_moe_decode_variants_equal_legacy(K, K_fast, qt):
+def test_moe_decode_variants_equal_legacy(K, K_plain, qt):
     """Every decode kernel pair, either build, gives the legacy kernels' bits (K = 8, T = 2)."""
     g = rng()
     d, f, n_exp, t, k = 1024, 768, 9, 2, 8  # f = 768: the Qwen3 down row, one short chunk
@@ -509,7 +510,7 @@ def test_moe_decode_variants_equal_legacy(K, K_fast, qt):
     hact = ActBuf(cp, d, t, vd)
     norm_quant(K, cp.asarray(act_input(g, t, d)), t, act=hact)
     outs = {}
-    for name, kk in (("base", K), ("fast", K_fast)):
+    for name, kk in (("base", K), ("plain", K_plain)):
         for variant in ("legacy+legacy", "st1+st", "st2+st", "st2+legacy", "legacy+st", "fq+legacy",
                         "fq+st"):  # fmt: skip
             act = cp.zeros((t * k, f), np.float32)

@@ -203,3 +203,23 @@ def test_car_on_an_unwired_path_is_refused_if_asked_and_downgraded_if_default(sy
     assert partial.car.threshold == 0.35 and partial.resident.sum() == 6
     full = build_engine(model, resolve({"expert_cache": "all"}, {}))  # no pool: CAR cannot act
     assert full.car.threshold == 1.0 and full.miss_runner is full.tier
+
+
+@pytest.mark.parametrize("t", [1, 37])
+def test_route_topk_breaks_ties_lower_id_first(t):
+    """Top-K as a stable sort of -p would give it, ties inside the K and at its boundary too."""
+    g = np.random.default_rng()
+    e, k = 128, 8
+    for _ in range(20):
+        logits = g.standard_normal((t, e)).astype(np.float32)
+        for r in range(t):  # equal logits: at the top, inside the K, and across the boundary
+            order = np.argsort(-logits[r], kind="stable")
+            a, b = g.choice(e, 2, replace=False)
+            logits[r, [a, b]] = logits[r, order[0]]
+            pos = g.integers(1, k + 3)
+            logits[r, g.choice(e, 3, replace=False)] = logits[r, order[pos]]
+        ids, w, probs = route_topk(logits, k, True)
+        want = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+        np.testing.assert_array_equal(ids, want)
+        p = np.take_along_axis(probs, want, axis=-1)
+        np.testing.assert_allclose(w, p / np.maximum(p.sum(-1, keepdims=True), 6.103515625e-5))

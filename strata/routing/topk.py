@@ -16,6 +16,15 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return p / p.sum(axis=-1, keepdims=True)
 
 
+def _boundary(probs: np.ndarray, ids: np.ndarray, k: int) -> None:
+    """Rows where an expert left out ties the K-th pick: argpartition chooses among equal
+    probabilities at the boundary in no stated order, so those rows (rare) are redone by a stable
+    sort, which keeps the lower ids."""
+    kth = np.take_along_axis(probs, ids[:, -1:], axis=-1)
+    for r in np.flatnonzero(np.count_nonzero(probs >= kth, axis=-1) > k):
+        ids[r] = np.argsort(-probs[r], kind="stable")[:k]
+
+
 def route_topk(
     logits: np.ndarray, k: int, renormalize: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -24,16 +33,22 @@ def route_topk(
     logits [T, E] -> ids [T, K] int32 (best first), weights [T, K] float32, probs [T, E] float32.
     """
     probs = softmax(logits.astype(np.float32, copy=False))  # [T, E]
-    # a stable sort of -p: equal probabilities go lower id first, at the K boundary too (an
-    # argpartition picks among ties at the boundary in no stated order)
     if probs.shape[0] == 1:  # decode: the same selection with plain indexing (hot path)
         p = probs[0]
-        ids1 = np.argsort(-p, kind="stable")[:k].astype(np.int32)
+        part = np.sort(np.argpartition(-p, k - 1)[:k])  # ids ascending: ties stay lower id first
+        ids1 = part[np.argsort(-p[part], kind="stable")]
+        if np.count_nonzero(p >= p[ids1[-1]]) > k:  # a tie at the K boundary (see _boundary)
+            ids1 = np.argsort(-p, kind="stable")[:k]
+        ids1 = ids1.astype(np.int32)
         w = p[ids1]
         if renormalize:
             w = w / np.maximum(w.sum(), MIN_WEIGHT_SUM)
         return ids1[None], w.astype(np.float32)[None], probs
-    ids = np.argsort(-probs, axis=-1, kind="stable")[:, :k].astype(np.int32)  # [T, K]
+    part = np.sort(np.argpartition(-probs, k - 1, axis=-1)[:, :k], axis=-1)  # [T, K] ascending ids
+    order = np.argsort(-np.take_along_axis(probs, part, axis=-1), axis=-1, kind="stable")
+    ids = np.take_along_axis(part, order, axis=-1)  # [T, K]: equal probabilities lower id first
+    _boundary(probs, ids, k)
+    ids = ids.astype(np.int32)
     weights = np.take_along_axis(probs, ids, axis=-1)  # [T, K]
     if renormalize:
         weights = weights / np.maximum(weights.sum(axis=-1, keepdims=True), MIN_WEIGHT_SUM)
