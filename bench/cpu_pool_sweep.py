@@ -224,7 +224,8 @@ def main() -> None:
             ovh += overhead(a.shape, quants[0], t, baseline=base)
             ovh.append({"empty_region_us": empty_region_us(t), "threads": t})
     lays = a.layout_ab.split(",") if a.layout_ab else [a.layout]
-    kl = dict.fromkeys(x.split("@")[0] for x in lays)  # layouts; "@" pool options don't matter
+    # layouts (None: the pool's default); "@" pool options don't matter here
+    kl = dict.fromkeys(x.split("@")[0] if x else x for x in lays)
     ceil = [] if a.overhead_only else [kernel_ceiling(q, layout=x) for q in quants for x in kl]
     pool = []
     for q in [] if a.overhead_only or a.ceiling_only or a.layout_ab else quants:

@@ -127,6 +127,28 @@ def test_pool_is_deterministic_across_calls_threads_region_modes_and_quant_arms(
             assert np.array_equal(pool.run_layer(x, *args, lw), first)
 
 
+def test_pool_gives_a_fresh_pools_bits_across_shapes_layers_and_clear_prepared():
+    """A pool's cached plans and workspaces never leak between calls: reused over growing and
+    shrinking T and N, two layers of other formats, clear_prepared() and a Numba thread count
+    changed behind its back, it gives, call by call, the bits of a pool that has never run."""
+    import numba
+
+    rng = np.random.default_rng()
+    layers = [_layer(rng, ("IQ3_XXS",) * 3), _layer(rng, ("Q4_K", "Q4_K", "Q6_K"))]
+    pool = ExpertPool(2)
+    for i, (t_n, k) in enumerate([(1, 2), (7, 3), (2, 1), (12, 4), (1, 8), (3, 2), (5, 1)]):
+        mats = layers[i % 2]
+        x = rng.standard_normal((t_n, D)).astype(np.float32)
+        args = _flat(*_routes(rng, t_n, k))
+        if i == 3:
+            pool.clear_prepared()
+        if i == 4:
+            numba.set_num_threads(1)  # another caller's setting: the pool restores its own
+        got = pool.run_layer(x, *args, *mats).copy()
+        assert numba.get_num_threads() == pool.n_threads
+        assert np.array_equal(got, ExpertPool(2).run_layer(x, *args, *mats))
+
+
 def test_pool_fuses_its_phases_into_one_region_where_the_threading_layer_allows():
     import numba
 
