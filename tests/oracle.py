@@ -55,6 +55,24 @@ def trace_ids(path, n_layer: int, steps: slice = slice(None)) -> list[np.ndarray
     return out
 
 
+def llama_cpu_flags(llama_cpp) -> set[str]:
+    """The CPU features llama.cpp's build reports as on (AVX2, FMA, F16C, AVX512, LLAMAFILE...)."""
+    info = llama_cpp.llama_print_system_info().decode()
+    return {k.strip() for k, v in (f.split("=") for f in info.split("|") if "=" in f) if "1" in v}
+
+
+def simd_lanes(llama_cpp) -> int:
+    """float32 lanes of llama.cpp's CPU matmul kernels: the `lanes` the reference copies."""
+    return 16 if "AVX512" in llama_cpu_flags(llama_cpp) else 8
+
+
+def float_matmuls_copied(llama_cpp) -> bool:
+    """Whether the reference's float32 matmul order (ggml_dot) is the one this llama.cpp build
+    runs: x86 AVX2 + FMA + F16C with llamafile's tinyBLAS, where it was checked bit for bit."""
+    flags = llama_cpu_flags(llama_cpp)
+    return {"AVX2", "FMA", "F16C", "LLAMAFILE"} <= flags and "AVX512" not in flags
+
+
 def assert_logits_match(
     errs: np.ndarray, tol: float, min_frac: float = 0.6, apart: np.ndarray | None = None
 ) -> None:

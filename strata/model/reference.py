@@ -5,8 +5,10 @@ weight dequantized through `gguf.quants`. Two numerics:
   exact  - float64 throughout;
   llama  - copies llama.cpp CPU's roundings: each matmul's activation goes through the weight's
            vec_dot type (Q8_0 / Q8_K round trip, f16, bf16), q/K/V through f16 (its f16 KV cache),
-           the softmax probabilities through f16 before they meet V. Logits then agree with
-           llama.cpp to ~1e-5 relative.
+           the softmax probabilities through f16 before they meet V. Where f32 noise would flip
+           those f16 roundings it copies the float32 arithmetic too: RMS norms as ggml computes
+           them, the residual stream in float32, and the dense F16/BF16/F32 matmuls summed in
+           ggml's order (`ggml_dot`). Logits then agree with llama.cpp to ~1e-5 relative.
 Shape letters: see strata/model/args.py (T, D, H, G, Dh, E, K, F, V).
 """
 
@@ -25,17 +27,73 @@ from strata.quant.activation import roundtrip
 
 QT = GGMLQuantizationType
 MIN_WEIGHT_SUM = 6.103515625e-5  # llama.cpp clamps the top-k weight sum below at this (2^-14)
+FLOAT_DOT = (QT.F16, QT.BF16, QT.F32)  # weights ggml-cpu multiplies in float32 arithmetic
 
 
 def _f16(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).astype(np.float64)
 
 
+def _f32(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x).astype(np.float32).astype(np.float64)
+
+
+def _fma_lanes(x: np.ndarray, w: np.ndarray, width: int) -> np.ndarray:
+    """`width` float32 accumulators per output, lane l summing k = l (mod width) by fused
+    multiply-add in k order. x [T, K], w [N, K] -> [T, N, width] float32. The product of two
+    float32 values is exact in float64, so each step rounds once, as FMA does (up to a double
+    rounding when the float64 sum itself rounds, rare enough to ignore)."""
+    t, k = x.shape
+    xs = x.astype(np.float64).reshape(t, 1, k // width, width)
+    ws = w.astype(np.float64).reshape(1, w.shape[0], k // width, width)
+    acc = np.zeros((t, w.shape[0], width), np.float32)
+    for j in range(k // width):
+        acc = (acc + xs[:, :, j] * ws[:, :, j]).astype(np.float32)
+    return acc
+
+
+def _fold_halves(a: np.ndarray) -> np.ndarray:
+    """Horizontal float32 sum by adding the upper half onto the lower until one lane is left
+    (tinyBLAS's hsum; GCC's _mm512_reduce_add_ps). [..., 2^n] -> [...]"""
+    while a.shape[-1] > 1:
+        h = a.shape[-1] // 2
+        a = a[..., :h] + a[..., h:]
+    return a[..., 0]
+
+
+def ggml_dot(x: np.ndarray, w: np.ndarray, wtype: QT, lanes: int = 8) -> np.ndarray | None:
+    """x [T, K] (already rounded to the weight's vec_dot type) @ w [N, K].T as ggml-cpu sums a
+    F16/BF16/F32 matmul on x86 with FMA (`lanes` = 8 for AVX2, 16 for AVX-512), float32 [T, N];
+    None where its order is not modelled (the caller then sums in float64).
+
+    T >= 2: llamafile's tinyBLAS (llamafile_sgemm), one `lanes`-wide FMA accumulator per output,
+    folded in halves. T == 1: ggml's gemv path, ggml_vec_dot_f16/_f32: four accumulators over
+    k in steps of 4*lanes, combined as (a0+a2)+(a1+a3), then the lanes reduced (AVX2: halves to 4
+    lanes, then two hadds; AVX-512: halves). Bit-exact against llama.cpp's own tensors on AVX2
+    for F16/BF16/F32 at T >= 2 and F16/F32 at T == 1 (ggml_vec_dot_bf16 is another order);
+    the AVX-512 order is read from the source, not checked on a machine."""
+    t, k = x.shape
+    if w.shape[0] % 4 or k % (4 * lanes):  # tinyBLAS declines these; not modelled
+        return None
+    if t >= 2:
+        return _fold_halves(_fma_lanes(x, w, lanes))
+    if wtype == QT.BF16:
+        return None
+    a = _fma_lanes(x, w, 4 * lanes).reshape(t, w.shape[0], 4, lanes)
+    a = (a[:, :, 0] + a[:, :, 2]) + (a[:, :, 1] + a[:, :, 3])  # [1, N, lanes]
+    if lanes == 8:
+        q = a[..., :4] + a[..., 4:]
+        return (q[..., 0] + q[..., 1]) + (q[..., 2] + q[..., 3])
+    return _fold_halves(a)
+
+
 class Reference:
-    def __init__(self, model: Model, numerics: str = "llama"):
+    def __init__(self, model: Model, numerics: str = "llama", lanes: int = 8):
+        """lanes: float32 SIMD width of the llama.cpp build copied (8: AVX2, 16: AVX-512)."""
         if numerics not in ("llama", "exact"):
             raise ValueError(f"numerics must be 'llama' or 'exact', not {numerics!r}")
         self.model, self.args, self.llama = model, model.args, numerics == "llama"
+        self.lanes = lanes
 
     @cache  # noqa: B019 - one Reference per model in tests; the cache is the point
     def w(self, t: MT | str, layer: int | None = None) -> np.ndarray:
@@ -51,11 +109,28 @@ class Reference:
         return roundtrip(x.astype(np.float32), fmt(wtype).vec_dot).astype(np.float64)
 
     def matmul(self, x: np.ndarray, t: MT | str, layer: int | None = None) -> np.ndarray:
-        return self.act(x, self.qtype(t, layer)) @ self.w(t, layer).T  # [T, in] @ [in, out]
+        wtype, w = self.qtype(t, layer), self.w(t, layer)
+        xa = self.act(x, wtype)  # [T, in]
+        if self.llama and wtype in FLOAT_DOT and xa.ndim == 2:
+            # f32 sums' noise (~1e-7) flips the f16 roundings downstream: copy ggml's order
+            y = ggml_dot(xa, w, wtype, self.lanes)
+            if y is not None:
+                return y.astype(np.float64)
+        return xa @ w.T  # [T, in] @ [in, out]
 
     def rms_norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        if self.llama:  # ggml: sum of f32 squares in double, in order; the rest in f32
+            x32 = np.asarray(x, np.float32)
+            sq = (x32 * x32).astype(np.float64)
+            mean = (np.cumsum(sq, axis=-1)[..., -1:] / x.shape[-1]).astype(np.float32)
+            scale = np.float32(1) / np.sqrt(mean + np.float32(self.args.rms_eps))
+            return (x32 * scale * np.asarray(weight, np.float32)).astype(np.float64)
         ms = np.mean(x * x, axis=-1, keepdims=True)
         return x / np.sqrt(ms + self.args.rms_eps) * weight
+
+    def residual(self, x: np.ndarray) -> np.ndarray:
+        """The residual stream as llama.cpp keeps it: float32."""
+        return _f32(x) if self.llama else x
 
     def rope(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """NEOX RoPE: rotate pairs (i, i + Dh/2). x [T, heads, Dh], pos [T]."""
@@ -110,7 +185,7 @@ class Reference:
         if self.llama:
             p = _f16(p)
         o = np.einsum("hts,shd->thd", p, v).reshape(t, -1)  # [T, H*Dh]
-        return x + self.matmul(o, MT.ATTN_OUT, i)
+        return self.residual(x + self.matmul(o, MT.ATTN_OUT, i))
 
     def route(self, i: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Router: softmax over all E, top-K, renormalized (qwen3moe). ids/weights [T, K]."""
@@ -156,7 +231,7 @@ class Reference:
             sh = self.matmul(sh_gate / (1.0 + np.exp(-sh_gate)) * sh_up, MT.FFN_DOWN_SHEXP, i)
             g = h @ self.w(MT.FFN_GATE_INP_SHEXP, i)  # [T]
             out += sh * (1.0 / (1.0 + np.exp(-g)))[:, None]
-        return x + out
+        return self.residual(x + out)
 
     def forward(
         self, tokens, record: list | None = None, margins: list | None = None
