@@ -170,6 +170,8 @@ def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
             x = cp.asarray(rng.standard_normal((1, cols)).astype(np.float32))
             norm_quant(K, x, 1, act=act)
             out = cp.empty((1, rows), np.float32)
+            cp.cuda.Device().synchronize()  # weights and activation in place before the timer's
+            # (non-blocking) stream reads them
             # the default kernel also as a PDL chain (each launch's start overlaps the last's end)
             arms = [(False, None)] + [(False, K)] * K.pdl_available + [(True, None)] * legacy
             for old, pdl in arms:
@@ -342,6 +344,10 @@ class _Layer:
         self.x = cp.asarray(rng.standard_normal((1, D)).astype(np.float32))
         self.x2 = cp.empty((1, D), np.float32)
         self.y = cp.empty((1, D), np.float32)
+        # the uploads and zero fills above went out on the default stream; the timer launches on
+        # a non-blocking one, which does not wait for them (a pair_slot read before its copy
+        # lands is a slot number from nowhere)
+        cp.cuda.Device().synchronize()
 
     def attention_part(self):
         """Legacy: position as a launch argument, gemv1_*; else the graph-capturable decode
