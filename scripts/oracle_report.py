@@ -19,7 +19,7 @@ from strata.model.loader import load_model
 from strata.model.reference import Reference
 from strata.model.synth import SynthSpec, make_args, write_synthetic
 from strata.quant import fmt
-from tests.oracle import position_errors
+from tests.oracle import position_errors, simd_lanes
 from tests.test_llama_oracle import MIXES, llama_logits, open_llama
 
 
@@ -36,7 +36,8 @@ def main() -> None:
             )
             path = write_synthetic(Path(d) / f"{quant}-{dense}.gguf", spec, progress=False)[0]
             model, llm = load_model(path), open_llama(llama_cpp, path)
-            ref, rng = Reference(model, "llama"), np.random.default_rng(1)
+            ref = Reference(model, "llama", lanes=simd_lanes(llama_cpp))
+            rng = np.random.default_rng(1)
             errs = np.concatenate(
                 [
                     position_errors(ref.forward(t), llama_logits(llm, t))
