@@ -21,7 +21,7 @@ from strata.cpu import layout as L
 from strata.cpu.kernels import dispatch as K
 from strata.cpu.kernels import iq1
 from strata.cpu.kernels import iq1_avx512 as V
-from strata.cpu.kernels.simd import AVX512_VBMI_FEATURES, FEATURES, HAS_AVX512_VBMI
+from strata.cpu.kernels.simd import FEATURES
 from strata.cpu.kernels.tables import IQ1S_GRID
 from strata.cpu.quantize import quantize_act
 from strata.quant import activation as A
@@ -34,17 +34,13 @@ from tests.test_cpu_iq3_vbmi import (
     _vec,
     avx512_asm,
     jit_generic,
+    needs_avx512,
     packssdw,
     pmaddwd,
     pmultishiftqb,
     vpdpbusd,
 )
 from tests.test_cpu_kernels import _activations, _gemv
-
-needs_avx512 = pytest.mark.skipif(
-    not HAS_AVX512_VBMI,
-    reason=f"host lacks some of {', '.join(sorted(AVX512_VBMI_FEATURES))}",
-)
 
 # ---------------------------------------------------------------- the instructions, in NumPy
 # (arrays [N, bytes]: N super-blocks at once, one vector register per row; the ones iq3_vbmi

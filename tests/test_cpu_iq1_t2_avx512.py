@@ -22,7 +22,7 @@ from strata.cpu.kernels import dispatch as K
 from strata.cpu.kernels import iq1_t2
 from strata.cpu.kernels import iq1_t2_avx512 as V
 from strata.cpu.kernels.iq1_avx512 import M2_TAB
-from strata.cpu.kernels.simd import AVX512_VBMI_FEATURES, HAS_AVX2, HAS_AVX512_VBMI, avx512_enabled
+from strata.cpu.kernels.simd import HAS_AVX2, avx512_enabled
 from strata.cpu.quantize import quantize_act
 from strata.quant import activation as A
 from strata.quant import random_quantized
@@ -31,6 +31,7 @@ from tests.test_cpu_iq1_avx512 import _GENERIC, _RENAME, emulate_d, every_index_
 from tests.test_cpu_iq3_vbmi import (
     avx512_asm,
     jit_generic,
+    needs_avx512,
     packssdw,
     pmaddwd,
     pmultishiftqb,
@@ -38,10 +39,6 @@ from tests.test_cpu_iq3_vbmi import (
 )
 from tests.test_cpu_kernels import _activations, _gemv
 
-needs_avx512 = pytest.mark.skipif(
-    not HAS_AVX512_VBMI,
-    reason=f"host lacks some of {', '.join(sorted(AVX512_VBMI_FEATURES))}",
-)
 BB = iq1_t2.BB
 
 # ---------------------------------------------------------------- the instructions, in NumPy
