@@ -10,8 +10,9 @@ STRATA_SMEM_GRID: small i-quant grids in shared memory, staged kernels only).
 Experts (Qwen3-30B-A3B layer: D 2048, F 768, K 8; T 1 and 4): the decode kernel pairs
 "<gate/up>+<down>" of strata.gpu.experts (legacy, st1, st2, fq x legacy, st), each call = gate/up +
 the intermediate's Q8 quantization + down (fq: that quantization done by the gate/up kernel's last
-block of each pair, two launches instead of three). GEMV (T = 1) at attn_q/attn_kv/attn_o: split
-(gemv1w_*) against staged (gemv1s_*).
+block of each pair, two launches instead of three; r2 / r4: 2 or 4 rows a warp). GEMV (T = 1)
+at attn_q/attn_kv/attn_o (--gemv-shapes: any of gpu_kernels.SHAPES): split (gemv1w_*) against
+staged (gemv1s_*) and gemv1r{R}_* (R rows a warp) at several R / block sizes / warps a row.
 Defaults to flip afterwards: strata/gpu/experts.py DEFAULT_MOE_VARIANT, strata/gpu/gemv.py
 DEFAULT_GEMV1, strata/gpu/kernels/quant_blocks.cuh STRATA_FAST_DECODE / STRATA_SMEM_GRID.
 """
@@ -28,7 +29,7 @@ from gguf.quants import dequantize
 
 from strata.bench.gpu_kernels import L2_BYTES, SHAPES, _copies, _copy_gbps, _Timer, _weights
 from strata.gpu.experts import DOWN_VARIANTS, GATE_UP_VARIANTS, SlotStore, moe_experts
-from strata.gpu.gemv import GEMV1_PREFIX, gemv, gemv_ref
+from strata.gpu.gemv import gemv, gemv_ref
 from strata.gpu.norm_quant import ActBuf, norm_quant
 from strata.gpu.rawmod import Kernels
 from strata.quant import fmt, random_quantized
@@ -38,7 +39,9 @@ QT = GGMLQuantizationType
 D, F, KUSED = 2048, 768, 8
 QUANTS = (QT.IQ3_XXS, QT.Q4_K, QT.Q8_0, QT.IQ2_XXS, QT.IQ1_M)
 GEMV_SHAPES = ("attn_q", "attn_kv", "attn_o")
-MASK = sum(1 << int(q) for q in QUANTS)  # only these formats' kernels get compiled
+# T = 1 GEMV variants (strata.gpu.gemv): split = gemv1w_*, staged = gemv1s_*, r{R}w{NW}[p{wpr}] =
+# gemv1r{R}_* (R rows a warp, NW warps a block), rows = the launcher's R / NW / wpr rule
+GEMV_VARIANTS = ("split", "staged", "r1w8", "r2w4", "r4w4", "r2w8", "r4w8", "rows")
 BUILDS = {  # the default build is fast+smem (quant_blocks.cuh)
     "plain": ("-DSTRATA_FAST_DECODE=0", "-DSTRATA_SMEM_GRID=0"),
     "fast": ("-DSTRATA_FAST_DECODE=1", "-DSTRATA_SMEM_GRID=0"),
@@ -112,10 +115,11 @@ class ExpertCase:
         return rel(act[: self.p], want_act[: self.p]), rel(cp.asnumpy(self.out), want)
 
 
-def sweep_experts(cp, builds: dict, timer, rng, copy: float) -> list[dict]:
+def sweep_experts(cp, builds: dict, timer, rng, copy: float, quants=QUANTS,
+                  variants=None) -> list[dict]:  # fmt: skip
     rows = []
-    variants = [f"{g}+{d}" for g in GATE_UP_VARIANTS for d in DOWN_VARIANTS]
-    for qt in QUANTS:
+    variants = variants or [f"{g}+{d}" for g in GATE_UP_VARIANTS for d in DOWN_VARIANTS]
+    for qt in quants:
         for t in (1, 4):
             case = ExpertCase(cp, qt, t, rng)
             ref_out = None
@@ -152,10 +156,11 @@ def sweep_experts(cp, builds: dict, timer, rng, copy: float) -> list[dict]:
     return rows
 
 
-def sweep_gemv(cp, builds: dict, timer, rng, copy: float) -> list[dict]:
+def sweep_gemv(cp, builds: dict, timer, rng, copy: float, quants=QUANTS, shapes=GEMV_SHAPES,
+               variants=GEMV_VARIANTS) -> list[dict]:  # fmt: skip
     rows = []
-    for qt in QUANTS:
-        for shape in GEMV_SHAPES:
+    for qt in quants:
+        for shape in shapes:
             r, c = SHAPES[shape]
             nbytes = fmt(qt).row_bytes(c) * r
             ws, big = _weights(cp, qt, r, c, _copies(nbytes), rng)
@@ -166,10 +171,14 @@ def sweep_gemv(cp, builds: dict, timer, rng, copy: float) -> list[dict]:
             for bname, K in builds.items():
                 act = ActBuf(cp, c, 1, ws[0].vec_dot)
                 norm_quant(K, cp.asarray(x), 1, act=act)
-                for v in GEMV1_PREFIX:
+                split = None
+                for v in ("split",) + tuple(x for x in variants if x != "split"):
                     out[...] = 0
                     gemv(K, ws[0], act, out, 1, variant=v)
-                    err = rel(cp.asnumpy(out), want)
+                    got = cp.asnumpy(out)
+                    err = rel(got, want)
+                    split = got if split is None else split
+                    exact = bool(np.array_equal(got, split))
                     calls = [lambda w=w, K=K, a=act, v=v, o=out: gemv(K, w, a, o, 1, variant=v)
                              for w in ws]  # fmt: skip
                     us, how = timer.graph_us(calls)
@@ -177,10 +186,11 @@ def sweep_gemv(cp, builds: dict, timer, rng, copy: float) -> list[dict]:
                     row = dict(kind="gemv1", qtype=qt.name, shape=shape, build=bname, variant=v,
                                us=round(us, 2), gbps=round(gbps, 1),
                                pct_copy=round(100 * gbps / copy, 1), ok=err < 1e-5, err=err,
-                               timing=how)  # fmt: skip
+                               exact_vs_split=exact, timing=how)  # fmt: skip
                     rows.append(row)
-                    print(f"gemv1   {qt.name:8} {shape:8} {bname:9} {v:7} {us:8.2f} us "
-                          f"{row['pct_copy']:5.1f}% copy  {'ok' if row['ok'] else 'WRONG'}",
+                    note = "" if exact else " (not bit-equal to split)"
+                    print(f"gemv1   {qt.name:8} {shape:11} {bname:9} {v:7} {us:8.2f} us "
+                          f"{row['pct_copy']:5.1f}% copy  {'ok' if row['ok'] else 'WRONG'}{note}",
                           flush=True)  # fmt: skip
             del ws, big
     return rows
@@ -195,10 +205,10 @@ def summary(doc: dict) -> str:
         cases.setdefault(key, []).append(r)
     for key, rs in cases.items():
         cur = next(
-            r
-            for r in rs
-            if r["build"] == "fast+smem" and r["variant"] in ("legacy+legacy", "split")
-        )
+            (r for r in rs
+             if r["build"] == "fast+smem" and r["variant"] in ("legacy+legacy", "split")),
+            rs[0],
+        )  # fmt: skip
         good = [r for r in rs if r["ok"]]
         best = min(good, key=lambda r: r["us"]) if good else cur
         lines.append(f"{key[0]:7} {key[1]:8} {str(key[2]):8} now {cur['us']:7.2f} us "
@@ -220,22 +230,43 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json")
     ap.add_argument("--no-gemv", action="store_true")
+    ap.add_argument("--no-experts", action="store_true")
+    ap.add_argument("--builds", default=",".join(BUILDS), help="comma list of " + ", ".join(BUILDS))
+    ap.add_argument("--quants", default=",".join(q.name for q in QUANTS))
+    ap.add_argument("--moe-variants", help="comma list of <gate/up>+<down> (default: all)")
+    ap.add_argument("--gemv-variants", default=",".join(GEMV_VARIANTS))
+    ap.add_argument("--gemv-shapes", default=",".join(GEMV_SHAPES),
+                    help="comma list of " + ", ".join(SHAPES))  # fmt: skip
     ns = ap.parse_args()
+    try:
+        quants = tuple(QT[q] for q in ns.quants.split(","))
+        bad = [b for b in ns.builds.split(",") if b not in BUILDS]
+        bad += [s for s in ns.gemv_shapes.split(",") if s not in SHAPES]
+    except KeyError as e:
+        ap.error(f"unknown quant {e}")
+    if bad:
+        ap.error(f"unknown build or shape: {', '.join(bad)}")
     import cupy as cp
 
     from strata.gpu.device import primary_device
 
     t0 = time.perf_counter()
     info = primary_device()
-    builds = {b: Kernels(cp, info.warp_size, info.sm_count, (f"-DSTRATA_FMT_MASK={MASK}ull",)
-                            + extra) for b, extra in BUILDS.items()}  # fmt: skip
+    mask = sum(1 << int(q) for q in quants)  # only these formats' kernels get compiled
+    builds = {b: Kernels(cp, info.warp_size, info.sm_count, (f"-DSTRATA_FMT_MASK={mask}ull",)
+                            + BUILDS[b]) for b in ns.builds.split(",")}  # fmt: skip
     timer, rng = _Timer(cp), np.random.default_rng(0)
     copy = max(_copy_gbps(cp, timer).values())
     print(f"{info.describe()} | device-to-device copy {copy:.0f} GB/s", flush=True)
     doc = {"device": info.describe(), "copy_gbps": round(copy, 1),
            "builds": {b: list(e) for b, e in BUILDS.items()}}  # fmt: skip
-    doc["experts"] = sweep_experts(cp, builds, timer, rng, copy)
-    doc["gemv"] = [] if ns.no_gemv else sweep_gemv(cp, builds, timer, rng, copy)
+    mv = ns.moe_variants.split(",") if ns.moe_variants else None
+    doc["experts"] = (
+        [] if ns.no_experts else sweep_experts(cp, builds, timer, rng, copy, quants, mv)
+    )
+    doc["gemv"] = [] if ns.no_gemv else sweep_gemv(
+        cp, builds, timer, rng, copy, quants, ns.gemv_shapes.split(","),
+        ns.gemv_variants.split(","))  # fmt: skip
     print(summary(doc))
     doc["seconds"] = round(time.perf_counter() - t0, 1)
     print(f"sweep took {doc['seconds']} s", flush=True)

@@ -27,10 +27,13 @@ ST_WARPS = 4  # experts.cu MOE_ST_WARPS: warps a block of the staged (*_st*) ker
 # (one warp a row, weights read straight from global memory); st1 / st2 = moe_gate_up_st1/2
 # (1 or 2 rows a warp, row chunks staged through shared memory with 16-byte loads); st =
 # moe_down_st; fq = moe_gate_up_fq (moe_gate_up that also quantizes the intermediate, the last
-# block of each pair through a counter: no separate norm_quant launch, the same bits). Same sums
+# block of each pair through a counter: no separate norm_quant launch, the same bits); r2 / r4 =
+# moe_gate_up_r2/4 (2 or 4 rows a warp read straight from global memory, ST_WARPS warps a
+# block: fewer blocks, more loads in flight a thread). Same sums
 # in the same order; bench/experts_decode_sweep.py times them.
 GATE_UP_VARIANTS = {"legacy": ("moe_gate_up", 0), "st1": ("moe_gate_up_st1", 1),
-                    "st2": ("moe_gate_up_st2", 2), "fq": ("moe_gate_up_fq", 0)}  # fmt: skip
+                    "st2": ("moe_gate_up_st2", 2), "fq": ("moe_gate_up_fq", 0),
+                    "r2": ("moe_gate_up_r2", 2), "r4": ("moe_gate_up_r4", 4)}  # fmt: skip
 FUSED_QUANT = {"fq"}  # gate/up variants that quantize the intermediate themselves (need `cnt`)
 DOWN_VARIANTS = {"legacy": "moe_down", "st": "moe_down_st"}
 DEFAULT_MOE_VARIANT = "legacy+legacy"  # the engine's choice: set from the sweep's winner
