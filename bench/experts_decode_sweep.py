@@ -4,15 +4,16 @@ weight copies, median), with its % of the measured device-to-device copy bandwid
 
     python bench/experts_decode_sweep.py [--json PATH]
 
-Builds (compile-time knobs of quant_blocks.cuh): base (the defaults), fast (STRATA_FAST_DECODE:
-sign bytes computed, IQ3_XXS qs read as words, Q4_K/Q5_K scales branch-free), fast+smem (and
-STRATA_SMEM_GRID: small i-quant grids in shared memory, staged kernels only).
+Builds (compile-time knobs of quant_blocks.cuh): plain, fast (STRATA_FAST_DECODE: sign bytes
+computed, IQ3_XXS qs read as words, Q4_K/Q5_K scales branch-free), fast+smem (and
+STRATA_SMEM_GRID: small i-quant grids in shared memory; the default), pf-l1 / pf-l2 (the default
+and common.cuh's STRATA_ROW_PREFETCH: every decode warp first prefetches its rows into L1 / L2).
 Experts (Qwen3-30B-A3B layer: D 2048, F 768, K 8; T 1 and 4): the decode kernel pairs
 "<gate/up>+<down>" of strata.gpu.experts (legacy, st1, st2, fq x legacy, st), each call = gate/up +
 the intermediate's Q8 quantization + down (fq: that quantization done by the gate/up kernel's last
 block of each pair, two launches instead of three; r2 / r4: 2 or 4 rows a warp). GEMV (T = 1)
 at attn_q/attn_kv/attn_o (--gemv-shapes: any of gpu_kernels.SHAPES): split (gemv1w_*) against
-staged (gemv1s_*) and gemv1r{R}_* (R rows a warp) at several R / block sizes / warps a row.
+staged (gemv1s_*).
 Defaults to flip afterwards: strata/gpu/experts.py DEFAULT_MOE_VARIANT, strata/gpu/gemv.py
 DEFAULT_GEMV1, strata/gpu/kernels/quant_blocks.cuh STRATA_FAST_DECODE / STRATA_SMEM_GRID.
 """
@@ -39,13 +40,15 @@ QT = GGMLQuantizationType
 D, F, KUSED = 2048, 768, 8
 QUANTS = (QT.IQ3_XXS, QT.Q4_K, QT.Q8_0, QT.IQ2_XXS, QT.IQ1_M)
 GEMV_SHAPES = ("attn_q", "attn_kv", "attn_o")
-# T = 1 GEMV variants (strata.gpu.gemv): split = gemv1w_*, staged = gemv1s_*, r{R}w{NW}[p{wpr}] =
-# gemv1r{R}_* (R rows a warp, NW warps a block), rows = the launcher's R / NW / wpr rule
-GEMV_VARIANTS = ("split", "staged", "r1w8", "r2w4", "r4w4", "r2w8", "r4w8", "rows")
+# T = 1 GEMV variants (strata.gpu.gemv): split = gemv1w_*, staged = gemv1s_*
+GEMV_VARIANTS = ("split", "staged")
 BUILDS = {  # the default build is fast+smem (quant_blocks.cuh)
     "plain": ("-DSTRATA_FAST_DECODE=0", "-DSTRATA_SMEM_GRID=0"),
     "fast": ("-DSTRATA_FAST_DECODE=1", "-DSTRATA_SMEM_GRID=0"),
     "fast+smem": (),
+    # common.cuh STRATA_ROW_PREFETCH: the decode warps prefetch their rows' lines (L1 / L2) first
+    "pf-l1": ("-DSTRATA_ROW_PREFETCH=1",),
+    "pf-l2": ("-DSTRATA_ROW_PREFETCH=2",),
 }
 N_EXP = 4  # distinct random experts, repeated over the slots
 

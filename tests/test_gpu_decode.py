@@ -30,7 +30,6 @@ from strata.gpu.gemv import (  # noqa: E402
     DeviceWeight,
     gemv,
     gemv_ref,
-    rows_plan,
     warps_per_row,
 )
 from strata.gpu.host import rope_inv_freq  # noqa: E402
@@ -229,43 +228,3 @@ def test_gemv1w_matches_reference_and_gemv1(K, qt):
         assert rel(cp.asnumpy(out), want) < 1e-5, (rows, cols)
         assert rel(cp.asnumpy(out), cp.asnumpy(old)) < 1e-6, (rows, cols)
     assert seen == {1, 2}
-
-
-# ---- decode GEMV, R rows a warp (gemv1r{R}_*) ----
-ROWS_VARIANTS = ["r1w8", "r2w4", "r4w4", "r2w8", "r4w8", "rows"]  # wpr as gemv1w_*'s: same bits
-ROWS_VARIANTS_WPR = ["r2w8p4", "r4w8p2", "r1w4p4"]  # their own warp split: the reference's sums
-
-
-@pytest.mark.parametrize("qt", GEMV_QUANTS, ids=lambda q: q.name)
-def test_gemv1r_equals_gemv1w_bit_for_bit(K, qt):
-    g = np.random.default_rng()
-    n = WARPS_PER_SM * K.sm_count
-    # rows that leave every block's last warps short of rows (tails), at 1 and 2 warps a row
-    for rows, cols in [(n // 2 - 5, 1792), (n + 3, 512), (37, 256)]:
-        raw = random_quantized(qt, (rows, cols), g, 1 / np.sqrt(cols))
-        bias = g.standard_normal(rows).astype(np.float32)
-        resid = cp.asarray(g.standard_normal((1, rows)).astype(np.float32))
-        x = g.standard_normal((1, cols)).astype(np.float32)
-        w = DeviceWeight(cp, raw, qt, rows, cols, bias=bias)
-        act = ActBuf(cp, cols, 1, w.vec_dot)
-        norm_quant(K, cp.asarray(x), 1, act=act)
-        split = cp.empty((1, rows), np.float32)
-        gemv(K, w, act, split, 1, resid=resid, variant="split")
-        want = gemv_ref(raw, qt, x, bias, cp.asnumpy(resid))
-        for v in ROWS_VARIANTS + ROWS_VARIANTS_WPR:
-            out = cp.full((1, rows + 1), np.nan, np.float32)  # one float past the rows: untouched
-            gemv(K, w, act, out[:, :rows], 1, resid=resid, variant=v)
-            got = cp.asnumpy(out)
-            assert np.isnan(got[0, rows]), (v, rows)
-            if v in ROWS_VARIANTS:
-                np.testing.assert_array_equal(got[:, :rows], cp.asnumpy(split), err_msg=v)
-            assert rel(got[:, :rows], want) < 1e-5, (v, rows, cols)
-
-
-def test_gemv1r_variant_names_are_checked(K):
-    raw = random_quantized(QT.Q8_0, (64, 256), np.random.default_rng(), 1 / 16)
-    w = DeviceWeight(cp, raw, QT.Q8_0, 64, 256)
-    for bad in ("r3w4", "r2w16", "r2w4p3", "r2w6p4", "fast"):
-        with pytest.raises(ValueError):
-            rows_plan(K, w, bad)
-    assert rows_plan(K, w, "r4w8p2") == (4, 8, 2)

@@ -14,7 +14,6 @@ through shared memory by 16-byte loads; same sums, same order (bit-identical out
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType
@@ -45,18 +44,11 @@ GEMV1F_THREADS = 128  # gemv.cu's GEMV1F_THREADS: gemv1f_* (T = 1, float weights
 GEMV1_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1w_*
 WARPS_PER_SM = 16  # gemv1w_*: below this many warps per SM, a row is split over two warps
 MAX_WPR = 2  # measured on the H200 (bench/results/gpu-decode-kernels-h200-20261129.md)
-ROWS_WARPS = 4  # rows_plan: warps a block of gemv1r{R}_* (bench/gemv_decode_sweep.py)
-ROWS_MIN_WARPS_PER_SM = 8  # rows_plan: R rows a warp only while this many warps an SM remain
 # decode (T = 1) kernel: "split" = gemv1w_*, "staged" = gemv1s_* (the same rows and warp split,
 # the row bytes staged through shared memory with 16-byte loads); bench/experts_decode_sweep.py
 DEFAULT_GEMV1 = "split"  # the engine's choice: set from the sweep's winner
 GEMV1_VARIANT = os.environ.get("STRATA_GEMV1_VARIANT", DEFAULT_GEMV1)
 GEMV1_PREFIX = {"split": "gemv1w", "staged": "gemv1s"}
-# gemv1r{R}_*: R rows a warp, blocks of NW warps (<= gemv.cu's GEMV1R_MAX_WARPS), wpr warps a row;
-# variant "r{R}w{NW}" (wpr by warps_per_row) or "r{R}w{NW}p{wpr}", "rows" = rows_plan's choice
-GEMV1R_ROWS = (1, 2, 4)
-GEMV1R_MAX_WARPS = 8
-_ROWS_VARIANT = re.compile(r"r(\d+)w(\d+)(?:p(\d+))?")
 
 
 def kernel_name(prefix: str, qtype) -> str:
@@ -99,27 +91,6 @@ def warps_per_row(K: Kernels, w: DeviceWeight) -> int:
     return wpr
 
 
-def rows_plan(K: Kernels, w: DeviceWeight, variant: str = "rows") -> tuple[int, int, int]:
-    """gemv1r{R}_*'s (R, NW, wpr) for a decode GEMV: `variant` "r{R}w{NW}[p{wpr}]" as written,
-    or "rows": wpr by warps_per_row, then the most rows a warp (R) that still leaves
-    ROWS_MIN_WARPS_PER_SM warps an SM, in blocks of ROWS_WARPS warps."""
-    if variant == "rows":
-        wpr = warps_per_row(K, w)
-        r = max(q for q in GEMV1R_ROWS
-                if q == 1 or w.rows * wpr // q >= ROWS_MIN_WARPS_PER_SM * K.sm_count)  # fmt: skip
-        return r, ROWS_WARPS, wpr
-    m = _ROWS_VARIANT.fullmatch(variant)
-    if m is None:
-        raise ValueError(f"unknown decode GEMV variant {variant!r} (split, staged, rows, "
-                         "r{R}w{NW}[p{wpr}])")  # fmt: skip
-    r, nw = int(m[1]), int(m[2])
-    wpr = int(m[3]) if m[3] else warps_per_row(K, w)
-    if r not in GEMV1R_ROWS or not 1 <= nw <= GEMV1R_MAX_WARPS or nw % wpr or wpr & (wpr - 1):
-        raise ValueError(f"decode GEMV variant {variant!r}: R in {GEMV1R_ROWS}, NW <= "
-                         f"{GEMV1R_MAX_WARPS} a multiple of wpr, wpr a power of two")  # fmt: skip
-    return r, nw, wpr
-
-
 def gemv(
     K: Kernels,
     w: DeviceWeight,
@@ -135,22 +106,11 @@ def gemv(
     (default: rows). `act` is an ActBuf prepared for w.vec_dot; for F32 weights it may also be
     the float activation itself. `legacy`: decode through gemv1_* (benchmarks compare);
     `variant`: the T = 1 kernel, "split" or "staged" (default GEMV1_VARIANT)."""
-    v = variant or GEMV1_VARIANT
-    if t == 1 and w.quantized and not legacy and v not in GEMV1_PREFIX:
-        r, nw, wpr = rows_plan(K, w, v)
-        rpb = nw // wpr * r
-        K.fn("gemv.cu", kernel_name(f"gemv1r{r}", w.qtype))(
-            (-(-w.rows // rpb),),
-            (nw * K.warp,),
-            (w.buf, act.q, act.d, i32(xd_shift(act.mode)), ptr(w.bias), ptr(resid), out,
-             i32(w.rows), i32(w.cols), i32(wpr)),
-        )  # fmt: skip
-        return
     if t == 1 and w.quantized and not legacy:
         wpr = warps_per_row(K, w)
         rpb = GEMV1_WARPS // wpr
         args = (w.buf, act.q, act.d, i32(xd_shift(act.mode)), ptr(w.bias), ptr(resid), out)
-        K.fn("gemv.cu", kernel_name(GEMV1_PREFIX[v], w.qtype))(
+        K.fn("gemv.cu", kernel_name(GEMV1_PREFIX[variant or GEMV1_VARIANT], w.qtype))(
             (-(-w.rows // rpb),),
             (GEMV1_WARPS * K.warp,),
             args + (i32(w.rows), i32(w.cols), i32(wpr)),

@@ -6,6 +6,8 @@ hard-codes 32. CuPy caches the compiled binaries on disk, so a second process st
 
 from __future__ import annotations
 
+import os
+import re
 from contextlib import contextmanager
 
 import numpy as np
@@ -62,7 +64,13 @@ class Kernels:
         self.cp = cp
         self.warp = int(warp_size)
         self.sm_count = int(sm_count)
-        self.extra = tuple(extra)  # more compiler options (-D knobs of a build under test)
+        # more compiler options (-D knobs of a build under test); STRATA_KERNEL_DEFINES adds
+        # its own ("-DSTRATA_ROW_PREFETCH=1 ..."): the engine's kernels built as a bench arm's
+        env = os.environ.get("STRATA_KERNEL_DEFINES", "").split()
+        bad = [o for o in env if not re.fullmatch(r"-DSTRATA_[A-Z0-9_]+(=[0-9]+)?", o)]
+        if bad:
+            raise ValueError(f"STRATA_KERNEL_DEFINES: {' '.join(bad)} is not -DSTRATA_NAME[=N]")
+        self.extra = tuple(extra) + tuple(env)
         self._mods: dict[str, object] = {}
         self._fns: dict[tuple[str, str], Kernel] = {}
         self.pdl = None  # the PDL launcher while a pdl_scope is open

@@ -43,6 +43,8 @@ __device__ __forceinline__ float moe_gate_up_row(const u8* __restrict__ gate,
     const i64 row_bytes = (i64)(D / Fmt<QT>::QK) * Fmt<QT>::BB;
     const u8* gr = gate + slot * slot_stride + f * row_bytes;
     const u8* ur = up + slot * slot_stride + f * row_bytes;
+    warp_prefetch(gr, row_bytes, lane);
+    warp_prefetch(ur, row_bytes, lane);
     float ag = 0.0f, au = 0.0f;
 #pragma unroll 2  // D = 2048: both of a lane's sub-blocks in flight at once
     for (int sb = lane; sb < nsub; sb += STRATA_WARP) {
@@ -196,6 +198,12 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
     const i64 row_bytes = (i64)(F / Fmt<QT>::QK) * Fmt<QT>::BB;
     // the lanes share out the (pair, sub-block) items of all K pairs: every pair's weights are
     // in flight at once (F = 768 is only 24 sub-blocks: one pair alone would idle the warp)
+#if STRATA_ROW_PREFETCH
+    for (int k = 0; k < K; ++k) {
+        const int slot = pair_slot[t * K + k];
+        if (slot >= 0) warp_prefetch(down + slot * slot_stride + d * row_bytes, row_bytes, lane);
+    }
+#endif
     float acc = 0.0f;
 #pragma unroll 6  // K = 8, F = 768: a lane's 6 items in flight at once
     for (int j = lane; j < K * nsub; j += STRATA_WARP) {

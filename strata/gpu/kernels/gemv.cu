@@ -148,6 +148,7 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
     float acc = 0.0f;
     if (r < rows) {
         const u8* wr = W + (i64)r * (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
+        warp_prefetch(wr, (i64)(cols / Fmt<QT>::QK) * Fmt<QT>::BB, lane);
 #pragma unroll 2
         for (int sb = ws * STRATA_WARP + lane; sb < nsub; sb += STRATA_WARP * wpr) {
             int w[8];
@@ -182,85 +183,6 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
         if (FMT_ON(QT)) gemv1_split<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr); \
     }
 STRATA_QFORMATS(GEMV1W_KERNEL)
-
-// ---- decode (T = 1), R rows a warp: gemv1r{R}_* ----
-// gemv1w_*'s loads and sums with every warp (or group of wpr warps sharing a row) taking R
-// consecutive rows: a lane's sub-block loads of all R rows go out together (R times the bytes in
-// flight a thread) and its activation is read once for R rows, and the grid has R times fewer
-// blocks (block dispatch is a fixed cost per block: bench/results launch floors). Blocks are
-// blockDim.x / STRATA_WARP (<= GEMV1R_MAX_WARPS) warps. Each row's sum is gemv1w_*'s: the same
-// lanes, the same order, the split warps' partial sums added in warp order (bit-identical).
-#define GEMV1R_MAX_WARPS 8
-template <int QT, int R>
-__device__ __forceinline__ void gemv1_rows(const u8* __restrict__ W, const i8* __restrict__ xq,
-                                           const float* __restrict__ xd, int xd_shift,
-                                           const float* __restrict__ bias,
-                                           const float* __restrict__ resid,
-                                           float* __restrict__ out, int rows, int cols, int wpr) {
-    __shared__ float part[GEMV1R_MAX_WARPS][R];
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int nw = blockDim.x / STRATA_WARP;
-    const int r0 = (blockIdx.x * (nw / wpr) + wid / wpr) * R, ws = wid % wpr;
-    const int nsub = cols / 32, spb = Fmt<QT>::QK / 32;
-    const i64 row_bytes = (i64)(cols / Fmt<QT>::QK) * Fmt<QT>::BB;
-    float acc[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) acc[i] = 0.0f;
-    if (r0 < rows) {
-        const u8* wr[R];
-#pragma unroll
-        for (int i = 0; i < R; ++i) wr[i] = W + (i64)min(r0 + i, rows - 1) * row_bytes;
-#pragma unroll 2
-        for (int sb = ws * STRATA_WARP + lane; sb < nsub; sb += STRATA_WARP * wpr) {
-            const i32x4* xp = (const i32x4*)(xq + (i64)sb * 32);
-            const i32x4 a = xp[0], b = xp[1];
-            const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-            const float dx = xd[sb >> xd_shift];
-            const i64 boff = (i64)(sb / spb) * Fmt<QT>::BB;
-#pragma unroll
-            for (int i = 0; i < R; ++i) {
-                int w[8];
-                float s0, s1, mn;
-                Fmt<QT>::decode(wr[i] + boff, sb % spb, w, s0, s1, mn);
-                acc[i] += dx * dot32<QT>(w, s0, s1, mn, xv);
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < R; ++i) acc[i] = warp_sum(acc[i]);
-    if (wpr > 1) {
-        if (lane == 0)
-#pragma unroll
-            for (int i = 0; i < R; ++i) part[wid][i] = acc[i];
-        __syncthreads();
-        if (ws != 0) return;
-        for (int k = 1; k < wpr; ++k)
-#pragma unroll
-            for (int i = 0; i < R; ++i) acc[i] += part[wid + k][i];
-    }
-    if (lane == 0)
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-            const int r = r0 + i;
-            if (r < rows) {
-                float v = acc[i];
-                if (bias) v += bias[r];
-                if (resid) v += resid[r];
-                out[r] = v;
-            }
-        }
-}
-
-#define GEMV1R_ONE(name, QT, R)                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMV1R_MAX_WARPS* STRATA_WARP)                 \
-        gemv1r##R##_##name(const u8* W, const i8* xq, const float* xd, int xd_shift,            \
-                           const float* bias, const float* resid, float* out, int rows,         \
-                           int cols, int wpr) {                                                 \
-        STRATA_PDL_ENTER();                                                                     \
-        if (FMT_ON(QT)) gemv1_rows<QT, R>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr); \
-    }
-#define GEMV1R_KERNEL(name, QT) GEMV1R_ONE(name, QT, 1) GEMV1R_ONE(name, QT, 2) GEMV1R_ONE(name, QT, 4)
-STRATA_QFORMATS(GEMV1R_KERNEL)
 
 // ---- decode (T = 1), staged: gemv1s_* ----
 // gemv1w_*'s rows and warp split with the row bytes staged through shared memory
