@@ -6,16 +6,16 @@ weight copies, median), with its % of the measured device-to-device copy bandwid
 
 Builds (compile-time knobs of quant_blocks.cuh): plain, fast (STRATA_FAST_DECODE: sign bytes
 computed, IQ3_XXS qs read as words, Q4_K/Q5_K scales branch-free), fast+smem (and
-STRATA_SMEM_GRID: small i-quant grids in shared memory; the default), pf-l1 / pf-l2 (the default
-and common.cuh's STRATA_ROW_PREFETCH: every decode warp first prefetches its rows into L1 / L2).
+STRATA_SMEM_GRID: small i-quant grids in shared memory; the default).
 Experts (Qwen3-30B-A3B layer: D 2048, F 768, K 8; T 1 and 4): the decode kernel pairs
 "<gate/up>+<down>" of strata.gpu.experts (legacy, st1, st2, fq x legacy, st), each call = gate/up +
 the intermediate's Q8 quantization + down (fq: that quantization done by the gate/up kernel's last
-block of each pair, two launches instead of three; r2 / r4: 2 or 4 rows a warp). GEMV (T = 1)
+block of each pair, two launches instead of three). GEMV (T = 1)
 at attn_q/attn_kv/attn_o (--gemv-shapes: any of gpu_kernels.SHAPES): split (gemv1w_*) against
 staged (gemv1s_*).
-Defaults to flip afterwards: strata/gpu/experts.py DEFAULT_MOE_VARIANT, strata/gpu/gemv.py
-DEFAULT_GEMV1, strata/gpu/kernels/quant_blocks.cuh STRATA_FAST_DECODE / STRATA_SMEM_GRID.
+Defaults to flip afterwards: strata/gpu/experts.py DEFAULT_MOE_VARIANT / MOE_VARIANT_BY_TYPE,
+strata/gpu/gemv.py DEFAULT_GEMV1, strata/gpu/kernels/quant_blocks.cuh STRATA_FAST_DECODE /
+STRATA_SMEM_GRID.
 """
 
 from __future__ import annotations
@@ -29,7 +29,13 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from strata.bench.gpu_kernels import L2_BYTES, SHAPES, _copies, _copy_gbps, _Timer, _weights
-from strata.gpu.experts import DOWN_VARIANTS, GATE_UP_VARIANTS, SlotStore, moe_experts
+from strata.gpu.experts import (
+    DOWN_VARIANTS,
+    GATE_UP_VARIANTS,
+    SlotStore,
+    default_variant,
+    moe_experts,
+)
 from strata.gpu.gemv import gemv, gemv_ref
 from strata.gpu.norm_quant import ActBuf, norm_quant
 from strata.gpu.rawmod import Kernels
@@ -46,9 +52,6 @@ BUILDS = {  # the default build is fast+smem (quant_blocks.cuh)
     "plain": ("-DSTRATA_FAST_DECODE=0", "-DSTRATA_SMEM_GRID=0"),
     "fast": ("-DSTRATA_FAST_DECODE=1", "-DSTRATA_SMEM_GRID=0"),
     "fast+smem": (),
-    # common.cuh STRATA_ROW_PREFETCH: the decode warps prefetch their rows' lines (L1 / L2) first
-    "pf-l1": ("-DSTRATA_ROW_PREFETCH=1",),
-    "pf-l2": ("-DSTRATA_ROW_PREFETCH=2",),
 }
 N_EXP = 4  # distinct random experts, repeated over the slots
 
@@ -201,17 +204,15 @@ def sweep_gemv(cp, builds: dict, timer, rng, copy: float, quants=QUANTS, shapes=
 
 def summary(doc: dict) -> str:
     """The fastest correct variant per case, against the engine's current kernels."""
-    lines = ["", "best per case (vs the engine's current kernels: default build, legacy / split):"]
+    lines = ["", "best per case (vs the engine's current kernels: default build, its MoE pair / "
+             "split):"]  # fmt: skip
     cases: dict = {}
     for r in doc["experts"] + doc["gemv"]:
         key = (r["kind"], r["qtype"], r.get("T", r.get("shape")))
         cases.setdefault(key, []).append(r)
     for key, rs in cases.items():
-        cur = next(
-            (r for r in rs
-             if r["build"] == "fast+smem" and r["variant"] in ("legacy+legacy", "split")),
-            rs[0],
-        )  # fmt: skip
+        now = default_variant(QT[key[1]]) if key[0] == "experts" else "split"
+        cur = next((r for r in rs if r["build"] == "fast+smem" and r["variant"] == now), rs[0])
         good = [r for r in rs if r["ok"]]
         best = min(good, key=lambda r: r["us"]) if good else cur
         lines.append(f"{key[0]:7} {key[1]:8} {str(key[2]):8} now {cur['us']:7.2f} us "

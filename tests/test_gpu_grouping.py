@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from strata.gpu.experts import group_pairs
 
@@ -17,3 +18,19 @@ def test_group_pairs_tiles_cover_each_valid_pair_once():
     assert covered.tolist() == list(range(order.size)) and tn.max() <= 8
     for s, a, n in zip(ts, tf, tn, strict=True):
         assert np.all(flat[order[a : a + n]] == s)
+
+
+def test_moe_decode_variant_defaults_by_type_and_env_overrides(monkeypatch):
+    from gguf.constants import GGMLQuantizationType as QT
+
+    import strata.gpu.experts as ex
+
+    monkeypatch.setattr(ex, "MOE_VARIANT", None)
+    assert ex.parse_variant(None, QT.Q8_0) == ("legacy", "legacy")
+    for q in (QT.IQ3_XXS, QT.Q4_K, QT.Q6_K, QT.IQ1_M):
+        assert ex.parse_variant(None, q) == ("st1", "legacy")
+    assert ex.parse_variant("st2+st", QT.Q8_0) == ("st2", "st")  # an explicit variant wins
+    monkeypatch.setattr(ex, "MOE_VARIANT", "fq")  # STRATA_MOE_VARIANT: every type
+    assert ex.parse_variant(None, QT.Q8_0) == ex.parse_variant(None, QT.IQ3_XXS) == ("fq", "legacy")
+    with pytest.raises(ValueError, match="unknown MoE decode variant"):
+        ex.parse_variant("st3", QT.Q4_K)

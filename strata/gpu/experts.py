@@ -27,22 +27,31 @@ ST_WARPS = 4  # experts.cu MOE_ST_WARPS: warps a block of the staged (*_st*) ker
 # (one warp a row, weights read straight from global memory); st1 / st2 = moe_gate_up_st1/2
 # (1 or 2 rows a warp, row chunks staged through shared memory with 16-byte loads); st =
 # moe_down_st; fq = moe_gate_up_fq (moe_gate_up that also quantizes the intermediate, the last
-# block of each pair through a counter: no separate norm_quant launch, the same bits); r2 / r4 =
-# moe_gate_up_r2/4 (2 or 4 rows a warp read straight from global memory, ST_WARPS warps a
-# block: fewer blocks, more loads in flight a thread). Same sums
+# block of each pair through a counter: no separate norm_quant launch, the same bits). Same sums
 # in the same order; bench/experts_decode_sweep.py times them.
 GATE_UP_VARIANTS = {"legacy": ("moe_gate_up", 0), "st1": ("moe_gate_up_st1", 1),
-                    "st2": ("moe_gate_up_st2", 2), "fq": ("moe_gate_up_fq", 0),
-                    "r2": ("moe_gate_up_r2", 2), "r4": ("moe_gate_up_r4", 4)}  # fmt: skip
+                    "st2": ("moe_gate_up_st2", 2), "fq": ("moe_gate_up_fq", 0)}  # fmt: skip
 FUSED_QUANT = {"fq"}  # gate/up variants that quantize the intermediate themselves (need `cnt`)
 DOWN_VARIANTS = {"legacy": "moe_down", "st": "moe_down_st"}
-DEFAULT_MOE_VARIANT = "legacy+legacy"  # the engine's choice: set from the sweep's winner
-MOE_VARIANT = os.environ.get("STRATA_MOE_VARIANT", DEFAULT_MOE_VARIANT)
+# the engine's choice by the gate/up experts' type (STRATA_MOE_VARIANT overrides it for all):
+# st1+legacy, but legacy+legacy for Q8_0, whose plain loads the staging only slows. On the H200
+# (bench/results/session7-h200-20261130.md) st1 took 4-19% off the T = 1 and T = 4 MoE time of
+# IQ3_XXS, Q4_K, Q6_K, IQ1_M (even for IQ4_XS, IQ2_XXS) and 10% slower for Q8_0; the all-resident
+# IQ3_XXS decode went 310.2 / 311.5 -> 316.9 tok/s.
+DEFAULT_MOE_VARIANT = "st1+legacy"
+MOE_VARIANT_BY_TYPE = {QT.Q8_0: "legacy+legacy"}
+MOE_VARIANT = os.environ.get("STRATA_MOE_VARIANT")
 
 
-def parse_variant(variant: str | None) -> tuple[str, str]:
-    """'st2+st' -> ('st2', 'st'); a lone gate/up name keeps the legacy down kernel."""
-    gu, _, dn = (variant or MOE_VARIANT).partition("+")
+def default_variant(qtype) -> str:
+    """The decode kernel pair for gate/up experts of `qtype`: STRATA_MOE_VARIANT, else by type."""
+    return MOE_VARIANT or MOE_VARIANT_BY_TYPE.get(QT(int(qtype)), DEFAULT_MOE_VARIANT)
+
+
+def parse_variant(variant: str | None, qtype=QT.Q4_K) -> tuple[str, str]:
+    """'st2+st' -> ('st2', 'st'); a lone gate/up name keeps the legacy down kernel; None: the
+    default for gate/up experts of `qtype`."""
+    gu, _, dn = (variant or default_variant(qtype)).partition("+")
     dn = dn or "legacy"
     if gu not in GATE_UP_VARIANTS or dn not in DOWN_VARIANTS:
         raise ValueError(f"unknown MoE decode variant {variant!r} (gate/up: "
@@ -86,7 +95,7 @@ def moe_experts(
         raise ValueError(f"gate ({qg.name}) and up ({qu.name}) experts must share a type")
     d, f = dims
     gate, up, down = stores
-    gu, dn = parse_variant(variant)
+    gu, dn = parse_variant(variant, qg)
     wpb = K.warps_per_block(THREADS)
     block = (wpb * K.warp,)
     st_block = (ST_WARPS * K.warp,)

@@ -35,30 +35,6 @@ struct alignas(16) f32x4 {
 #define STRATA_PDL_ENTER() ((void)0)
 #endif
 
-// ---- row prefetch (compile-time knob STRATA_ROW_PREFETCH; 0 = off, the default) ----
-// A decode warp's weight loads wait on each other's decode (the compiler does not hoist a second
-// sub-block's loads above the first one's arithmetic), so each of a lane's sub-blocks costs one
-// memory latency. With 1 (L1) or 2 (L2) the warp first asks for every 128-byte line of its rows
-// (prefetch: no register, no wait), so the later loads find them on the way. NVIDIA only; a
-// no-op elsewhere (the HIP build and the host emulator).
-#ifndef STRATA_ROW_PREFETCH
-#define STRATA_ROW_PREFETCH 0
-#endif
-__device__ __forceinline__ void warp_prefetch(const u8* p, i64 n, int lane) {
-#if STRATA_ROW_PREFETCH && !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__)
-    const u8* a = (const u8*)((u64)p & ~(u64)127);
-    for (const u8* q = a + (i64)lane * 128; q < p + n; q += 128 * STRATA_WARP) {
-#if STRATA_ROW_PREFETCH == 1
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(q));
-#else
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
-#endif
-    }
-#else
-    (void)p, (void)n, (void)lane;
-#endif
-}
-
 // ---- warp shuffles (full warp; `width` keeps CDNA's wave64 honest) ----
 #if defined(STRATA_EMU)
 #define SHFL_XOR(v, m) emu::shfl_xor((v), (m))

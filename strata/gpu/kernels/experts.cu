@@ -43,8 +43,6 @@ __device__ __forceinline__ float moe_gate_up_row(const u8* __restrict__ gate,
     const i64 row_bytes = (i64)(D / Fmt<QT>::QK) * Fmt<QT>::BB;
     const u8* gr = gate + slot * slot_stride + f * row_bytes;
     const u8* ur = up + slot * slot_stride + f * row_bytes;
-    warp_prefetch(gr, row_bytes, lane);
-    warp_prefetch(ur, row_bytes, lane);
     float ag = 0.0f, au = 0.0f;
 #pragma unroll 2  // D = 2048: both of a lane's sub-blocks in flight at once
     for (int sb = lane; sb < nsub; sb += STRATA_WARP) {
@@ -82,61 +80,6 @@ __device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u
     const float a = moe_gate_up_row<QT>(gate, up, slot, slot_stride, hq, hd, xd_shift, p / K, f,
                                         D, lane, tab);
     if (lane == 0) act[(i64)p * F + f] = a;
-}
-
-// moe_gate_up with R consecutive rows (gate and up each) a warp: a lane's sub-block loads of the
-// 2R rows go out together and its activation is read once for them; R times fewer blocks. Per
-// row the sums and their order are moe_gate_up's (bit-identical).
-template <int QT, int R>
-__device__ __forceinline__ void moe_gate_up_rows(const u8* __restrict__ gate,
-                                                 const u8* __restrict__ up, i64 slot_stride,
-                                                 const i8* __restrict__ hq,
-                                                 const float* __restrict__ hd, int xd_shift,
-                                                 const i32* __restrict__ pair_slot, int K,
-                                                 float* __restrict__ act, int F, int D) {
-    __shared__ typename Fmt<QT>::tab_t smt[Stage<QT>::SM_TAB];
-    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);  // every thread, before any return
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int f0 = (blockIdx.x * (blockDim.x / STRATA_WARP) + wid) * R;
-    const int p = blockIdx.y;
-    if (f0 >= F) return;
-    const int slot = pair_slot[p];
-    if (slot < 0) return;
-    const i64 t = p / K;
-    const int nsub = D / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
-    const i64 row_bytes = (i64)(D / Fmt<QT>::QK) * Fmt<QT>::BB;
-    const u8* gr[R];
-    const u8* ur[R];
-    float ag[R], au[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-        const i64 off = slot * slot_stride + (i64)min(f0 + i, F - 1) * row_bytes;
-        gr[i] = gate + off;
-        ur[i] = up + off;
-        ag[i] = au[i] = 0.0f;
-    }
-#pragma unroll 2
-    for (int sb = lane; sb < nsub; sb += STRATA_WARP) {
-        const i32x4* xp = (const i32x4*)(hq + t * D + sb * 32);
-        const i32x4 a = xp[0], b = xp[1];
-        const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        const float dx = hd[t * nxd + (sb >> xd_shift)];
-        const i64 boff = (i64)(sb / spb) * Fmt<QT>::BB;
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-            int w[8];
-            float s0, s1, mn;
-            Fmt<QT>::decode(gr[i] + boff, sb % spb, w, s0, s1, mn, tab);
-            ag[i] += dx * dot32<QT>(w, s0, s1, mn, xv);
-            Fmt<QT>::decode(ur[i] + boff, sb % spb, w, s0, s1, mn, tab);
-            au[i] += dx * dot32<QT>(w, s0, s1, mn, xv);
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-        const float g = warp_sum(ag[i]), u = warp_sum(au[i]);
-        if (lane == 0 && f0 + i < F) act[(i64)p * F + f0 + i] = g / (1.0f + expf(-g)) * u;
-    }
 }
 
 struct VolatileRow {  // q8_quant.cuh's source: a row other blocks wrote (loads skip the L1)
@@ -198,12 +141,6 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
     const i64 row_bytes = (i64)(F / Fmt<QT>::QK) * Fmt<QT>::BB;
     // the lanes share out the (pair, sub-block) items of all K pairs: every pair's weights are
     // in flight at once (F = 768 is only 24 sub-blocks: one pair alone would idle the warp)
-#if STRATA_ROW_PREFETCH
-    for (int k = 0; k < K; ++k) {
-        const int slot = pair_slot[t * K + k];
-        if (slot >= 0) warp_prefetch(down + slot * slot_stride + d * row_bytes, row_bytes, lane);
-    }
-#endif
     float acc = 0.0f;
 #pragma unroll 6  // K = 8, F = 768: a lane's 6 items in flight at once
     for (int j = lane; j < K * nsub; j += STRATA_WARP) {
@@ -369,18 +306,6 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
                          resid);                                                               \
     }
 STRATA_QFORMATS(MOE_KERNELS)
-
-#define MOE_ROWS_ONE(name, QT, R)                                                              \
-    extern "C" __global__ void moe_gate_up_r##R##_##name(                                      \
-        const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
-        int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
-        STRATA_PDL_ENTER();                                                                    \
-        if (FMT_ON(QT))                                                                        \
-            moe_gate_up_rows<QT, R>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K,     \
-                                    act, F, D);                                                \
-    }
-#define MOE_ROWS_KERNELS(name, QT) MOE_ROWS_ONE(name, QT, 2) MOE_ROWS_ONE(name, QT, 4)
-STRATA_QFORMATS(MOE_ROWS_KERNELS)
 
 #define MOE_ST_KERNELS(name, QT)                                                               \
     extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \

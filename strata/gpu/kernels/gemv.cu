@@ -148,7 +148,6 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
     float acc = 0.0f;
     if (r < rows) {
         const u8* wr = W + (i64)r * (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
-        warp_prefetch(wr, (i64)(cols / Fmt<QT>::QK) * Fmt<QT>::BB, lane);
 #pragma unroll 2
         for (int sb = ws * STRATA_WARP + lane; sb < nsub; sb += STRATA_WARP * wpr) {
             int w[8];
