@@ -152,12 +152,30 @@ def _copies(nbytes: int) -> int:
     return int(min(512, max(4, -(-4 * L2_BYTES // max(nbytes, 1)))))
 
 
+def _copy_same_size(cp, timer: _Timer, nbytes: int) -> tuple[float, float]:
+    """(us, GB/s) of cudaMemcpyAsync moving `nbytes` through memory (nbytes / 2 read, as many
+    written), as a graph over L2-cold buffers like the GEMVs': what a copy achieves at the
+    size a kernel reads, where launch, ramp and one memory latency weigh as they do on it."""
+    half = max(256, nbytes // 2 // 256 * 256)
+    n = _copies(nbytes)
+    src = cp.ones((n, half), np.uint8)
+    dst = cp.empty((n, half), np.uint8)
+    kind = cp.cuda.runtime.memcpyDeviceToDevice
+    calls = [lambda d=dst[c].data.ptr, s=src[c].data.ptr:
+             cp.cuda.runtime.memcpyAsync(d, s, half, kind, timer.stream.ptr)
+             for c in range(n)]  # fmt: skip
+    us, _ = timer.graph_us(calls)
+    del src, dst
+    return us, 2 * half / (us * 1e-6) / 1e9
+
+
 def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
     from strata.gpu.gemv import gemv
     from strata.gpu.norm_quant import ActBuf, norm_quant
     from strata.quant import fmt
 
     rows_out = []
+    same: dict[int, tuple[float, float]] = {}  # bytes -> the same-size copy's (us, GB/s)
     for qt in GEMV_QUANTS:
         for shape, (rows, cols) in SHAPES.items():
             legacy = qt in LEGACY_QUANTS and shape in LEGACY_SHAPES
@@ -172,12 +190,15 @@ def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
             out = cp.empty((1, rows), np.float32)
             cp.cuda.Device().synchronize()  # weights and activation in place before the timer's
             # (non-blocking) stream reads them
+            moved = nbytes + cols + 4 * rows
+            if moved not in same:
+                same[moved] = _copy_same_size(cp, timer, moved)
+            same_us, same_gbps = same[moved]
             # the default kernel also as a PDL chain (each launch's start overlaps the last's end)
             arms = [(False, None)] + [(False, K)] * K.pdl_available + [(True, None)] * legacy
             for old, pdl in arms:
                 calls = [lambda w=w, a=act, y=out, o=old: gemv(K, w, a, y, 1, legacy=o) for w in ws]
                 us, how = timer.graph_us(calls, pdl=pdl)
-                moved = nbytes + cols + 4 * rows
                 gbps = moved / (us * 1e-6) / 1e9
                 rows_out.append(
                     dict(
@@ -191,6 +212,9 @@ def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
                         us=round(us, 2),
                         gbps=round(gbps, 1),
                         pct_copy=round(100 * gbps / copy_gbps, 1),
+                        copy_same_size_us=round(same_us, 2),
+                        copy_same_size_gbps=round(same_gbps, 1),
+                        pct_copy_same_size=round(100 * gbps / same_gbps, 1),
                         timing=how,
                     )  # fmt: skip
                 )
@@ -477,12 +501,15 @@ def table(doc: dict) -> str:
             f"{r['us']:.2f} us per launch ({r['timing']})"
         )
     lines.append(
-        f"{'gemv':8} {'kernel':7} {'shape':12} {'us':>8} {'GB/s':>8} {'% copy':>7}  timing"
+        f"{'gemv':8} {'kernel':7} {'shape':12} {'us':>8} {'GB/s':>8} {'% copy':>7}  "
+        f"{'same-size copy':>14} {'% of it':>7}  timing"
     )
     for r in doc["gemv"]:
+        same = (f"{r['copy_same_size_us']:6.2f} us {r['pct_copy_same_size']:6.1f}%"
+                if "copy_same_size_us" in r else " " * 17)  # fmt: skip
         lines.append(
             f"{r['qtype']:8} {r.get('variant', 'gemv1'):7} {r['shape']:12} {r['us']:8.2f} "
-            f"{r['gbps']:8.1f} {r['pct_copy']:6.1f}%  {r.get('timing', '')}"
+            f"{r['gbps']:8.1f} {r['pct_copy']:6.1f}%  {same}  {r.get('timing', '')}"
         )
     for r in doc["attention"]:
         lines.append(
