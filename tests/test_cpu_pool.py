@@ -122,8 +122,6 @@ def test_pool_is_deterministic_across_calls_threads_region_modes_and_quant_arms(
         ExpertPool(2, quant_min_tasks=1, fused=False),
         ExpertPool(2, parallel_quant=False, fused=False),
         ExpertPool(2, prefetch_l2=True, prefetch_bytes=16384),  # prefetch: placement, not bits
-        ExpertPool(2, barrier="counter"),  # the fused region's other barrier
-        ExpertPool(2, barrier="flags", parallel_quant=False),
     ):
         for _ in range(3):
             assert np.array_equal(pool.run_layer(x, *args, lw), first)
@@ -222,12 +220,6 @@ def test_pool_knobs_come_from_the_environment(monkeypatch):
     assert pool._knobs(True)[2] == 32  # a set threshold holds in the fused region too
     assert ExpertPool(1, parallel_quant=True, fused=True).parallel_quant
     assert ExpertPool(1, fused=True).fused
-    assert ExpertPool(1).barrier == "flags"
-    monkeypatch.setenv("STRATA_POOL_BARRIER", "counter")
-    assert ExpertPool(1).barrier == "counter" and ExpertPool(1, barrier="flags").barrier == "flags"
-    monkeypatch.setenv("STRATA_POOL_BARRIER", "ticket")
-    with pytest.raises(ValueError, match="unknown pool barrier 'ticket'"):
-        ExpertPool(1)
 
 
 def test_cpu_pool_arm_reports_bandwidth(tmp_path):
@@ -279,12 +271,10 @@ def test_layout_ab_arms_carry_pool_prefetch_options():
     assert arm_spec("gguf") == ("gguf", {})
     want = ("repack", {"prefetch_l2": True, "prefetch_bytes": 8192})
     assert arm_spec("repack@l2@pf=8192") == want
-    assert arm_spec("gguf@counter@l1") == ("gguf", {"barrier": "counter", "prefetch_l2": False})
     with pytest.raises(ValueError, match="unknown pool option 'x'"):
         arm_spec("gguf@x")
-    rows = run_layout_ab("tiny", "IQ1_M", ("gguf", "gguf@l2@pf=8192@counter"), tokens=1,
-                         threads=1, repeats=2, print_table=False)  # fmt: skip
+    rows = run_layout_ab("tiny", "IQ1_M", ("gguf", "gguf@l2@pf=8192"), tokens=1, threads=1,
+                         repeats=2, print_table=False)  # fmt: skip
     assert [(r["prefetch_l2"], r["prefetch_bytes"]) for r in rows] == [(False, 4096), (True, 8192)]
-    assert [r["barrier"] for r in rows] == ["flags", "counter"]
-    assert rows[1]["layout"].endswith("@l2@pf=8192@counter")
+    assert rows[1]["layout"].endswith("@l2@pf=8192")
     assert rows[0]["weight_bytes_read"] == rows[1]["weight_bytes_read"] > 0  # one layer, shared

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 7, call AE: the CPU pool's fused-region barrier, per-thread flags (new default) against
-# the shared atomic counter: the pool's determinism test at 16 threads, the fixed cost per call
+# Session 7, call AE (ran at d6b2989; the barrier arms went out again after call AF): the CPU
+# pool's fused-region barrier, per-thread flags against the shared atomic counter: the pool's determinism test at 16 threads, the fixed cost per call
 # with no experts (both barriers), and one Qwen3-30B-A3B layer at T = 1 for IQ3_XXS, both layouts,
 # the barrier arms interleaved call by call in one process.
 . bench/h200/lib.sh

@@ -303,11 +303,8 @@ def run_quant_ab(
 
 
 def arm_spec(spec: str) -> tuple[str, dict]:
-    """A layout A/B arm: "gguf", "gguf@l2", "repack@pf=16384", "gguf@counter": the layout, then
-    the pool's knobs (l2 / l1: rows ahead into L2 or L1; pf=N: at least N bytes ahead; counter /
-    flags: the fused region's barrier, pool.BARRIERS)."""
-    from strata.cpu.pool import BARRIERS
-
+    """A layout A/B arm: "gguf", "gguf@l2", "repack@pf=16384": the layout, then the pool's
+    prefetch knobs (l2 / l1: rows ahead into L2 or L1; pf=N: at least N bytes ahead)."""
     lay, *opts = spec.split("@")
     kw: dict = {}
     for o in opts:
@@ -315,11 +312,8 @@ def arm_spec(spec: str) -> tuple[str, dict]:
             kw["prefetch_l2"] = o == "l2"
         elif o.startswith("pf=") and o[3:].isdigit():
             kw["prefetch_bytes"] = int(o[3:])
-        elif o in BARRIERS:
-            kw["barrier"] = o
         else:
-            raise ValueError(f"unknown pool option {o!r} in arm {spec!r} (l1, l2, pf=BYTES, "
-                             f"{', '.join(BARRIERS)})")  # fmt: skip
+            raise ValueError(f"unknown pool option {o!r} in arm {spec!r} (l1, l2, pf=BYTES)")
     return lay, kw
 
 
@@ -384,7 +378,6 @@ def run_layout_ab(
                 + "".join("@" + o for o in lay.split("@")[1:]),
                 "prefetch_bytes": pools[lay].prefetch_bytes,
                 "prefetch_l2": pools[lay].prefetch_l2,
-                "barrier": pools[lay].barrier,
                 "kernels": [lw.gate.kernel, lw.up.kernel, lw.down.kernel],
                 "threads": threads,
                 "tokens": tokens,

@@ -16,8 +16,7 @@ weights' vec_dot type. Phases inside the one jitted function:
     4. down + weighted sum: D rows split evenly, all active experts        parallel
 
 The fused mode (default) runs phases 1-4 as one parallel region, one iteration per thread, with
-a spin barrier between phases (each thread's arrival in a cache line of its own, thread 0
-releasing the rest: `_barrier`): a Numba parallel region costs ~3 us to launch
+a spin barrier (an atomic counter) between phases: a Numba parallel region costs ~3 us to launch
 on 2 threads and more on 16, and a decode layer with 1-3 missed experts has only tens of us of
 work. One thread runs everything without any region. The per-phase mode (STRATA_POOL_FUSED=0,
 or a threading layer that may run two iterations on one thread) launches one region per phase.
@@ -50,7 +49,6 @@ from strata.cpu.kernels.dispatch import dot, specialized
 from strata.cpu.kernels.simd import (
     atomic_add,
     atomic_load,
-    atomic_store,
     cpu_relax,
     os_yield,
     prefetch_row,
@@ -107,23 +105,17 @@ SPIN_LIMIT = 1 << 24  # barrier checks before giving up (seconds of yields): the
 FUSED_LAYERS = ("omp", "workqueue")
 
 
-BAR_STRIDE = 16  # int64s between the flag barrier's slots (128 bytes: lines of their own)
-# the fused region's barrier between phases (STRATA_POOL_BARRIER): "flags" = each thread
-# publishes its arrival in a slot of its own, thread 0 waits on them and releases the others
-# through one more slot; "counter" = one atomic counter every thread adds to and all poll (its
-# cache line bounces between 16 cores while they add: ~5.6 us a barrier on the H200's host)
-BARRIERS = {"counter": 1, "flags": 2}  # the `fused` code of _run_layer (0: a region a phase)
-DEFAULT_BARRIER = "flags"
-
-
 @njit(cache=True)
-def _wait_at_least(bar, i, target):
-    """Wait until bar[i] >= target: SPIN_BEFORE_YIELD spins (a phase's usual imbalance), then
-    the core is yielded on every check (on a shared machine the thread it waits for may be
-    waiting for a core: a pure spin measured 20 ms per call on the busy 2-vCPU box). False
-    after SPIN_LIMIT checks: some thread never came (see FUSED_LAYERS)."""
+def _barrier(bar, target):
+    """Arrive, then wait until `target` arrivals in total (bar[0] counts up through the call).
+
+    Spins SPIN_BEFORE_YIELD times (a phase's usual imbalance), then yields the core on
+    every check: on a shared machine the thread it waits for may be waiting for a core (a pure
+    spin measured 20 ms per call on the busy 2-vCPU box). False after SPIN_LIMIT checks: some
+    thread never came (see FUSED_LAYERS)."""
+    atomic_add(bar, 0, 1)
     spins = 0
-    while atomic_load(bar, i) < target:
+    while atomic_load(bar, 0) < target:
         if spins < SPIN_BEFORE_YIELD:
             cpu_relax()
         else:
@@ -131,26 +123,6 @@ def _wait_at_least(bar, i, target):
         spins += 1
         if spins > SPIN_LIMIT:
             return False
-    return True
-
-
-@njit(cache=True)
-def _barrier(bar, tid, nt, phase, kind):
-    """Phase `phase` (1, 2, 3 in a call) ends for thread tid once every thread reached it.
-
-    kind 1 (counter): arrive on bar[0], wait for phase * nt arrivals. kind 2 (flags): thread t
-    > 0 stores `phase` in slot t and waits for it in slot nt; thread 0 waits for it in every
-    slot, then stores it in slot nt. The slots are BAR_STRIDE apart and zeroed before a call."""
-    if kind == 1:
-        atomic_add(bar, 0, 1)
-        return _wait_at_least(bar, 0, phase * nt)
-    if tid != 0:
-        atomic_store(bar, tid * BAR_STRIDE, phase)
-        return _wait_at_least(bar, nt * BAR_STRIDE, phase)
-    for t in range(1, nt):
-        if not _wait_at_least(bar, t * BAR_STRIDE, phase):
-            return False
-    atomic_store(bar, nt * BAR_STRIDE, phase)
     return True
 
 
@@ -262,27 +234,26 @@ def _quant_x(tid, nt, x, ag, actg, au, actu):
 @njit(cache=True)
 def _fused_share(
     tid, nt, q1, q3, n, f, dim, chunk, pf, pfl2, x, tok, wt, order, start, cnt, active, na,
-    gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, kind,
+    gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
 ):  # fmt: skip
-    """All four phases for thread tid in one parallel region, a spin barrier (`kind`, see
-    _barrier) between phases.
+    """All four phases for thread tid in one parallel region, a spin barrier between phases.
 
     Phases 1 and 3 run on thread 0 alone when their quantization is not parallel (q1, q3)."""
     tid = np.int64(tid)
     if q1 or tid == 0:
         _quant_x(tid if q1 else np.int64(0), nt if q1 else 1, x, ag, actg, au, actu)
-    if not _barrier(bar, tid, nt, 1, kind):
+    if not _barrier(bar, nt):
         stats[2] = 1
         return
     _gate_up_share(
         tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2
     )
-    if not _barrier(bar, tid, nt, 2, kind):
+    if not _barrier(bar, 2 * nt):
         stats[2] = 1
         return
     if q3 or tid == 0:
         _quant_share(tid if q3 else np.int64(0), nt if q3 else 1, h, n, ad, acth)
-    if not _barrier(bar, tid, nt, 3, kind):
+    if not _barrier(bar, 3 * nt):
         stats[2] = 1
         return
     _down_share(
@@ -328,13 +299,12 @@ def _run_layer(
         cnt[ex[j]] += 1
     q1 = par_quant and t_n >= min_tasks
     q3 = par_quant and n >= min_tasks
-    for i in range(0, (nt + 1) * BAR_STRIDE, BAR_STRIDE):
-        bar[i] = 0
+    bar[0] = 0
     if nt == 1:  # no parallel region at all (a region of one thread still costs ~2.5 us)
         _fused_share(
             0, 1, False, False, n, f, dim, chunk, pf, pfl2, x, tok, wt, order, start, cnt, active,
             na,
-            gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, 1,
+            gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
         )  # fmt: skip
         return na
     if fused:
@@ -343,7 +313,6 @@ def _run_layer(
                 tid, nt, q1, q3, n, f, dim, chunk, pf, pfl2, x, tok, wt, order, start, cnt, active,
                 na,
                 gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
-                fused,
             )  # fmt: skip
         return -ERR_BARRIER if stats[2] else na
     # one parallel region per phase (and none for a quantization on the calling thread)
@@ -391,8 +360,7 @@ class ExpertPool:
     `fused` (env STRATA_POOL_FUSED, default on) runs the four phases in one parallel region with
     a spin barrier between them instead of one region per phase; it needs a threading layer that
     runs prange(nt) one iteration per thread (FUSED_LAYERS: omp, workqueue) and is switched off,
-    with a message, elsewhere. Both ways give the same bits. `barrier` (env STRATA_POOL_BARRIER,
-    `BARRIERS`, default DEFAULT_BARRIER) is the spin barrier's kind.
+    with a message, elsewhere. Both ways give the same bits.
     """
 
     def __init__(
@@ -404,7 +372,6 @@ class ExpertPool:
         fused: bool | None = None,
         prefetch_bytes: int | None = None,
         prefetch_l2: bool | None = None,
-        barrier: str | None = None,
     ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
@@ -427,10 +394,6 @@ class ExpertPool:
         self.quant_min_tasks = int(quant_min_tasks)
         self.row_chunk = int(row_chunk)
         self.fused = bool(fused)
-        barrier = barrier or os.environ.get("STRATA_POOL_BARRIER") or DEFAULT_BARRIER
-        if barrier not in BARRIERS:
-            raise ValueError(f"unknown pool barrier {barrier!r} (one of {', '.join(BARRIERS)})")
-        self.barrier = barrier
         if prefetch_bytes is None:
             prefetch_bytes = int(os.environ.get("STRATA_POOL_PREFETCH_BYTES", PREFETCH_BYTES))
         self.prefetch_bytes = int(prefetch_bytes)
@@ -447,7 +410,7 @@ class ExpertPool:
         self._ws_args: tuple = ()
         self._outs: dict[int, np.ndarray] = {}  # views of the output workspace by T
         self._stats = np.zeros(3, np.int64)
-        self._bar = np.zeros((limit + 1) * BAR_STRIDE, np.int64)  # the barrier's slots
+        self._bar = np.zeros(16, np.int64)  # barrier counter (its own cache line)
         self._entries: dict[tuple, object] = {}
         self._plans: dict[int, tuple] = {}  # id(LayerWeights) -> (lw, weight args, entries)
         self.last_active_experts = 0
@@ -545,7 +508,7 @@ class ExpertPool:
             self.row_chunk,
             self.prefetch_bytes,
             self.prefetch_l2,
-            BARRIERS[self.barrier] if fused else 0,
+            fused,
         )
 
     # ---- the call

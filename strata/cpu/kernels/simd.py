@@ -258,19 +258,6 @@ def atomic_load(typingctx, arr, i):
     return sig, codegen
 
 
-@intrinsic
-def atomic_store(typingctx, arr, i, v):
-    """arr[i] = v on an int64 array as a release store (what was written before is seen first)."""
-    sig = types.void(arr, types.intp, types.int64)
-
-    def codegen(context, builder, sg, args):
-        p = _i64_ptr(context, builder, sg.args[0], args[0], args[1])
-        builder.store_atomic(args[2], p, "release", 8)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 _X86 = bool({"sse2", "avx2"} & FEATURES)
 
 
