@@ -35,9 +35,9 @@ FUSED_QUANT = {"fq"}  # gate/up variants that quantize the intermediate themselv
 DOWN_VARIANTS = {"legacy": "moe_down", "st": "moe_down_st"}
 # the engine's choice by the gate/up experts' type (STRATA_MOE_VARIANT overrides it for all):
 # st1+legacy, but legacy+legacy for Q8_0, whose plain loads the staging only slows. On the H200
-# (bench/results/session7-h200-20261130.md) st1 took 4-19% off the T = 1 and T = 4 MoE time of
-# IQ3_XXS, Q4_K, Q6_K, IQ1_M (even for IQ4_XS, IQ2_XXS) and 10% slower for Q8_0; the all-resident
-# IQ3_XXS decode went 310.2 / 311.5 -> 316.9 tok/s.
+# (bench/results/session7-h200-20261130.md) st1 took 4-26% off the T = 1 and T = 4 MoE time of
+# IQ3_XXS, Q4_K, Q6_K, IQ1_M, was level for IQ4_XS and IQ2_XXS and cost Q8_0 5-11%; the
+# all-resident IQ3_XXS decode went 312.1 / 313.1 -> 316.5 / 316.1 tok/s (alternating runs).
 DEFAULT_MOE_VARIANT = "st1+legacy"
 MOE_VARIANT_BY_TYPE = {QT.Q8_0: "legacy+legacy"}
 MOE_VARIANT = os.environ.get("STRATA_MOE_VARIANT")

@@ -65,7 +65,7 @@ class Kernels:
         self.warp = int(warp_size)
         self.sm_count = int(sm_count)
         # more compiler options (-D knobs of a build under test); STRATA_KERNEL_DEFINES adds
-        # its own ("-DSTRATA_ROW_PREFETCH=1 ..."): the engine's kernels built as a bench arm's
+        # its own ("-DSTRATA_FAST_DECODE=0 ..."): the engine's kernels built as a bench arm's
         env = os.environ.get("STRATA_KERNEL_DEFINES", "").split()
         bad = [o for o in env if not re.fullmatch(r"-DSTRATA_[A-Z0-9_]+(=[0-9]+)?", o)]
         if bad:
