@@ -32,5 +32,8 @@ def test_moe_decode_variant_defaults_by_type_and_env_overrides(monkeypatch):
     assert ex.parse_variant("st2+st", QT.Q8_0) == ("st2", "st")  # an explicit variant wins
     monkeypatch.setattr(ex, "MOE_VARIANT", "fq")  # STRATA_MOE_VARIANT: every type
     assert ex.parse_variant(None, QT.Q8_0) == ex.parse_variant(None, QT.IQ3_XXS) == ("fq", "legacy")
-    with pytest.raises(ValueError, match="unknown MoE decode variant"):
+    with pytest.raises(ValueError, match="unknown MoE decode variant 'st3' \\(gate/up"):
         ex.parse_variant("st3", QT.Q4_K)
+    monkeypatch.setattr(ex, "MOE_VARIANT", "st9+legacy")
+    with pytest.raises(ValueError, match="'st9\\+legacy' \\(STRATA_MOE_VARIANT\\)"):
+        ex.parse_variant(None, QT.Q4_K)

@@ -51,10 +51,12 @@ def default_variant(qtype) -> str:
 def parse_variant(variant: str | None, qtype=QT.Q4_K) -> tuple[str, str]:
     """'st2+st' -> ('st2', 'st'); a lone gate/up name keeps the legacy down kernel; None: the
     default for gate/up experts of `qtype`."""
-    gu, _, dn = (variant or default_variant(qtype)).partition("+")
+    name = variant or default_variant(qtype)
+    gu, _, dn = name.partition("+")
     dn = dn or "legacy"
     if gu not in GATE_UP_VARIANTS or dn not in DOWN_VARIANTS:
-        raise ValueError(f"unknown MoE decode variant {variant!r} (gate/up: "
+        src = "" if variant else " (STRATA_MOE_VARIANT)"
+        raise ValueError(f"unknown MoE decode variant {name!r}{src} (gate/up: "
                          f"{sorted(GATE_UP_VARIANTS)}, down: {sorted(DOWN_VARIANTS)})")  # fmt: skip
     return gu, dn
 
