@@ -10,9 +10,8 @@ STRATA_SMEM_GRID: small i-quant grids in shared memory; the default).
 Experts (Qwen3-30B-A3B layer: D 2048, F 768, K 8; T 1 and 4): the decode kernel pairs
 "<gate/up>+<down>" of strata.gpu.experts (legacy, st1, st2, fq x legacy, st), each call = gate/up +
 the intermediate's Q8 quantization + down (fq: that quantization done by the gate/up kernel's last
-block of each pair, two launches instead of three). GEMV (T = 1)
-at attn_q/attn_kv/attn_o (--gemv-shapes: any of gpu_kernels.SHAPES): split (gemv1w_*) against
-staged (gemv1s_*).
+block of each pair, two launches instead of three). GEMV (T = 1) at attn_q/attn_kv/attn_o
+(--gemv-shapes: any of gpu_kernels.SHAPES): split (gemv1w_*) against staged (gemv1s_*).
 Defaults to flip afterwards: strata/gpu/experts.py DEFAULT_MOE_VARIANT / MOE_VARIANT_BY_TYPE,
 strata/gpu/gemv.py DEFAULT_GEMV1, strata/gpu/kernels/quant_blocks.cuh STRATA_FAST_DECODE /
 STRATA_SMEM_GRID.
@@ -35,6 +34,7 @@ from strata.gpu.experts import (
     SlotStore,
     default_variant,
     moe_experts,
+    parse_variant,
 )
 from strata.gpu.gemv import gemv, gemv_ref
 from strata.gpu.norm_quant import ActBuf, norm_quant
@@ -178,7 +178,7 @@ def sweep_gemv(cp, builds: dict, timer, rng, copy: float, quants=QUANTS, shapes=
                 act = ActBuf(cp, c, 1, ws[0].vec_dot)
                 norm_quant(K, cp.asarray(x), 1, act=act)
                 split = None
-                for v in ("split",) + tuple(x for x in variants if x != "split"):
+                for v in ("split",) + tuple(u for u in variants if u != "split"):
                     out[...] = 0
                     gemv(K, ws[0], act, out, 1, variant=v)
                     got = cp.asnumpy(out)
@@ -244,12 +244,17 @@ def main() -> None:
     ns = ap.parse_args()
     try:
         quants = tuple(QT[q] for q in ns.quants.split(","))
-        bad = [b for b in ns.builds.split(",") if b not in BUILDS]
-        bad += [s for s in ns.gemv_shapes.split(",") if s not in SHAPES]
+        for v in ns.moe_variants.split(",") if ns.moe_variants else ():
+            parse_variant(v, quants[0])
     except KeyError as e:
         ap.error(f"unknown quant {e}")
+    except ValueError as e:
+        ap.error(str(e))
+    bad = [b for b in ns.builds.split(",") if b not in BUILDS]
+    bad += [s for s in ns.gemv_shapes.split(",") if s not in SHAPES]
+    bad += [v for v in ns.gemv_variants.split(",") if v not in GEMV_VARIANTS]
     if bad:
-        ap.error(f"unknown build or shape: {', '.join(bad)}")
+        ap.error(f"unknown build, shape or GEMV variant: {', '.join(bad)}")
     import cupy as cp
 
     from strata.gpu.device import primary_device
@@ -263,7 +268,7 @@ def main() -> None:
     copy = max(_copy_gbps(cp, timer).values())
     print(f"{info.describe()} | device-to-device copy {copy:.0f} GB/s", flush=True)
     doc = {"device": info.describe(), "copy_gbps": round(copy, 1),
-           "builds": {b: list(e) for b, e in BUILDS.items()}}  # fmt: skip
+           "builds": {b: list(BUILDS[b]) for b in builds}}  # fmt: skip
     mv = ns.moe_variants.split(",") if ns.moe_variants else None
     doc["experts"] = (
         [] if ns.no_experts else sweep_experts(cp, builds, timer, rng, copy, quants, mv)

@@ -48,7 +48,7 @@ def default_variant(qtype) -> str:
     return MOE_VARIANT or MOE_VARIANT_BY_TYPE.get(QT(int(qtype)), DEFAULT_MOE_VARIANT)
 
 
-def parse_variant(variant: str | None, qtype=QT.Q4_K) -> tuple[str, str]:
+def parse_variant(variant: str | None, qtype) -> tuple[str, str]:
     """'st2+st' -> ('st2', 'st'); a lone gate/up name keeps the legacy down kernel; None: the
     default for gate/up experts of `qtype`."""
     name = variant or default_variant(qtype)
