@@ -81,6 +81,44 @@ def kernel_ceiling(quant: str, rows: int = 256, cols: int = 2048, layout=None) -
 
 
 @njit(parallel=True)
+def _rows_all(code, ws, act, ys, reps):
+    literally(code)
+    for t in prange(ws.shape[0]):  # one thread a copy: thread t on its own L2-resident matrix
+        for _ in range(reps):
+            for r in range(ws.shape[1]):
+                ys[t, r] += K.dot(code, ws[t], r, act[0], act[1], act[2], act[3], act[4], 0)
+
+
+def kernel_ceiling_threads(
+    quant: str, threads: int, rows: int = 256, cols: int = 2048, layout=None, reps: int = 8
+) -> dict:
+    """`kernel_ceiling` with `threads` cores at once, each on its own copy (still in its L2):
+    per-core Gweights/s when every core computes (shared frequency budget, shared core
+    resources if the host's cores are hyperthreads), against the same code on one thread."""
+    rng = np.random.default_rng(0)
+    qt = fmt(quant).qtype
+    w = random_quantized(qt, (1, rows, cols), rng, 0.05)
+    m = prepare(qt, (1, rows, cols), w, layout=layout)
+    act = quantize_act(rng.standard_normal((1, cols)).astype(np.float32), fmt(qt).vec_dot)
+    out = {"quant": quant, "layout": m.layout, "kernel": m.kernel, "rows": rows, "cols": cols}
+    prev = numba.get_num_threads()
+    try:
+        for nt in sorted({1, threads}):
+            numba.set_num_threads(nt)
+            ws = np.ascontiguousarray(np.broadcast_to(m.data, (nt,) + m.data.shape))
+            ys = np.zeros((nt, rows), np.float32)
+            run = K.specialized(_rows_all, (m.kernel, ws, act, ys, reps), (0,))
+            run(m.kernel, ws, act, ys, reps)
+            best = min(_timed(run, m.kernel, ws, act, ys, reps) for _ in range(30))
+            out[f"gweights_s_per_core_t{nt}"] = rows * cols * reps / best / 1e9
+    finally:
+        numba.set_num_threads(prev)
+    out["threads"] = threads
+    out["scaling"] = out[f"gweights_s_per_core_t{threads}"] / out["gweights_s_per_core_t1"]
+    return out
+
+
+@njit(parallel=True)
 def _empty_region(nt, a):
     for i in prange(nt):
         a[i] += 1
@@ -199,6 +237,12 @@ def main() -> None:
         help="layouts timed against each other, calls interleaved (e.g. repack,gguf)",
     )
     ap.add_argument("--ceiling-only", action="store_true", help="only the one-core kernel table")
+    ap.add_argument(
+        "--ceiling-threads",
+        type=int,
+        default=0,
+        help="also each kernel on this many cores at once, each on its own L2-resident copy",
+    )
     ap.add_argument("--wait-quiet", action="store_true", help="wait for an idle machine first")
     ap.add_argument("--overhead", action="store_true", help="also the per-call fixed cost table")
     ap.add_argument(
@@ -227,6 +271,11 @@ def main() -> None:
     # layouts (None: the pool's default); "@" pool options don't matter here
     kl = dict.fromkeys(x.split("@")[0] if x else x for x in lays)
     ceil = [] if a.overhead_only else [kernel_ceiling(q, layout=x) for q in quants for x in kl]
+    ceil_all = (
+        [kernel_ceiling_threads(q, a.ceiling_threads, layout=x) for q in quants for x in kl]
+        if a.ceiling_threads and not a.overhead_only
+        else []
+    )
     pool = []
     for q in [] if a.overhead_only or a.ceiling_only or a.layout_ab else quants:
         for t in threads:
@@ -264,7 +313,7 @@ def main() -> None:
         if a.ab
         else []
     )
-    md = _markdown(a, ceil, pool, ab, ovh, lab)
+    md = _markdown(a, ceil, pool, ab, ovh, lab, ceil_all)
     print(md)
     if a.out:
         with open(a.out + ".md", "w") as f:
@@ -273,6 +322,7 @@ def main() -> None:
             json.dump(
                 {
                     "kernels": ceil,
+                    "kernels_all_cores": ceil_all,
                     "pool": pool,
                     "quant_ab": ab,
                     "layout_ab": lab,
@@ -285,7 +335,7 @@ def main() -> None:
             )
 
 
-def _markdown(a, ceil, pool, ab, ovh=(), lab=()) -> str:
+def _markdown(a, ceil, pool, ab, ovh=(), lab=(), ceil_all=()) -> str:
     m = machine()
     out = [
         f"# CPU pool: {a.shape}, T={a.tokens}",
@@ -299,6 +349,7 @@ def _markdown(a, ceil, pool, ab, ovh=(), lab=()) -> str:
         f"{' --layout ' + a.layout if a.layout else ''}"
         f"{' --layout-ab ' + a.layout_ab if a.layout_ab else ''}"
         f"{' --ceiling-only' if a.ceiling_only else ''}"
+        f"{f' --ceiling-threads {a.ceiling_threads}' if a.ceiling_threads else ''}"
         f"{' --ab' if a.ab else ''}{' --overhead' if a.overhead else ''}"
         f"{' --overhead-only' if a.overhead_only else ''}"
         f"{' --baseline-pool ' + a.baseline_pool if a.baseline_pool else ''}`",
@@ -344,6 +395,22 @@ def _markdown(a, ceil, pool, ab, ovh=(), lab=()) -> str:
             f"| {c['quant']} | {c['layout']} | {c['kernel']} | {c['gweights_s']:.1f} | "
             f"{c['gbps_read']:.1f} | {c['gbps_gguf']:.1f} |"
         )
+    if ceil_all:
+        nt = ceil_all[0]["threads"]
+        out += [
+            "",
+            f"## Kernel compute ceiling on {nt} cores at once (each its own copy in its L2)",
+            "",
+            f"| quant | layout | kernel | Gweights/s a core, 1 thread | a core, {nt} threads "
+            "| ratio |",
+            "| --- | --- | ---: | ---: | ---: | ---: |",
+        ]
+        for c in ceil_all:
+            out.append(
+                f"| {c['quant']} | {c['layout']} | {c['kernel']} | "
+                f"{c['gweights_s_per_core_t1']:.1f} | {c[f'gweights_s_per_core_t{nt}']:.1f} | "
+                f"{c['scaling']:.2f} |"
+            )
     if lab:
         out += [
             "",

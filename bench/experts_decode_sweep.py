@@ -11,7 +11,10 @@ Experts (Qwen3-30B-A3B layer: D 2048, F 768, K 8; T 1 and 4): the decode kernel 
 "<gate/up>+<down>" of strata.gpu.experts (legacy, st1, st2, fq x legacy, st), each call = gate/up +
 the intermediate's Q8 quantization + down (fq: that quantization done by the gate/up kernel's last
 block of each pair, two launches instead of three). GEMV (T = 1) at attn_q/attn_kv/attn_o
-(--gemv-shapes: any of gpu_kernels.SHAPES): split (gemv1w_*) against staged (gemv1s_*).
+(--gemv-shapes: any of gpu_kernels.SHAPES): split (gemv1w_*) against staged (gemv1s_*) and bulk[R]
+(gemv1b_*: rows copied whole into shared memory, R rows a block), each timed as a graph of
+back-to-back launches without and with programmatic dependent launch (PDL: the next launch's
+prologue, e.g. gemv1b_*'s weight copies, overlaps this one).
 Defaults to flip afterwards: strata/gpu/experts.py DEFAULT_MOE_VARIANT / MOE_VARIANT_BY_TYPE,
 strata/gpu/gemv.py DEFAULT_GEMV1, strata/gpu/kernels/quant_blocks.cuh STRATA_FAST_DECODE /
 STRATA_SMEM_GRID.
@@ -36,7 +39,7 @@ from strata.gpu.experts import (
     moe_experts,
     parse_variant,
 )
-from strata.gpu.gemv import gemv, gemv_ref
+from strata.gpu.gemv import gemv, gemv_ref, parse_gemv1_variant
 from strata.gpu.norm_quant import ActBuf, norm_quant
 from strata.gpu.rawmod import Kernels
 from strata.quant import fmt, random_quantized
@@ -46,8 +49,8 @@ QT = GGMLQuantizationType
 D, F, KUSED = 2048, 768, 8
 QUANTS = (QT.IQ3_XXS, QT.Q4_K, QT.Q8_0, QT.IQ2_XXS, QT.IQ1_M)
 GEMV_SHAPES = ("attn_q", "attn_kv", "attn_o")
-# T = 1 GEMV variants (strata.gpu.gemv): split = gemv1w_*, staged = gemv1s_*
-GEMV_VARIANTS = ("split", "staged")
+# T = 1 GEMV variants (strata.gpu.gemv): split = gemv1w_*, staged = gemv1s_*, bulk = gemv1b_*
+GEMV_VARIANTS = ("split", "staged", "bulk")
 BUILDS = {  # the default build is fast+smem (quant_blocks.cuh)
     "plain": ("-DSTRATA_FAST_DECODE=0", "-DSTRATA_SMEM_GRID=0"),
     "fast": ("-DSTRATA_FAST_DECODE=1", "-DSTRATA_SMEM_GRID=0"),
@@ -188,15 +191,19 @@ def sweep_gemv(cp, builds: dict, timer, rng, copy: float, quants=QUANTS, shapes=
                     calls = [lambda w=w, K=K, a=act, v=v, o=out: gemv(K, w, a, o, 1, variant=v)
                              for w in ws]  # fmt: skip
                     us, how = timer.graph_us(calls)
+                    us_pdl, how_pdl = timer.graph_us(calls, pdl=K)
                     gbps = (nbytes + c + 4 * r) / (us * 1e-6) / 1e9
                     row = dict(kind="gemv1", qtype=qt.name, shape=shape, build=bname, variant=v,
                                us=round(us, 2), gbps=round(gbps, 1),
                                pct_copy=round(100 * gbps / copy, 1), ok=err < 1e-5, err=err,
-                               exact_vs_split=exact, timing=how)  # fmt: skip
+                               exact_vs_split=exact, timing=how, us_pdl=round(us_pdl, 2),
+                               pct_copy_pdl=round(100 * us / us_pdl * gbps / copy, 1),
+                               timing_pdl=how_pdl)  # fmt: skip
                     rows.append(row)
                     note = "" if exact else " (not bit-equal to split)"
                     print(f"gemv1   {qt.name:8} {shape:11} {bname:9} {v:7} {us:8.2f} us "
-                          f"{row['pct_copy']:5.1f}% copy  {'ok' if row['ok'] else 'WRONG'}{note}",
+                          f"{row['pct_copy']:5.1f}% copy | pdl {us_pdl:8.2f} us "
+                          f"{row['pct_copy_pdl']:5.1f}%  {'ok' if row['ok'] else 'WRONG'}{note}",
                           flush=True)  # fmt: skip
             del ws, big
     return rows
@@ -252,7 +259,11 @@ def main() -> None:
         ap.error(str(e))
     bad = [b for b in ns.builds.split(",") if b not in BUILDS]
     bad += [s for s in ns.gemv_shapes.split(",") if s not in SHAPES]
-    bad += [v for v in ns.gemv_variants.split(",") if v not in GEMV_VARIANTS]
+    for v in ns.gemv_variants.split(","):
+        try:
+            parse_gemv1_variant(v)
+        except ValueError:
+            bad.append(v)
     if bad:
         ap.error(f"unknown build, shape or GEMV variant: {', '.join(bad)}")
     import cupy as cp
