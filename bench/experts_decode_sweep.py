@@ -11,10 +11,8 @@ Experts (Qwen3-30B-A3B layer: D 2048, F 768, K 8; T 1 and 4): the decode kernel 
 "<gate/up>+<down>" of strata.gpu.experts (legacy, st1, st2, fq x legacy, st), each call = gate/up +
 the intermediate's Q8 quantization + down (fq: that quantization done by the gate/up kernel's last
 block of each pair, two launches instead of three). GEMV (T = 1) at attn_q/attn_kv/attn_o
-(--gemv-shapes: any of gpu_kernels.SHAPES): split (gemv1w_*) against staged (gemv1s_*) and bulk[R]
-(gemv1b_*: rows copied whole into shared memory, R rows a block), each timed as a graph of
-back-to-back launches without and with programmatic dependent launch (PDL: the next launch's
-prologue, e.g. gemv1b_*'s weight copies, overlaps this one).
+(--gemv-shapes: any of gpu_kernels.SHAPES): split (gemv1w_*) against staged (gemv1s_*), each
+timed as a graph of back-to-back launches without and with programmatic dependent launch (PDL).
 Defaults to flip afterwards: strata/gpu/experts.py DEFAULT_MOE_VARIANT / MOE_VARIANT_BY_TYPE,
 strata/gpu/gemv.py DEFAULT_GEMV1, strata/gpu/kernels/quant_blocks.cuh STRATA_FAST_DECODE /
 STRATA_SMEM_GRID.
@@ -39,7 +37,7 @@ from strata.gpu.experts import (
     moe_experts,
     parse_variant,
 )
-from strata.gpu.gemv import gemv, gemv_ref, parse_gemv1_variant
+from strata.gpu.gemv import gemv, gemv_ref
 from strata.gpu.norm_quant import ActBuf, norm_quant
 from strata.gpu.rawmod import Kernels
 from strata.quant import fmt, random_quantized
@@ -49,8 +47,8 @@ QT = GGMLQuantizationType
 D, F, KUSED = 2048, 768, 8
 QUANTS = (QT.IQ3_XXS, QT.Q4_K, QT.Q8_0, QT.IQ2_XXS, QT.IQ1_M)
 GEMV_SHAPES = ("attn_q", "attn_kv", "attn_o")
-# T = 1 GEMV variants (strata.gpu.gemv): split = gemv1w_*, staged = gemv1s_*, bulk = gemv1b_*
-GEMV_VARIANTS = ("split", "staged", "bulk")
+# T = 1 GEMV variants (strata.gpu.gemv): split = gemv1w_*, staged = gemv1s_*
+GEMV_VARIANTS = ("split", "staged")
 BUILDS = {  # the default build is fast+smem (quant_blocks.cuh)
     "plain": ("-DSTRATA_FAST_DECODE=0", "-DSTRATA_SMEM_GRID=0"),
     "fast": ("-DSTRATA_FAST_DECODE=1", "-DSTRATA_SMEM_GRID=0"),
@@ -259,11 +257,7 @@ def main() -> None:
         ap.error(str(e))
     bad = [b for b in ns.builds.split(",") if b not in BUILDS]
     bad += [s for s in ns.gemv_shapes.split(",") if s not in SHAPES]
-    for v in ns.gemv_variants.split(","):
-        try:
-            parse_gemv1_variant(v)
-        except ValueError:
-            bad.append(v)
+    bad += [v for v in ns.gemv_variants.split(",") if v not in GEMV_VARIANTS]
     if bad:
         ap.error(f"unknown build, shape or GEMV variant: {', '.join(bad)}")
     import cupy as cp

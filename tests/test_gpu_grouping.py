@@ -37,21 +37,3 @@ def test_moe_decode_variant_defaults_by_type_and_env_overrides(monkeypatch):
     monkeypatch.setattr(ex, "MOE_VARIANT", "st9+legacy")
     with pytest.raises(ValueError, match="'st9\\+legacy' \\(STRATA_MOE_VARIANT\\)"):
         ex.parse_variant(None, QT.Q4_K)
-
-
-def test_gemv1_variant_names_parse_and_bad_ones_are_refused(monkeypatch):
-    import strata.gpu.gemv as gv
-
-    assert gv.parse_gemv1_variant("split") == ("gemv1w", 0)
-    assert gv.parse_gemv1_variant("staged") == ("gemv1s", 0)
-    assert gv.parse_gemv1_variant("bulk") == ("gemv1b", gv.GEMV1B_ROWS)
-    assert gv.parse_gemv1_variant("bulk16") == ("gemv1b", 16)
-    for bad in ("bulk0", "bulkx", "fast", ""):
-        with pytest.raises(ValueError, match="use split, staged, bulk or bulk<R>"):
-            gv.parse_gemv1_variant(bad)
-    monkeypatch.setenv("STRATA_GEMV1_VARIANT", "bulk-8")
-    with pytest.raises(ValueError, match="from STRATA_GEMV1_VARIANT"):
-        gv.parse_gemv1_variant("bulk-8")
-    # the shared-memory slot holds a row wherever it starts (16-byte spans of any offset)
-    for n in (34, 98, 784, 1152, 4352):
-        assert all((o + n + 15) // 16 * 16 <= gv.bulk_slot_bytes(n) for o in range(16))

@@ -8,9 +8,7 @@ Decode (T = 1) of quantized weights takes gemv1w_*: gemv1_*'s one-warp-per-row l
 split over two warps when the rows alone leave the SMs short of warps (attn_k/v, attn_o);
 `legacy=True` keeps gemv1_*.
 gemv1s_* (variant "staged", STRATA_GEMV1_VARIANT=staged) is gemv1w_* with the row bytes staged
-through shared memory by 16-byte loads; gemv1b_* (variant "bulk", or "bulk<R>": R rows a block)
-copies a block's rows whole into shared memory first (on sm_90 one bulk asynchronous copy a row,
-issued before the PDL wait). Both: same sums, same order as gemv1w_* (bit-identical output).
+through shared memory by 16-byte loads; same sums, same order (bit-identical output).
 """
 
 from __future__ import annotations
@@ -50,32 +48,7 @@ MAX_WPR = 2  # measured on the H200 (bench/results/gpu-decode-kernels-h200-20261
 # the row bytes staged through shared memory with 16-byte loads); bench/experts_decode_sweep.py
 DEFAULT_GEMV1 = "split"  # the engine's choice: set from the sweep's winner
 GEMV1_VARIANT = os.environ.get("STRATA_GEMV1_VARIANT", DEFAULT_GEMV1)
-GEMV1_PREFIX = {"split": "gemv1w", "staged": "gemv1s", "bulk": "gemv1b"}
-GEMV1B_ROWS = 8  # gemv1b_*: rows a block ("bulk"; "bulk<R>" picks R)
-GEMV1B_SMEM = 48 * 1024  # gemv1b_*: shared memory a block may take (no opt-in attribute needed)
-
-
-def bulk_slot_bytes(row_bytes: int) -> int:
-    """bulk_copy.cuh bulk_slot_bytes: a row's 16-byte-aligned span, wherever the row starts."""
-    return (row_bytes + 30) // 16 * 16
-
-
-def parse_gemv1_variant(variant: str) -> tuple[str, int]:
-    """(kernel prefix, rows a block: 0 unless bulk) of a T = 1 variant name; ValueError names the
-    choices."""
-    v = variant.strip()
-    if v.startswith("bulk") and (v == "bulk" or (v[4:].isdigit() and int(v[4:]) > 0)):
-        return GEMV1_PREFIX["bulk"], int(v[4:] or GEMV1B_ROWS)
-    if v in GEMV1_PREFIX and v != "bulk":
-        return GEMV1_PREFIX[v], 0
-    raise ValueError(
-        f"T = 1 GEMV variant {variant!r}: use split, staged, bulk or bulk<R> (R rows a block)"
-        + (
-            " (from STRATA_GEMV1_VARIANT)"
-            if variant == os.environ.get("STRATA_GEMV1_VARIANT")
-            else ""
-        )
-    )
+GEMV1_PREFIX = {"split": "gemv1w", "staged": "gemv1s"}
 
 
 def kernel_name(prefix: str, qtype) -> str:
@@ -132,24 +105,15 @@ def gemv(
     """out[:t] = act[:t] @ w.T (+ w.bias) (+ resid[:t]); out and resid rows `ldo` floats apart
     (default: rows). `act` is an ActBuf prepared for w.vec_dot; for F32 weights it may also be
     the float activation itself. `legacy`: decode through gemv1_* (benchmarks compare);
-    `variant`: the T = 1 kernel, "split", "staged" or "bulk[R]" (default GEMV1_VARIANT)."""
+    `variant`: the T = 1 kernel, "split" or "staged" (default GEMV1_VARIANT)."""
     if t == 1 and w.quantized and not legacy:
-        prefix, rpb = parse_gemv1_variant(variant or GEMV1_VARIANT)
         wpr = warps_per_row(K, w)
+        rpb = GEMV1_WARPS // wpr
         args = (w.buf, act.q, act.d, i32(xd_shift(act.mode)), ptr(w.bias), ptr(resid), out)
-        args += (i32(w.rows), i32(w.cols), i32(wpr))
-        smem = 0
-        if rpb:
-            slot = bulk_slot_bytes(w.buf.shape[1])
-            rpb = max(1, min(rpb, GEMV1B_SMEM // (slot + 8 + 4 * wpr)))
-            smem = rpb * (slot + 8 + 4 * wpr)
-            if smem > GEMV1B_SMEM:  # one row is more than a block's share: the split kernel
-                prefix, rpb, smem = GEMV1_PREFIX["split"], 0, 0
-            else:
-                args += (i32(rpb),)
-        rpb = rpb or GEMV1_WARPS // wpr
-        K.fn("gemv.cu", kernel_name(prefix, w.qtype))(
-            (-(-w.rows // rpb),), (GEMV1_WARPS * K.warp,), args, shared_mem=smem
+        K.fn("gemv.cu", kernel_name(GEMV1_PREFIX[variant or GEMV1_VARIANT], w.qtype))(
+            (-(-w.rows // rpb),),
+            (GEMV1_WARPS * K.warp,),
+            args + (i32(w.rows), i32(w.cols), i32(wpr)),
         )
         return
     if t == 1 and not w.quantized and w.cols % 8 == 0 and not legacy:

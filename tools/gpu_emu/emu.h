@@ -25,7 +25,6 @@ struct Rt {
   uint3 bid; dim3 bdim, gdim;
   std::function<void()> body;
   std::vector<uint64_t> xbuf;
-  std::vector<uint64_t> dyn;  // the block's dynamic shared memory (extern __shared__)
   long long switches = 0;
 };
 inline Rt& rt() { static Rt r; return r; }
@@ -45,10 +44,8 @@ template <class T> inline T shfl(T v, int s) {
   T out; uint64_t o = r.xbuf[base + (s % W)]; memcpy(&out, &o, sizeof(T)); sync_warp();
   return out;
 }
-inline void* dyn_smem() { return rt().dyn.data(); }
-inline int launch(dim3 g, dim3 b, std::function<void()> body, size_t smem = 0) {
+inline int launch(dim3 g, dim3 b, std::function<void()> body) {
   Rt& r = rt();
-  r.dyn.assign(smem / 8 + 2, 0);
   int n = b.x * b.y * b.z;
   if (n % EMU_WARP) { fprintf(stderr, "emu: block of %d threads is not whole warps\n", n); return 2; }
   const size_t SS = 256 * 1024;
@@ -56,7 +53,6 @@ inline int launch(dim3 g, dim3 b, std::function<void()> body, size_t smem = 0) {
   r.f.resize(n); r.xbuf.assign(n, 0); r.body = body; r.gdim = g; r.bdim = b;
   for (unsigned bz = 0; bz < g.z; bz++) for (unsigned by = 0; by < g.y; by++) for (unsigned bx = 0; bx < g.x; bx++) {
     r.bid = {bx, by, bz};
-    memset(r.dyn.data(), 0xA5, r.dyn.size() * 8);  // poison: every block starts on garbage
     for (int i = 0; i < n; i++) {
       Fiber& fb = r.f[i]; fb.lin = i; fb.state = RUN;
       fb.tid = {(unsigned)(i % b.x), (unsigned)((i / b.x) % b.y), (unsigned)(i / (b.x * b.y))};

@@ -7,7 +7,6 @@
 // activation is the device-quantized x (norm_quant.cu): int8 quants xq [T, cols] and scales xd
 // with one scale per 32 << xd_shift elements (Q8_0: shift 0, Q8_K: shift 3). Float weights
 // (F32/F16/BF16) take the already-rounded float activation instead.
-#include "bulk_copy.cuh"
 #include "quant_blocks.cuh"
 
 #define GEMV_NT 8
@@ -231,72 +230,6 @@ __device__ __forceinline__ void gemv1_staged(const u8* __restrict__ W, const i8*
         if (FMT_ON(QT)) gemv1_staged<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr); \
     }
 STRATA_QFORMATS(GEMV1S_KERNEL)
-
-// ---- decode (T = 1), rows copied whole into shared memory: gemv1b_* ----
-// gemv1w_*'s sums (a row per `wpr` warps, sub-blocks dealt lane by lane, the same float order:
-// bit-identical output) over `rpb` consecutive rows a block, each row first copied whole into
-// shared memory (bulk_copy.cuh: on sm_90 one bulk asynchronous copy a row, issued before the
-// PDL wait, so the weight bytes stream in while the kernel before this one finishes; a warp
-// starts on its row as soon as that row has landed). Dynamic shared memory: rpb slots of
-// bulk_slot_bytes(row bytes), rpb mbarriers (8 bytes), rpb * wpr floats of partial sums.
-template <int QT>
-__device__ __forceinline__ void gemv1_bulk(const u8* __restrict__ W, const i8* __restrict__ xq,
-                                           const float* __restrict__ xd, int xd_shift,
-                                           const float* __restrict__ bias,
-                                           const float* __restrict__ resid,
-                                           float* __restrict__ out, int rows, int cols, int wpr,
-                                           int rpb) {
-    extern __shared__ i32x4 gemv1b_sm[];
-    u8* sm = (u8*)gemv1b_sm;
-    const i64 rb = (i64)(cols / Fmt<QT>::QK) * Fmt<QT>::BB;
-    const int slot = bulk_slot_bytes(rb);
-    u64* bars = (u64*)(sm + (i64)rpb * slot);
-    float* part = (float*)(bars + rpb);
-    const int r0 = blockIdx.x * rpb, nr = min(rpb, rows - r0);
-    bulk_rows_issue(sm, slot, bars, W, rb, r0, nr);  // weights: before the wait
-    STRATA_PDL_ENTER();
-    bulk_rows_fallback(sm, slot, W, rb, r0, nr);
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int groups = blockDim.x / STRATA_WARP / wpr, ws = wid % wpr;
-    const int nsub = cols / 32, spb = Fmt<QT>::QK / 32;
-    for (int m = wid / wpr; m < nr; m += groups) {
-        bulk_rows_wait(bars, m);
-        const u8* wr = row_at(sm, slot, W + (i64)(r0 + m) * rb, m);
-        float acc = 0.0f;
-#pragma unroll 2
-        for (int sb = ws * STRATA_WARP + lane; sb < nsub; sb += STRATA_WARP * wpr) {
-            int w[8];
-            float s0, s1, mn;
-            Fmt<QT>::decode(wr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, w, s0, s1, mn);
-            const i32x4* xp = (const i32x4*)(xq + (i64)sb * 32);
-            const i32x4 a = xp[0], b = xp[1];
-            const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-            acc += xd[sb >> xd_shift] * dot32<QT>(w, s0, s1, mn, xv);
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) part[m * wpr + ws] = acc;
-    }
-    __syncthreads();
-    for (int m = threadIdx.x; m < nr; m += blockDim.x) {
-        float v = part[m * wpr];
-        for (int k = 1; k < wpr; ++k) v += part[m * wpr + k];
-        if (bias) v += bias[r0 + m];
-        if (resid) v += resid[r0 + m];
-        out[r0 + m] = v;
-    }
-}
-
-#define GEMV1B_KERNEL(name, QT)                                                                 \
-    extern "C" __global__ void                                                                  \
-        gemv1b_##name(const u8* W, const i8* xq, const float* xd, int xd_shift,                 \
-                      const float* bias, const float* resid, float* out, int rows, int cols,    \
-                      int wpr, int rpb) {                                                       \
-        if (FMT_ON(QT))                                                                         \
-            gemv1_bulk<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr, rpb);        \
-        else                                                                                    \
-            STRATA_PDL_ENTER();                                                                 \
-    }
-STRATA_QFORMATS(GEMV1B_KERNEL)
 
 // ---- decode (T = 1), float weights: gemv1f_* ----
 // One block of GEMV1F_THREADS per row (the router's 128 rows fill 128 SMs, where one warp per

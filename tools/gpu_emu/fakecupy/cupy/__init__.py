@@ -132,7 +132,6 @@ _SIG = _re.compile(
     r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s*)?void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)',
     _re.S,
 )
-_DYN_SMEM = _re.compile(r"extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;")
 _PTR_DT = {
     "float": _np.float32,
     "double": _np.float64,
@@ -198,12 +197,10 @@ class RawModule:
             args = ", ".join(n for _, _, n in ps)
             wrappers.append(
                 f'extern "C" int __emu_{name}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, '
-                f"unsigned by, unsigned bz, unsigned long smem{', ' if decl else ''}{decl}) {{ "
+                f"unsigned by, unsigned bz{', ' if decl else ''}{decl}) {{ "
                 f"return emu::launch(dim3(gx, gy, gz), "
-                f"dim3(bx, by, bz), [=]() {{ {name}({args}); }}, smem); }}"
+                f"dim3(bx, by, bz), [=]() {{ {name}({args}); }}); }}"
             )
-        # dynamic shared memory: the runtime's per-block buffer (emu::dyn_smem, 16-aligned)
-        code = _DYN_SMEM.sub(r"\1* \2 = (\1*)emu::dyn_smem();", code)
         src = code + "\n" + "\n".join(wrappers) + "\n"
         h = _hl.sha1(
             (src + repr(defs) + open(_os.path.join(_EMU_DIR, "emu.h")).read()).encode()
@@ -273,8 +270,6 @@ class _Kernel:
                         f"{self.name}.{pname}: {type(a).__name__} for {base} (want {nt.__name__})"
                     )
                 cargs.append(ct_(a))
-        rc = self.fn(
-            *[_ct.c_uint(int(v)) for v in grid + block], _ct.c_ulong(int(shared_mem)), *cargs
-        )
+        rc = self.fn(*[_ct.c_uint(int(v)) for v in grid + block], *cargs)
         if rc:
             raise RuntimeError(f"emu: kernel {self.name} failed ({rc})")
