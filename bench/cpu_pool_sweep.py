@@ -33,6 +33,7 @@ from numba import literally, njit, prange
 from strata.bench.cpu_pool import (
     _commit,
     _routes,
+    arm_spec,
     format_layout_ab,
     format_table,
     machine,
@@ -59,12 +60,22 @@ def _rows(code, w, act, y, reps):
             y[0, r] += K.dot(code, w, r, act[0], act[1], act[2], act[3], act[4], 0)
 
 
-def kernel_ceiling(quant: str, rows: int = 256, cols: int = 2048, layout=None) -> dict:
-    """Weights/s of one core on a matrix that stays in L2 (best of 60 short runs)."""
+def _matrix(quant: str, rows: int, cols: int, layout=None, kernel=None):
+    """A random one-expert matrix of `quant` prepared in `layout` (read by `kernel` if given)."""
     rng = np.random.default_rng(0)
     qt = fmt(quant).qtype
     w = random_quantized(qt, (1, rows, cols), rng, 0.05)
     m = prepare(qt, (1, rows, cols), w, layout=layout)
+    if kernel is not None:
+        from dataclasses import replace
+
+        m = replace(m, kernel=kernel)
+    return qt, m, rng
+
+
+def kernel_ceiling(quant: str, rows: int = 256, cols: int = 2048, layout=None, kernel=None) -> dict:
+    """Weights/s of one core on a matrix that stays in L2 (best of 60 short runs)."""
+    qt, m, rng = _matrix(quant, rows, cols, layout, kernel)
     act = quantize_act(rng.standard_normal((1, cols)).astype(np.float32), fmt(qt).vec_dot)
     y = np.zeros((1, rows), np.float32)
     run = K.specialized(_rows, (m.kernel, m.data, act, y, 4), (0,))
@@ -90,15 +101,18 @@ def _rows_all(code, ws, act, ys, reps):
 
 
 def kernel_ceiling_threads(
-    quant: str, threads: int, rows: int = 256, cols: int = 2048, layout=None, reps: int = 8
+    quant: str,
+    threads: int,
+    rows: int = 256,
+    cols: int = 2048,
+    layout=None,
+    reps: int = 8,
+    kernel=None,
 ) -> dict:
     """`kernel_ceiling` with `threads` cores at once, each on its own copy (still in its L2):
     per-core Gweights/s when every core computes (shared frequency budget, shared core
     resources if the host's cores are hyperthreads), against the same code on one thread."""
-    rng = np.random.default_rng(0)
-    qt = fmt(quant).qtype
-    w = random_quantized(qt, (1, rows, cols), rng, 0.05)
-    m = prepare(qt, (1, rows, cols), w, layout=layout)
+    qt, m, rng = _matrix(quant, rows, cols, layout, kernel)
     act = quantize_act(rng.standard_normal((1, cols)).astype(np.float32), fmt(qt).vec_dot)
     out = {"quant": quant, "layout": m.layout, "kernel": m.kernel, "rows": rows, "cols": cols}
     prev = numba.get_num_threads()
@@ -268,11 +282,21 @@ def main() -> None:
             ovh += overhead(a.shape, quants[0], t, baseline=base)
             ovh.append({"empty_region_us": empty_region_us(t), "threads": t})
     lays = a.layout_ab.split(",") if a.layout_ab else [a.layout]
-    # layouts (None: the pool's default); "@" pool options don't matter here
-    kl = dict.fromkeys(x.split("@")[0] if x else x for x in lays)
-    ceil = [] if a.overhead_only else [kernel_ceiling(q, layout=x) for q in quants for x in kl]
+    # (layout, kernel override) per arm (None: the pool's default); pool options don't matter
+    kl = dict.fromkeys(
+        (arm_spec(x)[0], arm_spec(x)[1].get("kernel")) if x else (None, None) for x in lays
+    )
+    ceil = (
+        []
+        if a.overhead_only
+        else [kernel_ceiling(q, layout=x, kernel=k) for q in quants for x, k in kl]
+    )
     ceil_all = (
-        [kernel_ceiling_threads(q, a.ceiling_threads, layout=x) for q in quants for x in kl]
+        [
+            kernel_ceiling_threads(q, a.ceiling_threads, layout=x, kernel=k)
+            for q in quants
+            for x, k in kl
+        ]
         if a.ceiling_threads and not a.overhead_only
         else []
     )

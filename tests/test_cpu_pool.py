@@ -278,3 +278,33 @@ def test_layout_ab_arms_carry_pool_prefetch_options():
     assert [(r["prefetch_l2"], r["prefetch_bytes"]) for r in rows] == [(False, 4096), (True, 8192)]
     assert rows[1]["layout"].endswith("@l2@pf=8192")
     assert rows[0]["weight_bytes_read"] == rows[1]["weight_bytes_read"] > 0  # one layer, shared
+
+
+@pytest.mark.parametrize("t_n", [1, 6])
+def test_pool_on_the_pm_layout_gives_the_gguf_layouts_bits(t_n):
+    """IQ3_XXS repacked position-major (its AVX-512 kernel reads the quantizer's position-major
+    quants, phases 1 and 3) against the same experts on the GGUF bytes, bit for bit."""
+    from strata.cpu.pool import prepare_layer
+
+    rng = np.random.default_rng()
+    mats = _layer(rng, ("IQ3_XXS",) * 3)
+    x = rng.standard_normal((t_n, D)).astype(np.float32)
+    ids, w = _routes(rng, t_n, 3)
+    pm, gguf = (prepare_layer(*mats, layout=lay) for lay in ("IQ3_XXS=pm", "gguf"))
+    assert pm.gate.layout == "pm" and gguf.gate.layout == "gguf"
+    pool = ExpertPool(2)
+    got = pool.run_layer(x, *_flat(ids, w), pm)
+    np.testing.assert_array_equal(got, pool.run_layer(x, *_flat(ids, w), gguf))
+    assert_matches(got, reference_experts(x, ids, w, mats))
+
+
+def test_layout_ab_arms_may_name_a_kernel():
+    from strata.bench.cpu_pool import arm_spec, run_layout_ab
+    from strata.cpu.kernels import dispatch as K
+
+    assert arm_spec("gguf@k=8") == ("gguf", {"kernel": 8})
+    rows = run_layout_ab("tiny", "IQ3_XXS", ("gguf@k=8", "IQ3_XXS=pm@k=43"), tokens=1,
+                         threads=1, repeats=2, print_table=False)  # fmt: skip
+    assert [r["kernels"] for r in rows] == [[K.K_IQ3_XXS] * 3, [K.K_IQ3_XXS_PM] * 3]
+    with pytest.raises(ValueError, match="no kernel code 999"):
+        run_layout_ab("tiny", "IQ3_XXS", ("gguf@k=999",), tokens=1, threads=1, repeats=1)

@@ -303,8 +303,10 @@ def run_quant_ab(
 
 
 def arm_spec(spec: str) -> tuple[str, dict]:
-    """A layout A/B arm: "gguf", "gguf@l2", "repack@pf=16384": the layout, then the pool's
-    prefetch knobs (l2 / l1: rows ahead into L2 or L1; pf=N: at least N bytes ahead)."""
+    """A layout A/B arm: "gguf", "gguf@l2", "repack@pf=16384", "gguf@k=42": the layout, then the
+    pool's prefetch knobs (l2 / l1: rows ahead into L2 or L1; pf=N: at least N bytes ahead) or
+    k=CODE, a kernel code of strata.cpu.kernels.dispatch that reads that layout (returned as
+    "kernel"; the pool itself never takes it)."""
     lay, *opts = spec.split("@")
     kw: dict = {}
     for o in opts:
@@ -312,9 +314,24 @@ def arm_spec(spec: str) -> tuple[str, dict]:
             kw["prefetch_l2"] = o == "l2"
         elif o.startswith("pf=") and o[3:].isdigit():
             kw["prefetch_bytes"] = int(o[3:])
+        elif o.startswith("k=") and o[2:].isdigit():
+            kw["kernel"] = int(o[2:])
         else:
-            raise ValueError(f"unknown pool option {o!r} in arm {spec!r} (l1, l2, pf=BYTES)")
+            raise ValueError(
+                f"unknown pool option {o!r} in arm {spec!r} (l1, l2, pf=BYTES, k=KERNEL)"
+            )
     return lay, kw
+
+
+def _with_kernel(lw, code: int):
+    """LayerWeights `lw` with every matrix read by kernel `code` (same bytes)."""
+    from dataclasses import replace
+
+    from strata.cpu.kernels.dispatch import KERNELS
+
+    if code not in KERNELS:
+        raise ValueError(f"no kernel code {code} in strata.cpu.kernels.dispatch")
+    return replace(lw, **{m: replace(getattr(lw, m), kernel=code) for m in ("gate", "up", "down")})
 
 
 def run_layout_ab(
@@ -343,7 +360,10 @@ def run_layout_ab(
     for lay, _ in specs.values():
         if lay not in copies:
             copies[lay] = layer_copies(make_layer(shape, quant, layout=lay))
-    arms = {a: copies[lay] for a, (lay, _) in specs.items()}
+    arms = {}
+    for a, (lay, kw) in specs.items():
+        code = kw.pop("kernel", None)
+        arms[a] = copies[lay] if code is None else [_with_kernel(lw, code) for lw in copies[lay]]
     pools = {a: ExpertPool(threads, **kw) for a, (_, kw) in specs.items()}
     rng = np.random.default_rng(1)
     x = rng.standard_normal((tokens, d)).astype(np.float32)

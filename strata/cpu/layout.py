@@ -10,6 +10,8 @@ place (a view into the mmap) unless a repacked layout makes the SIMD kernel chea
     IQ1_M   -> T2   (2-bit ternary codes, 1.36x the bytes; iq1_t2.py, and on AVX-512 VBMI + VNNI
                hosts iq1_t2_avx512.py unless STRATA_CPU_T2_AVX512=0: `avx512_repack_on`)
     Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, IQ2_S -> AVX2 kernels on the GGUF bytes
+    IQ3_XXS -> PM (by name: "IQ3_XXS=pm"; position-major, 1.04x the bytes; iq3_pm.py, its
+               AVX-512 VBMI + VNNI kernel on hosts with the features, else a portable one)
     F16, BF16, F32 -> portable @njit kernels only (not yet SIMD)
 
 IQ3_XXS, IQ2_XXS and IQ1_M also have AVX2 gather kernels on the GGUF bytes (gather.py): more
@@ -33,12 +35,15 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from strata.cpu.kernels import dispatch as K
-from strata.cpu.kernels import iq1_t2, lut4
+from strata.cpu.kernels import iq1_t2, iq3_pm, lut4
 from strata.cpu.kernels.simd import avx512_enabled, simd_enabled
 from strata.cpu.quantize import act_code
 from strata.quant.formats import QT, fmt
 
-LAYOUTS = ("auto", "gguf", "repack")
+LAYOUTS = ("auto", "gguf", "repack", "pm")
+# layouts picked by name (a spec's "pm"; formats without it take "auto"): (repack, kernel on
+# AVX-512 VBMI + VNNI hosts, kernel elsewhere)
+NAMED = {(QT.IQ3_XXS, "pm"): (iq3_pm.repack, K.K_IQ3_XXS_PM_AVX512, K.K_IQ3_XXS_PM)}
 # formats whose SIMD kernel can read a repacked layout: (repack, kernel, layout name)
 REPACKS = {
     QT.IQ3_XXS: (lut4.repack, K.K_IQ3_XXS_LUT4_AVX2, "lut4"),
@@ -65,7 +70,7 @@ def avx512_repack_on() -> bool:
 
 
 def layout_for(spec: str, qtype) -> str:
-    """The layout ("gguf" or "repack") a layout spec gives format `qtype` (see the module doc)."""
+    """The layout ("gguf", "repack" or a `NAMED` one) a spec gives format `qtype` (module doc)."""
     default, per = "auto", {}
     for item in (i.strip() for i in spec.split(",") if i.strip()):
         name, _, lay = item.rpartition("=")
@@ -75,11 +80,14 @@ def layout_for(spec: str, qtype) -> str:
             default = lay
             continue
         try:
-            per[fmt(name).qtype] = lay
+            q = fmt(name).qtype
         except (KeyError, ValueError) as err:
             raise ValueError(f"unknown quant {name!r} in layout {spec!r}") from err
+        if lay not in ("auto", "gguf", "repack") and (q, lay) not in NAMED:
+            raise ValueError(f"{name} has no {lay!r} layout (in {spec!r})")
+        per[q] = lay
     lay = per.get(qtype, default)
-    if lay == "auto":
+    if lay not in ("gguf", "repack") and (qtype, lay) not in NAMED:  # "auto", or not this one's
         return "gguf" if qtype in AUTO_GGUF else "repack"
     return lay
 
@@ -136,6 +144,8 @@ class ExpertMatrix:
             return unpack(self.data)
         if self.layout == "t2":
             return iq1_t2.unpack(self.data)
+        if self.layout == "pm":
+            return iq3_pm.unpack(self.data)
         return self.data
 
 
@@ -160,7 +170,11 @@ def prepare(
     simd = simd_enabled() if simd is None else simd
     qt = f.qtype
     kernel, lay = gguf_kernel(qt, simd), "gguf"
-    if simd and want == "repack" and qt in REPACKS:
+    if (qt, want) in NAMED:
+        repack, fast, portable = NAMED[(qt, want)]
+        raw, lay = repack(raw), want
+        kernel = fast if avx512_enabled(simd) else portable
+    elif simd and want == "repack" and qt in REPACKS:
         repack, kernel, lay = REPACKS[qt]
         raw = repack(raw)
         if avx512_enabled(simd) and avx512_repack_on():  # that layout's AVX-512 kernel

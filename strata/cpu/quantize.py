@@ -8,7 +8,9 @@ activation vector of length n):
                                (the f16 scale of Q8_0 already widened to float32)
     xb [rows, n/16]   int16    Q8_K bsums: sums of 16 consecutive quants (ggml's block_q8_K.bsums)
     x8 [rows, n/8]    int16    sums of 8 consecutive quants (IQ1_M's delta term)
-    xf [rows, n]      float32  the activation rounded to the weight's float type (F16/BF16/F32)
+    xf [rows, n]      float32  the activation rounded to the weight's float type (F16/BF16/F32);
+                               for Q8_K, its first n bytes of a row hold the quants again in
+                               position-major order (`pm_order`: the IQ3_XXS pm kernel's x)
 
 Only the arrays a weight type needs are written (`quantize_row`'s `vec_dot` code).
 """
@@ -39,9 +41,16 @@ def act_code(vec_dot: GGMLQuantizationType) -> int:
     return ACT_CODES[QT(int(vec_dot))]
 
 
+@njit(cache=True, inline="always")
+def pm_order(i):
+    """Position-major byte of quant i of a Q8_K block: 64 p + g for i = 4 g + p (iq3_pm.py)."""
+    return 64 * (i % 4) + i // 4
+
+
 @njit(cache=True)
-def q8_K_blocks(x, qs, d, bs, s8, b0, b1):
-    """Quantize Q8_K blocks b0..b1-1 of one row x [n] (float32): qs [n], d, bs [n/16], s8 [n/8]."""
+def q8_K_blocks(x, qs, d, bs, s8, b0, b1, xp):
+    """Quantize Q8_K blocks b0..b1-1 of one row x [n] (float32): qs [n], d, bs [n/16], s8 [n/8],
+    and the quants in position-major order into xp (the row of xf as int8 bytes)."""
     for b in range(b0, b1):
         o = b * QK_K
         amax = np.float32(0.0)
@@ -69,12 +78,15 @@ def q8_K_blocks(x, qs, d, bs, s8, b0, b1):
             s8[o // 8 + g] = s
         for g in range(QK_K // 16):
             bs[o // 16 + g] = s8[o // 8 + 2 * g] + s8[o // 8 + 2 * g + 1]
+        for i in range(QK_K):
+            xp[o + pm_order(i)] = qs[o + i]
 
 
 @njit(cache=True)
-def q8_K_row(x, qs, d, bs, s8):
-    """Quantize one row x [n] (float32) to Q8_K: qs [n], d [>= n/256], bs [n/16], s8 [n/8]."""
-    q8_K_blocks(x, qs, d, bs, s8, 0, x.shape[0] // QK_K)
+def q8_K_row(x, qs, d, bs, s8, xp):
+    """Quantize one row x [n] (float32) to Q8_K: qs [n], d [>= n/256], bs [n/16], s8 [n/8],
+    xp [n] int8 (position-major quants)."""
+    q8_K_blocks(x, qs, d, bs, s8, 0, x.shape[0] // QK_K, xp)
 
 
 @njit(cache=True)
@@ -114,7 +126,7 @@ def float_row(x, code, xf, i0=0, i1=-1):
 def quantize_row(x, code, r, xq, xd, xb, x8, xf):
     """Quantize row x [n] for a weight whose vec_dot type is `code` into row r of the act arrays."""
     if code == ACT_Q8_K:
-        q8_K_row(x, xq[r], xd[r], xb[r], x8[r])
+        q8_K_row(x, xq[r], xd[r], xb[r], x8[r], xf[r].view(np.int8))
     elif code == ACT_Q8_0:
         q8_0_row(x, xq[r], xd[r])
     else:
@@ -132,7 +144,7 @@ def quantize_units(x, code, r, xq, xd, xb, x8, xf, u0, u1):
     """Units u0..u1-1 (`act_unit` elements each) of row x into row r: a row split over threads
     gives the same bytes as `quantize_row` (every unit is quantized on its own)."""
     if code == ACT_Q8_K:
-        q8_K_blocks(x, xq[r], xd[r], xb[r], x8[r], u0, u1)
+        q8_K_blocks(x, xq[r], xd[r], xb[r], x8[r], u0, u1, xf[r].view(np.int8))
     elif code == ACT_Q8_0:
         q8_0_blocks(x, xq[r], xd[r], u0, u1)
     else:

@@ -1,0 +1,219 @@
+"""IQ3_XXS repacked position-major ("pm", iq3_pm.py).
+
+Everywhere: the repack is lossless and refuses broken sign parity; the quantizer's
+position-major quants are xq's reordered; the portable pm kernel is the portable IQ3_XXS kernel
+bit for bit (and near float64 dequantization); the layout spec picks pm by name only; the AVX-512
+kernel's own block IR, its x86 intrinsics swapped for generic IR (test_cpu_iq3_vbmi), gives the
+reference block sums and the portable float steps; compiled for Sapphire Rapids it is vpermb and
+VNNI with no trap and no unpack shuffles. Where the host has AVX-512 VBMI + VNNI: the kernel
+itself, bit for bit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+import numpy as np
+import pytest
+from gguf.quants import dequantize
+
+from strata.cpu import layout as L
+from strata.cpu.kernels import dispatch as K
+from strata.cpu.kernels import iq3_pm as P
+from strata.cpu.kernels import iq3_vbmi as V
+from strata.cpu.kernels.simd import HAS_AVX512_VBMI
+from strata.cpu.quantize import quantize_act
+from strata.quant import activation as A
+from strata.quant import random_quantized
+from strata.quant.formats import QT
+from tests.test_cpu_iq3_vbmi import (
+    _GENERIC,
+    _RENAME,
+    avx512_asm,
+    jit_generic,
+    needs_avx512,
+    reference_blocks,
+)
+from tests.test_cpu_kernels import _activations, _gemv
+
+
+def _edge_blocks(rng, n_rows=6, nb=8):
+    """IQ3_XXS rows with every grid row and every sign field, plus all-negative max blocks."""
+    w = random_quantized(QT.IQ3_XXS, (n_rows, 256 * nb), rng, 0.05)
+    bl = w.reshape(-1, 98)
+    n = bl.shape[0]
+    field = (np.arange(n * 32) * 5 % 128).reshape(n, 8, 4).astype(np.uint32)
+    ls = rng.integers(0, 16, (n, 8)).astype(np.uint32)
+    aux = (field << (7 * np.arange(4, dtype=np.uint32))).sum(-1, dtype=np.uint32) | (ls << 28)
+    bl[:, 2:66] = (np.arange(n * 64) % 256).reshape(n, 64)
+    bl[:, 66:98] = aux.astype("<u4").view(np.uint8).reshape(n, 32)
+    bl[:2, 2:66] = 255
+    bl[:2, 66:98] = 0xFF
+    return w
+
+
+def test_repack_is_lossless_and_refuses_broken_parity():
+    rng = np.random.default_rng()
+    for w in (random_quantized(QT.IQ3_XXS, (9, 768), rng, 0.05), _edge_blocks(rng)):
+        rows = w.reshape(w.shape[0], -1)
+        p = P.repack(rows)
+        assert p.shape == (rows.shape[0], rows.shape[1] // 98 * 102)
+        np.testing.assert_array_equal(P.unpack(p), rows)
+    p[0, P.SIGN_OFF] ^= 1  # one sign flipped: its byte's parity no longer holds
+    with pytest.raises(ValueError, match="parity"):
+        P.unpack(p)
+    with pytest.raises(ValueError, match="98-byte blocks"):
+        P.repack(np.zeros((2, 97), np.uint8))
+
+
+def test_quantizer_writes_the_position_major_quants():
+    rng = np.random.default_rng()
+    xq, *_, xf = quantize_act(_activations(rng, 5, 1024), QT.Q8_K)
+    xp = xf.view(np.int8)[:, :1024].reshape(5, 4, 256)
+    want = xq.reshape(5, 4, 256)[:, :, P.PERM]
+    np.testing.assert_array_equal(xp, want)
+
+
+@pytest.mark.parametrize("cols", [256, 768, 2048])
+def test_portable_kernel_is_the_iq3_xxs_kernel_bit_for_bit(cols):
+    rng = np.random.default_rng()
+    w = random_quantized(QT.IQ3_XXS, (7, cols), rng, 0.05)
+    x = _activations(rng, 5, cols)
+    act = quantize_act(x, QT.Q8_K)
+    got = _gemv(K.K_IQ3_XXS_PM, P.repack(w), act, 5)
+    want = _gemv(K.K_IQ3_XXS, w, act, 5)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    ref = A.roundtrip(x.astype(np.float64), QT.Q8_K) @ dequantize(w, QT.IQ3_XXS).T
+    assert np.abs(got - ref).max() <= 2e-6 * np.abs(ref).max()
+
+
+def test_layout_spec_names_pm_for_iq3_xxs_only(monkeypatch):
+    shape = (2, 4, 512)
+    w = random_quantized(QT.IQ3_XXS, shape, np.random.default_rng(), 0.05)
+    m = L.prepare(QT.IQ3_XXS, shape, w, layout="IQ3_XXS=pm")
+    assert m.layout == "pm" and m.nbytes == m.gguf_bytes * 102 // 98
+    assert m.kernel == (K.K_IQ3_XXS_PM_AVX512 if HAS_AVX512_VBMI else K.K_IQ3_XXS_PM)
+    np.testing.assert_array_equal(m.gguf_rows(), w.reshape(8, -1))
+    assert L.prepare(QT.IQ3_XXS, shape, w, layout="pm", simd=False).kernel == K.K_IQ3_XXS_PM
+    assert L.layout_for("pm", QT.Q4_K) == "repack"  # a bare named layout: others take auto
+    with pytest.raises(ValueError, match="Q4_K has no 'pm' layout"):
+        L.layout_for("auto,Q4_K=pm", QT.Q4_K)
+
+
+# ---------------------------------------------------------------- the kernel's IR, run here
+
+_PERMVAR = (
+    """
+define internal <64 x i8> @generic.permvar(<64 x i8> %t, <64 x i8> %idx) {
+  %m = and <64 x i8> %idx, <i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63,
+    i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63,
+    i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63,
+    i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63,
+    i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63, i8 63,
+    i8 63, i8 63, i8 63>
+"""
+    + "".join(
+        f"  %j{i} = extractelement <64 x i8> %m, i32 {i}\n"
+        f"  %v{i} = extractelement <64 x i8> %t, i8 %j{i}\n"
+        f"  %r{i} = insertelement <64 x i8> {'poison' if i == 0 else f'%r{i - 1}'}, "
+        f"i8 %v{i}, i32 {i}\n"
+        for i in range(64)
+    )
+    + "  ret <64 x i8> %r63\n}\n"
+)
+
+
+@pytest.fixture(scope="module")
+def pm_ir():
+    """(block sum (u8* block, i8* xp) -> int32, products4 (u8*, i8*, float* xd, float* out)):
+    the pm kernel's IR with generic twins of its intrinsics, JIT-compiled for this host."""
+    from llvmlite import binding as llb
+    from llvmlite import ir
+
+    from strata.cpu.kernels.simd import I8, I32, Emit
+
+    mod = ir.Module()
+    mod.triple = llb.get_process_triple()
+    p8, f32p = I8.as_pointer(), ir.FloatType().as_pointer()
+    fn = ir.Function(mod, ir.FunctionType(I32, [p8, p8]), "pm_sum")
+    b = ir.IRBuilder(fn.append_basic_block())
+    e = Emit(None, b)
+    b.ret(e._call("llvm.vector.reduce.add.v16i32", I32, [P.block_acc(e, *fn.args)]))
+    fn4 = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p8, p8, f32p, f32p]), "pm_products4")
+    b = ir.IRBuilder(fn4.append_basic_block())
+    pw, px, xd, out = fn4.args
+    xd4 = b.load(b.bitcast(xd, V.V4F32.as_pointer()), align=4)
+    p = V.products4(Emit(None, b), pw, px, xd4, P.BB, P.block_acc)
+    b.store(p, b.bitcast(out, V.V4F32.as_pointer()), align=4)
+    b.ret_void()
+    rename = dict(_RENAME, **{"llvm.x86.avx512.permvar.qi.512": "generic.permvar"})
+    feats = llb.get_host_cpu_features().flatten()
+    engine = jit_generic(mod, rename, _GENERIC + _PERMVAR, features=feats)
+    f = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)(
+        engine.get_function_address("pm_sum")
+    )
+    f4 = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4)(engine.get_function_address("pm_products4"))
+    yield f, f4, "+f16c" in feats
+    del engine
+
+
+def test_kernel_ir_gives_the_reference_sums(pm_ir):
+    f = pm_ir[0]
+    rng = np.random.default_rng()
+    w = _edge_blocks(rng, 2, 8)
+    bl = w.reshape(-1, 98)
+    n = bl.shape[0]
+    x = rng.integers(-127, 128, (n, 256)).astype(np.int8)
+    x[:4] = np.where(rng.integers(0, 2, (4, 256)), 127, -127)
+    pm = P.repack(bl)  # one block a row
+    xp = np.ascontiguousarray(x[:, P.PERM])
+    got = [f(pm[i].ctypes.data, xp[i].ctypes.data) for i in range(n)]
+    assert got == list(reference_blocks(bl, x))
+
+
+def test_kernel_ir_four_block_products_are_the_portable_kernels(pm_ir):
+    f4, f16c = pm_ir[1], pm_ir[2]
+    if not f16c:
+        pytest.skip("host lacks F16C (the JIT would call a half-conversion routine)")
+    rng = np.random.default_rng()
+    for _ in range(20):
+        bl = random_quantized(QT.IQ3_XXS, (1, 1024), rng, 0.05).reshape(4, 98)
+        d = bl[:, 0:2].copy().view("<f2")[:, 0].astype(np.float32)
+        x = rng.integers(-127, 128, (4, 256)).astype(np.int8)
+        xd = (rng.standard_normal(4) * 1e-2).astype(np.float32)
+        out = np.full(4, np.nan, np.float32)
+        pm = np.ascontiguousarray(P.repack(bl.reshape(1, -1)))
+        xp = np.ascontiguousarray(x[:, P.PERM])
+        f4(pm.ctypes.data, xp.ctypes.data, xd.ctypes.data, out.ctypes.data)
+        want = (xd * d) * np.array(reference_blocks(bl, x), np.float32) * np.float32(0.25)
+        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
+def test_kernel_compiles_to_vpermb_and_vnni(tmp_path):
+    asm, ops = avx512_asm(tmp_path, "iq3_pm", "dot_pm_avx512", 102)
+    for op in ("vpermb", "vpdpbusd", "vpdpwssd", "vpackssdw"):
+        assert op in ops, op
+    assert {"vpermt2b", "vpermi2b"} & set(ops)
+    assert not {"vpunpcklbw", "vpunpckhbw", "vpmultishiftqb"} & set(ops)
+
+
+# ---------------------------------------------------------------- the kernel (hosts with it)
+
+
+@needs_avx512
+@pytest.mark.parametrize("cols", [256, 768, 1024, 2048, 2304])
+def test_kernel_matches_the_portable_kernels(cols):
+    rng = np.random.default_rng()
+    for w in (
+        random_quantized(QT.IQ3_XXS, (7, cols), rng, 0.05),
+        _edge_blocks(rng, 3, cols // 256),
+    ):
+        rows = w.reshape(w.shape[0], -1)
+        x = _activations(rng, 5, cols)
+        x[0, : min(cols, 512)] = np.where(rng.integers(0, 2, min(cols, 512)), 1.0, -1.0)
+        act = quantize_act(x, QT.Q8_K)
+        got = _gemv(K.K_IQ3_XXS_PM_AVX512, P.repack(rows), act, 5)
+        want = _gemv(K.K_IQ3_XXS, rows, act, 5)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
