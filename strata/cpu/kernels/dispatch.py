@@ -22,8 +22,13 @@ from strata.cpu.kernels.iq1_t2_avx512 import dot_t2_avx512
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
 from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2
 from strata.cpu.kernels.iq3 import dot_iq3_s, dot_iq3_xxs
-from strata.cpu.kernels.iq3_pm import dot_pm_avx512, dot_pm_portable
-from strata.cpu.kernels.iq3_vbmi import dot_iq3_xxs_vbmi, dot_iq3_xxs_vbmi1
+from strata.cpu.kernels.iq3_pm import (
+    dot_pm_avx512,
+    dot_pm_avx512_1,
+    dot_pm_avx512_s,
+    dot_pm_portable,
+)
+from strata.cpu.kernels.iq3_vbmi import dot_iq3_xxs_vbmi, dot_iq3_xxs_vbmi1, dot_iq3_xxs_vbmi1w
 from strata.cpu.kernels.iq4 import dot_iq4_xs
 from strata.cpu.kernels.iq4_avx2 import dot_iq4_xs_avx2, dot_q8_0_avx2
 from strata.cpu.kernels.kquants import dot_q4_k, dot_q5_k, dot_q6_k
@@ -129,6 +134,9 @@ KERNELS = {
     K_IQ3_XXS_VBMI1: dot_iq3_xxs_vbmi1,
     K_IQ3_XXS_PM: dot_pm_portable,
     K_IQ3_XXS_PM_AVX512: dot_pm_avx512,
+    45: dot_iq3_xxs_vbmi1w,  # A/B arms (session 8, call BC)
+    46: dot_pm_avx512_1,
+    47: dot_pm_avx512_s,
 }
 
 

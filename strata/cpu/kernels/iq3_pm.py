@@ -236,6 +236,64 @@ def _blk4_pm(typingctx, w, r, o, xf, a, xo, xd, bi, acc):
     return sig, codegen
 
 
+@intrinsic
+def _blk4_pm_scalar(typingctx, w, r, o, xf, a, xo, xd, bi, acc):
+    """_blk4_pm with the float steps one block at a time in scalar IR (A/B of the vector ones)."""
+    sig = types.float32(
+        w, types.intp, types.intp, xf, types.intp, types.intp, xd, types.intp, types.float32
+    )
+
+    def codegen(context, builder, sg, args):
+        e = Emit(context, builder)
+        if not HAS_AVX512_VBMI:
+            e.trap()
+            return ir.Constant(ir.FloatType(), 0.0)
+        b = builder
+        f32 = ir.FloatType()
+        pw = e.ptr(sg.args[0], args[0], args[1], args[2])
+        pxp = _xp_ptr(e, sg.args[3], args[3], args[4], args[5])
+        accs = [block_acc(e, e.off(pw, k * BB), e.off(pxp, 256 * k)) for k in range(4)]
+        isums = V.sums4(e, accs)
+        xd4 = V.load_xd4(e, sg.args[6], args[6], args[4], args[7])
+        acc = args[8]
+        for k in range(4):
+            ck = ir.Constant(I32, k)
+            h = b.bitcast(e.load(pw, ir.IntType(16), k * BB), ir.HalfType())
+            p = b.fmul(b.extract_element(xd4, ck), b.fpext(h, f32))
+            p = b.fmul(p, b.sitofp(b.extract_element(isums, ck), f32))
+            acc = b.fadd(acc, b.fmul(p, ir.Constant(f32, 0.25)))
+        return acc
+
+    return sig, codegen
+
+
+@njit(cache=True)
+def dot_pm_avx512_1(w, r, xq, xd, xb, x8, xf, a):
+    """A/B: one block at a time throughout."""
+    nb = w.shape[1] // BB
+    acc = np.float32(0.0)
+    for b in range(nb):
+        o = b * BB
+        isum = _blk_pm(w, r, o, xf, a, 256 * b)
+        acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum) * np.float32(0.25)
+    return acc
+
+
+@njit(cache=True)
+def dot_pm_avx512_s(w, r, xq, xd, xb, x8, xf, a):
+    """A/B: four blocks at a time, the float steps scalar."""
+    nb = w.shape[1] // BB
+    acc = np.float32(0.0)
+    n4 = nb - nb % 4
+    for b in range(0, n4, 4):
+        acc = _blk4_pm_scalar(w, r, b * BB, xf, a, 256 * b, xd, b, acc)
+    for b in range(n4, nb):
+        o = b * BB
+        isum = _blk_pm(w, r, o, xf, a, 256 * b)
+        acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum) * np.float32(0.25)
+    return acc
+
+
 @njit(cache=True)
 def dot_pm_avx512(w, r, xq, xd, xb, x8, xf, a):
     """IQ3_XXS in the pm layout, AVX-512 VBMI + VNNI, on the position-major quants (xf's bytes,

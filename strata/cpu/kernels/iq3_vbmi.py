@@ -304,6 +304,17 @@ def dot_iq3_xxs_vbmi(w, r, xq, xd, xb, x8, xf, a):
 
 
 @njit(cache=True)
+def dot_iq3_xxs_vbmi1w(w, r, xq, xd, xb, x8, xf, a):
+    """A/B: one block at a time with vpdpwssd."""
+    acc = np.float32(0.0)
+    for b in range(w.shape[1] // IQ3_BB):
+        o = b * IQ3_BB
+        isum = _blk_iq3_xxs_vbmi(w, r, o, xq, a, 256 * b, True)
+        acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum) * np.float32(0.25)
+    return acc
+
+
+@njit(cache=True)
 def dot_iq3_xxs_vbmi1(w, r, xq, xd, xb, x8, xf, a):
     """The kernel before (session 7): one block at a time, vpmaddwd + add, a reduce.add each."""
     acc = np.float32(0.0)
