@@ -2,9 +2,10 @@
 
 Everywhere: the repack is lossless and refuses broken sign parity; the quantizer's
 position-major quants are xq's reordered; the portable pm kernel is the portable IQ3_XXS kernel
-bit for bit (and near float64 dequantization); the layout spec picks pm by name only; the AVX-512
+bit for bit (and near float64 dequantization); the layout spec names pm (IQ3_XXS only) and "auto"
+takes it on AVX-512 VBMI + VNNI hosts only; the AVX-512
 kernel's own block IR, its x86 intrinsics swapped for generic IR (test_cpu_iq3_vbmi), gives the
-reference block sums and the portable float steps; compiled for Sapphire Rapids it is vpermb and
+reference block sums; compiled for Sapphire Rapids it is vpermb and
 VNNI with no trap and no unpack shuffles. Where the host has AVX-512 VBMI + VNNI: the kernel
 itself, bit for bit.
 """
@@ -21,8 +22,7 @@ from gguf.quants import dequantize
 from strata.cpu import layout as L
 from strata.cpu.kernels import dispatch as K
 from strata.cpu.kernels import iq3_pm as P
-from strata.cpu.kernels import iq3_vbmi as V
-from strata.cpu.kernels.simd import HAS_AVX512_VBMI
+from strata.cpu.kernels.simd import HAS_AVX512_VBMI, simd_enabled
 from strata.cpu.quantize import quantize_act
 from strata.quant import activation as A
 from strata.quant import random_quantized
@@ -99,6 +99,16 @@ def test_layout_spec_names_pm_for_iq3_xxs_only(monkeypatch):
     assert L.layout_for("pm", QT.Q4_K) == "repack"  # a bare named layout: others take auto
     with pytest.raises(ValueError, match="Q4_K has no 'pm' layout"):
         L.layout_for("auto,Q4_K=pm", QT.Q4_K)
+    # the default ("auto" -> repack): pm where the host has AVX-512 VBMI + VNNI, else LUT4
+    auto = L.prepare(QT.IQ3_XXS, shape, w, layout="auto")
+    assert auto.layout == ("pm" if HAS_AVX512_VBMI else "lut4")
+    lut = L.prepare(QT.IQ3_XXS, shape, w, layout="IQ3_XXS=lut4")
+    assert (lut.layout, lut.kernel) == (
+        "lut4",
+        K.K_IQ3_XXS_LUT4_AVX2 if simd_enabled() else K.K_IQ3_XXS_LUT4,
+    )
+    monkeypatch.setenv("STRATA_CPU_SIMD", "avx2")  # no AVX-512 kernels: LUT4 again
+    assert L.prepare(QT.IQ3_XXS, shape, w, layout="auto").layout == "lut4"
 
 
 # ---------------------------------------------------------------- the kernel's IR, run here
@@ -126,8 +136,8 @@ define internal <64 x i8> @generic.permvar(<64 x i8> %t, <64 x i8> %idx) {
 
 @pytest.fixture(scope="module")
 def pm_ir():
-    """(block sum (u8* block, i8* xp) -> int32, products4 (u8*, i8*, float* xd, float* out)):
-    the pm kernel's IR with generic twins of its intrinsics, JIT-compiled for this host."""
+    """block sum (u8* block, i8* xp) -> int32: the pm kernel's block IR with generic twins of
+    its intrinsics, JIT-compiled for this host."""
     from llvmlite import binding as llb
     from llvmlite import ir
 
@@ -135,27 +145,17 @@ def pm_ir():
 
     mod = ir.Module()
     mod.triple = llb.get_process_triple()
-    p8, f32p = I8.as_pointer(), ir.FloatType().as_pointer()
+    p8 = I8.as_pointer()
     fn = ir.Function(mod, ir.FunctionType(I32, [p8, p8]), "pm_sum")
     b = ir.IRBuilder(fn.append_basic_block())
     e = Emit(None, b)
     b.ret(e._call("llvm.vector.reduce.add.v16i32", I32, [P.block_acc(e, *fn.args)]))
-    fn4 = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p8, p8, f32p, f32p]), "pm_products4")
-    b = ir.IRBuilder(fn4.append_basic_block())
-    pw, px, xd, out = fn4.args
-    xd4 = b.load(b.bitcast(xd, V.V4F32.as_pointer()), align=4)
-    p = V.products4(Emit(None, b), pw, px, xd4, P.BB, P.block_acc)
-    b.store(p, b.bitcast(out, V.V4F32.as_pointer()), align=4)
-    b.ret_void()
     rename = dict(_RENAME, **{"llvm.x86.avx512.permvar.qi.512": "generic.permvar"})
-    feats = llb.get_host_cpu_features().flatten()
-    engine = jit_generic(mod, rename, _GENERIC + _PERMVAR, features=feats)
+    engine = jit_generic(mod, rename, _GENERIC + _PERMVAR)
     f = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)(
         engine.get_function_address("pm_sum")
     )
-    f4 = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4)(engine.get_function_address("pm_products4"))
-    yield f, f4, "+f16c" in feats
-    del engine
+    yield f, engine
 
 
 def test_kernel_ir_gives_the_reference_sums(pm_ir):
@@ -170,24 +170,6 @@ def test_kernel_ir_gives_the_reference_sums(pm_ir):
     xp = np.ascontiguousarray(x[:, P.PERM])
     got = [f(pm[i].ctypes.data, xp[i].ctypes.data) for i in range(n)]
     assert got == list(reference_blocks(bl, x))
-
-
-def test_kernel_ir_four_block_products_are_the_portable_kernels(pm_ir):
-    f4, f16c = pm_ir[1], pm_ir[2]
-    if not f16c:
-        pytest.skip("host lacks F16C (the JIT would call a half-conversion routine)")
-    rng = np.random.default_rng()
-    for _ in range(20):
-        bl = random_quantized(QT.IQ3_XXS, (1, 1024), rng, 0.05).reshape(4, 98)
-        d = bl[:, 0:2].copy().view("<f2")[:, 0].astype(np.float32)
-        x = rng.integers(-127, 128, (4, 256)).astype(np.int8)
-        xd = (rng.standard_normal(4) * 1e-2).astype(np.float32)
-        out = np.full(4, np.nan, np.float32)
-        pm = np.ascontiguousarray(P.repack(bl.reshape(1, -1)))
-        xp = np.ascontiguousarray(x[:, P.PERM])
-        f4(pm.ctypes.data, xp.ctypes.data, xd.ctypes.data, out.ctypes.data)
-        want = (xd * d) * np.array(reference_blocks(bl, x), np.float32) * np.float32(0.25)
-        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")

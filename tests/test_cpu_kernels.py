@@ -11,7 +11,7 @@ from gguf.quants import dequantize
 
 from strata.cpu.kernels import dispatch as K
 from strata.cpu.kernels import iq1, iq1_t2, iq2, iq3, iq4, kquants, lut4, q8_0, reference
-from strata.cpu.kernels.simd import HAS_AVX2
+from strata.cpu.kernels.simd import HAS_AVX2, avx512_enabled
 from strata.cpu.layout import prepare
 from strata.cpu.quantize import (
     act_code,
@@ -273,8 +273,12 @@ def test_prepare_picks_the_simd_layout_only_when_asked(monkeypatch):
     assert (off.layout, off.kernel) == ("gguf", K.K_IQ3_XXS)
     assert off.nbytes == off.gguf_bytes == w.nbytes
     on = prepare(QT.IQ3_XXS, shape, w, simd=True)
-    assert (on.layout, on.kernel) == ("lut4", K.K_IQ3_XXS_LUT4_AVX2)
-    assert on.gguf_bytes == w.nbytes and on.nbytes == w.nbytes // 98 * 134
+    if avx512_enabled(True):  # hosts with AVX-512 VBMI + VNNI: the position-major repack
+        assert (on.layout, on.kernel) == ("pm", K.K_IQ3_XXS_PM_AVX512)
+        assert on.gguf_bytes == w.nbytes and on.nbytes == w.nbytes // 98 * 102
+    else:
+        assert (on.layout, on.kernel) == ("lut4", K.K_IQ3_XXS_LUT4_AVX2)
+        assert on.gguf_bytes == w.nbytes and on.nbytes == w.nbytes // 98 * 134
     assert np.array_equal(on.gguf_rows(), w.reshape(16, -1))
     kept = prepare(QT.IQ3_XXS, shape, w, layout="gguf", simd=True)
     assert (kept.layout, kept.kernel) == ("gguf", K.K_IQ3_XXS_GATHER)

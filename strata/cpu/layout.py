@@ -10,8 +10,8 @@ place (a view into the mmap) unless a repacked layout makes the SIMD kernel chea
     IQ1_M   -> T2   (2-bit ternary codes, 1.36x the bytes; iq1_t2.py, and on AVX-512 VBMI + VNNI
                hosts iq1_t2_avx512.py unless STRATA_CPU_T2_AVX512=0: `avx512_repack_on`)
     Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, IQ2_S -> AVX2 kernels on the GGUF bytes
-    IQ3_XXS -> PM (by name: "IQ3_XXS=pm"; position-major, 1.04x the bytes; iq3_pm.py, its
-               AVX-512 VBMI + VNNI kernel on hosts with the features, else a portable one)
+    IQ3_XXS -> PM instead of LUT4 on hosts with AVX-512 VBMI + VNNI (position-major, 1.04x the
+               bytes; iq3_pm.py; `AVX512_REPACK_LAYOUT`); either by name: "IQ3_XXS=lut4", "pm"
     F16, BF16, F32 -> portable @njit kernels only (not yet SIMD)
 
 IQ3_XXS, IQ2_XXS and IQ1_M also have AVX2 gather kernels on the GGUF bytes (gather.py): more
@@ -40,10 +40,28 @@ from strata.cpu.kernels.simd import avx512_enabled, simd_enabled
 from strata.cpu.quantize import act_code
 from strata.quant.formats import QT, fmt
 
-LAYOUTS = ("auto", "gguf", "repack", "pm")
-# layouts picked by name (a spec's "pm"; formats without it take "auto"): (repack, kernel on
-# AVX-512 VBMI + VNNI hosts, kernel elsewhere)
-NAMED = {(QT.IQ3_XXS, "pm"): (iq3_pm.repack, K.K_IQ3_XXS_PM_AVX512, K.K_IQ3_XXS_PM)}
+LAYOUTS = ("auto", "gguf", "repack", "pm", "lut4")
+
+
+def _pm_kernel(simd: bool) -> int:
+    return K.K_IQ3_XXS_PM_AVX512 if avx512_enabled(simd) else K.K_IQ3_XXS_PM
+
+
+def _lut4_kernel(simd: bool) -> int:
+    return K.K_IQ3_XXS_LUT4_AVX2 if simd else K.K_IQ3_XXS_LUT4
+
+
+# layouts a spec may name ("IQ3_XXS=pm"; a bare name applies to the formats that have it, the
+# others take "auto"): (repack, the kernel that reads it given `simd`)
+NAMED = {
+    (QT.IQ3_XXS, "pm"): (iq3_pm.repack, _pm_kernel),
+    (QT.IQ3_XXS, "lut4"): (lut4.repack, _lut4_kernel),
+}
+# "repack" on hosts with AVX-512 VBMI + VNNI (`avx512_enabled`): IQ3_XXS takes pm, whose kernel
+# computes 1.3x (one core) to 1.7-1.9x (16 busy cores) as fast as the VBMI kernel on the GGUF
+# bytes and reads 1.04x their bytes where LUT4 reads 1.37x (H200 host, session 8, calls BC-BD:
+# bench/results/session8-h200-20261130.md)
+AVX512_REPACK_LAYOUT = {QT.IQ3_XXS: "pm"}
 # formats whose SIMD kernel can read a repacked layout: (repack, kernel, layout name)
 REPACKS = {
     QT.IQ3_XXS: (lut4.repack, K.K_IQ3_XXS_LUT4_AVX2, "lut4"),
@@ -170,10 +188,11 @@ def prepare(
     simd = simd_enabled() if simd is None else simd
     qt = f.qtype
     kernel, lay = gguf_kernel(qt, simd), "gguf"
+    if want == "repack" and qt in AVX512_REPACK_LAYOUT and avx512_enabled(simd):
+        want = AVX512_REPACK_LAYOUT[qt]
     if (qt, want) in NAMED:
-        repack, fast, portable = NAMED[(qt, want)]
-        raw, lay = repack(raw), want
-        kernel = fast if avx512_enabled(simd) else portable
+        repack, kernel_for = NAMED[(qt, want)]
+        raw, lay, kernel = repack(raw), want, kernel_for(simd)
     elif simd and want == "repack" and qt in REPACKS:
         repack, kernel, lay = REPACKS[qt]
         raw = repack(raw)

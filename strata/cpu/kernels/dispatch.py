@@ -22,13 +22,8 @@ from strata.cpu.kernels.iq1_t2_avx512 import dot_t2_avx512
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
 from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2
 from strata.cpu.kernels.iq3 import dot_iq3_s, dot_iq3_xxs
-from strata.cpu.kernels.iq3_pm import (
-    dot_pm_avx512,
-    dot_pm_avx512_1,
-    dot_pm_avx512_s,
-    dot_pm_portable,
-)
-from strata.cpu.kernels.iq3_vbmi import dot_iq3_xxs_vbmi, dot_iq3_xxs_vbmi1, dot_iq3_xxs_vbmi1w
+from strata.cpu.kernels.iq3_pm import dot_pm_avx512, dot_pm_portable
+from strata.cpu.kernels.iq3_vbmi import dot_iq3_xxs_vbmi
 from strata.cpu.kernels.iq4 import dot_iq4_xs
 from strata.cpu.kernels.iq4_avx2 import dot_iq4_xs_avx2, dot_q8_0_avx2
 from strata.cpu.kernels.kquants import dot_q4_k, dot_q5_k, dot_q6_k
@@ -75,8 +70,7 @@ K_IQ3_XXS_VBMI, K_IQ1_M_AVX512 = 39, 40
 AVX512_GGUF = {QT.IQ3_XXS: K_IQ3_XXS_VBMI, QT.IQ1_M: K_IQ1_M_AVX512}
 # the same hosts, on a repacked layout (iq1_t2_avx512.py): replace layout.REPACKS' kernel
 K_IQ1_M_T2_AVX512 = 41
-K_IQ3_XXS_VBMI1 = 42  # iq3_vbmi's kernel before four-block reductions (benchmark A/B only)
-# IQ3_XXS repacked position-major (iq3_pm.py): portable, AVX-512 VBMI + VNNI
+# IQ3_XXS repacked position-major (iq3_pm.py): portable, AVX-512 VBMI + VNNI (42 was an A/B arm)
 K_IQ3_XXS_PM, K_IQ3_XXS_PM_AVX512 = 43, 44
 AVX512_REPACK = {K_IQ1_M_T2_AVX2: K_IQ1_M_T2_AVX512}
 
@@ -131,12 +125,8 @@ KERNELS = {
     K_IQ3_XXS_VBMI: dot_iq3_xxs_vbmi,
     K_IQ1_M_AVX512: dot_iq1_m_avx512,
     K_IQ1_M_T2_AVX512: dot_t2_avx512,
-    K_IQ3_XXS_VBMI1: dot_iq3_xxs_vbmi1,
     K_IQ3_XXS_PM: dot_pm_portable,
     K_IQ3_XXS_PM_AVX512: dot_pm_avx512,
-    45: dot_iq3_xxs_vbmi1w,  # A/B arms (session 8, call BC)
-    46: dot_pm_avx512_1,
-    47: dot_pm_avx512_s,
 }
 
 

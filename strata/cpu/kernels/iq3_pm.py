@@ -26,9 +26,11 @@ xp[256 b + 64 p + g] = xq[256 b + 4 g + p] (`perm_pm`). The kernel per super-blo
    that word order.
 
 The block sum is the portable kernel's integer `isum`, and the row's float steps are those of
-`iq3.dot_iq3_xxs` in the same order (four blocks at a time: iq3_vbmi.products4), so the result is
-bit-identical to the portable kernels on the GGUF bytes. `repack`/`unpack` are lossless (the 8th
-sign bit of each 8 is the parity ksigns adds; `unpack` refuses signs that break it).
+`iq3.dot_iq3_xxs` in the same order, so the result is bit-identical to the portable kernels on the
+GGUF bytes (four blocks at a time, with one transposed reduction and the float steps 4 wide, ran
+at a third of the speed on the H200's host: bench/results/session8-h200-20261130.md). `repack` and
+`unpack` are lossless (the 8th sign bit of each 8 is the parity ksigns adds; `unpack` refuses
+signs that break it).
 """
 
 from __future__ import annotations
@@ -215,95 +217,12 @@ def _blk_pm(typingctx, w, r, o, xf, a, xo):
     return sig, codegen
 
 
-@intrinsic
-def _blk4_pm(typingctx, w, r, o, xf, a, xo, xd, bi, acc):
-    """acc + p_0 + .. + p_3 over four pm blocks from w[r, o] (iq3_vbmi.products4's steps)."""
-    sig = types.float32(
-        w, types.intp, types.intp, xf, types.intp, types.intp, xd, types.intp, types.float32
-    )
-
-    def codegen(context, builder, sg, args):
-        e = Emit(context, builder)
-        if not HAS_AVX512_VBMI:
-            e.trap()
-            return ir.Constant(ir.FloatType(), 0.0)
-        pw = e.ptr(sg.args[0], args[0], args[1], args[2])
-        pxp = _xp_ptr(e, sg.args[3], args[3], args[4], args[5])
-        xd4 = V.load_xd4(e, sg.args[6], args[6], args[4], args[7])
-        p = V.products4(e, pw, pxp, xd4, BB, block_acc)
-        return V.add_in_order(e, args[8], p)
-
-    return sig, codegen
-
-
-@intrinsic
-def _blk4_pm_scalar(typingctx, w, r, o, xf, a, xo, xd, bi, acc):
-    """_blk4_pm with the float steps one block at a time in scalar IR (A/B of the vector ones)."""
-    sig = types.float32(
-        w, types.intp, types.intp, xf, types.intp, types.intp, xd, types.intp, types.float32
-    )
-
-    def codegen(context, builder, sg, args):
-        e = Emit(context, builder)
-        if not HAS_AVX512_VBMI:
-            e.trap()
-            return ir.Constant(ir.FloatType(), 0.0)
-        b = builder
-        f32 = ir.FloatType()
-        pw = e.ptr(sg.args[0], args[0], args[1], args[2])
-        pxp = _xp_ptr(e, sg.args[3], args[3], args[4], args[5])
-        accs = [block_acc(e, e.off(pw, k * BB), e.off(pxp, 256 * k)) for k in range(4)]
-        isums = V.sums4(e, accs)
-        xd4 = V.load_xd4(e, sg.args[6], args[6], args[4], args[7])
-        acc = args[8]
-        for k in range(4):
-            ck = ir.Constant(I32, k)
-            h = b.bitcast(e.load(pw, ir.IntType(16), k * BB), ir.HalfType())
-            p = b.fmul(b.extract_element(xd4, ck), b.fpext(h, f32))
-            p = b.fmul(p, b.sitofp(b.extract_element(isums, ck), f32))
-            acc = b.fadd(acc, b.fmul(p, ir.Constant(f32, 0.25)))
-        return acc
-
-    return sig, codegen
-
-
-@njit(cache=True)
-def dot_pm_avx512_1(w, r, xq, xd, xb, x8, xf, a):
-    """A/B: one block at a time throughout."""
-    nb = w.shape[1] // BB
-    acc = np.float32(0.0)
-    for b in range(nb):
-        o = b * BB
-        isum = _blk_pm(w, r, o, xf, a, 256 * b)
-        acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum) * np.float32(0.25)
-    return acc
-
-
-@njit(cache=True)
-def dot_pm_avx512_s(w, r, xq, xd, xb, x8, xf, a):
-    """A/B: four blocks at a time, the float steps scalar."""
-    nb = w.shape[1] // BB
-    acc = np.float32(0.0)
-    n4 = nb - nb % 4
-    for b in range(0, n4, 4):
-        acc = _blk4_pm_scalar(w, r, b * BB, xf, a, 256 * b, xd, b, acc)
-    for b in range(n4, nb):
-        o = b * BB
-        isum = _blk_pm(w, r, o, xf, a, 256 * b)
-        acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum) * np.float32(0.25)
-    return acc
-
-
 @njit(cache=True)
 def dot_pm_avx512(w, r, xq, xd, xb, x8, xf, a):
     """IQ3_XXS in the pm layout, AVX-512 VBMI + VNNI, on the position-major quants (xf's bytes,
-    written by the Q8_K quantizer); four blocks at a time, then one by one."""
-    nb = w.shape[1] // BB
+    written by the Q8_K quantizer), a block at a time."""
     acc = np.float32(0.0)
-    n4 = nb - nb % 4
-    for b in range(0, n4, 4):
-        acc = _blk4_pm(w, r, b * BB, xf, a, 256 * b, xd, b, acc)
-    for b in range(n4, nb):
+    for b in range(w.shape[1] // BB):
         o = b * BB
         isum = _blk_pm(w, r, o, xf, a, 256 * b)
         acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum) * np.float32(0.25)

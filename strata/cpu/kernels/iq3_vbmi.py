@@ -52,7 +52,6 @@ V32I16 = ir.VectorType(I16, 32)
 V16I32 = ir.VectorType(I32, 16)
 V64I1 = ir.VectorType(ir.IntType(1), 64)
 _V4I64 = ir.VectorType(ir.IntType(64), 4)
-V4F32 = ir.VectorType(ir.FloatType(), 4)
 
 # ---------------------------------------------------------------- constant tables (uint8)
 
@@ -147,10 +146,9 @@ def _scales(e: Emit, aux):
     return [e.shuffle(sc, [2 * int(s) for s in SC_WORDS[h]]) for h in range(2)]
 
 
-def block_acc(e: Emit, pw, px, vnni_words: bool = True):
+def block_acc(e: Emit, pw, px):
     """The block sum as 16 int32 lanes still to be added, from i8* pw (the 98 block bytes) and
-    px (its 256 int8 x quants). vnni_words: the scales go in by vpdpwssd (multiply-add of word
-    pairs into the accumulator); False: vpmaddwd and an add (the kernel before, for A/B)."""
+    px (its 256 int8 x quants)."""
     b = e.b
     mags = _magnitudes(e, e.load(pw, V64I8, 2))
     aux = e.load(pw, V32I8, 66)
@@ -171,48 +169,23 @@ def block_acc(e: Emit, pw, px, vnni_words: bool = True):
     acc = zero
     for h in range(2):
         pk = e._call("llvm.x86.avx512.packssdw.512", V32I16, dots[2 * h : 2 * h + 2])
-        if vnni_words:
-            acc = e._call(
-                "llvm.x86.avx512.vpdpwssd.512",
-                V16I32,
-                [acc, b.bitcast(pk, V16I32), b.bitcast(scales[h], V16I32)],
-            )
-        else:
-            acc = b.add(acc, e._call("llvm.x86.avx512.pmaddw.d.512", V16I32, [pk, scales[h]]))
+        acc = e._call(
+            "llvm.x86.avx512.vpdpwssd.512",
+            V16I32,
+            [acc, b.bitcast(pk, V16I32), b.bitcast(scales[h], V16I32)],
+        )
     return acc
 
 
-def block_sum(e: Emit, pw, px, vnni_words: bool = True):
+def block_sum(e: Emit, pw, px):
     """The int32 block sum from i8* pw (the 98 block bytes) and px (its 256 int8 x quants)."""
-    return e._call("llvm.vector.reduce.add.v16i32", I32, [block_acc(e, pw, px, vnni_words)])
+    return e._call("llvm.vector.reduce.add.v16i32", I32, [block_acc(e, pw, px)])
 
 
-def sums4(e: Emit, accs):
-    """The lane sums of four <16 x i32> as one <4 x i32> (a transposed reduction: 13 shuffles and
-    adds for the four, where four reduce.add take ~36)."""
-    b = e.b
-
-    def half_sum(u, v):  # lanes 0-7: u's halves added, 8-15: v's
-        lo = _shuffle2(e, u, v, list(range(8)) + list(range(16, 24)))
-        hi = _shuffle2(e, u, v, list(range(8, 16)) + list(range(24, 32)))
-        return b.add(lo, hi)
-
-    ab, cd = half_sum(accs[0], accs[1]), half_sum(accs[2], accs[3])
-    # 128-bit chunk k of s = block k's 4 partial sums
-    lo = _shuffle2(e, ab, cd, [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27])
-    hi = _shuffle2(e, ab, cd, [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31])
-    s = b.add(lo, hi)
-    s = b.add(s, e.shuffle(s, [4 * (i // 4) + (i % 4 ^ 2) for i in range(16)]))
-    s = b.add(s, e.shuffle(s, [4 * (i // 4) + (i % 4 ^ 1) for i in range(16)]))
-    return e.shuffle(s, [0, 4, 8, 12])
-
-
-@intrinsic(prefer_literal=True)
-def _blk_iq3_xxs_vbmi(typingctx, w, r, o, xq, a, xo, vnni_words):
+@intrinsic
+def _blk_iq3_xxs_vbmi(typingctx, w, r, o, xq, a, xo):
     """sum_s (2 ls_s + 1) sum_{i in s} g_i s_i x_i over the IQ3_XXS block at w[r, o:o+98]."""
-    if not isinstance(vnni_words, types.BooleanLiteral):
-        return None
-    sig = types.int32(w, types.intp, types.intp, xq, types.intp, types.intp, vnni_words)
+    sig = types.int32(w, types.intp, types.intp, xq, types.intp, types.intp)
 
     def codegen(context, builder, sg, args):
         e = Emit(context, builder)
@@ -221,66 +194,9 @@ def _blk_iq3_xxs_vbmi(typingctx, w, r, o, xq, a, xo, vnni_words):
             return ir.Constant(I32, 0)
         pw = e.ptr(sg.args[0], args[0], args[1], args[2])
         px = e.ptr(sg.args[3], args[3], args[4], args[5])
-        return block_sum(e, pw, px, vnni_words.literal_value)
+        return block_sum(e, pw, px)
 
     return sig, codegen
-
-
-def products4(e: Emit, pw, px, xd4, nbytes: int = IQ3_BB, block=None):
-    """<4 x float> of four consecutive blocks of `nbytes` (pw: the first's bytes, d its first two;
-    px: its x quants, xd4: the four x scales; block: the <16 x i32> block IR, default
-    `block_acc`): float32(xd * d) * float32(isum) * 0.25, the portable kernel's products exactly
-    (each an IEEE product of the same operands, no contraction)."""
-    b = e.b
-    block = block or block_acc
-    accs = [block(e, e.off(pw, k * nbytes), e.off(px, 256 * k)) for k in range(4)]
-    isum = b.sitofp(sums4(e, accs), V4F32)
-    d = ir.Constant(ir.VectorType(ir.HalfType(), 4), None)
-    for k in range(4):
-        h = b.bitcast(e.load(pw, I16, k * nbytes), ir.HalfType())
-        d = b.insert_element(d, h, ir.Constant(I32, k))
-    p = b.fmul(b.fmul(xd4, b.fpext(d, V4F32)), isum)
-    return b.fmul(p, ir.Constant(V4F32, [0.25] * 4))
-
-
-@intrinsic
-def _blk4_iq3_xxs_vbmi(typingctx, w, r, o, xq, a, xo, xd, bi, acc):
-    """acc + p_0 + p_1 + p_2 + p_3 (in that order) for the four IQ3_XXS blocks from w[r, o]:
-    p_k = float32(xd[a, bi + k] * d_k) * float32(isum_k) * 0.25, the portable kernel's steps."""
-    sig = types.float32(
-        w, types.intp, types.intp, xq, types.intp, types.intp, xd, types.intp, types.float32
-    )
-
-    def codegen(context, builder, sg, args):
-        e = Emit(context, builder)
-        if not HAS_AVX512_VBMI:
-            e.trap()
-            return ir.Constant(ir.FloatType(), 0.0)
-        pw = e.ptr(sg.args[0], args[0], args[1], args[2])
-        px = e.ptr(sg.args[3], args[3], args[4], args[5])
-        xd4 = load_xd4(e, sg.args[6], args[6], args[4], args[7])
-        return add_in_order(e, args[8], products4(e, pw, px, xd4))
-
-    return sig, codegen
-
-
-def load_xd4(e: Emit, xdty, xd, a, bi):
-    """<4 x float> xd[a, bi .. bi + 3] (four scalar loads: xd may be any 2-D layout)."""
-    b = e.b
-    xd4 = ir.Constant(V4F32, None)
-    for k in range(4):
-        pk = e.ptr(xdty, xd, a, b.add(bi, ir.Constant(bi.type, k)))
-        xd4 = b.insert_element(
-            xd4, b.load(b.bitcast(pk, ir.FloatType().as_pointer())), ir.Constant(I32, k)
-        )
-    return xd4
-
-
-def add_in_order(e: Emit, acc, p):
-    """((((acc + p[0]) + p[1]) + p[2]) + p[3]): the row sum's order, float32."""
-    for k in range(4):
-        acc = e.b.fadd(acc, e.b.extract_element(p, ir.Constant(I32, k)))
-    return acc
 
 
 # ---------------------------------------------------------------- row kernel (the float steps of
@@ -289,37 +205,9 @@ def add_in_order(e: Emit, acc, p):
 
 @njit(cache=True)
 def dot_iq3_xxs_vbmi(w, r, xq, xd, xb, x8, xf, a):
-    """Four blocks at a time (`_blk4_iq3_xxs_vbmi`: one transposed reduction, the float steps as
-    4-wide vectors), the rest one by one; the same float steps in the same order throughout."""
-    nb = w.shape[1] // IQ3_BB
-    acc = np.float32(0.0)
-    n4 = nb - nb % 4
-    for b in range(0, n4, 4):
-        acc = _blk4_iq3_xxs_vbmi(w, r, b * IQ3_BB, xq, a, 256 * b, xd, b, acc)
-    for b in range(n4, nb):
-        o = b * IQ3_BB
-        isum = _blk_iq3_xxs_vbmi(w, r, o, xq, a, 256 * b, True)
-        acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum) * np.float32(0.25)
-    return acc
-
-
-@njit(cache=True)
-def dot_iq3_xxs_vbmi1w(w, r, xq, xd, xb, x8, xf, a):
-    """A/B: one block at a time with vpdpwssd."""
     acc = np.float32(0.0)
     for b in range(w.shape[1] // IQ3_BB):
         o = b * IQ3_BB
-        isum = _blk_iq3_xxs_vbmi(w, r, o, xq, a, 256 * b, True)
-        acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum) * np.float32(0.25)
-    return acc
-
-
-@njit(cache=True)
-def dot_iq3_xxs_vbmi1(w, r, xq, xd, xb, x8, xf, a):
-    """The kernel before (session 7): one block at a time, vpmaddwd + add, a reduce.add each."""
-    acc = np.float32(0.0)
-    for b in range(w.shape[1] // IQ3_BB):
-        o = b * IQ3_BB
-        isum = _blk_iq3_xxs_vbmi(w, r, o, xq, a, 256 * b, False)
+        isum = _blk_iq3_xxs_vbmi(w, r, o, xq, a, 256 * b)
         acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum) * np.float32(0.25)
     return acc
