@@ -31,6 +31,7 @@ from tests.test_cpu_iq3_vbmi import (
     _GENERIC,
     _RENAME,
     avx512_asm,
+    edge_blocks,
     jit_generic,
     needs_avx512,
     reference_blocks,
@@ -38,24 +39,9 @@ from tests.test_cpu_iq3_vbmi import (
 from tests.test_cpu_kernels import _activations, _gemv
 
 
-def _edge_blocks(rng, n_rows=6, nb=8):
-    """IQ3_XXS rows with every grid row and every sign field, plus all-negative max blocks."""
-    w = random_quantized(QT.IQ3_XXS, (n_rows, 256 * nb), rng, 0.05)
-    bl = w.reshape(-1, 98)
-    n = bl.shape[0]
-    field = (np.arange(n * 32) * 5 % 128).reshape(n, 8, 4).astype(np.uint32)
-    ls = rng.integers(0, 16, (n, 8)).astype(np.uint32)
-    aux = (field << (7 * np.arange(4, dtype=np.uint32))).sum(-1, dtype=np.uint32) | (ls << 28)
-    bl[:, 2:66] = (np.arange(n * 64) % 256).reshape(n, 64)
-    bl[:, 66:98] = aux.astype("<u4").view(np.uint8).reshape(n, 32)
-    bl[:2, 2:66] = 255
-    bl[:2, 66:98] = 0xFF
-    return w
-
-
 def test_repack_is_lossless_and_refuses_broken_parity():
     rng = np.random.default_rng()
-    for w in (random_quantized(QT.IQ3_XXS, (9, 768), rng, 0.05), _edge_blocks(rng)):
+    for w in (random_quantized(QT.IQ3_XXS, (9, 768), rng, 0.05), edge_blocks(rng)):
         rows = w.reshape(w.shape[0], -1)
         p = P.repack(rows)
         assert p.shape == (rows.shape[0], rows.shape[1] // 98 * 102)
@@ -161,7 +147,7 @@ def pm_ir():
 def test_kernel_ir_gives_the_reference_sums(pm_ir):
     f = pm_ir[0]
     rng = np.random.default_rng()
-    w = _edge_blocks(rng, 2, 8)
+    w = edge_blocks(rng, 2, 8)
     bl = w.reshape(-1, 98)
     n = bl.shape[0]
     x = rng.integers(-127, 128, (n, 256)).astype(np.int8)
@@ -190,7 +176,7 @@ def test_kernel_matches_the_portable_kernels(cols):
     rng = np.random.default_rng()
     for w in (
         random_quantized(QT.IQ3_XXS, (7, cols), rng, 0.05),
-        _edge_blocks(rng, 3, cols // 256),
+        edge_blocks(rng, 3, cols // 256),
     ):
         rows = w.reshape(w.shape[0], -1)
         x = _activations(rng, 5, cols)

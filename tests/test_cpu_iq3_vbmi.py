@@ -209,19 +209,26 @@ def test_kernel_matches_portable_kernel_and_dequant(cols):
     _check(random_quantized(QT.IQ3_XXS, (7, cols), rng, 0.05), _activations(rng, 5, cols))
 
 
-@needs_avx512
-def test_kernel_every_grid_row_sign_field_and_extreme():
-    rng = np.random.default_rng()
-    w = random_quantized(QT.IQ3_XXS, (6, 256 * 8), rng, 0.05)
-    bl = w.reshape(-1, 98)  # [48 blocks, 98]
+def edge_blocks(rng, n_rows: int = 6, nb: int = 8) -> np.ndarray:
+    """IQ3_XXS rows [n_rows, nb * 98] holding every grid row and every sign field, with random
+    scales, and two blocks of the largest magnitudes, all signs negative, scale 15."""
+    w = random_quantized(QT.IQ3_XXS, (n_rows, 256 * nb), rng, 0.05)
+    bl = w.reshape(-1, 98)
     n = bl.shape[0]
     field = (np.arange(n * 32) * 5 % 128).reshape(n, 8, 4).astype(np.uint32)
     ls = rng.integers(0, 16, (n, 8)).astype(np.uint32)
     aux = (field << (7 * np.arange(4, dtype=np.uint32))).sum(-1, dtype=np.uint32) | (ls << 28)
     bl[:, 2:66] = (np.arange(n * 64) % 256).reshape(n, 64)
     bl[:, 66:98] = aux.astype("<u4").view(np.uint8).reshape(n, 32)
-    bl[:2, 2:66] = 255  # the largest magnitudes, all signs negative, scale 15
+    bl[:2, 2:66] = 255
     bl[:2, 66:98] = 0xFF
+    return w
+
+
+@needs_avx512
+def test_kernel_every_grid_row_sign_field_and_extreme():
+    rng = np.random.default_rng()
+    w = edge_blocks(rng)
     x = _activations(rng, 5, 256 * 8)
     x[0, :512] = np.where(rng.integers(0, 2, 512), 1.0, -1.0)  # +-127 quants
     _check(w, x)
