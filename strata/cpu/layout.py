@@ -19,10 +19,10 @@ arithmetic per weight than the repacks, fewer bytes; on hosts with AVX-512 VBMI 
 GGUF bytes get the iq3_vbmi.py kernel instead and IQ1_M's the iq1_avx512.py one (`gguf_kernel`;
 STRATA_CPU_LAYOUT=IQ1_M=gguf picks it, "auto" keeps T2 until it is measured).
 Which one "auto" takes is `AUTO_GGUF`; a layout spec picks per format: "gguf", "repack",
-"auto", or a comma list whose bare item is the default and QUANT=LAYOUT items override it
-("auto,IQ3_XXS=gguf"); STRATA_CPU_LAYOUT holds one.
+"auto", a layout by name (`NAMED`: "lut4", "pm"), or a comma list whose bare item is the default
+and QUANT=LAYOUT items override it ("auto,IQ3_XXS=gguf"); STRATA_CPU_LAYOUT holds one.
 
-Both transforms are lossless (tests rebuild the GGUF bytes); `gguf_bytes` is what the file
+Every transform is lossless (tests rebuild the GGUF bytes); `gguf_bytes` is what the file
 holds, `nbytes` what the kernel reads, so bandwidth can be reported either way.
 """
 
