@@ -38,6 +38,7 @@ from strata.bench.cpu_pool import (
     format_table,
     machine,
     make_layer,
+    matrix_with_kernel,
     run_cpu_pool_arm,
     run_layout_ab,
     run_quant_ab,
@@ -66,11 +67,7 @@ def _matrix(quant: str, rows: int, cols: int, layout=None, kernel=None):
     qt = fmt(quant).qtype
     w = random_quantized(qt, (1, rows, cols), rng, 0.05)
     m = prepare(qt, (1, rows, cols), w, layout=layout)
-    if kernel is not None:
-        from dataclasses import replace
-
-        m = replace(m, kernel=kernel)
-    return qt, m, rng
+    return qt, (m if kernel is None else matrix_with_kernel(m, kernel)), rng
 
 
 def kernel_ceiling(quant: str, rows: int = 256, cols: int = 2048, layout=None, kernel=None) -> dict:

@@ -468,7 +468,7 @@ def block_sum_ir():
     fn = ir.Function(mod, ir.FunctionType(I32, [p8, p8]), "block_sum")
     b = ir.IRBuilder(fn.append_basic_block())
     b.ret(V.block_sum(Emit(None, b), *fn.args))
-    engine = jit_generic(mod, _RENAME, _GENERIC, features=llb.get_host_cpu_features().flatten())
+    engine = jit_generic(mod, _RENAME, _GENERIC)
     f = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p)(
         engine.get_function_address("block_sum")
     )

@@ -285,8 +285,6 @@ def test_layout_ab_arms_carry_pool_prefetch_options():
 def test_pool_on_the_pm_layout_gives_the_gguf_layouts_bits(t_n):
     """IQ3_XXS repacked position-major (its AVX-512 kernel reads the quantizer's position-major
     quants, phases 1 and 3) against the same experts on the GGUF bytes, bit for bit."""
-    from strata.cpu.pool import prepare_layer
-
     rng = np.random.default_rng()
     mats = _layer(rng, ("IQ3_XXS",) * 3)
     x = rng.standard_normal((t_n, D)).astype(np.float32)

@@ -323,15 +323,24 @@ def arm_spec(spec: str) -> tuple[str, dict]:
     return lay, kw
 
 
-def _with_kernel(lw, code: int):
-    """LayerWeights `lw` with every matrix read by kernel `code` (same bytes)."""
+def matrix_with_kernel(m, code: int):
+    """ExpertMatrix `m` read by kernel `code` instead (same bytes; an arm's k=CODE)."""
     from dataclasses import replace
 
     from strata.cpu.kernels.dispatch import KERNELS
 
     if code not in KERNELS:
         raise ValueError(f"no kernel code {code} in strata.cpu.kernels.dispatch")
-    return replace(lw, **{m: replace(getattr(lw, m), kernel=code) for m in ("gate", "up", "down")})
+    return replace(m, kernel=code)
+
+
+def _with_kernel(lw, code: int):
+    """LayerWeights `lw` with every matrix read by kernel `code`."""
+    from dataclasses import replace
+
+    return replace(
+        lw, **{m: matrix_with_kernel(getattr(lw, m), code) for m in ("gate", "up", "down")}
+    )
 
 
 def run_layout_ab(

@@ -40,8 +40,6 @@ from strata.cpu.kernels.simd import avx512_enabled, simd_enabled
 from strata.cpu.quantize import act_code
 from strata.quant.formats import QT, fmt
 
-LAYOUTS = ("auto", "gguf", "repack", "pm", "lut4")
-
 
 def _pm_kernel(simd: bool) -> int:
     return K.K_IQ3_XXS_PM_AVX512 if avx512_enabled(simd) else K.K_IQ3_XXS_PM
@@ -62,6 +60,8 @@ NAMED = {
 # bytes and reads 1.04x their bytes where LUT4 reads 1.37x (H200 host, session 8, calls BC-BD:
 # bench/results/session8-h200-20261130.md)
 AVX512_REPACK_LAYOUT = {QT.IQ3_XXS: "pm"}
+GENERAL = ("auto", "gguf", "repack")  # layouts every format takes
+LAYOUTS = GENERAL + tuple(sorted({name for _, name in NAMED}))
 # formats whose SIMD kernel can read a repacked layout: (repack, kernel, layout name)
 REPACKS = {
     QT.IQ3_XXS: (lut4.repack, K.K_IQ3_XXS_LUT4_AVX2, "lut4"),
@@ -101,7 +101,7 @@ def layout_for(spec: str, qtype) -> str:
             q = fmt(name).qtype
         except (KeyError, ValueError) as err:
             raise ValueError(f"unknown quant {name!r} in layout {spec!r}") from err
-        if lay not in ("auto", "gguf", "repack") and (q, lay) not in NAMED:
+        if lay not in GENERAL and (q, lay) not in NAMED:
             raise ValueError(f"{name} has no {lay!r} layout (in {spec!r})")
         per[q] = lay
     lay = per.get(qtype, default)

@@ -12,7 +12,7 @@ call, by the quantizer (quantize.py: the Q8_K quants in position-major order, xf
     [98:102] scales: u32               nibble s: ls_s of sub-block s (weights 32 s .. 32 s + 31)
 
 Position-major order: vector p (p = 0..3) holds, at byte g, weight 4 g + p of the super-block; so
-xp[256 b + 64 p + g] = xq[256 b + 4 g + p] (`perm_pm`). The kernel per super-block:
+xp[256 b + 64 p + g] = xq[256 b + 4 g + p] (`quantize.pm_order`). The kernel per super-block:
 
 1. A[g] = l0 | l1 << 4 and B[g] = l2 | l3 << 4 (the 3-bit levels of grid row g, as iq3_vbmi.py:
    two vpermi2b each and a select on bit 7 of the index).
@@ -42,39 +42,29 @@ from numba.extending import intrinsic
 
 from strata.cpu.kernels import iq3_vbmi as V
 from strata.cpu.kernels.common import f16_at
+from strata.cpu.kernels.lut4 import _chunked
 from strata.cpu.kernels.simd import HAS_AVX512_VBMI, I32, V8I32, Emit
 from strata.cpu.kernels.tables import IQ3XXS_GRID, KSIGNS
+from strata.cpu.quantize import pm_order
 
 BB_GGUF, BB = 98, 102
 SIGN_OFF, SCALE_OFF = 66, 98
-# pm byte 64 p + g of a super-block's x quants = natural byte 4 g + p
-PERM = np.array([4 * (i % 64) + i // 64 for i in range(256)], np.int64)
+# PERM[j]: the natural index of pm byte j of a super-block's x quants (pm_order's inverse)
+PERM = np.argsort(pm_order.py_func(np.arange(256)))
 MAG64 = np.array([V.LEVELS[i & 7] for i in range(64)], np.uint8)  # vpermb table
 # the vpdpwssd multipliers: word 8 k + i gets the scale of sub-block 2 k + (i % 4) // 2
 SC_SUB = np.array([2 * k + (i % 4) // 2 for k in range(4) for i in range(8)], np.int32)
 _KS_BITS = ((KSIGNS[:, None] >> np.arange(8, dtype=np.uint8)) & 1).astype(np.uint8)  # [128, 8]
-_CHUNK = 4096  # rows repacked at a time (bounded temporaries)
 
 
 # ---------------------------------------------------------------- layout transform (NumPy)
 
 
-def _rows_chunked(fn, bb_in: int, bb_out: int):
-    def run(w: np.ndarray) -> np.ndarray:
-        w = np.ascontiguousarray(w).view(np.uint8)
-        if w.ndim != 2 or w.shape[1] % bb_in:
-            raise ValueError(f"rows of {bb_in}-byte blocks expected, got shape {w.shape}")
-        out = np.empty((w.shape[0], w.shape[1] // bb_in * bb_out), np.uint8)
-        for r in range(0, w.shape[0], _CHUNK):
-            out[r : r + _CHUNK] = fn(w[r : r + _CHUNK])
-        return out
-
-    run.__doc__, run.__name__ = fn.__doc__, fn.__name__
-    return run
-
-
-def _repack(w: np.ndarray) -> np.ndarray:
-    """IQ3_XXS rows [R, nb * 98] -> pm rows [R, nb * 102]."""
+@_chunked
+def repack(w: np.ndarray) -> np.ndarray:
+    """IQ3_XXS rows [R, nb * 98] (uint8) -> pm rows [R, nb * 102]."""
+    if w.ndim != 2 or w.shape[1] % BB_GGUF:
+        raise ValueError(f"rows of {BB_GGUF}-byte blocks expected, got shape {w.shape}")
     n = w.shape[0]
     bl = w.reshape(n, -1, BB_GGUF)
     nb = bl.shape[1]
@@ -91,7 +81,8 @@ def _repack(w: np.ndarray) -> np.ndarray:
     return out.reshape(n, nb * BB)
 
 
-def _unpack(p: np.ndarray) -> np.ndarray:
+@_chunked
+def unpack(p: np.ndarray) -> np.ndarray:
     """pm rows [R, nb * 102] -> the IQ3_XXS bytes they came from."""
     n = p.shape[0]
     bl = p.reshape(n, -1, BB)
@@ -111,10 +102,6 @@ def _unpack(p: np.ndarray) -> np.ndarray:
     out[..., :66] = bl[..., :66]
     out[..., 66:] = aux.astype("<u4").view(np.uint8).reshape(n, nb, 32)
     return out.reshape(n, nb * BB_GGUF)
-
-
-repack = _rows_chunked(_repack, BB_GGUF, BB)
-unpack = _rows_chunked(_unpack, BB, BB_GGUF)
 
 
 # ---------------------------------------------------------------- portable kernel (the oracle)
