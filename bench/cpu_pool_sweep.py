@@ -35,6 +35,7 @@ from strata.bench.cpu_pool import (
     _routes,
     arm_spec,
     format_layout_ab,
+    format_phases,
     format_table,
     machine,
     make_layer,
@@ -441,6 +442,15 @@ def _markdown(a, ceil, pool, ab, ovh=(), lab=(), ceil_all=()) -> str:
             format_layout_ab(list(lab)),
             "```",
         ]
+        if format_phases(list(lab)):
+            out += [
+                "",
+                "Where each call's time went (`ExpertPool.last_phases`, us, median over calls of"
+                " the slowest / mean / fastest thread; start: caller to thread entry, barrierN:"
+                " the wait at barrier N, join: thread end to caller):",
+                "",
+                format_phases(list(lab)),
+            ]
     if pool:
         out += [
             "",

@@ -481,6 +481,14 @@ def test_gemv1_staged_and_plain_decode_equal_split(K, K_plain, qt, cols_blocks):
             out = cp.zeros((1, rows), np.float32)
             gemv(kk, w, act, out, 1, variant=variant)
             outs[(name, variant)] = cp.asnumpy(out)
+    # the same rows 2 bytes off any wider alignment (decoders that take 8- or 16-byte loads on
+    # aligned blocks fall back to 2-byte loads): the same bits
+    shifted = cp.zeros(w.buf.size + 16, np.uint8)
+    w.buf = shifted[2 : 2 + w.buf.size].reshape(w.buf.shape)
+    w.buf[...] = cp.asarray(np.ascontiguousarray(raw).view(np.uint8).reshape(w.buf.shape))
+    out = cp.zeros((1, rows), np.float32)
+    gemv(K, w, act, out, 1)
+    outs[("base", "misaligned")] = cp.asnumpy(out)
     assert rel(outs[("base", "split")], gemv_ref(raw, qt, x, bias)) < 1e-5
     for key, o in outs.items():
         np.testing.assert_array_equal(o, outs[("base", "split")], err_msg=str(key))

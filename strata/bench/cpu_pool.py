@@ -381,7 +381,7 @@ def run_layout_ab(
         pools[a].run_layer(x, *routes[0], lws[-1])  # compile / warm
     quiet = wait_for_idle() if wait_quiet else None
     times = {a: [] for a in arms}
-    nbytes, gbytes = {}, {}
+    nbytes, gbytes, phases = {}, {}, {}
     for i, r in enumerate(routes):
         order = list(arms) if i % 2 == 0 else list(arms)[::-1]
         for a in order:
@@ -389,6 +389,9 @@ def run_layout_ab(
             t0 = time.perf_counter()
             pool.run_layer(x, *r, lws[i % len(lws)])
             times[a].append(time.perf_counter() - t0)
+            ph = pool.last_phases()
+            if ph is not None:
+                phases.setdefault(a, []).append(ph)
             nbytes.setdefault(a, []).append(pool.last_bytes)
             gbytes.setdefault(a, []).append(pool.last_gguf_bytes)
     host = host_read_bandwidth(threads)
@@ -414,6 +417,7 @@ def run_layout_ab(
                 "layer_copies": len(arms[lay]),
                 "seconds": sec,
                 "seconds_best": min(ts),
+                "phases_us": phase_summary(phases.get(lay, [])),
                 **_rates(gb, nb, mean, host),
                 "waited_for_quiet": quiet,
                 **_stamp(),
@@ -422,6 +426,42 @@ def run_layout_ab(
     if print_table:
         print(format_layout_ab(rows))
     return rows
+
+
+def phase_summary(calls: list[dict]) -> dict:
+    """Per phase of `ExpertPool.last_phases` (one dict a call): the median over calls of the
+    slowest, mean and fastest thread's microseconds (the slowest thread sets a phase's time;
+    max - min is its imbalance); empty when no call recorded phases."""
+    if not calls:
+        return {}
+    out = {}
+    for k in calls[0]:
+        v = np.array([c[k] for c in calls])  # [calls, threads]
+        out[k] = {
+            "max": float(np.median(v.max(axis=1))),
+            "mean": float(np.median(v.mean(axis=1))),
+            "min": float(np.median(v.min(axis=1))),
+        }
+    return out
+
+
+def format_phases(rows: list[dict]) -> str:
+    """The `phases_us` of layout A/B rows as a table: slowest / mean / fastest thread a phase."""
+    rows = [r for r in rows if r.get("phases_us")]
+    if not rows:
+        return ""
+    names = list(rows[0]["phases_us"])
+    lines = ["arm | T | " + " | ".join(names), "--- | ---: |" + " ---: |" * len(names)]
+    for r in rows:
+        ph = r["phases_us"]
+        cells = [
+            f"{ph[k]['max']:.1f}"
+            if k == "total"
+            else f"{ph[k]['max']:.1f}/{ph[k]['mean']:.1f}/{ph[k]['min']:.1f}"
+            for k in names
+        ]
+        lines.append(f"{r['quant']} {r['layout']} | {r['tokens']} | " + " | ".join(cells))
+    return "\n".join(lines)
 
 
 def format_layout_ab(rows: list[dict]) -> str:

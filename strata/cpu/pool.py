@@ -38,6 +38,7 @@ call is a few dictionary lookups (weights' arguments and the compiled entry are 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import numba
@@ -50,6 +51,7 @@ from strata.cpu.kernels.simd import (
     atomic_add,
     atomic_load,
     cpu_relax,
+    cycle_counter,
     os_yield,
     prefetch_row,
     prefetch_row_l2,
@@ -234,38 +236,49 @@ def _quant_x(tid, nt, x, ag, actg, au, actu):
 @njit(cache=True)
 def _fused_share(
     tid, nt, q1, q3, n, f, dim, chunk, pf, pfl2, x, tok, wt, order, start, cnt, active, na,
-    gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
+    gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
 ):  # fmt: skip
     """All four phases for thread tid in one parallel region, a spin barrier between phases.
 
-    Phases 1 and 3 run on thread 0 alone when their quantization is not parallel (q1, q3)."""
+    Phases 1 and 3 run on thread 0 alone when their quantization is not parallel (q1, q3).
+    trace[tid] gets the cycle counter at entry and at the end of each phase and barrier
+    (TRACE_STAMPS; a timestamp costs ~10 ns)."""
     tid = np.int64(tid)
+    tr = trace[tid]
+    tr[0] = cycle_counter()
     if q1 or tid == 0:
         _quant_x(tid if q1 else np.int64(0), nt if q1 else 1, x, ag, actg, au, actu)
+    tr[1] = cycle_counter()
     if not _barrier(bar, nt):
         stats[2] = 1
         return
+    tr[2] = cycle_counter()
     _gate_up_share(
         tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2
     )
+    tr[3] = cycle_counter()
     if not _barrier(bar, 2 * nt):
         stats[2] = 1
         return
+    tr[4] = cycle_counter()
     if q3 or tid == 0:
         _quant_share(tid if q3 else np.int64(0), nt if q3 else 1, h, n, ad, acth)
+    tr[5] = cycle_counter()
     if not _barrier(bar, 3 * nt):
         stats[2] = 1
         return
+    tr[6] = cycle_counter()
     _down_share(
         tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, pfl2
     )
+    tr[7] = cycle_counter()
 
 
 @njit(cache=True, parallel=True)
 def _run_layer(
     x, tok, ex, wt, out,
     gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
-    actg, actu, acth, h, order, cnt, start, active, bar, stats,
+    actg, actu, acth, h, order, cnt, start, active, bar, stats, trace,
     nt, par_quant, min_tasks, chunk, pf, pfl2, fused,
 ):  # fmt: skip
     literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
@@ -300,21 +313,25 @@ def _run_layer(
     q1 = par_quant and t_n >= min_tasks
     q3 = par_quant and n >= min_tasks
     bar[0] = 0
+    trace[nt, 0] = cycle_counter()  # the calling thread: before the region ...
     if nt == 1:  # no parallel region at all (a region of one thread still costs ~2.5 us)
         _fused_share(
             0, 1, False, False, n, f, dim, chunk, pf, pfl2, x, tok, wt, order, start, cnt, active,
             na,
-            gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
+            gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
         )  # fmt: skip
+        trace[nt, 1] = cycle_counter()
         return na
     if fused:
         for tid in prange(nt):
             _fused_share(
                 tid, nt, q1, q3, n, f, dim, chunk, pf, pfl2, x, tok, wt, order, start, cnt, active,
                 na,
-                gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
+                gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
             )  # fmt: skip
+        trace[nt, 1] = cycle_counter()  # ... and after it (row nt: the caller's two stamps)
         return -ERR_BARRIER if stats[2] else na
+    trace[nt, 1] = 0  # the per-phase mode records no phases
     # one parallel region per phase (and none for a quantization on the calling thread)
     # ---- 1. quantize x once (for up too if its weights pair with another activation type)
     if q1:
@@ -341,6 +358,8 @@ def _run_layer(
     return na
 
 
+# the stamps of one thread in trace[tid] (fused mode and nt = 1): entry, then the end of each
+TRACE_STAMPS = ("entry", "quant_x", "barrier1", "gate_up", "barrier2", "quant_h", "barrier3", "down")
 _LITERAL_ARGS = (6, 8, 10)  # gk, uk, dk in _run_layer's arguments
 DEFAULT_QUANT_MIN_TASKS = 16  # one region per phase; the fused region defaults to 1
 
@@ -411,6 +430,9 @@ class ExpertPool:
         self._outs: dict[int, np.ndarray] = {}  # views of the output workspace by T
         self._stats = np.zeros(3, np.int64)
         self._bar = np.zeros(16, np.int64)  # barrier counter (its own cache line)
+        # cycle-counter stamps of the last call: a row of TRACE_STAMPS a thread, then the
+        # caller's (before, after); rows padded to a cache line (threads write their own)
+        self._trace = np.zeros((limit + 1, 8), np.int64)
         self._entries: dict[tuple, object] = {}
         self._plans: dict[int, tuple] = {}  # id(LayerWeights) -> (lw, weight args, entries)
         self.last_active_experts = 0
@@ -477,7 +499,7 @@ class ExpertPool:
                 out=np.zeros((t_cap, dim), np.float32),
             )
             names = ("actg", "actu", "acth", "h", "order", "cnt", "start", "active")
-            self._ws_args = (*(ws[k] for k in names), self._bar, self._stats)
+            self._ws_args = (*(ws[k] for k in names), self._bar, self._stats, self._trace)
             self._outs = {}
 
     def _entry(self, args, lw: LayerWeights):
@@ -510,6 +532,26 @@ class ExpertPool:
             self.prefetch_l2,
             fused,
         )
+
+    # ---- where the last call's time went
+    def last_phases(self) -> dict[str, np.ndarray] | None:
+        """Microseconds each thread spent in each phase of the last call ([n_threads] arrays:
+        "start" from the caller's stamp to the thread's entry, the TRACE_STAMPS phases and
+        barrier waits, "join" from the thread's end to the caller's), and "total" (the
+        caller's two stamps, one value); None after a call in the per-phase mode."""
+        nt = self.n_threads
+        tr = self._trace
+        c0, c1 = tr[nt, 0], tr[nt, 1]
+        if c1 == 0 or c1 < c0:
+            return None
+        us = 1e6 / tick_hz()
+        st = tr[:nt].astype(np.float64)
+        out = {"start": (st[:, 0] - c0) * us}
+        for i in range(1, len(TRACE_STAMPS)):
+            out[TRACE_STAMPS[i]] = (st[:, i] - st[:, i - 1]) * us
+        out["join"] = (c1 - st[:, -1]) * us
+        out["total"] = np.array([(c1 - c0) * us])
+        return out
 
     # ---- the call
     def run_layer(self, x, tok, expert, weight, gate, up=None, down=None, out=None) -> np.ndarray:
@@ -580,6 +622,26 @@ class ExpertPool:
         self.last_bytes = na * lw.expert_nbytes
         self.last_gguf_bytes = na * lw.expert_gguf_bytes
         return out
+
+
+@njit(cache=True)
+def _ticks() -> int:
+    return cycle_counter()
+
+
+_TICK_HZ: list[float] = []
+
+
+def tick_hz() -> float:
+    """Ticks a second of `cycle_counter` (measured once against perf_counter over ~20 ms; the
+    x86 TSC and Arm's virtual counter run at a constant rate)."""
+    if not _TICK_HZ:
+        _ticks()
+        t0, c0 = time.perf_counter(), _ticks()
+        time.sleep(0.02)
+        t1, c1 = time.perf_counter(), _ticks()
+        _TICK_HZ.append((c1 - c0) / (t1 - t0))
+    return _TICK_HZ[0]
 
 
 def _threading_layer() -> str:

@@ -12,6 +12,8 @@
 #include <algorithm>
 #define STRATA_EMU 1
 struct uint3 { unsigned x, y, z; };
+struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
 struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
 namespace emu {
 enum { RUN = 0, WBLOCK = 1, WWARP = 2, DONE = 3 };

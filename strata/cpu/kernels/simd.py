@@ -282,6 +282,21 @@ def cpu_relax(typingctx):
     return sig, codegen
 
 
+@intrinsic
+def cycle_counter(typingctx):
+    """The core's cycle/tick counter (LLVM readcyclecounter: rdtsc on x86, the virtual counter
+    on Arm; 0 where a target has none): cheap timestamps for the pool's phase trace."""
+    sig = types.int64()
+
+    def codegen(context, builder, sg, args):
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(I64, []), "llvm.readcyclecounter"
+        )
+        return builder.call(fn, [])
+
+    return sig, codegen
+
+
 _HAS_SCHED_YIELD = sys.platform.startswith(("linux", "darwin", "freebsd"))
 
 

@@ -171,6 +171,20 @@ __device__ __forceinline__ u32 ld_u32_a2(const u8* p) {
 }
 __device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
 
+// 16 (8) bytes at p as four (two) words with one 128-bit (64-bit) load: p must be 16- (8-)
+// byte aligned. Q4_K / Q5_K blocks (144 / 176 bytes) are 16-byte aligned and IQ4_XS blocks (136)
+// 8-byte aligned in every row that starts so; their decoders check the block's address and
+// fall back to 2-byte loads (ncu at attn_q: Q4_K's sixteen 16-bit loads a sub-block queued on
+// the LSU, bench/results/session8-h200-20261130.md).
+__device__ __forceinline__ void ld_w4_a16(const u8* p, u32* w) {
+    const uint4 v = *(const uint4*)p;
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+}
+__device__ __forceinline__ void ld_w2_a8(const u8* p, u32* w) {
+    const uint2 v = *(const uint2*)p;
+    w[0] = v.x, w[1] = v.y;
+}
+
 // ---- int8 x4 dot product with accumulate ----
 __device__ __forceinline__ int dot4(int a, int b, int c) {
 #if defined(__HIP__) && (defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__))

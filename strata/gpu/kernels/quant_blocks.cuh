@@ -99,14 +99,18 @@ struct Fmt<QT_Q8_0> {
     }
 };
 
-__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int& sc, int& m) {
-#if STRATA_FAST_DECODE
-    // q[j & 3], q[4 + (j & 3)], q[8 + (j & 3)]: three loads and selects, not a branch (the lanes
-    // of a warp differ in j)
-    const int a = q[j & 3], b = q[4 + (j & 3)], c = q[8 + (j & 3)];
+// sub-block j's 6-bit scale and min from its bytes a = q[j & 3], b = q[4 + (j & 3)],
+// c = q[8 + (j & 3)] of the 12 scale bytes q: selects, not a branch (the lanes of a warp differ
+// in j)
+__device__ __forceinline__ void scale_min_k4_abc(int j, int a, int b, int c, int& sc, int& m) {
     const bool lo = j < 4;
     sc = lo ? (a & 63) : ((c & 0xF) | ((a >> 6) << 4));
     m = lo ? (b & 63) : ((c >> 4) | ((b >> 6) << 4));
+}
+
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int& sc, int& m) {
+#if STRATA_FAST_DECODE
+    scale_min_k4_abc(j, q[j & 3], q[4 + (j & 3)], q[8 + (j & 3)], sc, m);
     return;
 #endif
     if (j < 4) {
@@ -118,6 +122,16 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int& sc, int& m
     }
 }
 
+// Q4_K / Q5_K: sub-block j's scale and min from the block's first 16 bytes as words hd[4]
+// (d, dmin, the 12 scale bytes)
+__device__ __forceinline__ void k4_header(int j, const u32* hd, float& s, float& mn) {
+    const int sh = 8 * (j & 3);
+    int sc, m;
+    scale_min_k4_abc(j, (hd[1] >> sh) & 0xFF, (hd[2] >> sh) & 0xFF, (hd[3] >> sh) & 0xFF, sc, m);
+    s = h2f((u16)(hd[0] & 0xFFFFu)) * (float)sc;
+    mn = h2f((u16)(hd[0] >> 16)) * (float)m;
+}
+
 template <>
 struct Fmt<QT_Q4_K> {
     enum { QK = 256, BB = 144, HAS_MIN = 1 };
@@ -125,11 +139,24 @@ struct Fmt<QT_Q4_K> {
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn) {
         int sc, m;
+        const u8* qs = b + 16 + 32 * (j >> 1);
+        const int sh = 4 * (j & 1);
+#if STRATA_FAST_DECODE
+        if ((((size_t)b) & 15) == 0) {  // header and quants as three 16-byte loads
+            u32 hd[4], q[8];
+            ld_w4_a16(b, hd);
+            ld_w4_a16(qs, q);
+            ld_w4_a16(qs + 16, q + 4);
+            k4_header(j, hd, s0, mn);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) w[k] = (int)((q[k] >> sh) & 0x0F0F0F0Fu);
+            s1 = s0;
+            return;
+        }
+#endif
         scale_min_k4(j, b + 4, sc, m);
         s0 = s1 = h2f(ld_u16(b)) * (float)sc;
         mn = h2f(ld_u16(b + 2)) * (float)m;
-        const u8* qs = b + 16 + 32 * (j >> 1);
-        const int sh = 4 * (j & 1);
 #pragma unroll
         for (int k = 0; k < 8; ++k) w[k] = (int)((ld_u32_a2(qs + 4 * k) >> sh) & 0x0F0F0F0Fu);
     }
@@ -142,12 +169,28 @@ struct Fmt<QT_Q5_K> {
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn) {
         int sc, m;
-        scale_min_k4(j, b + 4, sc, m);
-        s0 = s1 = h2f(ld_u16(b)) * (float)sc;
-        mn = h2f(ld_u16(b + 2)) * (float)m;
         const u8* qh = b + 16;
         const u8* qs = b + 48 + 32 * (j >> 1);
         const int sh = 4 * (j & 1);
+#if STRATA_FAST_DECODE
+        if ((((size_t)b) & 15) == 0) {  // header, qh and quants as five 16-byte loads
+            u32 hd[4], h[8], q[8];
+            ld_w4_a16(b, hd);
+            ld_w4_a16(qh, h);
+            ld_w4_a16(qh + 16, h + 4);
+            ld_w4_a16(qs, q);
+            ld_w4_a16(qs + 16, q + 4);
+            k4_header(j, hd, s0, mn);
+#pragma unroll
+            for (int k = 0; k < 8; ++k)
+                w[k] = (int)(((q[k] >> sh) & 0x0F0F0F0Fu) | (((h[k] >> j) & 0x01010101u) << 4));
+            s1 = s0;
+            return;
+        }
+#endif
+        scale_min_k4(j, b + 4, sc, m);
+        s0 = s1 = h2f(ld_u16(b)) * (float)sc;
+        mn = h2f(ld_u16(b + 2)) * (float)m;
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             const u32 lo = (ld_u32_a2(qs + 4 * k) >> sh) & 0x0F0F0F0Fu;
@@ -188,14 +231,29 @@ struct Fmt<QT_IQ4_XS> {
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn,
                                                   const tab_t* __restrict__ grid) {
-        const int ls = ((b[4 + (j >> 1)] >> (4 * (j & 1))) & 0xF) |
-                       (((ld_u16(b + 2) >> (2 * j)) & 3) << 4);
-        s0 = s1 = h2f(ld_u16(b)) * (float)(ls - 32);
-        mn = 0.0f;
         const u8* qs = b + 8 + 16 * j;
+        u32 hd[2], qw[4];
+#if STRATA_FAST_DECODE
+        if ((((size_t)b) & 7) == 0) {  // header and quants as three 8-byte loads
+            ld_w2_a8(b, hd);
+            ld_w2_a8(qs, qw);
+            ld_w2_a8(qs + 8, qw + 2);
+        } else
+#endif
+        {
+            hd[0] = ld_u32_a2(b);
+            hd[1] = ld_u32_a2(b + 4);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) qw[k] = ld_u32_a2(qs + 4 * k);
+        }
+        // d, scales_h (16 bits), scales_l (4 bytes): sub-block j's 6-bit scale
+        const int ls = ((hd[1] >> (8 * (j >> 1) + 4 * (j & 1))) & 0xF) |
+                       (((hd[0] >> (16 + 2 * j)) & 3) << 4);
+        s0 = s1 = h2f((u16)(hd[0] & 0xFFFFu)) * (float)(ls - 32);
+        mn = 0.0f;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const u32 q = ld_u32_a2(qs + 4 * k);
+            const u32 q = qw[k];
             u32 lo = 0, hi = 0;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
