@@ -359,7 +359,16 @@ def _run_layer(
 
 
 # the stamps of one thread in trace[tid] (fused mode and nt = 1): entry, then the end of each
-TRACE_STAMPS = ("entry", "quant_x", "barrier1", "gate_up", "barrier2", "quant_h", "barrier3", "down")
+TRACE_STAMPS = (
+    "entry",
+    "quant_x",
+    "barrier1",
+    "gate_up",
+    "barrier2",
+    "quant_h",
+    "barrier3",
+    "down",
+)
 _LITERAL_ARGS = (6, 8, 10)  # gk, uk, dk in _run_layer's arguments
 DEFAULT_QUANT_MIN_TASKS = 16  # one region per phase; the fused region defaults to 1
 
