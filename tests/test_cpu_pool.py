@@ -165,6 +165,31 @@ def test_pool_fuses_its_phases_into_one_region_where_the_threading_layer_allows(
     assert ExpertPool(2, quant_min_tasks=5)._knobs(True)[2] == 5
 
 
+@pytest.mark.parametrize("threads,fused", [(1, True), (2, True), (2, False)])
+def test_pool_traces_where_each_threads_time_went(threads, fused):
+    from strata.cpu.pool import TRACE_STAMPS
+
+    rng = np.random.default_rng()
+    lw = prepare_layer(*_layer(rng, ("Q4_K",) * 3))
+    pool = ExpertPool(threads, fused=fused)
+    x = rng.standard_normal((3, D)).astype(np.float32)
+    for _ in range(3):  # the first call learns the threading layer outside the fused region
+        pool.run_layer(x, *_flat(*_routes(rng, 3, 2)), lw)
+    ph = pool.last_phases()
+    if threads > 1 and not (fused and pool._fused_ok):
+        assert ph is None  # one region a phase: no per-thread phases
+        return
+    assert list(ph) == ["start", *TRACE_STAMPS[1:], "join", "total"]
+    per_thread = sum(ph[k] for k in ph if k != "total")  # the stamps telescope
+    np.testing.assert_allclose(per_thread, ph["total"][0], rtol=1e-9)
+    assert all((ph[k] >= 0).all() and ph[k].shape == (threads,) for k in ph if k != "total")
+    assert ph["gate_up"].max() > 0 and ph["down"].max() > 0
+    if threads > 1:  # the barrier waits line the threads up: each leaves it after all arrive
+        arrive = ph["start"] + ph["quant_x"]
+        leave = arrive + ph["barrier1"]
+        assert leave.min() >= arrive.max() - 1e-9
+
+
 def test_pool_reuses_its_workspaces():
     rng = np.random.default_rng()
     lw = prepare_layer(*_layer(rng, ("IQ3_XXS",) * 3))
@@ -249,7 +274,7 @@ def test_importing_strata_cpu_pulls_in_no_gpu_engine_or_server():
 
 
 def test_layout_ab_times_both_layouts_on_the_same_experts():
-    from strata.bench.cpu_pool import format_layout_ab, run_layout_ab
+    from strata.bench.cpu_pool import format_layout_ab, format_phases, run_layout_ab
 
     rows = run_layout_ab("tiny", "IQ3_XXS", ("repack", "gguf"), tokens=2, threads=1, repeats=3,
                          print_table=False)  # fmt: skip
@@ -264,6 +289,9 @@ def test_layout_ab_times_both_layouts_on_the_same_experts():
         assert 0 < r["seconds_best"] <= r["seconds"]
         assert r["ratio_gguf"] == pytest.approx(r["gbps_gguf"] / r["host_read_gbps"])
     assert len(format_layout_ab(rows).splitlines()) == 3
+    # one thread runs the fused path: every arm carries its phases, and the table shows them
+    assert all(r["phases_us"]["gate_up"]["max"] > 0 for r in rows)
+    assert len(format_phases(rows).splitlines()) == 4
 
 
 def test_layout_ab_arms_carry_pool_prefetch_options():
