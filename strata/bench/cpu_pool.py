@@ -223,6 +223,7 @@ def run_cpu_pool_arm(
         "repeats": repeats,
         "layer_copies": len(lws),
         "parallel_quant": pool.parallel_quant,
+        "units": pool.units,
         "quant_min_tasks": pool.quant_min_tasks,
         "seconds": sec,
         **_rates(gbytes, nbytes, sec, host),
@@ -303,8 +304,9 @@ def run_quant_ab(
 
 
 def arm_spec(spec: str) -> tuple[str, dict]:
-    """A layout A/B arm: "gguf", "gguf@l2", "repack@pf=16384", "gguf@k=42": the layout, then the
-    pool's prefetch knobs (l2 / l1: rows ahead into L2 or L1; pf=N: at least N bytes ahead) or
+    """A layout A/B arm: "gguf", "gguf@l2", "repack@pf=16384", "repack@u=0", "gguf@k=42": the
+    layout, then the pool's knobs (l2 / l1: rows ahead into L2 or L1; pf=N: at least N bytes
+    ahead; u=N: N work units a thread in the dynamic schedule, 0 the static split) or
     k=CODE, a kernel code of strata.cpu.kernels.dispatch that reads that layout (returned as
     "kernel"; the pool itself never takes it)."""
     lay, *opts = spec.split("@")
@@ -314,11 +316,13 @@ def arm_spec(spec: str) -> tuple[str, dict]:
             kw["prefetch_l2"] = o == "l2"
         elif o.startswith("pf=") and o[3:].isdigit():
             kw["prefetch_bytes"] = int(o[3:])
+        elif o.startswith("u=") and o[2:].isdigit():
+            kw["units"] = int(o[2:])
         elif o.startswith("k=") and o[2:].isdigit():
             kw["kernel"] = int(o[2:])
         else:
             raise ValueError(
-                f"unknown pool option {o!r} in arm {spec!r} (l1, l2, pf=BYTES, k=KERNEL)"
+                f"unknown pool option {o!r} in arm {spec!r} (l1, l2, pf=BYTES, u=UNITS, k=KERNEL)"
             )
     return lay, kw
 
@@ -409,6 +413,7 @@ def run_layout_ab(
                 "layout": f"{lw.gate.layout}/{lw.up.layout}/{lw.down.layout}"
                 + "".join("@" + o for o in lay.split("@")[1:]),
                 "prefetch_bytes": pools[lay].prefetch_bytes,
+                "units": pools[lay].units,
                 "prefetch_l2": pools[lay].prefetch_l2,
                 "kernels": [lw.gate.kernel, lw.up.kernel, lw.down.kernel],
                 "threads": threads,

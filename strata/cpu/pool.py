@@ -10,10 +10,13 @@ weights' vec_dot type. Phases inside the one jitted function:
     0. tasks grouped by expert (counting sort, ascending expert ids)       serial, tiny
     1. quantize x [T, D]: (row, Q8_K block) units split over threads       parallel
     2. gate + up + SiLU.up: the F rows of every active expert, weighted by parallel
-       its token count, cut into one contiguous run per thread (row
+       its token count, cut into units of about equal work (row
        granularity: one or two experts at T=1 still spread over all threads)
+       that threads take from a shared counter (or: one contiguous run a
+       thread, the static split)
     3. quantize the intermediate [N, F]: (task, block) units               parallel
-    4. down + weighted sum: D rows split evenly, all active experts        parallel
+    4. down + weighted sum: runs of D rows, all active experts a run,      parallel
+       taken from a second counter (or split evenly)
 
 The fused mode (default) runs phases 1-4 as one parallel region, one iteration per thread, with
 a spin barrier (an atomic counter) between phases: a Numba parallel region costs ~3 us to launch
@@ -100,6 +103,9 @@ def _env_flag(name: str, default: bool) -> bool:
 PREFETCH_ROWS = 3  # software prefetch distance: the hardware prefetcher alone left ~40% idle
 PREFETCH_BYTES = 4096  # ... and at least this many bytes ahead (short rows: 294 B at F = 768)
 OUT_BLOCK = 4096  # floats of output a down run keeps (16 KiB: L1-resident sums)
+DEFAULT_UNITS = 8  # dynamic schedule: work units a thread of phases 2 and 4 (0: static split)
+MIN_DOWN_UNIT = 8  # ... and at least this many output rows a down unit
+GU_CTR, DN_CTR = 8, 16  # bar[] slots of the units' counters (cache lines of their own)
 SPIN_BEFORE_YIELD = 256  # pause spins (~5-20 us) before a barrier yields its core
 SPIN_LIMIT = 1 << 24  # barrier checks before giving up (seconds of yields): then fall back
 # threading layers whose prange(nt) over nt threads runs one iteration on each thread, all at
@@ -157,13 +163,36 @@ def _quant_share(tid, nt, src, n_rows, code, act):
 
 
 @njit(cache=True)
+def _gate_up_rows(
+    e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h, ahead, pfl2
+):  # fmt: skip
+    """Rows r0..r1 of expert e's gate and up for each of its tokens, SiLU(gate) * up into h.
+    Rows are prefetched `ahead` rows ahead; past r1 the prefetch runs on into the run that
+    comes next (expert ne's rows n0..n1; ne < 0: none)."""
+    for r in range(r0, r1):
+        wr = e * f + r
+        ra = r + ahead
+        if ra < r1:
+            _prefetch(gw, wr + ahead, pfl2)
+            _prefetch(uw, wr + ahead, pfl2)
+        elif ne >= 0 and n0 + ra - r1 < n1:
+            _prefetch(gw, ne * f + n0 + ra - r1, pfl2)
+            _prefetch(uw, ne * f + n0 + ra - r1, pfl2)
+        for p in range(start[e], cnt[e]):
+            t = tok[order[p]]
+            g = dot(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], t)
+            u = dot(uk, uw, wr, actu[0], actu[1], actu[2], actu[3], actu[4], t)
+            h[p, r] = g / (np.float32(1.0) + np.exp(-g)) * u
+
+
+@njit(cache=True)
 def _gate_up_share(
     tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2
 ):  # fmt: skip
-    """Thread tid's contiguous share of phase 2: the F rows of every active expert, weighted by
-    the expert's token count, cut into nt runs at row granularity (so a decode step with one or
-    two experts still spreads over every thread, each streaming its own rows). Rows are
-    prefetched `pf` bytes ahead (at least PREFETCH_ROWS rows)."""
+    """Thread tid's contiguous share of phase 2 (the static split): the F rows of every active
+    expert, weighted by the expert's token count, cut into nt runs at row granularity (so a
+    decode step with one or two experts still spreads over every thread, each streaming its own
+    rows). Rows are prefetched `pf` bytes ahead (at least PREFETCH_ROWS rows)."""
     ahead = max(PREFETCH_ROWS, pf // gw.shape[1])
     total = 0
     for ia in range(na):
@@ -180,50 +209,149 @@ def _gate_up_share(
             # rows whose first unit (pos + r n_e) lies in [lo, hi)
             r0 = max(0, (lo - pos + n_e - 1) // n_e)
             r1 = min(f, (hi - pos + n_e - 1) // n_e)
-            for r in range(r0, r1):
-                wr = e * f + r
-                if r + ahead < f:
-                    _prefetch(gw, wr + ahead, pfl2)
-                    _prefetch(uw, wr + ahead, pfl2)
-                for p in range(start[e], cnt[e]):
-                    t = tok[order[p]]
-                    g = dot(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], t)
-                    u = dot(uk, uw, wr, actu[0], actu[1], actu[2], actu[3], actu[4], t)
-                    h[p, r] = g / (np.float32(1.0) + np.exp(-g)) * u
+            _gate_up_rows(
+                e, r0, r1, e, r1, f, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h,
+                ahead, pfl2,
+            )  # fmt: skip
         pos += span
+
+
+@njit(cache=True, inline="always")
+def _unit_rows(u, ia, ufirst, urows, f):
+    """Expert slot ia' >= ia holding gate/up unit u, and the unit's rows: (ia', r0, r1)."""
+    while ufirst[ia + 1] <= u:
+        ia += 1
+    r0 = (u - ufirst[ia]) * urows[ia]
+    return ia, r0, min(f, r0 + urows[ia])
+
+
+@njit(cache=True)
+def _gate_up_dyn(
+    tid, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
+    gk, gw, actg, uk, uw, actu, h, pf, pfl2,
+):  # fmt: skip
+    """Phase 2 scheduled dynamically: units of `urows[ia]` rows of expert slot ia (unit ids
+    ufirst[ia].., about `units` of them a thread), thread tid's first unit tid, then each next
+    one taken from the shared counter bar[GU_CTR] (which starts at nt) one unit ahead, so its
+    first rows are prefetched while this one runs. A thread that streams slower than another
+    (a busier core, a farther memory channel) takes fewer units; each h[p, r] is still written
+    by one thread with the same arithmetic, so the bits do not depend on the schedule."""
+    ahead = max(PREFETCH_ROWS, pf // gw.shape[1])
+    nu = ufirst[na]
+    u = np.int64(tid)
+    ia = 0
+    while u < nu:
+        nxt = atomic_add(bar, GU_CTR, 1)
+        ia, r0, r1 = _unit_rows(u, ia, ufirst, urows, f)
+        ne, n0, n1 = -1, 0, 0
+        if nxt < nu:
+            ib, n0, n1 = _unit_rows(nxt, ia, ufirst, urows, f)
+            ne = active[ib]
+        _gate_up_rows(
+            active[ia], r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu,
+            h, ahead, pfl2,
+        )  # fmt: skip
+        u = nxt
+
+
+@njit(cache=True)
+def _down_rows(
+    r0, r1, n0, n1, na, dim, tok, wt, order, start, cnt, active, dk, dw, acth, out, ahead, pfl2
+):  # fmt: skip
+    """Output rows r0..r1 of phase 4: zeroed, then every active expert's rows ascending, its
+    tokens' weighted results added (each output element summed by this thread alone, in
+    expert order). Rows are prefetched `ahead` rows ahead: past r1 into the next expert's
+    rows, past the last expert's into the run n0..n1 that comes next (n0 >= n1: none)."""
+    hq, hd, hb, h8, hf = acth
+    t_n = out.shape[0]
+    for t in range(t_n):
+        for r in range(r0, r1):
+            out[t, r] = 0
+    for ia in range(na):  # experts outer: each expert's rows stream; sums stay in e order
+        e = active[ia]
+        for r in range(r0, r1):
+            wr = e * dim + r
+            ra = r + ahead
+            if ra < r1:
+                _prefetch(dw, wr + ahead, pfl2)
+            elif ia + 1 < na:  # the next expert's first rows of this run
+                _prefetch(dw, active[ia + 1] * dim + r0 + ra - r1, pfl2)
+            elif n0 + ra - r1 < n1:  # the next run's first rows (first expert)
+                _prefetch(dw, active[0] * dim + n0 + ra - r1, pfl2)
+            for p in range(start[e], cnt[e]):
+                j = order[p]
+                y = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
+                out[tok[j], r] += wt[j] * y
 
 
 @njit(cache=True)
 def _down_share(
-    tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, pfl2
+    tid, nt, na, dim, run, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, pfl2
 ):  # fmt: skip
-    """Thread tid's contiguous share of the D rows of phase 4, every active expert ascending,
-    in runs of rows whose outputs (T of them a row) stay within OUT_BLOCK floats (at least
-    `chunk` rows): at T = 1 one run, so each expert's rows stream in one piece. Rows are
-    prefetched `pf` bytes ahead (at least PREFETCH_ROWS rows)."""
-    hq, hd, hb, h8, hf = acth
-    t_n = out.shape[0]
+    """Thread tid's contiguous share of the D rows of phase 4 (the static split), every active
+    expert ascending, in runs of `run` rows (outputs that stay within OUT_BLOCK floats: at T = 1
+    one run, so each expert's rows stream in one piece)."""
     lo = tid * dim // nt
     hi = (tid + 1) * dim // nt
-    run = max(chunk, OUT_BLOCK // max(t_n, 1))
     ahead = max(PREFETCH_ROWS, pf // dw.shape[1])
     for r0 in range(lo, hi, run):
         r1 = min(hi, r0 + run)
-        for t in range(t_n):
-            for r in range(r0, r1):
-                out[t, r] = 0
-        for ia in range(na):  # experts outer: each expert's rows stream; sums stay in e order
-            e = active[ia]
-            for r in range(r0, r1):
-                wr = e * dim + r
-                if r + ahead < r1:
-                    _prefetch(dw, wr + ahead, pfl2)
-                elif ia + 1 < na:  # the next expert's first rows of this run
-                    _prefetch(dw, active[ia + 1] * dim + r0 + (r + ahead - r1), pfl2)
-                for p in range(start[e], cnt[e]):
-                    j = order[p]
-                    y = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
-                    out[tok[j], r] += wt[j] * y
+        _down_rows(
+            r0, r1, r1, min(hi, r1 + run), na, dim, tok, wt, order, start, cnt, active, dk, dw,
+            acth, out, ahead, pfl2,
+        )  # fmt: skip
+
+
+@njit(cache=True)
+def _down_dyn(
+    tid, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out, pf, pfl2
+):  # fmt: skip
+    """Phase 4 scheduled dynamically: units of `run` output rows (every active expert), thread
+    tid's first unit tid, the next ones from the shared counter bar[DN_CTR] one unit ahead (as
+    `_gate_up_dyn`); each output row is still summed by one thread in expert order."""
+    ahead = max(PREFETCH_ROWS, pf // dw.shape[1])
+    nu = (dim + run - 1) // run
+    u = np.int64(tid)
+    while u < nu:
+        nxt = atomic_add(bar, DN_CTR, 1)
+        r0 = u * run
+        n0 = nxt * run
+        _down_rows(
+            r0, min(dim, r0 + run), n0, min(dim, n0 + run) if nxt < nu else n0, na, dim, tok,
+            wt, order, start, cnt, active, dk, dw, acth, out, ahead, pfl2,
+        )  # fmt: skip
+        u = nxt
+
+
+@njit(cache=True)
+def _gate_up_phase(
+    tid, nt, dyn, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
+    gk, gw, actg, uk, uw, actu, h, pf, pfl2,
+):  # fmt: skip
+    if dyn:
+        _gate_up_dyn(
+            tid, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
+            gk, gw, actg, uk, uw, actu, h, pf, pfl2,
+        )  # fmt: skip
+    else:
+        _gate_up_share(
+            tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2
+        )
+
+
+@njit(cache=True)
+def _down_phase(
+    tid, nt, dyn, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out,
+    pf, pfl2,
+):  # fmt: skip
+    if dyn:
+        _down_dyn(
+            tid, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out, pf, pfl2
+        )
+    else:
+        _down_share(
+            tid, nt, na, dim, run, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, pfl2
+        )
 
 
 @njit(cache=True)
@@ -235,8 +363,9 @@ def _quant_x(tid, nt, x, ag, actg, au, actu):
 
 @njit(cache=True)
 def _fused_share(
-    tid, nt, q1, q3, n, f, dim, chunk, pf, pfl2, x, tok, wt, order, start, cnt, active, na,
-    gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
+    tid, nt, q1, q3, n, f, dim, run, dyn, pf, pfl2, x, tok, wt, order, start, cnt, active, na,
+    ufirst, urows, gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
+    trace,
 ):  # fmt: skip
     """All four phases for thread tid in one parallel region, a spin barrier between phases.
 
@@ -253,9 +382,10 @@ def _fused_share(
         stats[2] = 1
         return
     tr[2] = cycle_counter()
-    _gate_up_share(
-        tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2
-    )
+    _gate_up_phase(
+        tid, nt, dyn, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
+        gk, gw, actg, uk, uw, actu, h, pf, pfl2,
+    )  # fmt: skip
     tr[3] = cycle_counter()
     if not _barrier(bar, 2 * nt):
         stats[2] = 1
@@ -268,9 +398,10 @@ def _fused_share(
         stats[2] = 1
         return
     tr[6] = cycle_counter()
-    _down_share(
-        tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, pfl2
-    )
+    _down_phase(
+        tid, nt, dyn, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out,
+        pf, pfl2,
+    )  # fmt: skip
     tr[7] = cycle_counter()
 
 
@@ -278,8 +409,8 @@ def _fused_share(
 def _run_layer(
     x, tok, ex, wt, out,
     gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
-    actg, actu, acth, h, order, cnt, start, active, bar, stats, trace,
-    nt, par_quant, min_tasks, chunk, pf, pfl2, fused,
+    actg, actu, acth, h, order, cnt, start, active, ufirst, urows, bar, stats, trace,
+    nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units,
 ):  # fmt: skip
     literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
     literally(uk)
@@ -312,12 +443,24 @@ def _run_layer(
         cnt[ex[j]] += 1
     q1 = par_quant and t_n >= min_tasks
     q3 = par_quant and n >= min_tasks
+    run = max(chunk, OUT_BLOCK // max(t_n, 1))  # down: output rows a run
+    dyn = units > 0 and nt > 1
+    if dyn:  # units of ~equal work, about `units` a thread (see _gate_up_dyn, _down_dyn)
+        per = max(1, (n * f + units * nt - 1) // (units * nt))
+        ufirst[0] = 0
+        for ia in range(na):
+            n_e = cnt[active[ia]] - start[active[ia]]
+            urows[ia] = max(1, min(f, (per + n_e - 1) // n_e))
+            ufirst[ia + 1] = ufirst[ia] + (f + urows[ia] - 1) // urows[ia]
+        run = min(run, max(MIN_DOWN_UNIT, dim // (units * nt)))
+        bar[GU_CTR] = nt  # units 0..nt-1 are the threads' first, taken without the counter
+        bar[DN_CTR] = nt
     bar[0] = 0
     trace[nt, 0] = cycle_counter()  # the calling thread: before the region ...
     if nt == 1:  # no parallel region at all (a region of one thread still costs ~2.5 us)
         _fused_share(
-            0, 1, False, False, n, f, dim, chunk, pf, pfl2, x, tok, wt, order, start, cnt, active,
-            na,
+            0, 1, False, False, n, f, dim, run, False, pf, pfl2, x, tok, wt, order, start, cnt,
+            active, na, ufirst, urows,
             gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
         )  # fmt: skip
         trace[nt, 1] = cycle_counter()
@@ -325,8 +468,8 @@ def _run_layer(
     if fused:
         for tid in prange(nt):
             _fused_share(
-                tid, nt, q1, q3, n, f, dim, chunk, pf, pfl2, x, tok, wt, order, start, cnt, active,
-                na,
+                tid, nt, q1, q3, n, f, dim, run, dyn, pf, pfl2, x, tok, wt, order, start, cnt,
+                active, na, ufirst, urows,
                 gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
             )  # fmt: skip
         trace[nt, 1] = cycle_counter()  # ... and after it (row nt: the caller's two stamps)
@@ -341,9 +484,10 @@ def _run_layer(
         _quant_x(0, 1, x, ag, actg, au, actu)
     # ---- 2. gate, up, silu(gate) * up
     for tid in prange(nt):
-        _gate_up_share(
-            tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2
-        )
+        _gate_up_phase(
+            tid, nt, dyn, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
+            gk, gw, actg, uk, uw, actu, h, pf, pfl2,
+        )  # fmt: skip
     # ---- 3. quantize the intermediate rows (one per task, in grouped order)
     if q3:
         for tid in prange(nt):
@@ -352,9 +496,10 @@ def _run_layer(
         _quant_share(0, 1, h, n, ad, acth)
     # ---- 4. down and the weighted sum: D rows split evenly, all active experts
     for tid in prange(nt):
-        _down_share(
-            tid, nt, na, dim, chunk, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, pfl2
-        )
+        _down_phase(
+            tid, nt, dyn, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth,
+            out, pf, pfl2,
+        )  # fmt: skip
     return na
 
 
@@ -389,6 +534,12 @@ class ExpertPool:
     a spin barrier between them instead of one region per phase; it needs a threading layer that
     runs prange(nt) one iteration per thread (FUSED_LAYERS: omp, workqueue) and is switched off,
     with a message, elsewhere. Both ways give the same bits.
+
+    `units` (env STRATA_POOL_UNITS, default DEFAULT_UNITS) schedules phases 2 and 4
+    dynamically: each cut into about `units` work units a thread, taken from shared counters,
+    so a thread that streams slower takes fewer (measured on the H200's 16-core host with the
+    static split: at T = 1 the slowest thread's gate/up took 1.5-2x the fastest's, every
+    other thread waiting at the barrier). 0 restores the static split. Same bits either way.
     """
 
     def __init__(
@@ -400,6 +551,7 @@ class ExpertPool:
         fused: bool | None = None,
         prefetch_bytes: int | None = None,
         prefetch_l2: bool | None = None,
+        units: int | None = None,
     ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
@@ -428,6 +580,11 @@ class ExpertPool:
         if prefetch_l2 is None:  # STRATA_POOL_PREFETCH_L2=1: rows ahead go to L2, not L1
             prefetch_l2 = _env_flag("STRATA_POOL_PREFETCH_L2", False)
         self.prefetch_l2 = bool(prefetch_l2)
+        if units is None:  # STRATA_POOL_UNITS=0: the static split (the A/B arm)
+            units = int(os.environ.get("STRATA_POOL_UNITS", DEFAULT_UNITS))
+        if units < 0:
+            raise ValueError(f"units must be >= 0 (0: the static split), got {units}")
+        self.units = int(units)
         numba.set_num_threads(n)  # launches the threading layer: its ctypes getter exists now
         # the raw getter behind numba.get_num_threads (a private name: fall back if it moves)
         self._get_threads = getattr(_numba_parallel, "_get_num_threads", numba.get_num_threads)
@@ -438,7 +595,7 @@ class ExpertPool:
         self._ws_args: tuple = ()
         self._outs: dict[int, np.ndarray] = {}  # views of the output workspace by T
         self._stats = np.zeros(3, np.int64)
-        self._bar = np.zeros(16, np.int64)  # barrier counter (its own cache line)
+        self._bar = np.zeros(24, np.int64)  # barrier and unit counters (a cache line each)
         # cycle-counter stamps of the last call: a row of TRACE_STAMPS a thread, then the
         # caller's (before, after); rows padded to a cache line (threads write their own)
         self._trace = np.zeros((limit + 1, 8), np.int64)
@@ -505,9 +662,12 @@ class ExpertPool:
                 cnt=np.zeros(n_expert, np.int64),
                 start=np.zeros(n_expert, np.int64),
                 active=np.zeros(n_expert, np.int64),
+                ufirst=np.zeros(n_expert + 1, np.int64),
+                urows=np.zeros(n_expert, np.int64),
                 out=np.zeros((t_cap, dim), np.float32),
             )
             names = ("actg", "actu", "acth", "h", "order", "cnt", "start", "active")
+            names += ("ufirst", "urows")
             self._ws_args = (*(ws[k] for k in names), self._bar, self._stats, self._trace)
             self._outs = {}
 
@@ -540,6 +700,7 @@ class ExpertPool:
             self.prefetch_bytes,
             self.prefetch_l2,
             fused,
+            self.units,
         )
 
     # ---- where the last call's time went
@@ -622,7 +783,7 @@ class ExpertPool:
                 f"strata: CPU pool barrier timed out under the {_threading_layer()!r} threading"
                 " layer; running one parallel region per phase from now on"
             )
-            na = fn(*args[:-1], False)
+            na = fn(*args[:-2], False, args[-1])
         if na < 0:
             if na == -ERR_TOKEN:
                 raise ValueError(f"a token index is outside 0..{t_n - 1}")
