@@ -122,10 +122,11 @@ def test_pool_is_deterministic_across_calls_threads_region_modes_and_quant_arms(
         ExpertPool(2, quant_min_tasks=1, fused=False),
         ExpertPool(2, parallel_quant=False, fused=False),
         ExpertPool(2, prefetch_l2=True, prefetch_bytes=16384),  # prefetch: placement, not bits
-        ExpertPool(2, units=0),  # the static split
-        ExpertPool(2, units=0, fused=False),
-        ExpertPool(2, units=1),  # one unit a thread: all taken statically
-        ExpertPool(2, units=300),  # one-row gate/up units, the smallest down units
+        ExpertPool(2, units=0, down_units=0),  # the static split
+        ExpertPool(2, units=0, down_units=0, fused=False),
+        ExpertPool(2, units=1, down_units=1),  # one unit a thread: all taken statically
+        ExpertPool(2, units=300, down_units=0),  # one-row gate/up units
+        ExpertPool(2, units=0, down_units=300),  # the smallest down units
     ):
         for _ in range(3):
             assert np.array_equal(pool.run_layer(x, *args, lw), first)
@@ -244,10 +245,12 @@ def test_pool_knobs_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("STRATA_POOL_FUSED", "0")
     monkeypatch.setenv("STRATA_POOL_PREFETCH_L2", "1")
     monkeypatch.setenv("STRATA_POOL_UNITS", "0")
+    monkeypatch.setenv("STRATA_POOL_DOWN_UNITS", "2")
     pool = ExpertPool(1)
-    assert pool.units == 0 and ExpertPool(1, units=4).units == 4  # flags beat the environment
+    assert (pool.units, pool.down_units) == (0, 2)
+    assert ExpertPool(1, units=4).units == 4  # flags beat the environment
     with pytest.raises(ValueError, match="units must be >= 0"):
-        ExpertPool(1, units=-1)
+        ExpertPool(1, down_units=-1)
     assert (pool.parallel_quant, pool.quant_min_tasks, pool.fused) == (False, 32, False)
     assert pool.prefetch_l2 and not ExpertPool(1, prefetch_l2=False).prefetch_l2
     assert pool._knobs(True)[2] == 32  # a set threshold holds in the fused region too
@@ -304,18 +307,20 @@ def test_layout_ab_times_both_layouts_on_the_same_experts():
 
 def test_layout_ab_arms_carry_pool_prefetch_options():
     from strata.bench.cpu_pool import arm_spec, run_layout_ab
-    from strata.cpu.pool import DEFAULT_UNITS
+    from strata.cpu.pool import DEFAULT_DOWN_UNITS, DEFAULT_UNITS
 
     assert arm_spec("gguf") == ("gguf", {})
     want = ("repack", {"prefetch_l2": True, "prefetch_bytes": 8192})
     assert arm_spec("repack@l2@pf=8192") == want
-    assert arm_spec("repack@u=0") == ("repack", {"units": 0})
+    assert arm_spec("repack@u=0@d=2") == ("repack", {"units": 0, "down_units": 2})
     with pytest.raises(ValueError, match="unknown pool option 'x'"):
         arm_spec("gguf@x")
     rows = run_layout_ab("tiny", "IQ1_M", ("gguf", "gguf@l2@pf=8192"), tokens=1, threads=1,
                          repeats=2, print_table=False)  # fmt: skip
     assert [(r["prefetch_l2"], r["prefetch_bytes"]) for r in rows] == [(False, 4096), (True, 8192)]
-    assert [r["units"] for r in rows] == [DEFAULT_UNITS] * 2
+    assert [(r["units"], r["down_units"]) for r in rows] == [
+        (DEFAULT_UNITS, DEFAULT_DOWN_UNITS)
+    ] * 2
     assert rows[1]["layout"].endswith("@l2@pf=8192")
     assert rows[0]["weight_bytes_read"] == rows[1]["weight_bytes_read"] > 0  # one layer, shared
 

@@ -224,6 +224,7 @@ def run_cpu_pool_arm(
         "layer_copies": len(lws),
         "parallel_quant": pool.parallel_quant,
         "units": pool.units,
+        "down_units": pool.down_units,
         "quant_min_tasks": pool.quant_min_tasks,
         "seconds": sec,
         **_rates(gbytes, nbytes, sec, host),
@@ -306,7 +307,8 @@ def run_quant_ab(
 def arm_spec(spec: str) -> tuple[str, dict]:
     """A layout A/B arm: "gguf", "gguf@l2", "repack@pf=16384", "repack@u=0", "gguf@k=42": the
     layout, then the pool's knobs (l2 / l1: rows ahead into L2 or L1; pf=N: at least N bytes
-    ahead; u=N: N work units a thread in the dynamic schedule, 0 the static split) or
+    ahead; u=N / d=N: N gate/up / down work units a thread in the dynamic schedule, 0 the
+    static split) or
     k=CODE, a kernel code of strata.cpu.kernels.dispatch that reads that layout (returned as
     "kernel"; the pool itself never takes it)."""
     lay, *opts = spec.split("@")
@@ -318,11 +320,14 @@ def arm_spec(spec: str) -> tuple[str, dict]:
             kw["prefetch_bytes"] = int(o[3:])
         elif o.startswith("u=") and o[2:].isdigit():
             kw["units"] = int(o[2:])
+        elif o.startswith("d=") and o[2:].isdigit():
+            kw["down_units"] = int(o[2:])
         elif o.startswith("k=") and o[2:].isdigit():
             kw["kernel"] = int(o[2:])
         else:
             raise ValueError(
-                f"unknown pool option {o!r} in arm {spec!r} (l1, l2, pf=BYTES, u=UNITS, k=KERNEL)"
+                f"unknown pool option {o!r} in arm {spec!r}"
+                " (l1, l2, pf=BYTES, u=UNITS, d=UNITS, k=KERNEL)"
             )
     return lay, kw
 
@@ -414,6 +419,7 @@ def run_layout_ab(
                 + "".join("@" + o for o in lay.split("@")[1:]),
                 "prefetch_bytes": pools[lay].prefetch_bytes,
                 "units": pools[lay].units,
+                "down_units": pools[lay].down_units,
                 "prefetch_l2": pools[lay].prefetch_l2,
                 "kernels": [lw.gate.kernel, lw.up.kernel, lw.down.kernel],
                 "threads": threads,

@@ -103,8 +103,12 @@ def _env_flag(name: str, default: bool) -> bool:
 PREFETCH_ROWS = 3  # software prefetch distance: the hardware prefetcher alone left ~40% idle
 PREFETCH_BYTES = 4096  # ... and at least this many bytes ahead (short rows: 294 B at F = 768)
 OUT_BLOCK = 4096  # floats of output a down run keeps (16 KiB: L1-resident sums)
-DEFAULT_UNITS = 8  # dynamic schedule: work units a thread of phases 2 and 4 (0: static split)
-MIN_DOWN_UNIT = 8  # ... and at least this many output rows a down unit
+# dynamic schedule, work units a thread: phase 2 (gate/up) and phase 4 (down); 0: the static split.
+# On the H200's host (T = 1, 16 threads) small gate/up units balance best while down units of
+# fewer than ~32 rows (8 short runs of rows, one an expert) streamed slower than the static split
+DEFAULT_UNITS = 16
+DEFAULT_DOWN_UNITS = 4
+MIN_DOWN_UNIT = 8  # at least this many output rows a down unit
 GU_CTR, DN_CTR = 8, 16  # bar[] slots of the units' counters (cache lines of their own)
 SPIN_BEFORE_YIELD = 256  # pause spins (~5-20 us) before a barrier yields its core
 SPIN_LIMIT = 1 << 24  # barrier checks before giving up (seconds of yields): then fall back
@@ -363,7 +367,8 @@ def _quant_x(tid, nt, x, ag, actg, au, actu):
 
 @njit(cache=True)
 def _fused_share(
-    tid, nt, q1, q3, n, f, dim, run, dyn, pf, pfl2, x, tok, wt, order, start, cnt, active, na,
+    tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, pf, pfl2, x, tok, wt, order, start, cnt,
+    active, na,
     ufirst, urows, gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
     trace,
 ):  # fmt: skip
@@ -383,7 +388,7 @@ def _fused_share(
         return
     tr[2] = cycle_counter()
     _gate_up_phase(
-        tid, nt, dyn, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
+        tid, nt, dyn_g, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
         gk, gw, actg, uk, uw, actu, h, pf, pfl2,
     )  # fmt: skip
     tr[3] = cycle_counter()
@@ -399,7 +404,7 @@ def _fused_share(
         return
     tr[6] = cycle_counter()
     _down_phase(
-        tid, nt, dyn, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out,
+        tid, nt, dyn_d, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out,
         pf, pfl2,
     )  # fmt: skip
     tr[7] = cycle_counter()
@@ -410,7 +415,7 @@ def _run_layer(
     x, tok, ex, wt, out,
     gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
     actg, actu, acth, h, order, cnt, start, active, ufirst, urows, bar, stats, trace,
-    nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units,
+    nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units, down_units,
 ):  # fmt: skip
     literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
     literally(uk)
@@ -444,23 +449,25 @@ def _run_layer(
     q1 = par_quant and t_n >= min_tasks
     q3 = par_quant and n >= min_tasks
     run = max(chunk, OUT_BLOCK // max(t_n, 1))  # down: output rows a run
-    dyn = units > 0 and nt > 1
-    if dyn:  # units of ~equal work, about `units` a thread (see _gate_up_dyn, _down_dyn)
+    dyn_g = units > 0 and nt > 1
+    dyn_d = down_units > 0 and nt > 1
+    if dyn_g:  # units of ~equal work, about `units` a thread (see _gate_up_dyn)
         per = max(1, (n * f + units * nt - 1) // (units * nt))
         ufirst[0] = 0
         for ia in range(na):
             n_e = cnt[active[ia]] - start[active[ia]]
             urows[ia] = max(1, min(f, (per + n_e - 1) // n_e))
             ufirst[ia + 1] = ufirst[ia] + (f + urows[ia] - 1) // urows[ia]
-        run = min(run, max(MIN_DOWN_UNIT, dim // (units * nt)))
-        bar[GU_CTR] = nt  # units 0..nt-1 are the threads' first, taken without the counter
-        bar[DN_CTR] = nt
+    if dyn_d:  # about `down_units` runs of output rows a thread (see _down_dyn)
+        run = min(run, max(MIN_DOWN_UNIT, dim // (down_units * nt)))
+    bar[GU_CTR] = nt  # units 0..nt-1 are the threads' first, taken without the counter
+    bar[DN_CTR] = nt
     bar[0] = 0
     trace[nt, 0] = cycle_counter()  # the calling thread: before the region ...
     if nt == 1:  # no parallel region at all (a region of one thread still costs ~2.5 us)
         _fused_share(
-            0, 1, False, False, n, f, dim, run, False, pf, pfl2, x, tok, wt, order, start, cnt,
-            active, na, ufirst, urows,
+            0, 1, False, False, n, f, dim, run, False, False, pf, pfl2, x, tok, wt, order, start,
+            cnt, active, na, ufirst, urows,
             gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
         )  # fmt: skip
         trace[nt, 1] = cycle_counter()
@@ -468,8 +475,8 @@ def _run_layer(
     if fused:
         for tid in prange(nt):
             _fused_share(
-                tid, nt, q1, q3, n, f, dim, run, dyn, pf, pfl2, x, tok, wt, order, start, cnt,
-                active, na, ufirst, urows,
+                tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, pf, pfl2, x, tok, wt, order, start,
+                cnt, active, na, ufirst, urows,
                 gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
             )  # fmt: skip
         trace[nt, 1] = cycle_counter()  # ... and after it (row nt: the caller's two stamps)
@@ -485,7 +492,7 @@ def _run_layer(
     # ---- 2. gate, up, silu(gate) * up
     for tid in prange(nt):
         _gate_up_phase(
-            tid, nt, dyn, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
+            tid, nt, dyn_g, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
             gk, gw, actg, uk, uw, actu, h, pf, pfl2,
         )  # fmt: skip
     # ---- 3. quantize the intermediate rows (one per task, in grouped order)
@@ -497,7 +504,7 @@ def _run_layer(
     # ---- 4. down and the weighted sum: D rows split evenly, all active experts
     for tid in prange(nt):
         _down_phase(
-            tid, nt, dyn, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth,
+            tid, nt, dyn_d, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth,
             out, pf, pfl2,
         )  # fmt: skip
     return na
@@ -535,11 +542,12 @@ class ExpertPool:
     runs prange(nt) one iteration per thread (FUSED_LAYERS: omp, workqueue) and is switched off,
     with a message, elsewhere. Both ways give the same bits.
 
-    `units` (env STRATA_POOL_UNITS, default DEFAULT_UNITS) schedules phases 2 and 4
-    dynamically: each cut into about `units` work units a thread, taken from shared counters,
-    so a thread that streams slower takes fewer (measured on the H200's 16-core host with the
-    static split: at T = 1 the slowest thread's gate/up took 1.5-2x the fastest's, every
-    other thread waiting at the barrier). 0 restores the static split. Same bits either way.
+    `units` and `down_units` (env STRATA_POOL_UNITS, STRATA_POOL_DOWN_UNITS; defaults
+    DEFAULT_UNITS, DEFAULT_DOWN_UNITS) schedule phases 2 and 4 dynamically: each cut into about
+    that many work units a thread, taken from shared counters, so a thread that streams slower
+    takes fewer (measured on the H200's 16-core host with the static split: at T = 1 the
+    slowest thread's gate/up took 1.5-2x the fastest's, every other thread waiting at the
+    barrier). 0 restores a phase's static split. Same bits either way.
     """
 
     def __init__(
@@ -552,6 +560,7 @@ class ExpertPool:
         prefetch_bytes: int | None = None,
         prefetch_l2: bool | None = None,
         units: int | None = None,
+        down_units: int | None = None,
     ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
@@ -580,11 +589,16 @@ class ExpertPool:
         if prefetch_l2 is None:  # STRATA_POOL_PREFETCH_L2=1: rows ahead go to L2, not L1
             prefetch_l2 = _env_flag("STRATA_POOL_PREFETCH_L2", False)
         self.prefetch_l2 = bool(prefetch_l2)
-        if units is None:  # STRATA_POOL_UNITS=0: the static split (the A/B arm)
+        # STRATA_POOL_UNITS / STRATA_POOL_DOWN_UNITS = 0: the static split (the A/B arms)
+        if units is None:
             units = int(os.environ.get("STRATA_POOL_UNITS", DEFAULT_UNITS))
-        if units < 0:
-            raise ValueError(f"units must be >= 0 (0: the static split), got {units}")
-        self.units = int(units)
+        if down_units is None:
+            down_units = int(os.environ.get("STRATA_POOL_DOWN_UNITS", DEFAULT_DOWN_UNITS))
+        if units < 0 or down_units < 0:
+            raise ValueError(
+                f"units must be >= 0 (0: the static split), got {units} and {down_units} (down)"
+            )
+        self.units, self.down_units = int(units), int(down_units)
         numba.set_num_threads(n)  # launches the threading layer: its ctypes getter exists now
         # the raw getter behind numba.get_num_threads (a private name: fall back if it moves)
         self._get_threads = getattr(_numba_parallel, "_get_num_threads", numba.get_num_threads)
@@ -701,6 +715,7 @@ class ExpertPool:
             self.prefetch_l2,
             fused,
             self.units,
+            self.down_units,
         )
 
     # ---- where the last call's time went
@@ -783,7 +798,7 @@ class ExpertPool:
                 f"strata: CPU pool barrier timed out under the {_threading_layer()!r} threading"
                 " layer; running one parallel region per phase from now on"
             )
-            na = fn(*args[:-2], False, args[-1])
+            na = fn(*args[:-3], False, *args[-2:])
         if na < 0:
             if na == -ERR_TOKEN:
                 raise ValueError(f"a token index is outside 0..{t_n - 1}")
