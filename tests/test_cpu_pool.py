@@ -127,6 +127,7 @@ def test_pool_is_deterministic_across_calls_threads_region_modes_and_quant_arms(
         ExpertPool(2, units=1, down_units=1),  # one unit a thread: all taken statically
         ExpertPool(2, units=300, down_units=0),  # one-row gate/up units
         ExpertPool(2, units=0, down_units=300),  # the smallest down units
+        ExpertPool(2, wait_prefetch=False),  # barriers that only wait
     ):
         for _ in range(3):
             assert np.array_equal(pool.run_layer(x, *args, lw), first)
@@ -246,8 +247,9 @@ def test_pool_knobs_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("STRATA_POOL_PREFETCH_L2", "1")
     monkeypatch.setenv("STRATA_POOL_UNITS", "0")
     monkeypatch.setenv("STRATA_POOL_DOWN_UNITS", "2")
+    monkeypatch.setenv("STRATA_POOL_WAIT_PREFETCH", "0")
     pool = ExpertPool(1)
-    assert (pool.units, pool.down_units) == (0, 2)
+    assert (pool.units, pool.down_units, pool.wait_prefetch) == (0, 2, False)
     assert ExpertPool(1, units=4).units == 4  # flags beat the environment
     with pytest.raises(ValueError, match="units must be >= 0"):
         ExpertPool(1, down_units=-1)
@@ -313,6 +315,7 @@ def test_layout_ab_arms_carry_pool_prefetch_options():
     want = ("repack", {"prefetch_l2": True, "prefetch_bytes": 8192})
     assert arm_spec("repack@l2@pf=8192") == want
     assert arm_spec("repack@u=0@d=2") == ("repack", {"units": 0, "down_units": 2})
+    assert arm_spec("gguf@wp=0") == ("gguf", {"wait_prefetch": False})
     with pytest.raises(ValueError, match="unknown pool option 'x'"):
         arm_spec("gguf@x")
     rows = run_layout_ab("tiny", "IQ1_M", ("gguf", "gguf@l2@pf=8192"), tokens=1, threads=1,

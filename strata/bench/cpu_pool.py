@@ -225,6 +225,7 @@ def run_cpu_pool_arm(
         "parallel_quant": pool.parallel_quant,
         "units": pool.units,
         "down_units": pool.down_units,
+        "wait_prefetch": pool.wait_prefetch,
         "quant_min_tasks": pool.quant_min_tasks,
         "seconds": sec,
         **_rates(gbytes, nbytes, sec, host),
@@ -308,7 +309,7 @@ def arm_spec(spec: str) -> tuple[str, dict]:
     """A layout A/B arm: "gguf", "gguf@l2", "repack@pf=16384", "repack@u=0", "gguf@k=42": the
     layout, then the pool's knobs (l2 / l1: rows ahead into L2 or L1; pf=N: at least N bytes
     ahead; u=N / d=N: N gate/up / down work units a thread in the dynamic schedule, 0 the
-    static split) or
+    static split; wp=0 / wp=1: barriers that only wait / prefetch the next phase's first rows) or
     k=CODE, a kernel code of strata.cpu.kernels.dispatch that reads that layout (returned as
     "kernel"; the pool itself never takes it)."""
     lay, *opts = spec.split("@")
@@ -322,12 +323,14 @@ def arm_spec(spec: str) -> tuple[str, dict]:
             kw["units"] = int(o[2:])
         elif o.startswith("d=") and o[2:].isdigit():
             kw["down_units"] = int(o[2:])
+        elif o in ("wp=0", "wp=1"):
+            kw["wait_prefetch"] = o == "wp=1"
         elif o.startswith("k=") and o[2:].isdigit():
             kw["kernel"] = int(o[2:])
         else:
             raise ValueError(
                 f"unknown pool option {o!r} in arm {spec!r}"
-                " (l1, l2, pf=BYTES, u=UNITS, d=UNITS, k=KERNEL)"
+                " (l1, l2, pf=BYTES, u=UNITS, d=UNITS, wp=0|1, k=KERNEL)"
             )
     return lay, kw
 
@@ -420,6 +423,7 @@ def run_layout_ab(
                 "prefetch_bytes": pools[lay].prefetch_bytes,
                 "units": pools[lay].units,
                 "down_units": pools[lay].down_units,
+                "wait_prefetch": pools[lay].wait_prefetch,
                 "prefetch_l2": pools[lay].prefetch_l2,
                 "kernels": [lw.gate.kernel, lw.up.kernel, lw.down.kernel],
                 "threads": threads,

@@ -118,24 +118,37 @@ FUSED_LAYERS = ("omp", "workqueue")
 
 
 @njit(cache=True)
-def _barrier(bar, target):
-    """Arrive, then wait until `target` arrivals in total (bar[0] counts up through the call).
+def _barrier(bar, target, w, w2, active, ia0, n_e, r0, m, stride, k):
+    """Arrive, then wait until `target` arrivals in total (bar[0] counts up through the call);
+    returns the prefetch cursor (below), -1 after SPIN_LIMIT checks: some thread never came
+    (see FUSED_LAYERS).
 
-    Spins SPIN_BEFORE_YIELD times (a phase's usual imbalance), then yields the core on
-    every check: on a shared machine the thread it waits for may be waiting for a core (a pure
-    spin measured 20 ms per call on the busy 2-vCPU box). False after SPIN_LIMIT checks: some
-    thread never came (see FUSED_LAYERS)."""
+    While it waits the thread prefetches, one row a check, the rows it will read first after
+    the barrier: k = k.. of rows active[ia0 + k // m] * stride + r0 + k % m (k < n_e m) of w
+    and w2, into L2 (the memory would idle while threads wait: the first unit streams in
+    during it). Arriving is never delayed; once every row is asked for it spins
+    SPIN_BEFORE_YIELD times (a phase's usual imbalance), then yields the core on every check:
+    on a shared machine the thread it waits for may be waiting for a core (a pure spin
+    measured 20 ms per call on the busy 2-vCPU box)."""
     atomic_add(bar, 0, 1)
     spins = 0
+    nk = n_e * m
     while atomic_load(bar, 0) < target:
+        if k < nk:
+            row = active[ia0 + k // m] * stride + r0 + k % m
+            prefetch_row_l2(w, row, w.shape[1])
+            if w2.shape[0] > 0:
+                prefetch_row_l2(w2, row, w2.shape[1])
+            k += 1
+            continue
         if spins < SPIN_BEFORE_YIELD:
             cpu_relax()
         else:
             os_yield()
         spins += 1
         if spins > SPIN_LIMIT:
-            return False
-    return True
+            return -1
+    return k
 
 
 @njit(cache=True, inline="always")
@@ -367,10 +380,9 @@ def _quant_x(tid, nt, x, ag, actg, au, actu):
 
 @njit(cache=True)
 def _fused_share(
-    tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, pf, pfl2, x, tok, wt, order, start, cnt,
-    active, na,
-    ufirst, urows, gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats,
-    trace,
+    tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, waitpf, pf, pfl2, x, tok, wt, order, start,
+    cnt, active, na, ufirst, urows, gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out,
+    bar, stats, trace,
 ):  # fmt: skip
     """All four phases for thread tid in one parallel region, a spin barrier between phases.
 
@@ -380,10 +392,18 @@ def _fused_share(
     tid = np.int64(tid)
     tr = trace[tid]
     tr[0] = cycle_counter()
+    none = gw[:0]  # no second matrix
+    # what this thread reads first after each barrier (waitpf): its first gate/up unit, then its
+    # first down unit's rows of every active expert (nothing in the static split)
+    ia, g0, g1 = np.int64(0), np.int64(0), np.int64(0)
+    if waitpf and dyn_g and tid < ufirst[na]:
+        ia, g0, g1 = _unit_rows(tid, 0, ufirst, urows, f)
+    d0 = min(dim, tid * run)
+    d1 = min(dim, d0 + run) if waitpf and dyn_d else d0
     if q1 or tid == 0:
         _quant_x(tid if q1 else np.int64(0), nt if q1 else 1, x, ag, actg, au, actu)
     tr[1] = cycle_counter()
-    if not _barrier(bar, nt):
+    if _barrier(bar, nt, gw, uw, active, ia, 1, g0, g1 - g0, f, 0) < 0:
         stats[2] = 1
         return
     tr[2] = cycle_counter()
@@ -392,14 +412,15 @@ def _fused_share(
         gk, gw, actg, uk, uw, actu, h, pf, pfl2,
     )  # fmt: skip
     tr[3] = cycle_counter()
-    if not _barrier(bar, 2 * nt):
+    k = _barrier(bar, 2 * nt, dw, none, active, 0, na, d0, d1 - d0, dim, 0)
+    if k < 0:
         stats[2] = 1
         return
     tr[4] = cycle_counter()
     if q3 or tid == 0:
         _quant_share(tid if q3 else np.int64(0), nt if q3 else 1, h, n, ad, acth)
     tr[5] = cycle_counter()
-    if not _barrier(bar, 3 * nt):
+    if _barrier(bar, 3 * nt, dw, none, active, 0, na, d0, d1 - d0, dim, k) < 0:
         stats[2] = 1
         return
     tr[6] = cycle_counter()
@@ -415,7 +436,7 @@ def _run_layer(
     x, tok, ex, wt, out,
     gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
     actg, actu, acth, h, order, cnt, start, active, ufirst, urows, bar, stats, trace,
-    nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units, down_units,
+    nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units, down_units, waitpf,
 ):  # fmt: skip
     literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
     literally(uk)
@@ -466,8 +487,8 @@ def _run_layer(
     trace[nt, 0] = cycle_counter()  # the calling thread: before the region ...
     if nt == 1:  # no parallel region at all (a region of one thread still costs ~2.5 us)
         _fused_share(
-            0, 1, False, False, n, f, dim, run, False, False, pf, pfl2, x, tok, wt, order, start,
-            cnt, active, na, ufirst, urows,
+            0, 1, False, False, n, f, dim, run, False, False, False, pf, pfl2, x, tok, wt, order,
+            start, cnt, active, na, ufirst, urows,
             gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
         )  # fmt: skip
         trace[nt, 1] = cycle_counter()
@@ -475,8 +496,8 @@ def _run_layer(
     if fused:
         for tid in prange(nt):
             _fused_share(
-                tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, pf, pfl2, x, tok, wt, order, start,
-                cnt, active, na, ufirst, urows,
+                tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, waitpf, pf, pfl2, x, tok, wt, order,
+                start, cnt, active, na, ufirst, urows,
                 gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
             )  # fmt: skip
         trace[nt, 1] = cycle_counter()  # ... and after it (row nt: the caller's two stamps)
@@ -561,6 +582,7 @@ class ExpertPool:
         prefetch_l2: bool | None = None,
         units: int | None = None,
         down_units: int | None = None,
+        wait_prefetch: bool | None = None,
     ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
@@ -599,6 +621,9 @@ class ExpertPool:
                 f"units must be >= 0 (0: the static split), got {units} and {down_units} (down)"
             )
         self.units, self.down_units = int(units), int(down_units)
+        if wait_prefetch is None:  # STRATA_POOL_WAIT_PREFETCH=0: barriers only wait (A/B arm)
+            wait_prefetch = _env_flag("STRATA_POOL_WAIT_PREFETCH", True)
+        self.wait_prefetch = bool(wait_prefetch)
         numba.set_num_threads(n)  # launches the threading layer: its ctypes getter exists now
         # the raw getter behind numba.get_num_threads (a private name: fall back if it moves)
         self._get_threads = getattr(_numba_parallel, "_get_num_threads", numba.get_num_threads)
@@ -716,6 +741,7 @@ class ExpertPool:
             fused,
             self.units,
             self.down_units,
+            self.wait_prefetch,
         )
 
     # ---- where the last call's time went
@@ -798,7 +824,7 @@ class ExpertPool:
                 f"strata: CPU pool barrier timed out under the {_threading_layer()!r} threading"
                 " layer; running one parallel region per phase from now on"
             )
-            na = fn(*args[:-3], False, *args[-2:])
+            na = fn(*args[:-4], False, *args[-3:])
         if na < 0:
             if na == -ERR_TOKEN:
                 raise ValueError(f"a token index is outside 0..{t_n - 1}")
