@@ -304,7 +304,10 @@ def test_layout_ab_times_both_layouts_on_the_same_experts():
     assert len(format_layout_ab(rows).splitlines()) == 3
     # one thread runs the fused path: every arm carries its phases, and the table shows them
     assert all(r["phases_us"]["gate_up"]["max"] > 0 for r in rows)
-    assert len(format_phases(rows).splitlines()) == 4
+    table = format_phases(rows).splitlines()
+    assert len(table) == 4 + 2 * len(rows)  # head, one row an arm, then each arm's slowest call
+    assert all(f"{r['phases_us']['calls_over_2x_median']} calls over 2x" in t
+               for r, t in zip(rows, table[5::2], strict=True))  # fmt: skip
 
 
 def test_layout_ab_arms_carry_pool_prefetch_options():

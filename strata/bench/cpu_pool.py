@@ -432,6 +432,7 @@ def run_layout_ab(
                 "layer_copies": len(arms[lay]),
                 "seconds": sec,
                 "seconds_best": min(ts),
+                "seconds_mean": mean,
                 "phases_us": phase_summary(phases.get(lay, [])),
                 **_rates(gb, nb, mean, host),
                 "waited_for_quiet": quiet,
@@ -450,6 +451,10 @@ def phase_summary(calls: list[dict]) -> dict:
     if not calls:
         return {}
     out = {}
+    totals = np.array([c["total"][0] for c in calls])
+    worst = calls[int(np.argmax(totals))]  # an outlier's phases: which thread, which phase
+    out["slowest_call"] = {k: [round(float(x), 1) for x in v] for k, v in worst.items()}
+    out["calls_over_2x_median"] = int((totals > 2 * np.median(totals)).sum())
     for k in calls[0]:
         v = np.array([c[k] for c in calls])  # [calls, threads]
         out[k] = {
@@ -465,7 +470,8 @@ def format_phases(rows: list[dict]) -> str:
     rows = [r for r in rows if r.get("phases_us")]
     if not rows:
         return ""
-    names = list(rows[0]["phases_us"])
+    names = [k for k in rows[0]["phases_us"] if isinstance(rows[0]["phases_us"][k], dict)]
+    names.remove("slowest_call")
     lines = ["arm | T | " + " | ".join(names), "--- | ---: |" + " ---: |" * len(names)]
     for r in rows:
         ph = r["phases_us"]
@@ -476,19 +482,30 @@ def format_phases(rows: list[dict]) -> str:
             for k in names
         ]
         lines.append(f"{r['quant']} {r['layout']} | {r['tokens']} | " + " | ".join(cells))
+    for r in rows:  # the slowest call of each arm: the phase that took the time, by thread
+        ph = r["phases_us"]
+        worst = ph["slowest_call"]
+        top = max((k for k in worst if k != "total"), key=lambda k: max(worst[k]))
+        lines.append(
+            f"\n{r['quant']} {r['layout']}: {ph['calls_over_2x_median']} calls over 2x the median;"
+            f" the slowest {worst['total'][0]:.1f} us, most of it in {top}"
+            f" (us by thread: {worst[top]})"
+        )
     return "\n".join(lines)
 
 
 def format_layout_ab(rows: list[dict]) -> str:
     head = (
         f"{'quant':<8} {'layout':<22} {'thr':>3} {'T':>3} {'ms med':>8} {'ms best':>8} "
+        f"{'ms mean':>8} "
         f"{'GB/s gguf':>9} {'GB/s read':>9} {'host GB/s':>9} {'ratio gguf':>10}"
     )
     lines = [head]
     for r in rows:
         lines.append(
             f"{r['quant']:<8} {r['layout']:<22} {r['threads']:>3} {r['tokens']:>3} "
-            f"{1e3 * r['seconds']:>8.3f} {1e3 * r['seconds_best']:>8.3f} {r['gbps_gguf']:>9.2f} "
+            f"{1e3 * r['seconds']:>8.3f} {1e3 * r['seconds_best']:>8.3f} "
+            f"{1e3 * r['seconds_mean']:>8.3f} {r['gbps_gguf']:>9.2f} "
             f"{r['gbps_read']:>9.2f} {r['host_read_gbps']:>9.2f} {r['ratio_gguf']:>10.2f}"
         )
     return "\n".join(lines)
