@@ -357,3 +357,15 @@ def test_layout_ab_arms_may_name_a_kernel():
     assert [r["kernels"] for r in rows] == [[K.K_IQ3_XXS] * 3, [K.K_IQ3_XXS_PM] * 3]
     with pytest.raises(ValueError, match="no kernel code 999"):
         run_layout_ab("tiny", "IQ3_XXS", ("gguf@k=999",), tokens=1, threads=1, repeats=1)
+
+
+def test_bench_routes_at_t1_bring_no_expert_back_within_a_pass():
+    from strata.bench.cpu_pool import _route_seq
+
+    routes = _route_seq(np.random.default_rng(), 40, 1, 128, 8)
+    ids = [r[1] for r in routes]
+    for p in range(2):  # each pass of 16 calls reads every expert exactly once
+        assert sorted(np.concatenate(ids[16 * p : 16 * (p + 1)]).tolist()) == list(range(128))
+    tok, _, w = routes[0]
+    assert tok.tolist() == [0] * 8 and w.dtype == np.float32 and abs(w.sum() - 1) < 1e-6
+    assert len(_route_seq(np.random.default_rng(), 3, 4, 128, 8)[0][0]) == 32  # T > 1: random

@@ -116,6 +116,25 @@ def _routes(rng, t_n: int, n_expert: int, k: int):
     return tok, ids.ravel().astype(np.int32), w.ravel()
 
 
+def _route_seq(rng, count: int, t_n: int, n_expert: int, k: int) -> list:
+    """`count` routings for calls in a row. At T = 1 the calls walk through a random
+    permutation of the experts k at a time (a fresh permutation each pass), so an expert comes
+    back only after n_expert / k calls: with the layer copies in rotation the bytes read between
+    two reads of one (copy, expert) are then several times the LLC, as in a decode step through
+    all layers (random picks bring ~30% of a T = 1 call's experts back from the 300 MiB LLC of
+    the H200's host within 20 calls)."""
+    if t_n != 1 or n_expert < 2 * k:
+        return [_routes(rng, t_n, n_expert, k) for _ in range(count)]
+    out, perm = [], np.zeros(0, np.int64)
+    for _ in range(count):
+        if perm.size < k:
+            perm = rng.permutation(n_expert)
+        ids, perm = perm[:k], perm[k:]
+        w = rng.random(k).astype(np.float32)
+        out.append((np.zeros(k, np.int32), ids.astype(np.int32), w / w.sum()))
+    return out
+
+
 def wait_for_idle(max_s: float = 300.0, idle: float = 0.92, span: float = 1.0) -> bool:
     """Wait until the machine is idle (other processes' load) for two spans in a row.
 
@@ -145,7 +164,7 @@ def time_pool(pool: ExpertPool, lw, d: int, tokens: int, k: int, repeats: int, s
     lws = lw if isinstance(lw, list) else [lw]
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((tokens, d)).astype(np.float32)
-    routes = [_routes(rng, tokens, lws[0].gate.n_expert, k) for _ in range(repeats + 1)]
+    routes = _route_seq(rng, repeats + 1, tokens, lws[0].gate.n_expert, k)
     pool.run_layer(x, *routes[0], lws[-1])  # compile / warm
     times, nbytes, gbytes, active = [], [], [], []
     for j, r in enumerate(routes[1:]):
@@ -388,18 +407,21 @@ def run_layout_ab(
     pools = {a: ExpertPool(threads, **kw) for a, (_, kw) in specs.items()}
     rng = np.random.default_rng(1)
     x = rng.standard_normal((tokens, d)).astype(np.float32)
-    routes = [_routes(rng, tokens, s["n_expert"], k) for _ in range(repeats)]
+    routes = _route_seq(rng, repeats, tokens, s["n_expert"], k)
     for a, lws in arms.items():
         pools[a].run_layer(x, *routes[0], lws[-1])  # compile / warm
     quiet = wait_for_idle() if wait_quiet else None
     times = {a: [] for a in arms}
     nbytes, gbytes, phases = {}, {}, {}
+    c = 0  # calls so far: each call takes the next layer copy, so that arms sharing a layout's
+    # copies never find the experts the call before them just read still in the LLC
     for i, r in enumerate(routes):
         order = list(arms) if i % 2 == 0 else list(arms)[::-1]
         for a in order:
             lws, pool = arms[a], pools[a]
             t0 = time.perf_counter()
-            pool.run_layer(x, *r, lws[i % len(lws)])
+            pool.run_layer(x, *r, lws[c % len(lws)])
+            c += 1
             times[a].append(time.perf_counter() - t0)
             ph = pool.last_phases()
             if ph is not None:
