@@ -104,8 +104,9 @@ PREFETCH_ROWS = 3  # software prefetch distance: the hardware prefetcher alone l
 PREFETCH_BYTES = 4096  # ... and at least this many bytes ahead (short rows: 294 B at F = 768)
 OUT_BLOCK = 4096  # floats of output a down run keeps (16 KiB: L1-resident sums)
 # dynamic schedule, work units a thread: phase 2 (gate/up) and phase 4 (down); 0: the static split.
-# On the H200's host (T = 1, 16 threads) small gate/up units balance best while down units of
-# fewer than ~32 rows (8 short runs of rows, one an expert) streamed slower than the static split
+# On the H200's host (T = 1, 16 threads, bench/results/session9-h200-20261130.md) 16 gate/up units
+# a thread cut the layer by 8-16% against the static split; 4 down units a thread measured the
+# same as the static down split (smaller down units, 8 short runs of rows each, were slower)
 DEFAULT_UNITS = 16
 DEFAULT_DOWN_UNITS = 4
 MIN_DOWN_UNIT = 8  # at least this many output rows a down unit
