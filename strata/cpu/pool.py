@@ -105,7 +105,7 @@ PREFETCH_BYTES = 4096  # ... and at least this many bytes ahead (short rows: 294
 OUT_BLOCK = 4096  # floats of output a down run keeps (16 KiB: L1-resident sums)
 # dynamic schedule, work units a thread: phase 2 (gate/up) and phase 4 (down); 0: the static split.
 # On the H200's host (T = 1, 16 threads, bench/results/session9-h200-20261130.md) 16 gate/up units
-# a thread cut the layer by 8-16% against the static split; 4 down units a thread measured the
+# a thread cut the layer by 5-16% against the static split; 4 down units a thread measured the
 # same as the static down split (smaller down units, 8 short runs of rows each, were slower)
 DEFAULT_UNITS = 16
 DEFAULT_DOWN_UNITS = 4
