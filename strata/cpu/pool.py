@@ -110,6 +110,12 @@ OUT_BLOCK = 4096  # floats of output a down run keeps (16 KiB: L1-resident sums)
 DEFAULT_UNITS = 16
 DEFAULT_DOWN_UNITS = 4
 MIN_DOWN_UNIT = 8  # at least this many output rows a down unit
+# ... and at least this many (row, token) dot pairs a gate/up unit: at T = 1 with the 1-3
+# experts a mostly resident decode misses, 16 units a thread would be 3-9 rows (2-vCPU VM, two
+# experts, 2 threads, calls interleaved: 6-row units 8-19% and 16-row units 2% slower than 48-row
+# ones, bench/results/session9-h200-20261130.md; at the measured default of 8 experts on 16
+# threads, 24-row units, it does not bind; not yet measured on 16 threads)
+MIN_GATE_WORK = 16
 GU_CTR, DN_CTR = 8, 16  # bar[] slots of the units' counters (cache lines of their own)
 SPIN_BEFORE_YIELD = 256  # pause spins (~5-20 us) before a barrier yields its core
 SPIN_LIMIT = 1 << 24  # barrier checks before giving up (seconds of yields): then fall back
@@ -474,7 +480,7 @@ def _run_layer(
     dyn_g = units > 0 and nt > 1
     dyn_d = down_units > 0 and nt > 1
     if dyn_g:  # units of ~equal work, about `units` a thread (see _gate_up_dyn)
-        per = max(1, (n * f + units * nt - 1) // (units * nt))
+        per = max(MIN_GATE_WORK, (n * f + units * nt - 1) // (units * nt))
         ufirst[0] = 0
         for ia in range(na):
             n_e = cnt[active[ia]] - start[active[ia]]
