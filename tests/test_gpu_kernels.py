@@ -430,6 +430,7 @@ def test_moe_experts_match_reference(K, qts, variant):
     ad = cp.asnumpy(aact.d).ravel()[: t * k * nb].reshape(t, k, nb)
     a_deq = (aq.reshape(t, k, nb, -1) * ad[..., None]).reshape(t, k, f)
     want = np.zeros((t, d), np.float32)
+    flips = 0  # intermediate quants where the host's own float intermediate rounds otherwise
     for ti in range(t):
         for ki in range(k):
             e = ids[ti, ki]
@@ -437,10 +438,16 @@ def test_moe_experts_match_reference(K, qts, variant):
                 continue
             g_ = hr[ti] @ deq[0][e].T
             u_ = hr[ti] @ deq[1][e].T
-            assert rel(act_dev[ti, ki], g_ / (np.float32(1) + np.exp(-g_)) * u_) < 1e-5
+            inter = g_ / (np.float32(1) + np.exp(-g_)) * u_
+            assert rel(act_dev[ti, ki], inter) < 1e-5
+            flips += int(
+                np.count_nonzero(roundtrip(inter[None], fmt(qts[2]).vec_dot)[0] != a_deq[ti, ki])
+            )
             want[ti] += w[ti, ki] * (a_deq[ti, ki] @ deq[2][e].T)
     assert rel(cp.asnumpy(out)[:t], want) < 1e-5
-    # and the whole expert against HostTier's formula (one Q8 flip in the intermediate allowed)
+    # and the whole expert against HostTier's formula: float32 noise on a .5 boundary may flip
+    # an intermediate quant by one (or a block's scale), each flip moving the output by up to
+    # ~5e-3 relative at these sizes
     ref = np.zeros((t, d), np.float32)
     for ti in range(t):
         for ki in range(k):
@@ -448,7 +455,7 @@ def test_moe_experts_match_reference(K, qts, variant):
             if e >= 0:
                 y = expert_ref(h[ti : ti + 1], raws[0][e], raws[1][e], raws[2][e], qts)
                 ref[ti] += w[ti, ki] * y[0]
-    assert rel(cp.asnumpy(out)[:t], ref) < 5e-3
+    assert rel(cp.asnumpy(out)[:t], ref) < 5e-3 * max(1, flips)
     # the residual added by the down kernel (all-resident graph steps): resid + the sum, exactly
     resid = g.standard_normal((8, d)).astype(np.float32)
     out_r = cp.empty((8, d), np.float32)
