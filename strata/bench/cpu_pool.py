@@ -455,7 +455,7 @@ def run_layout_ab(
                 "seconds": sec,
                 "seconds_best": min(ts),
                 "seconds_mean": mean,
-                "phases_us": phase_summary(phases.get(lay, [])),
+                **phase_summary(phases.get(lay, [])),
                 **_rates(gb, nb, mean, host),
                 "waited_for_quiet": quiet,
                 **_stamp(),
@@ -469,17 +469,21 @@ def run_layout_ab(
 def phase_summary(calls: list[dict]) -> dict:
     """Per phase of `ExpertPool.last_phases` (one dict a call): the median over calls of the
     slowest, mean and fastest thread's microseconds (the slowest thread sets a phase's time;
-    max - min is its imbalance); empty when no call recorded phases."""
+    max - min is its imbalance) under "phases_us"; the slowest call's phases by thread
+    ("slowest_call_us": which thread, which phase) and the count of calls over twice the
+    median. Empty when no call recorded phases."""
     if not calls:
         return {}
-    out = {}
     totals = np.array([c["total"][0] for c in calls])
-    worst = calls[int(np.argmax(totals))]  # an outlier's phases: which thread, which phase
-    out["slowest_call"] = {k: [round(float(x), 1) for x in v] for k, v in worst.items()}
-    out["calls_over_2x_median"] = int((totals > 2 * np.median(totals)).sum())
+    worst = calls[int(np.argmax(totals))]
+    out = {
+        "slowest_call_us": {k: [round(float(x), 1) for x in v] for k, v in worst.items()},
+        "calls_over_2x_median": int((totals > 2 * np.median(totals)).sum()),
+        "phases_us": {},
+    }
     for k in calls[0]:
         v = np.array([c[k] for c in calls])  # [calls, threads]
-        out[k] = {
+        out["phases_us"][k] = {
             "max": float(np.median(v.max(axis=1))),
             "mean": float(np.median(v.mean(axis=1))),
             "min": float(np.median(v.min(axis=1))),
@@ -492,8 +496,7 @@ def format_phases(rows: list[dict]) -> str:
     rows = [r for r in rows if r.get("phases_us")]
     if not rows:
         return ""
-    names = [k for k in rows[0]["phases_us"] if isinstance(rows[0]["phases_us"][k], dict)]
-    names.remove("slowest_call")
+    names = list(rows[0]["phases_us"])
     lines = ["arm | T | " + " | ".join(names), "--- | ---: |" + " ---: |" * len(names)]
     for r in rows:
         ph = r["phases_us"]
@@ -505,11 +508,10 @@ def format_phases(rows: list[dict]) -> str:
         ]
         lines.append(f"{r['quant']} {r['layout']} | {r['tokens']} | " + " | ".join(cells))
     for r in rows:  # the slowest call of each arm: the phase that took the time, by thread
-        ph = r["phases_us"]
-        worst = ph["slowest_call"]
+        worst = r["slowest_call_us"]
         top = max((k for k in worst if k != "total"), key=lambda k: max(worst[k]))
         lines.append(
-            f"\n{r['quant']} {r['layout']}: {ph['calls_over_2x_median']} calls over 2x the median;"
+            f"\n{r['quant']} {r['layout']}: {r['calls_over_2x_median']} calls over 2x the median;"
             f" the slowest {worst['total'][0]:.1f} us, most of it in {top}"
             f" (us by thread: {worst[top]})"
         )

@@ -40,6 +40,7 @@ call is a few dictionary lookups (weights' arguments and the compiled entry are 
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -643,7 +644,7 @@ class ExpertPool:
         self._stats = np.zeros(3, np.int64)
         self._bar = np.zeros(24, np.int64)  # barrier and unit counters (a cache line each)
         # cycle-counter stamps of the last call: a row of TRACE_STAMPS a thread, then the
-        # caller's (before, after); rows padded to a cache line (threads write their own)
+        # caller's (before, after); a row is 64 bytes (each thread writes its own)
         self._trace = np.zeros((limit + 1, 8), np.int64)
         self._entries: dict[tuple, object] = {}
         self._plans: dict[int, tuple] = {}  # id(LayerWeights) -> (lw, weight args, entries)
@@ -817,7 +818,8 @@ class ExpertPool:
         if self._get_threads() != self.n_threads:  # 0.6 us; numba.set_num_threads costs 1.4
             numba.set_num_threads(self.n_threads)
         fn = plan[2].get(flags)
-        args = (x, tok, expert, weight, out, *plan[1], *self._ws_args, *self._knobs(fused))
+        knobs = self._knobs(fused)
+        args = (x, tok, expert, weight, out, *plan[1], *self._ws_args, *knobs)
         if fn is None:
             fn = plan[2][flags] = self._entry(args, lw)
         na = fn(*args)
@@ -831,7 +833,7 @@ class ExpertPool:
                 f"strata: CPU pool barrier timed out under the {_threading_layer()!r} threading"
                 " layer; running one parallel region per phase from now on"
             )
-            na = fn(*args[:-4], False, *args[-3:])
+            na = fn(*args[: -len(knobs)], *self._knobs(False))
         if na < 0:
             if na == -ERR_TOKEN:
                 raise ValueError(f"a token index is outside 0..{t_n - 1}")
@@ -847,19 +849,15 @@ def _ticks() -> int:
     return cycle_counter()
 
 
-_TICK_HZ: list[float] = []
-
-
+@functools.cache
 def tick_hz() -> float:
     """Ticks a second of `cycle_counter` (measured once against perf_counter over ~20 ms; the
     x86 TSC and Arm's virtual counter run at a constant rate)."""
-    if not _TICK_HZ:
-        _ticks()
-        t0, c0 = time.perf_counter(), _ticks()
-        time.sleep(0.02)
-        t1, c1 = time.perf_counter(), _ticks()
-        _TICK_HZ.append((c1 - c0) / (t1 - t0))
-    return _TICK_HZ[0]
+    _ticks()  # compiled before the first stamp
+    t0, c0 = time.perf_counter(), _ticks()
+    time.sleep(0.02)
+    t1, c1 = time.perf_counter(), _ticks()
+    return (c1 - c0) / (t1 - t0)
 
 
 def _threading_layer() -> str:
