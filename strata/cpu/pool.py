@@ -11,14 +11,12 @@ weights' vec_dot type. Phases inside the one jitted function:
     1. quantize x [T, D]: (row, Q8_K block) units split over threads       parallel
     2. gate + up + SiLU.up: the F rows of every active expert, weighted by parallel
        its token count, cut into units of about equal work (row
-       granularity: one or two experts at T=1 still spread over all threads;
-       smaller units at the end) that threads take from a shared counter
-       (or: one contiguous run a thread, the static split)
-    3. quantize the intermediate [N, F]: by default inside phase 2, each   parallel
-       block by the thread whose rows complete it; else (task, block)
-       units in a phase of its own
+       granularity: one or two experts at T=1 still spread over all threads)
+       that threads take from a shared counter (or: one contiguous run a
+       thread, the static split)
+    3. quantize the intermediate [N, F]: (task, block) units               parallel
     4. down + weighted sum: runs of D rows, all active experts a run,      parallel
-       taken from a second counter (smaller at the end; or split evenly)
+       taken from a second counter (or split evenly)
 
 The fused mode (default) runs phases 1-4 as one parallel region, one iteration per thread, with
 a spin barrier (an atomic counter) between phases: a Numba parallel region costs ~3 us to launch
@@ -214,14 +212,12 @@ def _gate_up_rows(
 
 @njit(cache=True)
 def _gate_up_share(
-    tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2,
-    iq, qctr, ad, acth,
+    tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2
 ):  # fmt: skip
     """Thread tid's contiguous share of phase 2 (the static split): the F rows of every active
     expert, weighted by the expert's token count, cut into nt runs at row granularity (so a
     decode step with one or two experts still spreads over every thread, each streaming its own
-    rows). Rows are prefetched `pf` bytes ahead (at least PREFETCH_ROWS rows). iq: the
-    intermediate is quantized as its units complete (`_rows_done`)."""
+    rows). Rows are prefetched `pf` bytes ahead (at least PREFETCH_ROWS rows)."""
     ahead = max(PREFETCH_ROWS, pf // gw.shape[1])
     total = 0
     for ia in range(na):
@@ -242,115 +238,44 @@ def _gate_up_share(
                 e, r0, r1, e, r1, f, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h,
                 ahead, pfl2,
             )  # fmt: skip
-            if iq:
-                _rows_done(ia, r0, r1, f, e, start, cnt, qctr, h, ad, acth)
         pos += span
 
 
-@njit(cache=True)
-def _gate_up_units(na, f, units, nt, guided, start, cnt, active, uia, ur0):
-    """The dynamic schedule's gate/up units, guided: unit k is rows ur0[k]..ur0[k + 1] (or to
-    the expert's end, F) of expert slot uia[k], in slot order. A unit holds about
-    `per` = max(MIN_GATE_WORK, total / (units nt)) (row, token) pairs, and once less than 2 nt
-    units of that are left, max(MIN_GATE_WORK, remaining / (2 nt)) (`guided`; else `per` to
-    the end): the last units are small, so the threads finish within a small unit of each
-    other (with equal units they may differ by two: a thread holds the one it runs and the next
-    it took; on the H200's host threads left phase 2 up to ~12 us apart). Returns the count;
-    ur0[count] = F. Never more than len(uia) - 1 units (past that, one unit an expert)."""
-    total = 0
-    for ia in range(na):
-        total += (cnt[active[ia]] - start[active[ia]]) * f
-    per = max(MIN_GATE_WORK, (total + units * nt - 1) // (units * nt))
-    cap = uia.shape[0] - 1
-    k = 0
-    rem = total
-    for ia in range(na):
-        n_e = cnt[active[ia]] - start[active[ia]]
-        r = 0
-        while r < f:
-            s = max(MIN_GATE_WORK, min(per, (rem + 2 * nt - 1) // (2 * nt))) if guided else per
-            rows = (s + n_e - 1) // n_e
-            if k + na - ia >= cap:  # out of table: the rest of this expert in one unit
-                rows = f
-            uia[k] = ia
-            ur0[k] = r
-            r = min(f, r + rows)
-            rem -= (r - ur0[k]) * n_e
-            k += 1
-    ur0[k] = f
-    return k
-
-
 @njit(cache=True, inline="always")
-def _unit_rows(u, uia, ur0, f):
-    """Gate/up unit u as (expert slot, r0, r1)."""
-    ia = uia[u]
-    r1 = ur0[u + 1] if u + 1 < uia.shape[0] and ur0[u + 1] > ur0[u] else f
-    return ia, ur0[u], r1
-
-
-@njit(cache=True)
-def _down_units(dim, run, nt, guided, dfirst):
-    """The dynamic schedule's down units, guided as `_gate_up_units`: unit k is output rows
-    dfirst[k]..dfirst[k + 1], `run` rows until less than 2 nt runs are left, then (`guided`)
-    max(MIN_DOWN_UNIT, remaining / (2 nt)). Returns the count."""
-    k = 0
-    r = 0
-    while r < dim:
-        dfirst[k] = r
-        tail = max(MIN_DOWN_UNIT, (dim - r + 2 * nt - 1) // (2 * nt))
-        r = min(dim, r + (min(run, tail) if guided else run))
-        k += 1
-    dfirst[k] = dim
-    return k
-
-
-@njit(cache=True)
-def _rows_done(ia, r0, r1, f, e, start, cnt, qctr, h, ad, acth):
-    """Rows r0..r1 of expert slot ia's intermediate (expert e) are written: count them into
-    the quantization units of the down activation type (`act_unit`) they fall in; the thread
-    whose rows complete a unit quantizes it for every task of the expert. The intermediate's
-    quantization so runs spread over the threads as part of phase 2, without a phase and a
-    barrier of its own; the same function on the same values: the same bytes as phase 3."""
-    if r1 <= r0:
-        return
-    qu = act_unit(ad)
-    nb = (f + qu - 1) // qu
-    for b in range(r0 // qu, (r1 - 1) // qu + 1):
-        n = min(r1, (b + 1) * qu) - max(r0, b * qu)
-        if atomic_add(qctr, ia * nb + b, n) + n == min(qu, f - b * qu):
-            for p in range(start[e], cnt[e]):
-                quantize_units(h[p], ad, p, acth[0], acth[1], acth[2], acth[3], acth[4], b, b + 1)
+def _unit_rows(u, ia, ufirst, urows, f):
+    """Expert slot ia' >= ia holding gate/up unit u, and the unit's rows: (ia', r0, r1)."""
+    while ufirst[ia + 1] <= u:
+        ia += 1
+    r0 = (u - ufirst[ia]) * urows[ia]
+    return ia, r0, min(f, r0 + urows[ia])
 
 
 @njit(cache=True)
 def _gate_up_dyn(
-    tid, na, f, tok, order, start, cnt, active, uia, ur0, nu, bar,
-    gk, gw, actg, uk, uw, actu, h, pf, pfl2, iq, qctr, ad, acth,
+    tid, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
+    gk, gw, actg, uk, uw, actu, h, pf, pfl2,
 ):  # fmt: skip
-    """Phase 2 scheduled dynamically: the units of `_gate_up_units` (nu of them), thread tid's
-    first unit tid, then each next one taken from the shared counter bar[GU_CTR] (which starts
-    at nt) one unit ahead, so its first rows are prefetched while this one runs. A thread that
-    streams slower than another (a busier core, a farther memory channel) takes fewer units;
-    each h[p, r] is still written by one thread with the same arithmetic, so the bits do not
-    depend on the schedule. iq: the intermediate is quantized as its units complete
-    (`_rows_done`)."""
+    """Phase 2 scheduled dynamically: units of `urows[ia]` rows of expert slot ia (unit ids
+    ufirst[ia].., about `units` of them a thread), thread tid's first unit tid, then each next
+    one taken from the shared counter bar[GU_CTR] (which starts at nt) one unit ahead, so its
+    first rows are prefetched while this one runs. A thread that streams slower than another
+    (a busier core, a farther memory channel) takes fewer units; each h[p, r] is still written
+    by one thread with the same arithmetic, so the bits do not depend on the schedule."""
     ahead = max(PREFETCH_ROWS, pf // gw.shape[1])
+    nu = ufirst[na]
     u = np.int64(tid)
+    ia = 0
     while u < nu:
         nxt = atomic_add(bar, GU_CTR, 1)
-        ia, r0, r1 = _unit_rows(u, uia, ur0, f)
+        ia, r0, r1 = _unit_rows(u, ia, ufirst, urows, f)
         ne, n0, n1 = -1, 0, 0
         if nxt < nu:
-            ib, n0, n1 = _unit_rows(nxt, uia, ur0, f)
+            ib, n0, n1 = _unit_rows(nxt, ia, ufirst, urows, f)
             ne = active[ib]
-        e = active[ia]
         _gate_up_rows(
-            e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h,
-            ahead, pfl2,
+            active[ia], r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu,
+            h, ahead, pfl2,
         )  # fmt: skip
-        if iq:
-            _rows_done(ia, r0, r1, f, e, start, cnt, qctr, h, ad, acth)
         u = nxt
 
 
@@ -404,20 +329,20 @@ def _down_share(
 
 @njit(cache=True)
 def _down_dyn(
-    tid, na, dim, dfirst, nu, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out, pf,
-    pfl2,
+    tid, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out, pf, pfl2
 ):  # fmt: skip
-    """Phase 4 scheduled dynamically: the runs of output rows of `_down_units` (every active
-    expert), thread tid's first unit tid, the next ones from the shared counter bar[DN_CTR] one
-    unit ahead (as `_gate_up_dyn`); each output row is still summed by one thread in expert
-    order."""
+    """Phase 4 scheduled dynamically: units of `run` output rows (every active expert), thread
+    tid's first unit tid, the next ones from the shared counter bar[DN_CTR] one unit ahead (as
+    `_gate_up_dyn`); each output row is still summed by one thread in expert order."""
     ahead = max(PREFETCH_ROWS, pf // dw.shape[1])
+    nu = (dim + run - 1) // run
     u = np.int64(tid)
     while u < nu:
         nxt = atomic_add(bar, DN_CTR, 1)
-        n0 = dfirst[min(nxt, nu)]
+        r0 = u * run
+        n0 = nxt * run
         _down_rows(
-            dfirst[u], dfirst[u + 1], n0, dfirst[nxt + 1] if nxt < nu else n0, na, dim, tok,
+            r0, min(dim, r0 + run), n0, min(dim, n0 + run) if nxt < nu else n0, na, dim, tok,
             wt, order, start, cnt, active, dk, dw, acth, out, ahead, pfl2,
         )  # fmt: skip
         u = nxt
@@ -425,31 +350,29 @@ def _down_dyn(
 
 @njit(cache=True)
 def _gate_up_phase(
-    tid, nt, dyn, na, f, tok, order, start, cnt, active, uia, ur0, nu, bar,
-    gk, gw, actg, uk, uw, actu, h, pf, pfl2, iq, qctr, ad, acth,
+    tid, nt, dyn, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
+    gk, gw, actg, uk, uw, actu, h, pf, pfl2,
 ):  # fmt: skip
     if dyn:
         _gate_up_dyn(
-            tid, na, f, tok, order, start, cnt, active, uia, ur0, nu, bar,
-            gk, gw, actg, uk, uw, actu, h, pf, pfl2, iq, qctr, ad, acth,
+            tid, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
+            gk, gw, actg, uk, uw, actu, h, pf, pfl2,
         )  # fmt: skip
     else:
         _gate_up_share(
-            tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf,
-            pfl2, iq, qctr, ad, acth,
-        )  # fmt: skip
+            tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2
+        )
 
 
 @njit(cache=True)
 def _down_phase(
-    tid, nt, dyn, na, dim, run, dfirst, nu, tok, wt, order, start, cnt, active, bar, dk, dw,
-    acth, out, pf, pfl2,
+    tid, nt, dyn, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out,
+    pf, pfl2,
 ):  # fmt: skip
     if dyn:
         _down_dyn(
-            tid, na, dim, dfirst, nu, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out,
-            pf, pfl2,
-        )  # fmt: skip
+            tid, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out, pf, pfl2
+        )
     else:
         _down_share(
             tid, nt, na, dim, run, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, pfl2
@@ -465,16 +388,15 @@ def _quant_x(tid, nt, x, ag, actg, au, actu):
 
 @njit(cache=True)
 def _fused_share(
-    tid, nt, q1, q3, iq, n, f, dim, run, dyn_g, dyn_d, waitpf, pf, pfl2, x, tok, wt, order,
-    start, cnt, active, na, uia, ur0, nu_g, dfirst, nu_d, qctr,
-    gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
+    tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, waitpf, pf, pfl2, x, tok, wt, order, start,
+    cnt, active, na, ufirst, urows, gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out,
+    bar, stats, trace,
 ):  # fmt: skip
     """All four phases for thread tid in one parallel region, a spin barrier between phases.
 
-    Phases 1 and 3 run on thread 0 alone when their quantization is not parallel (q1, q3);
-    with iq phase 3 runs inside phase 2 (`_rows_done`), and its barrier goes.
+    Phases 1 and 3 run on thread 0 alone when their quantization is not parallel (q1, q3).
     trace[tid] gets the cycle counter at entry and at the end of each phase and barrier
-    (TRACE_STAMPS; a timestamp costs ~10 ns; phase 3 and its barrier take none with iq)."""
+    (TRACE_STAMPS; a timestamp costs ~10 ns)."""
     tid = np.int64(tid)
     tr = trace[tid]
     tr[0] = cycle_counter()
@@ -482,11 +404,10 @@ def _fused_share(
     # what this thread reads first after each barrier (waitpf): its first gate/up unit, then its
     # first down unit's rows of every active expert (nothing in the static split)
     ia, g0, g1 = np.int64(0), np.int64(0), np.int64(0)
-    if waitpf and dyn_g and tid < nu_g:
-        ia, g0, g1 = _unit_rows(tid, uia, ur0, f)
-    d0, d1 = np.int64(0), np.int64(0)
-    if waitpf and dyn_d and tid < nu_d:
-        d0, d1 = dfirst[tid], dfirst[tid + 1]
+    if waitpf and dyn_g and tid < ufirst[na]:
+        ia, g0, g1 = _unit_rows(tid, 0, ufirst, urows, f)
+    d0 = min(dim, tid * run)
+    d1 = min(dim, d0 + run) if waitpf and dyn_d else d0
     if q1 or tid == 0:
         _quant_x(tid if q1 else np.int64(0), nt if q1 else 1, x, ag, actg, au, actu)
     tr[1] = cycle_counter()
@@ -495,8 +416,8 @@ def _fused_share(
         return
     tr[2] = cycle_counter()
     _gate_up_phase(
-        tid, nt, dyn_g, na, f, tok, order, start, cnt, active, uia, ur0, nu_g, bar,
-        gk, gw, actg, uk, uw, actu, h, pf, pfl2, iq, qctr, ad, acth,
+        tid, nt, dyn_g, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
+        gk, gw, actg, uk, uw, actu, h, pf, pfl2,
     )  # fmt: skip
     tr[3] = cycle_counter()
     k = _barrier(bar, 2 * nt, dw, none, active, 0, na, d0, d1 - d0, dim, 0)
@@ -504,19 +425,16 @@ def _fused_share(
         stats[2] = 1
         return
     tr[4] = cycle_counter()
-    if not iq:
-        if q3 or tid == 0:
-            _quant_share(tid if q3 else np.int64(0), nt if q3 else 1, h, n, ad, acth)
-        tr[5] = cycle_counter()
-        if _barrier(bar, 3 * nt, dw, none, active, 0, na, d0, d1 - d0, dim, k) < 0:
-            stats[2] = 1
-            return
-        tr[6] = cycle_counter()
-    else:
-        tr[5] = tr[6] = tr[4]
+    if q3 or tid == 0:
+        _quant_share(tid if q3 else np.int64(0), nt if q3 else 1, h, n, ad, acth)
+    tr[5] = cycle_counter()
+    if _barrier(bar, 3 * nt, dw, none, active, 0, na, d0, d1 - d0, dim, k) < 0:
+        stats[2] = 1
+        return
+    tr[6] = cycle_counter()
     _down_phase(
-        tid, nt, dyn_d, na, dim, run, dfirst, nu_d, tok, wt, order, start, cnt, active, bar, dk,
-        dw, acth, out, pf, pfl2,
+        tid, nt, dyn_d, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out,
+        pf, pfl2,
     )  # fmt: skip
     tr[7] = cycle_counter()
 
@@ -525,8 +443,8 @@ def _fused_share(
 def _run_layer(
     x, tok, ex, wt, out,
     gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
-    actg, actu, acth, h, order, cnt, start, active, uia, ur0, dfirst, qctr, bar, stats, trace,
-    nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units, down_units, waitpf, inline_q, guided,
+    actg, actu, acth, h, order, cnt, start, active, ufirst, urows, bar, stats, trace,
+    nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units, down_units, waitpf,
 ):  # fmt: skip
     literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
     literally(uk)
@@ -562,26 +480,23 @@ def _run_layer(
     run = max(chunk, OUT_BLOCK // max(t_n, 1))  # down: output rows a run
     dyn_g = units > 0 and nt > 1
     dyn_d = down_units > 0 and nt > 1
-    nu_g = 0
-    if dyn_g:
-        nu_g = _gate_up_units(na, f, units, nt, guided, start, cnt, active, uia, ur0)
-    nu_d = 0
-    if dyn_d:  # about `down_units` runs of output rows a thread, smaller at the end
+    if dyn_g:  # units of ~equal work, about `units` a thread (see _gate_up_dyn)
+        per = max(MIN_GATE_WORK, (n * f + units * nt - 1) // (units * nt))
+        ufirst[0] = 0
+        for ia in range(na):
+            n_e = cnt[active[ia]] - start[active[ia]]
+            urows[ia] = max(1, min(f, (per + n_e - 1) // n_e))
+            ufirst[ia + 1] = ufirst[ia] + (f + urows[ia] - 1) // urows[ia]
+    if dyn_d:  # about `down_units` runs of output rows a thread (see _down_dyn)
         run = min(run, max(MIN_DOWN_UNIT, dim // (down_units * nt)))
-        nu_d = _down_units(dim, run, nt, guided, dfirst)
-    iq = inline_q and q3 and fused and nt > 1
-    if iq:  # the completion counters of `_rows_done`
-        qu = act_unit(ad)
-        for i in range(na * ((f + qu - 1) // qu)):
-            qctr[i] = 0
     bar[GU_CTR] = nt  # units 0..nt-1 are the threads' first, taken without the counter
     bar[DN_CTR] = nt
     bar[0] = 0
     trace[nt, 0] = cycle_counter()  # the calling thread: before the region ...
     if nt == 1:  # no parallel region at all (a region of one thread still costs ~2.5 us)
         _fused_share(
-            0, 1, False, False, False, n, f, dim, run, False, False, False, pf, pfl2, x, tok, wt,
-            order, start, cnt, active, na, uia, ur0, 0, dfirst, 0, qctr,
+            0, 1, False, False, n, f, dim, run, False, False, False, pf, pfl2, x, tok, wt, order,
+            start, cnt, active, na, ufirst, urows,
             gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
         )  # fmt: skip
         trace[nt, 1] = cycle_counter()
@@ -589,8 +504,8 @@ def _run_layer(
     if fused:
         for tid in prange(nt):
             _fused_share(
-                tid, nt, q1, q3, iq, n, f, dim, run, dyn_g, dyn_d, waitpf, pf, pfl2, x, tok, wt,
-                order, start, cnt, active, na, uia, ur0, nu_g, dfirst, nu_d, qctr,
+                tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, waitpf, pf, pfl2, x, tok, wt, order,
+                start, cnt, active, na, ufirst, urows,
                 gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
             )  # fmt: skip
         trace[nt, 1] = cycle_counter()  # ... and after it (row nt: the caller's two stamps)
@@ -606,8 +521,8 @@ def _run_layer(
     # ---- 2. gate, up, silu(gate) * up
     for tid in prange(nt):
         _gate_up_phase(
-            tid, nt, dyn_g, na, f, tok, order, start, cnt, active, uia, ur0, nu_g, bar,
-            gk, gw, actg, uk, uw, actu, h, pf, pfl2, False, qctr, ad, acth,
+            tid, nt, dyn_g, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
+            gk, gw, actg, uk, uw, actu, h, pf, pfl2,
         )  # fmt: skip
     # ---- 3. quantize the intermediate rows (one per task, in grouped order)
     if q3:
@@ -618,8 +533,8 @@ def _run_layer(
     # ---- 4. down and the weighted sum: D rows split evenly, all active experts
     for tid in prange(nt):
         _down_phase(
-            tid, nt, dyn_d, na, dim, run, dfirst, nu_d, tok, wt, order, start, cnt, active, bar,
-            dk, dw, acth, out, pf, pfl2,
+            tid, nt, dyn_d, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth,
+            out, pf, pfl2,
         )  # fmt: skip
     return na
 
@@ -661,10 +576,7 @@ class ExpertPool:
     that many work units a thread, taken from shared counters, so a thread that streams slower
     takes fewer (measured on the H200's 16-core host with the static split: at T = 1 the
     slowest thread's gate/up took 1.5-2x the fastest's, every other thread waiting at the
-    barrier). 0 restores a phase's static split. `guided` (env STRATA_POOL_GUIDED, default on)
-    makes a phase's last units smaller. `inline_quant` (env STRATA_POOL_INLINE_QUANT, default
-    on) quantizes the intermediate inside phase 2 (`_rows_done`) in the fused region. Same bits
-    every way.
+    barrier). 0 restores a phase's static split. Same bits either way.
     """
 
     def __init__(
@@ -679,8 +591,6 @@ class ExpertPool:
         units: int | None = None,
         down_units: int | None = None,
         wait_prefetch: bool | None = None,
-        inline_quant: bool | None = None,
-        guided: bool | None = None,
     ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
@@ -722,12 +632,6 @@ class ExpertPool:
         if wait_prefetch is None:  # STRATA_POOL_WAIT_PREFETCH=0: barriers only wait (A/B arm)
             wait_prefetch = _env_flag("STRATA_POOL_WAIT_PREFETCH", True)
         self.wait_prefetch = bool(wait_prefetch)
-        if inline_quant is None:  # STRATA_POOL_INLINE_QUANT=0: phase 3 on its own (A/B arm)
-            inline_quant = _env_flag("STRATA_POOL_INLINE_QUANT", True)
-        self.inline_quant = bool(inline_quant)
-        if guided is None:  # STRATA_POOL_GUIDED=0: equal units to a phase's end (A/B arm)
-            guided = _env_flag("STRATA_POOL_GUIDED", True)
-        self.guided = bool(guided)
         numba.set_num_threads(n)  # launches the threading layer: its ctypes getter exists now
         # the raw getter behind numba.get_num_threads (a private name: fall back if it moves)
         self._get_threads = getattr(_numba_parallel, "_get_num_threads", numba.get_num_threads)
@@ -785,13 +689,6 @@ class ExpertPool:
         return plan
 
     # ---- workspaces
-    def _unit_cap(self, n_expert: int) -> int:
-        """Entries of the gate/up unit table: `units` a thread, the guided tail (which shrinks
-        what is left by 1 / (2 nt) a unit: 2 nt ln(total / MIN_GATE_WORK) < 2 nt 48 units for
-        any total below 2^64), a unit cut short at each expert's end, and the end mark."""
-        nt = self.n_threads
-        return 2 * n_expert + nt * (self.units + 2 * 48) + 2
-
     def _workspace(self, t_n: int, n: int, dim: int, f: int, n_expert: int, acts) -> None:
         ws = self._ws
         key = (dim, f, n_expert, acts)
@@ -812,16 +709,12 @@ class ExpertPool:
                 cnt=np.zeros(n_expert, np.int64),
                 start=np.zeros(n_expert, np.int64),
                 active=np.zeros(n_expert, np.int64),
-                # the dynamic schedule's unit tables (`_gate_up_units`, `_down_units`) and the
-                # inline quantization's counters (`_rows_done`: units of >= 32 columns)
-                uia=np.zeros(self._unit_cap(n_expert), np.int64),
-                ur0=np.zeros(self._unit_cap(n_expert), np.int64),
-                dfirst=np.zeros(dim + 2, np.int64),
-                qctr=np.zeros(n_expert * ((f + 31) // 32), np.int64),
+                ufirst=np.zeros(n_expert + 1, np.int64),
+                urows=np.zeros(n_expert, np.int64),
                 out=np.zeros((t_cap, dim), np.float32),
             )
             names = ("actg", "actu", "acth", "h", "order", "cnt", "start", "active")
-            names += ("uia", "ur0", "dfirst", "qctr")
+            names += ("ufirst", "urows")
             self._ws_args = (*(ws[k] for k in names), self._bar, self._stats, self._trace)
             self._outs = {}
 
@@ -857,8 +750,6 @@ class ExpertPool:
             self.units,
             self.down_units,
             self.wait_prefetch,
-            self.inline_quant,
-            self.guided,
         )
 
     # ---- where the last call's time went
