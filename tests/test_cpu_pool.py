@@ -128,6 +128,8 @@ def test_pool_is_deterministic_across_calls_threads_region_modes_and_quant_arms(
         ExpertPool(2, units=300, down_units=0),  # one-row gate/up units
         ExpertPool(2, units=0, down_units=300),  # the smallest down units
         ExpertPool(2, wait_prefetch=False),  # barriers that only wait
+        ExpertPool(2, down_by_expert=False),  # down in runs of rows of every expert
+        ExpertPool(2, down_by_expert=False, units=0, down_units=0),
     ):
         for _ in range(3):
             assert np.array_equal(pool.run_layer(x, *args, lw), first)
@@ -194,6 +196,9 @@ def test_pool_traces_where_each_threads_time_went(threads, fused):
         arrive = ph["start"] + ph["quant_x"]
         leave = arrive + ph["barrier1"]
         assert leave.min() >= arrive.max() - 1e-9
+    # 6 tasks: the expert-major down in the fused region (its outputs summed after a barrier)
+    two_phase = threads > 1 and fused
+    assert (ph["reduce"].max() > 0) == two_phase and (ph["barrier4"].max() > 0) == two_phase
 
 
 def test_pool_reuses_its_workspaces():
@@ -248,8 +253,10 @@ def test_pool_knobs_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("STRATA_POOL_UNITS", "0")
     monkeypatch.setenv("STRATA_POOL_DOWN_UNITS", "2")
     monkeypatch.setenv("STRATA_POOL_WAIT_PREFETCH", "0")
+    monkeypatch.setenv("STRATA_POOL_DOWN_BY_EXPERT", "0")
     pool = ExpertPool(1)
     assert (pool.units, pool.down_units, pool.wait_prefetch) == (0, 2, False)
+    assert not pool.down_by_expert and ExpertPool(1, down_by_expert=True).down_by_expert
     assert ExpertPool(1, units=4).units == 4  # flags beat the environment
     with pytest.raises(ValueError, match="units must be >= 0"):
         ExpertPool(1, down_units=-1)
@@ -321,6 +328,7 @@ def test_layout_ab_arms_carry_pool_prefetch_options():
     assert arm_spec("repack@l2@pf=8192") == want
     assert arm_spec("repack@u=0@d=2") == ("repack", {"units": 0, "down_units": 2})
     assert arm_spec("gguf@wp=0") == ("gguf", {"wait_prefetch": False})
+    assert arm_spec("gguf@dx=0") == ("gguf", {"down_by_expert": False})
     with pytest.raises(ValueError, match="unknown pool option 'x'"):
         arm_spec("gguf@x")
     rows = run_layout_ab("tiny", "IQ1_M", ("gguf", "gguf@l2@pf=8192"), tokens=1, threads=1,

@@ -328,7 +328,8 @@ def arm_spec(spec: str) -> tuple[str, dict]:
     """A layout A/B arm: "gguf", "gguf@l2", "repack@pf=16384", "repack@u=0", "gguf@k=42": the
     layout, then the pool's knobs (l2 / l1: rows ahead into L2 or L1; pf=N: at least N bytes
     ahead; u=N / d=N: N gate/up / down work units a thread in the dynamic schedule, 0 the
-    static split; wp=0 / wp=1: barriers that only wait / prefetch the next phase's first rows) or
+    static split; wp=0 / wp=1: barriers that only wait / prefetch the next phase's first rows;
+    dx=0 / dx=1: down in runs of rows of every expert / expert-major, then summed) or
     k=CODE, a kernel code of strata.cpu.kernels.dispatch that reads that layout (returned as
     "kernel"; the pool itself never takes it)."""
     lay, *opts = spec.split("@")
@@ -344,12 +345,14 @@ def arm_spec(spec: str) -> tuple[str, dict]:
             kw["down_units"] = int(o[2:])
         elif o in ("wp=0", "wp=1"):
             kw["wait_prefetch"] = o == "wp=1"
+        elif o in ("dx=0", "dx=1"):
+            kw["down_by_expert"] = o == "dx=1"
         elif o.startswith("k=") and o[2:].isdigit():
             kw["kernel"] = int(o[2:])
         else:
             raise ValueError(
                 f"unknown pool option {o!r} in arm {spec!r}"
-                " (l1, l2, pf=BYTES, u=UNITS, d=UNITS, wp=0|1, k=KERNEL)"
+                " (l1, l2, pf=BYTES, u=UNITS, d=UNITS, wp=0|1, dx=0|1, k=KERNEL)"
             )
     return lay, kw
 
@@ -447,6 +450,7 @@ def run_layout_ab(
                 "units": pools[lay].units,
                 "down_units": pools[lay].down_units,
                 "wait_prefetch": pools[lay].wait_prefetch,
+                "down_by_expert": pools[lay].down_by_expert,
                 "prefetch_l2": pools[lay].prefetch_l2,
                 "kernels": [lw.gate.kernel, lw.up.kernel, lw.down.kernel],
                 "threads": threads,

@@ -117,6 +117,9 @@ MIN_DOWN_UNIT = 8  # at least this many output rows a down unit
 # ones, bench/results/session9-h200-20261130.md; at the measured default of 8 experts on 16
 # threads, 24-row units, it does not bind; not yet measured on 16 threads)
 MIN_GATE_WORK = 16
+# the expert-major down (phase 4a + 4b) while its per-task outputs [N, D] f32 fit this (T = 1:
+# 8 tasks x 2048 = 64 KiB; prefill batches keep the runs of every expert)
+YB_BYTES = 1 << 20
 GU_CTR, DN_CTR = 8, 16  # bar[] slots of the units' counters (cache lines of their own)
 SPIN_BEFORE_YIELD = 256  # pause spins (~5-20 us) before a barrier yields its core
 SPIN_LIMIT = 1 << 24  # barrier checks before giving up (seconds of yields): then fall back
@@ -349,6 +352,71 @@ def _down_dyn(
 
 
 @njit(cache=True)
+def _unit_table(n, na, rows, units, nt, start, cnt, active, ufirst, urows):
+    """Units of ~equal work over the `rows` rows of every active expert (weighted by its
+    tokens), about `units` a thread, at least MIN_GATE_WORK (row, token) pairs: expert slot ia
+    gets units ufirst[ia].. of urows[ia] rows (see _gate_up_dyn)."""
+    per = max(MIN_GATE_WORK, (n * rows + units * nt - 1) // (units * nt))
+    ufirst[0] = 0
+    for ia in range(na):
+        n_e = cnt[active[ia]] - start[active[ia]]
+        urows[ia] = max(1, min(rows, (per + n_e - 1) // n_e))
+        ufirst[ia + 1] = ufirst[ia] + (rows + urows[ia] - 1) // urows[ia]
+
+
+@njit(cache=True)
+def _down_expert_dyn(
+    tid, na, dim, start, cnt, active, dfirst, drows, bar, dk, dw, acth, yb, pf, pfl2
+):  # fmt: skip
+    """Phase 4a of the expert-major down: units of rows of one expert (`_unit_table` over D,
+    taken as `_gate_up_dyn` takes its units, from bar[DN_CTR]); yb[p, r] = the down row r of
+    task p's expert on its quantized intermediate. Each expert's rows stream in long runs, as
+    gate/up's do (phase 4 proper reads a run of rows of every active expert at once)."""
+    hq, hd, hb, h8, hf = acth
+    ahead = max(PREFETCH_ROWS, pf // dw.shape[1])
+    nu = dfirst[na]
+    u = np.int64(tid)
+    ia = 0
+    while u < nu:
+        nxt = atomic_add(bar, DN_CTR, 1)
+        ia, r0, r1 = _unit_rows(u, ia, dfirst, drows, dim)
+        ne, n0, n1 = -1, 0, 0
+        if nxt < nu:
+            ib, n0, n1 = _unit_rows(nxt, ia, dfirst, drows, dim)
+            ne = active[ib]
+        e = active[ia]
+        for r in range(r0, r1):
+            wr = e * dim + r
+            ra = r + ahead
+            if ra < r1:
+                _prefetch(dw, wr + ahead, pfl2)
+            elif ne >= 0 and n0 + ra - r1 < n1:
+                _prefetch(dw, ne * dim + n0 + ra - r1, pfl2)
+            for p in range(start[e], cnt[e]):
+                yb[p, r] = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
+        u = nxt
+
+
+@njit(cache=True)
+def _down_reduce(tid, nt, na, dim, tok, wt, order, start, cnt, active, yb, out):
+    """Phase 4b: thread tid's share of the D output rows summed from yb, tasks by expert
+    ascending as `_down_rows` adds them: the same float additions in the same order."""
+    tid, nt = np.int64(tid), np.int64(nt)
+    lo = tid * dim // nt
+    hi = (tid + 1) * dim // nt
+    for t in range(out.shape[0]):
+        for r in range(lo, hi):
+            out[t, r] = 0
+    for ia in range(na):
+        e = active[ia]
+        for p in range(start[e], cnt[e]):
+            j = order[p]
+            t, w = tok[j], wt[j]
+            for r in range(lo, hi):
+                out[t, r] += w * yb[p, r]
+
+
+@njit(cache=True)
 def _gate_up_phase(
     tid, nt, dyn, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
     gk, gw, actg, uk, uw, actu, h, pf, pfl2,
@@ -388,26 +456,33 @@ def _quant_x(tid, nt, x, ag, actg, au, actu):
 
 @njit(cache=True)
 def _fused_share(
-    tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, waitpf, pf, pfl2, x, tok, wt, order, start,
-    cnt, active, na, ufirst, urows, gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out,
-    bar, stats, trace,
+    tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, bx, waitpf, pf, pfl2, x, tok, wt, order, start,
+    cnt, active, na, ufirst, urows, dfirst, drows, yb, gw, gk, uw, uk, dw, dk, ag, actg, au, actu,
+    ad, acth, h, out, bar, stats, trace,
 ):  # fmt: skip
     """All four phases for thread tid in one parallel region, a spin barrier between phases.
 
     Phases 1 and 3 run on thread 0 alone when their quantization is not parallel (q1, q3).
+    bx: phase 4 expert-major (`_down_expert_dyn` into yb, a barrier, `_down_reduce`).
     trace[tid] gets the cycle counter at entry and at the end of each phase and barrier
-    (TRACE_STAMPS; a timestamp costs ~10 ns)."""
+    (TRACE_STAMPS; a timestamp costs ~10 ns; without bx the last two equal "down")."""
     tid = np.int64(tid)
     tr = trace[tid]
     tr[0] = cycle_counter()
     none = gw[:0]  # no second matrix
     # what this thread reads first after each barrier (waitpf): its first gate/up unit, then its
-    # first down unit's rows of every active expert (nothing in the static split)
+    # first down unit's rows of every active expert (bx: of its one expert; nothing in the
+    # static split)
     ia, g0, g1 = np.int64(0), np.int64(0), np.int64(0)
     if waitpf and dyn_g and tid < ufirst[na]:
         ia, g0, g1 = _unit_rows(tid, 0, ufirst, urows, f)
+    ja, dn = np.int64(0), na
     d0 = min(dim, tid * run)
     d1 = min(dim, d0 + run) if waitpf and dyn_d else d0
+    if bx:
+        ja, dn, d0, d1 = np.int64(0), 1, np.int64(0), np.int64(0)
+        if waitpf and tid < dfirst[na]:
+            ja, d0, d1 = _unit_rows(tid, 0, dfirst, drows, dim)
     if q1 or tid == 0:
         _quant_x(tid if q1 else np.int64(0), nt if q1 else 1, x, ag, actg, au, actu)
     tr[1] = cycle_counter()
@@ -420,7 +495,7 @@ def _fused_share(
         gk, gw, actg, uk, uw, actu, h, pf, pfl2,
     )  # fmt: skip
     tr[3] = cycle_counter()
-    k = _barrier(bar, 2 * nt, dw, none, active, 0, na, d0, d1 - d0, dim, 0)
+    k = _barrier(bar, 2 * nt, dw, none, active, ja, dn, d0, d1 - d0, dim, 0)
     if k < 0:
         stats[2] = 1
         return
@@ -428,23 +503,35 @@ def _fused_share(
     if q3 or tid == 0:
         _quant_share(tid if q3 else np.int64(0), nt if q3 else 1, h, n, ad, acth)
     tr[5] = cycle_counter()
-    if _barrier(bar, 3 * nt, dw, none, active, 0, na, d0, d1 - d0, dim, k) < 0:
+    if _barrier(bar, 3 * nt, dw, none, active, ja, dn, d0, d1 - d0, dim, k) < 0:
         stats[2] = 1
         return
     tr[6] = cycle_counter()
-    _down_phase(
-        tid, nt, dyn_d, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out,
-        pf, pfl2,
-    )  # fmt: skip
+    if not bx:
+        _down_phase(
+            tid, nt, dyn_d, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth,
+            out, pf, pfl2,
+        )  # fmt: skip
+        tr[7] = tr[8] = tr[9] = cycle_counter()
+        return
+    _down_expert_dyn(
+        tid, na, dim, start, cnt, active, dfirst, drows, bar, dk, dw, acth, yb, pf, pfl2
+    )
     tr[7] = cycle_counter()
+    if _barrier(bar, 4 * nt, dw, none, active, 0, 0, 0, 0, dim, 0) < 0:
+        stats[2] = 1
+        return
+    tr[8] = cycle_counter()
+    _down_reduce(tid, nt, na, dim, tok, wt, order, start, cnt, active, yb, out)
+    tr[9] = cycle_counter()
 
 
 @njit(cache=True, parallel=True)
 def _run_layer(
     x, tok, ex, wt, out,
     gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
-    actg, actu, acth, h, order, cnt, start, active, ufirst, urows, bar, stats, trace,
-    nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units, down_units, waitpf,
+    actg, actu, acth, h, order, cnt, start, active, ufirst, urows, dfirst, drows, yb, bar, stats,
+    trace, nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units, down_units, waitpf, dx,
 ):  # fmt: skip
     literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
     literally(uk)
@@ -481,12 +568,11 @@ def _run_layer(
     dyn_g = units > 0 and nt > 1
     dyn_d = down_units > 0 and nt > 1
     if dyn_g:  # units of ~equal work, about `units` a thread (see _gate_up_dyn)
-        per = max(MIN_GATE_WORK, (n * f + units * nt - 1) // (units * nt))
-        ufirst[0] = 0
-        for ia in range(na):
-            n_e = cnt[active[ia]] - start[active[ia]]
-            urows[ia] = max(1, min(f, (per + n_e - 1) // n_e))
-            ufirst[ia + 1] = ufirst[ia] + (f + urows[ia] - 1) // urows[ia]
+        _unit_table(n, na, f, units, nt, start, cnt, active, ufirst, urows)
+    # expert-major down: the fused region, a dynamic schedule, every task's outputs in yb
+    bx = dx and fused and dyn_g and n <= yb.shape[0]
+    if bx:
+        _unit_table(n, na, dim, units, nt, start, cnt, active, dfirst, drows)
     if dyn_d:  # about `down_units` runs of output rows a thread (see _down_dyn)
         run = min(run, max(MIN_DOWN_UNIT, dim // (down_units * nt)))
     bar[GU_CTR] = nt  # units 0..nt-1 are the threads' first, taken without the counter
@@ -495,8 +581,8 @@ def _run_layer(
     trace[nt, 0] = cycle_counter()  # the calling thread: before the region ...
     if nt == 1:  # no parallel region at all (a region of one thread still costs ~2.5 us)
         _fused_share(
-            0, 1, False, False, n, f, dim, run, False, False, False, pf, pfl2, x, tok, wt, order,
-            start, cnt, active, na, ufirst, urows,
+            0, 1, False, False, n, f, dim, run, False, False, False, False, pf, pfl2, x, tok, wt,
+            order, start, cnt, active, na, ufirst, urows, dfirst, drows, yb,
             gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
         )  # fmt: skip
         trace[nt, 1] = cycle_counter()
@@ -504,8 +590,8 @@ def _run_layer(
     if fused:
         for tid in prange(nt):
             _fused_share(
-                tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, waitpf, pf, pfl2, x, tok, wt, order,
-                start, cnt, active, na, ufirst, urows,
+                tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, bx, waitpf, pf, pfl2, x, tok, wt,
+                order, start, cnt, active, na, ufirst, urows, dfirst, drows, yb,
                 gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
             )  # fmt: skip
         trace[nt, 1] = cycle_counter()  # ... and after it (row nt: the caller's two stamps)
@@ -549,6 +635,8 @@ TRACE_STAMPS = (
     "quant_h",
     "barrier3",
     "down",
+    "barrier4",
+    "reduce",
 )
 _LITERAL_ARGS = (6, 8, 10)  # gk, uk, dk in _run_layer's arguments
 DEFAULT_QUANT_MIN_TASKS = 16  # one region per phase; the fused region defaults to 1
@@ -591,6 +679,7 @@ class ExpertPool:
         units: int | None = None,
         down_units: int | None = None,
         wait_prefetch: bool | None = None,
+        down_by_expert: bool | None = None,
     ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
@@ -632,6 +721,9 @@ class ExpertPool:
         if wait_prefetch is None:  # STRATA_POOL_WAIT_PREFETCH=0: barriers only wait (A/B arm)
             wait_prefetch = _env_flag("STRATA_POOL_WAIT_PREFETCH", True)
         self.wait_prefetch = bool(wait_prefetch)
+        if down_by_expert is None:  # STRATA_POOL_DOWN_BY_EXPERT=0: runs of every expert (A/B)
+            down_by_expert = _env_flag("STRATA_POOL_DOWN_BY_EXPERT", True)
+        self.down_by_expert = bool(down_by_expert)
         numba.set_num_threads(n)  # launches the threading layer: its ctypes getter exists now
         # the raw getter behind numba.get_num_threads (a private name: fall back if it moves)
         self._get_threads = getattr(_numba_parallel, "_get_num_threads", numba.get_num_threads)
@@ -644,8 +736,8 @@ class ExpertPool:
         self._stats = np.zeros(3, np.int64)
         self._bar = np.zeros(24, np.int64)  # barrier and unit counters (a cache line each)
         # cycle-counter stamps of the last call: a row of TRACE_STAMPS a thread, then the
-        # caller's (before, after); a row is 64 bytes (each thread writes its own)
-        self._trace = np.zeros((limit + 1, 8), np.int64)
+        # caller's (before, after); a row is 128 bytes (each thread writes its own)
+        self._trace = np.zeros((limit + 1, 16), np.int64)
         self._entries: dict[tuple, object] = {}
         self._plans: dict[int, tuple] = {}  # id(LayerWeights) -> (lw, weight args, entries)
         self.last_active_experts = 0
@@ -711,10 +803,14 @@ class ExpertPool:
                 active=np.zeros(n_expert, np.int64),
                 ufirst=np.zeros(n_expert + 1, np.int64),
                 urows=np.zeros(n_expert, np.int64),
+                dfirst=np.zeros(n_expert + 1, np.int64),
+                drows=np.zeros(n_expert, np.int64),
+                # the expert-major down's outputs a task (small decode batches only)
+                yb=np.zeros((min(n_cap, max(1, YB_BYTES // (4 * dim))), dim), np.float32),
                 out=np.zeros((t_cap, dim), np.float32),
             )
             names = ("actg", "actu", "acth", "h", "order", "cnt", "start", "active")
-            names += ("ufirst", "urows")
+            names += ("ufirst", "urows", "dfirst", "drows", "yb")
             self._ws_args = (*(ws[k] for k in names), self._bar, self._stats, self._trace)
             self._outs = {}
 
@@ -750,6 +846,7 @@ class ExpertPool:
             self.units,
             self.down_units,
             self.wait_prefetch,
+            self.down_by_expert,
         )
 
     # ---- where the last call's time went
@@ -764,7 +861,7 @@ class ExpertPool:
         if c1 == 0 or c1 < c0:
             return None
         us = 1e6 / tick_hz()
-        st = tr[:nt].astype(np.float64)
+        st = tr[:nt, : len(TRACE_STAMPS)].astype(np.float64)
         out = {"start": (st[:, 0] - c0) * us}
         for i in range(1, len(TRACE_STAMPS)):
             out[TRACE_STAMPS[i]] = (st[:, i] - st[:, i - 1]) * us

@@ -132,33 +132,47 @@ __device__ __forceinline__ void k4_header(int j, const u32* hd, float& s, float&
     mn = h2f((u16)(hd[0] >> 16)) * (float)m;
 }
 
+// Q4_K / Q5_K, a 16-byte aligned block b: its header (d, dmin, the 12 scale bytes) and the 32
+// quant bytes at qs as three 16-byte loads, sub-block j's scale and min
+__device__ __forceinline__ void k4_aligned(const u8* b, const u8* qs, int j, u32* q, float& s,
+                                           float& mn) {
+    u32 hd[4];
+    ld_w4_a16(b, hd);
+    ld_w4_a16(qs, q);
+    ld_w4_a16(qs + 16, q + 4);
+    k4_header(j, hd, s, mn);
+}
+
+// ... and any block (2-byte aligned): the header by 2-byte loads and bytes
+__device__ __forceinline__ void k4_scales(const u8* b, int j, float& s, float& mn) {
+    int sc, m;
+    scale_min_k4(j, b + 4, sc, m);
+    s = h2f(ld_u16(b)) * (float)sc;
+    mn = h2f(ld_u16(b + 2)) * (float)m;
+}
+
 template <>
 struct Fmt<QT_Q4_K> {
     enum { QK = 256, BB = 144, HAS_MIN = 1 };
     FMT_NO_TAB
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn) {
-        int sc, m;
         const u8* qs = b + 16 + 32 * (j >> 1);
         const int sh = 4 * (j & 1);
+        u32 q[8];
 #if STRATA_FAST_DECODE
-        if ((((size_t)b) & 15) == 0) {  // header and quants as three 16-byte loads
-            u32 hd[4], q[8];
-            ld_w4_a16(b, hd);
-            ld_w4_a16(qs, q);
-            ld_w4_a16(qs + 16, q + 4);
-            k4_header(j, hd, s0, mn);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) w[k] = (int)((q[k] >> sh) & 0x0F0F0F0Fu);
-            s1 = s0;
-            return;
-        }
+        if ((((size_t)b) & 15) == 0) {
+            k4_aligned(b, qs, j, q, s0, mn);
+        } else
 #endif
-        scale_min_k4(j, b + 4, sc, m);
-        s0 = s1 = h2f(ld_u16(b)) * (float)sc;
-        mn = h2f(ld_u16(b + 2)) * (float)m;
+        {
+            k4_scales(b, j, s0, mn);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) w[k] = (int)((ld_u32_a2(qs + 4 * k) >> sh) & 0x0F0F0F0Fu);
+            for (int k = 0; k < 8; ++k) q[k] = ld_u32_a2(qs + 4 * k);
+        }
+        s1 = s0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w[k] = (int)((q[k] >> sh) & 0x0F0F0F0Fu);
     }
 };
 
@@ -168,35 +182,29 @@ struct Fmt<QT_Q5_K> {
     FMT_NO_TAB
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn) {
-        int sc, m;
         const u8* qh = b + 16;
         const u8* qs = b + 48 + 32 * (j >> 1);
         const int sh = 4 * (j & 1);
+        u32 h[8], q[8];
 #if STRATA_FAST_DECODE
-        if ((((size_t)b) & 15) == 0) {  // header, qh and quants as five 16-byte loads
-            u32 hd[4], h[8], q[8];
-            ld_w4_a16(b, hd);
+        if ((((size_t)b) & 15) == 0) {  // and qh as two more 16-byte loads
             ld_w4_a16(qh, h);
             ld_w4_a16(qh + 16, h + 4);
-            ld_w4_a16(qs, q);
-            ld_w4_a16(qs + 16, q + 4);
-            k4_header(j, hd, s0, mn);
-#pragma unroll
-            for (int k = 0; k < 8; ++k)
-                w[k] = (int)(((q[k] >> sh) & 0x0F0F0F0Fu) | (((h[k] >> j) & 0x01010101u) << 4));
-            s1 = s0;
-            return;
-        }
+            k4_aligned(b, qs, j, q, s0, mn);
+        } else
 #endif
-        scale_min_k4(j, b + 4, sc, m);
-        s0 = s1 = h2f(ld_u16(b)) * (float)sc;
-        mn = h2f(ld_u16(b + 2)) * (float)m;
+        {
+            k4_scales(b, j, s0, mn);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const u32 lo = (ld_u32_a2(qs + 4 * k) >> sh) & 0x0F0F0F0Fu;
-            const u32 hi = ((ld_u32_a2(qh + 4 * k) >> j) & 0x01010101u) << 4;
-            w[k] = (int)(lo | hi);
+            for (int k = 0; k < 8; ++k) {
+                q[k] = ld_u32_a2(qs + 4 * k);
+                h[k] = ld_u32_a2(qh + 4 * k);
+            }
         }
+        s1 = s0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            w[k] = (int)(((q[k] >> sh) & 0x0F0F0F0Fu) | (((h[k] >> j) & 0x01010101u) << 4));
     }
 };
 
