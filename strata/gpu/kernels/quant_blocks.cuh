@@ -132,12 +132,17 @@ __device__ __forceinline__ void k4_header(int j, const u32* hd, float& s, float&
     mn = h2f((u16)(hd[0] >> 16)) * (float)m;
 }
 
-// Q4_K / Q5_K, a 16-byte aligned block b: its header (d, dmin, the 12 scale bytes) and the 32
-// quant bytes at qs as three 16-byte loads, sub-block j's scale and min
-__device__ __forceinline__ void k4_aligned(const u8* b, const u8* qs, int j, u32* q, float& s,
-                                           float& mn) {
+// Q4_K / Q5_K, a 16-byte aligned block b: its header (d, dmin, the 12 scale bytes), Q5_K's 32
+// high-bit bytes at qh into h (qh null: none) and the 32 quant bytes at qs as 16-byte loads, in
+// that order; sub-block j's scale and min
+__device__ __forceinline__ void k4_aligned(const u8* b, const u8* qh, const u8* qs, int j,
+                                           u32* h, u32* q, float& s, float& mn) {
     u32 hd[4];
     ld_w4_a16(b, hd);
+    if (qh) {
+        ld_w4_a16(qh, h);
+        ld_w4_a16(qh + 16, h + 4);
+    }
     ld_w4_a16(qs, q);
     ld_w4_a16(qs + 16, q + 4);
     k4_header(j, hd, s, mn);
@@ -162,7 +167,7 @@ struct Fmt<QT_Q4_K> {
         u32 q[8];
 #if STRATA_FAST_DECODE
         if ((((size_t)b) & 15) == 0) {
-            k4_aligned(b, qs, j, q, s0, mn);
+            k4_aligned(b, nullptr, qs, j, nullptr, q, s0, mn);
         } else
 #endif
         {
@@ -187,10 +192,8 @@ struct Fmt<QT_Q5_K> {
         const int sh = 4 * (j & 1);
         u32 h[8], q[8];
 #if STRATA_FAST_DECODE
-        if ((((size_t)b) & 15) == 0) {  // and qh as two more 16-byte loads
-            ld_w4_a16(qh, h);
-            ld_w4_a16(qh + 16, h + 4);
-            k4_aligned(b, qs, j, q, s0, mn);
+        if ((((size_t)b) & 15) == 0) {
+            k4_aligned(b, qh, qs, j, h, q, s0, mn);
         } else
 #endif
         {
