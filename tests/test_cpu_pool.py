@@ -107,7 +107,8 @@ def test_pool_matches_host_tier_on_a_model(synth_model):
     assert_matches(got, want)
 
 
-@pytest.mark.parametrize("t_n,k", [(9, 3), (1, 1), (1, 2), (2, 8)])
+# (70, 8): 560 tasks, past the expert-major down's outputs (YB_BYTES at D = 512: 512 tasks)
+@pytest.mark.parametrize("t_n,k", [(9, 3), (1, 1), (1, 2), (2, 8), (70, 8)])
 def test_pool_is_deterministic_across_calls_threads_region_modes_and_quant_arms(t_n, k):
     rng = np.random.default_rng()
     lw = prepare_layer(*_layer(rng, ("IQ3_XXS",) * 3))
