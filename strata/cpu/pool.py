@@ -16,7 +16,11 @@ weights' vec_dot type. Phases inside the one jitted function:
        thread, the static split)
     3. quantize the intermediate [N, F]: (task, block) units               parallel
     4. down + weighted sum: runs of D rows, all active experts a run,      parallel
-       taken from a second counter (or split evenly)
+       taken from a second counter (or split evenly); or, for decode
+       batches, expert-major (the default, fused region, dynamic schedule):
+       4a. each expert's D rows in units like phase 2's, every task's      parallel
+           result into yb [N, D]; a barrier;
+       4b. out summed from yb by expert, D rows split evenly               parallel
 
 The fused mode (default) runs phases 1-4 as one parallel region, one iteration per thread, with
 a spin barrier (an atomic counter) between phases: a Numba parallel region costs ~3 us to launch
@@ -658,6 +662,12 @@ class ExpertPool:
     a spin barrier between them instead of one region per phase; it needs a threading layer that
     runs prange(nt) one iteration per thread (FUSED_LAYERS: omp, workqueue) and is switched off,
     with a message, elsewhere. Both ways give the same bits.
+
+    `down_by_expert` (env STRATA_POOL_DOWN_BY_EXPERT, default on) runs phase 4 expert-major while
+    its per-task outputs fit YB_BYTES: a run of rows of all 8 active experts starts 8 short streams
+    (32 rows of 294 bytes at IQ3_XXS), a unit of one expert's rows one long stream, as phase 2 reads
+    them; on the H200's host at T = 1 the down phase went from ~49-66 to ~70 GB/s and the layer
+    5-15% faster (bench/results/session10-h200-20261130.md). The same sums in the same order.
 
     `units` and `down_units` (env STRATA_POOL_UNITS, STRATA_POOL_DOWN_UNITS; defaults
     DEFAULT_UNITS, DEFAULT_DOWN_UNITS) schedule phases 2 and 4 dynamically: each cut into about
