@@ -159,9 +159,10 @@ def _load_pool_module(path: str):
 def overhead(
     shape: str, quant: str, threads: int, ks=(0, 1, 2, 8), rounds: int = 5, baseline=None
 ) -> list[dict]:
-    """Microseconds per T=1 call, fused region vs one region per phase, split into the Python
-    wrapper and the jitted call (the call alone, on prebuilt arguments); arms interleaved, best
-    median of `rounds` (the dev box is shared: the best round is the least disturbed).
+    """Microseconds per T=1 call, fused region (its down expert-major, the default, and by runs of
+    rows of every expert) vs one region per phase, split into the Python wrapper and the jitted
+    call (the call alone, on prebuilt arguments); arms interleaved, best median of `rounds` (the
+    dev box is shared: the best round is the least disturbed).
     `baseline`: an older pool module (its `run_layer` time only)."""
     s = SHAPES[shape]
     lw = make_layer(shape, quant)
@@ -169,7 +170,11 @@ def overhead(
     x = rng.standard_normal((1, s["n_embd"])).astype(np.float32)
     out = np.zeros_like(x)
     n = 2000 if s["n_embd"] <= 512 else 300
-    arms = {"fused": ExpertPool(threads, fused=True), "per-phase": ExpertPool(threads, fused=False)}
+    arms = {
+        "fused": ExpertPool(threads, fused=True),
+        "fused, down by runs": ExpertPool(threads, fused=True, down_by_expert=False),
+        "per-phase": ExpertPool(threads, fused=False),
+    }
     rows = []
     for k in ks:
         routes = [_routes(rng, 1, s["n_expert"], max(k, 1)) for _ in range(64)]

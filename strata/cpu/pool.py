@@ -257,6 +257,18 @@ def _unit_rows(u, ia, ufirst, urows, f):
     return ia, r0, min(f, r0 + urows[ia])
 
 
+@njit(cache=True, inline="always")
+def _this_and_next(u, nxt, ia, ufirst, urows, rows, na, active):
+    """Unit u as (expert slot, r0, r1), and the unit taken next, nxt, as (expert, n0, n1)
+    (expert -1: none), for the prefetch past r1."""
+    ia, r0, r1 = _unit_rows(u, ia, ufirst, urows, rows)
+    ne, n0, n1 = -1, np.int64(0), np.int64(0)
+    if nxt < ufirst[na]:
+        ib, n0, n1 = _unit_rows(nxt, ia, ufirst, urows, rows)
+        ne = active[ib]
+    return ia, r0, r1, ne, n0, n1
+
+
 @njit(cache=True)
 def _gate_up_dyn(
     tid, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
@@ -274,11 +286,7 @@ def _gate_up_dyn(
     ia = 0
     while u < nu:
         nxt = atomic_add(bar, GU_CTR, 1)
-        ia, r0, r1 = _unit_rows(u, ia, ufirst, urows, f)
-        ne, n0, n1 = -1, 0, 0
-        if nxt < nu:
-            ib, n0, n1 = _unit_rows(nxt, ia, ufirst, urows, f)
-            ne = active[ib]
+        ia, r0, r1, ne, n0, n1 = _this_and_next(u, nxt, ia, ufirst, urows, f, na, active)
         _gate_up_rows(
             active[ia], r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu,
             h, ahead, pfl2,
@@ -383,11 +391,7 @@ def _down_expert_dyn(
     ia = 0
     while u < nu:
         nxt = atomic_add(bar, DN_CTR, 1)
-        ia, r0, r1 = _unit_rows(u, ia, dfirst, drows, dim)
-        ne, n0, n1 = -1, 0, 0
-        if nxt < nu:
-            ib, n0, n1 = _unit_rows(nxt, ia, dfirst, drows, dim)
-            ne = active[ib]
+        ia, r0, r1, ne, n0, n1 = _this_and_next(u, nxt, ia, dfirst, drows, dim, na, active)
         e = active[ia]
         for r in range(r0, r1):
             wr = e * dim + r
