@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from strata.bench.__main__ import main
 
 
@@ -59,6 +61,12 @@ def test_bad_arm_input_is_a_one_line_error(capsys):
     assert main(["--arm", "car-on", "-n", "2", "-p", "2", "-r", "1"]) == 2  # all fits: no pool
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("strata.bench: error:")
+
+
+def test_repeats_below_one_are_refused():
+    with pytest.raises(SystemExit) as e:
+        main(["--arm", "cpu-pool", "-r", "0"])
+    assert e.value.code == 2
 
 
 def test_engine_arm_prefill_once_and_calibrated_placement(tmp_path):

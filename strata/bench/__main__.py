@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _repeats(ns, default: int) -> int:
+    """-r/--repeats, or the arm's default where it was not given."""
+    return default if ns.repeats is None else ns.repeats
+
+
 def _model_path(ns) -> Path:
     if ns.synthetic:
         return synthetic_model(ns.synthetic, ns.quant, ns.skew, layers=ns.layers)
@@ -173,7 +178,7 @@ def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
                 _model_path(ns),
                 ns.prompt_tokens,
                 ns.gen_tokens,
-                ns.repeats or 3,
+                _repeats(ns, 3),
                 ns.vram_budget_mib,
                 _arm_extra(ns, arm),
                 calibrate=ns.calibrate,
@@ -186,7 +191,7 @@ def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
 
         engine_rows.append(
             run_llama_cpp_arm(
-                _model_path(ns), ns.prompt_tokens, ns.gen_tokens, ns.repeats or 3, ns.threads
+                _model_path(ns), ns.prompt_tokens, ns.gen_tokens, _repeats(ns, 3), ns.threads
             )
         )
         doc["results"].append(engine_rows[-1])
@@ -206,7 +211,7 @@ def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
             ns.quant,
             ns.tokens,
             ns.threads,
-            ns.repeats or 20,
+            _repeats(ns, 20),
             None,
         )
         doc["results"].append(res)
@@ -217,7 +222,10 @@ def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    ap = build_parser()
+    ns = ap.parse_args(argv)
+    if ns.repeats is not None and ns.repeats < 1:
+        ap.error(f"-r/--repeats must be >= 1, got {ns.repeats}")
     doc = {
         "stamp": stamp(),
         "command": "python -m strata.bench " + " ".join(argv or sys.argv[1:]),

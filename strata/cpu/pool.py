@@ -194,6 +194,19 @@ def _quant_share(tid, nt, src, n_rows, code, act):
         r += 1
 
 
+@njit(cache=True, inline="always")
+def _ahead_row(e, r, r1, ne, n0, n1, rows, ahead):
+    """The weight row to prefetch while row r of expert e's run r..r1 is read (`rows` rows an
+    expert): `ahead` rows on, past r1 on into the run that comes next (expert ne's rows n0..n1;
+    ne < 0: none); -1: nothing left to prefetch."""
+    ra = r + ahead
+    if ra < r1:
+        return e * rows + ra
+    if ne >= 0 and n0 + ra - r1 < n1:
+        return ne * rows + n0 + ra - r1
+    return -1
+
+
 @njit(cache=True)
 def _gate_up_rows(
     e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h, ahead, pfl2
@@ -203,13 +216,10 @@ def _gate_up_rows(
     comes next (expert ne's rows n0..n1; ne < 0: none)."""
     for r in range(r0, r1):
         wr = e * f + r
-        ra = r + ahead
-        if ra < r1:
-            _prefetch(gw, wr + ahead, pfl2)
-            _prefetch(uw, wr + ahead, pfl2)
-        elif ne >= 0 and n0 + ra - r1 < n1:
-            _prefetch(gw, ne * f + n0 + ra - r1, pfl2)
-            _prefetch(uw, ne * f + n0 + ra - r1, pfl2)
+        pr = _ahead_row(e, r, r1, ne, n0, n1, f, ahead)
+        if pr >= 0:
+            _prefetch(gw, pr, pfl2)
+            _prefetch(uw, pr, pfl2)
         for p in range(start[e], cnt[e]):
             t = tok[order[p]]
             g = dot(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], t)
@@ -395,11 +405,9 @@ def _down_expert_dyn(
         e = active[ia]
         for r in range(r0, r1):
             wr = e * dim + r
-            ra = r + ahead
-            if ra < r1:
-                _prefetch(dw, wr + ahead, pfl2)
-            elif ne >= 0 and n0 + ra - r1 < n1:
-                _prefetch(dw, ne * dim + n0 + ra - r1, pfl2)
+            pr = _ahead_row(e, r, r1, ne, n0, n1, dim, ahead)
+            if pr >= 0:
+                _prefetch(dw, pr, pfl2)
             for p in range(start[e], cnt[e]):
                 yb[p, r] = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
         u = nxt
