@@ -147,6 +147,22 @@ def test_routed_hybrid_steps(synth_model, device, car):
     assert same >= 24, f"greedy tokens agree at only {same} of 32 steps"
 
 
+def test_routed_overlap_keeps_the_bits(synth_model, device, monkeypatch):
+    """B_i queued before the host waits for A_i's plan (the default) gives the bits of the A/B
+    arm that launches B_i after the host has the plan (STRATA_GPU_ROUTED_OVERLAP=0)."""
+    model = load_model(synth_model("tiny", "IQ3_XXS", seed=27, skew=1.0))
+    flags = dict(expert_cache="7", car_threshold=1.0)  # CAR off: misses for the pool
+    g = engine(model, True, **flags)
+    monkeypatch.setenv("STRATA_GPU_ROUTED_OVERLAP", "0")
+    e = engine(model, True, **flags)
+    assert g.tier.graph_decoder().overlap and not e.tier.graph_decoder().overlap
+    prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
+    lockstep(g, e, prompt, 24)
+    assert g._graph_mode() == e._graph_mode() == "routed"
+    assert g.stats.misses == e.stats.misses > 0 and g.stats.hits == e.stats.hits
+    assert np.array_equal(g.stats.expert_hist, e.stats.expert_hist)
+
+
 def test_route_car_kernel_gives_car_plans_plan(device):
     """route_car.cu against route_topk + car_plan run on the probabilities the kernel wrote."""
     from strata.gpu.rawmod import Kernels

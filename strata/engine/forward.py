@@ -237,8 +237,9 @@ class Engine:
 
     def _decode_routed(self, g, token: int, pick: str | None = None):
         """Hybrid step routed on the card: per layer one graph up to the routing plan (top-k,
-        CAR, the slots), one for the resident experts; the host reads the plan, counts it and
-        runs the pool on the misses while the card runs the resident experts."""
+        CAR, the slots), one for the resident experts queued behind it; the host reads the
+        plan, counts it and runs the pool on the misses while the card runs the resident
+        experts."""
         a, st = self.args, self.stats
         pc = time.perf_counter
         k = a.n_expert_used
@@ -246,9 +247,8 @@ class Engine:
         y_h = g.y_h.a
         for i in range(a.n_layer):
             t0 = pc()
-            plan = g.front_routed(i)  # pinned views, refreshed in place every layer
+            plan = g.routed(i)  # pinned views, refreshed in place; resident experts queued
             t1 = pc()
-            g.experts_routed(i)
             slots, stats = plan["pair_slot"], plan["stats"]
             np.add.at(st.expert_hist[i], plan["ids0"], 1)
             after = int(stats[2])

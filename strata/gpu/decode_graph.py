@@ -12,6 +12,11 @@ Two shapes of step (T = 1):
   host-ward) and graph B_i (the host's (slot, weight) pairs come in; the resident experts run).
   Between them the host routes (top-k, cache-aware routing, statistics); while B_i runs on the
   card the host runs the pool on the missed picks: the two tiers overlap.
+- **hybrid routed on the card**: graph A_i ends in top-k + CAR on the device and sends the plan
+  host-ward; graph B_i runs the resident experts of that device-side plan, so B_i is queued right
+  behind A_i and the host waits only for an event recorded between them: the card runs B_i while
+  the host wakes, reads the plan and runs the pool (`STRATA_GPU_ROUTED_OVERLAP=0`: the host
+  launches B_i after it has the plan, the A/B arm).
 
 The MoE sum adds in the eager path's order (pool + resident + shared, then x + y), and the
 kernels are the eager path's, so a graph step gives the eager step's bits. Kernel arguments are
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from strata.gpu.device import env_switch
 from strata.gpu.elementwise import argmax_rows
 from strata.gpu.embed import embed
 from strata.gpu.route_car import pack_words, route_car
@@ -102,6 +108,9 @@ class GraphDecoder:
             "h": w[4 * k + 4 :].view(f32).reshape(1, d),
         }
         self._slot_version = tier.slot_version
+        self.plan_ready = cp.cuda.Event(disable_timing=True)  # recorded after A_i
+        # B_i queued before the host waits for the plan; STRATA_GPU_ROUTED_OVERLAP=0: the A/B arm
+        self.overlap = env_switch("STRATA_GPU_ROUTED_OVERLAP")
         self.graphs: dict[object, object] = {}
         self.replay = True  # False: the same launches, eagerly every step (tests, debugging)
         self.shared = a.shared_ff > 0
@@ -295,16 +304,20 @@ class GraphDecoder:
             self.knobs_d.set(knobs)
         self._begin(token, pos)
 
-    def front_routed(self, i: int) -> dict:
-        """Layer i up to the card's routing plan; waits -> the plan's pinned host views
-        (ids0, ids, weights, pair_slot [K], stats [4], h [1, D]; the same dict every call)."""
+    def routed(self, i: int) -> dict:
+        """Layer i up to the card's routing plan, its resident experts queued right behind it;
+        waits for the plan only -> its pinned host views (ids0, ids, weights, pair_slot [K],
+        stats [4], h [1, D]; the same dict every call). B_i reads the plan on the device, so the
+        card runs the resident experts while the host reads the plan and runs the pool."""
         if i == 0:
             self._run(("ra", 0), lambda: (self._seg_embed(), self._seg_front_routed(0)))
         else:
             self._run(("ra", i), lambda: (self._seg_finish_moe(), self._seg_front_routed(i)))
-        self.stream.synchronize()
+        if self.overlap:
+            self.stream.record(self.plan_ready)
+            self._run(("rb", i), lambda: self._seg_experts_routed(i))
+            self.plan_ready.synchronize()
+        else:  # the A/B arm: the host has the plan before B_i is launched
+            self.stream.synchronize()
+            self._run(("rb", i), lambda: self._seg_experts_routed(i))
         return self.plan_h
-
-    def experts_routed(self, i: int) -> None:
-        """Launch layer i's resident experts on the card's plan (returns at once)."""
-        self._run(("rb", i), lambda: self._seg_experts_routed(i))

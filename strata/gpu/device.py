@@ -31,6 +31,14 @@ def say_once(msg: str) -> None:
         print(f"strata: {msg}", file=sys.stderr)
 
 
+def env_switch(name: str, default: bool = True) -> bool:
+    """An on/off A/B switch from the environment: 1/on, 0/off, unset = `default`; else refused."""
+    v = os.environ.get(name, "1" if default else "0").strip().lower()
+    if v not in ("0", "1", "off", "on"):
+        raise ValueError(f"{name}={v!r}: use 1 (on) or 0 (off)")
+    return v in ("1", "on")
+
+
 class DeviceError(RuntimeError):
     """A device that exists but cannot be used (bad ordinal, unsupported architecture)."""
 

@@ -23,9 +23,10 @@ this path only inside `pdl_scope()`, which the graph decoder opens while it capt
 from __future__ import annotations
 
 import ctypes
-import os
 
 import numpy as np
+
+from strata.gpu.device import env_switch
 
 ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h CUlaunchAttributeID
 MIN_DRIVER = 12030  # graphs keep programmatic edges from stream capture since CUDA 12.3
@@ -47,10 +48,8 @@ class _Config(ctypes.Structure):  # CUlaunchConfig
 
 
 def enabled_by_env() -> bool:
-    v = os.environ.get("STRATA_GPU_PDL", "1").strip().lower()
-    if v not in ("0", "1", "off", "on"):
-        raise ValueError(f"STRATA_GPU_PDL={v!r}: use 1 (on where supported) or 0 (off)")
-    return v in ("1", "on")
+    """STRATA_GPU_PDL: 1 (default) on where supported, 0 off."""
+    return env_switch("STRATA_GPU_PDL")
 
 
 def supported(cp, arch: str) -> bool:
