@@ -147,20 +147,45 @@ def test_routed_hybrid_steps(synth_model, device, car):
     assert same >= 24, f"greedy tokens agree at only {same} of 32 steps"
 
 
-def test_routed_overlap_keeps_the_bits(synth_model, device, monkeypatch):
-    """B_i queued before the host waits for A_i's plan (the default) gives the bits of the A/B
-    arm that launches B_i after the host has the plan (STRATA_GPU_ROUTED_OVERLAP=0)."""
+def test_routed_ahead_keeps_the_bits(synth_model, device, monkeypatch):
+    """The routed step queued whole, the card waiting for the host only at layers with misses
+    (the default), gives the bits of the per-layer arm (STRATA_GPU_ROUTED_AHEAD=0: two graphs a
+    layer, the pool's rows uploaded at the next layer's start)."""
     model = load_model(synth_model("tiny", "IQ3_XXS", seed=27, skew=1.0))
     flags = dict(expert_cache="7", car_threshold=1.0)  # CAR off: misses for the pool
     g = engine(model, True, **flags)
-    monkeypatch.setenv("STRATA_GPU_ROUTED_OVERLAP", "0")
+    assert g.tier.graph_decoder().ahead
+    monkeypatch.setenv("STRATA_GPU_ROUTED_AHEAD", "0")
     e = engine(model, True, **flags)
-    assert g.tier.graph_decoder().overlap and not e.tier.graph_decoder().overlap
+    assert not e.tier.graph_decoder().ahead
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
     lockstep(g, e, prompt, 24)
     assert g._graph_mode() == e._graph_mode() == "routed"
-    assert g.stats.misses == e.stats.misses > 0 and g.stats.hits == e.stats.hits
+    assert g.stats.misses == e.stats.misses > 0 and g.stats.hits == e.stats.hits > 0
     assert np.array_equal(g.stats.expert_hist, e.stats.expert_hist)
+    assert g.stats.window_layers == e.stats.window_layers == 24 * model.args.n_layer
+
+
+def test_routed_ahead_survives_a_pool_error(synth_model, device):
+    """A host error inside a queued step releases the card (no join left waiting): the error
+    reaches the caller, and the retried step gives the bits of an engine that never failed."""
+    model = load_model(synth_model("tiny", "IQ3_XXS", seed=29, skew=1.0))
+    flags = dict(expert_cache="7", car_threshold=1.0)
+    g, e = engine(model, True, **flags), engine(model, True, **flags)
+    prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
+    lockstep(g, e, prompt, 3)
+    want = e.forward([5]).copy()
+    real = g.miss_runner.experts
+
+    def broken(*a, **k):
+        raise OSError("pool failed")
+
+    g.miss_runner.experts = broken
+    with pytest.raises(OSError, match="pool failed"):
+        g.forward([5])
+    g.tier.graph_decoder().stream.synchronize()  # returns: nothing waits on the host
+    g.miss_runner.experts = real
+    assert np.array_equal(g.forward([5]), want)
 
 
 def test_route_car_kernel_gives_car_plans_plan(device):

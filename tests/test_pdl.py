@@ -53,11 +53,11 @@ def test_supported_needs_cuda_sm90_and_a_new_driver():
 def test_env_switch(monkeypatch):
     from strata.gpu.device import env_switch
 
-    monkeypatch.delenv("STRATA_GPU_ROUTED_OVERLAP", raising=False)
-    assert env_switch("STRATA_GPU_ROUTED_OVERLAP") and not env_switch("STRATA_X_UNSET", False)
+    monkeypatch.delenv("STRATA_GPU_ROUTED_AHEAD", raising=False)
+    assert env_switch("STRATA_GPU_ROUTED_AHEAD") and not env_switch("STRATA_X_UNSET", False)
     for v, want in (("0", False), ("off", False), ("1", True), (" ON ", True)):
-        monkeypatch.setenv("STRATA_GPU_ROUTED_OVERLAP", v)
-        assert env_switch("STRATA_GPU_ROUTED_OVERLAP") is want
-    monkeypatch.setenv("STRATA_GPU_ROUTED_OVERLAP", "yes please")
-    with pytest.raises(ValueError, match="STRATA_GPU_ROUTED_OVERLAP='yes please'"):
-        env_switch("STRATA_GPU_ROUTED_OVERLAP")
+        monkeypatch.setenv("STRATA_GPU_ROUTED_AHEAD", v)
+        assert env_switch("STRATA_GPU_ROUTED_AHEAD") is want
+    monkeypatch.setenv("STRATA_GPU_ROUTED_AHEAD", "yes please")
+    with pytest.raises(ValueError, match="STRATA_GPU_ROUTED_AHEAD='yes please'"):
+        env_switch("STRATA_GPU_ROUTED_AHEAD")

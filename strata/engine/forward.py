@@ -236,36 +236,49 @@ class Engine:
         return np.array([car.threshold, car.budget, car.free_ratio, float(on)])
 
     def _decode_routed(self, g, token: int, pick: str | None = None):
-        """Hybrid step routed on the card: per layer one graph up to the routing plan (top-k,
-        CAR, the slots), one for the resident experts queued behind it; the host reads the
-        plan, counts it and runs the pool on the misses while the card runs the resident
-        experts."""
-        a, st = self.args, self.stats
-        pc = time.perf_counter
-        k = a.n_expert_used
+        """Hybrid step routed on the card (top-k, CAR, the slots): queued whole where the decoder
+        runs ahead (the card waits for the host only at layers with misses), else per layer
+        (two graphs, the resident experts queued behind the plan). The host reads each plan,
+        counts it and runs the pool on the misses while the card goes on."""
         g.begin_routed(token, self.pos, self._car_knobs())
-        y_h = g.y_h.a
-        for i in range(a.n_layer):
-            t0 = pc()
-            plan = g.routed(i)  # pinned views, refreshed in place; resident experts queued
-            t1 = pc()
-            slots, stats = plan["pair_slot"], plan["stats"]
-            np.add.at(st.expert_hist[i], plan["ids0"], 1)
-            after = int(stats[2])
-            st.decode_misses_before_car += int(stats[0])
-            st.substitutions += int(stats[1])
-            st.ratio_sum += float(stats[3])
-            st.hits += k - after
-            st.misses += after
-            t2 = pc()
-            if after:
-                miss = np.where(slots < 0, plan["ids"], -1)[None]
-                y_h[:] = self.miss_runner.experts(i, plan["h"], miss, plan["weights"][None])
-            else:
-                y_h[:] = 0.0
-            t3 = pc()
-            st.add_window(t0, t1, t2, t3)
-        return g.finish(pick)
+        if not g.ahead:
+            for i in range(self.args.n_layer):
+                self._serve_plan(g, i, g.routed)
+            return g.finish(pick)
+        g.launch_ahead(pick)
+        try:
+            for i in range(self.args.n_layer):
+                self._serve_plan(g, i, g.plan)
+                g.release(i)
+        except BaseException:
+            g.release_all()  # the card must not wait for rows that will not come
+            raise
+        return g.finish_ahead(pick)
+
+    def _serve_plan(self, g, i: int, plan_of) -> None:
+        """Layer i of a routed step: its plan (plan_of(i) waits for it), the counts, and the
+        pool's rows of the misses into the decoder's y_h (zeros where the card reads them and
+        there are none)."""
+        st, pc = self.stats, time.perf_counter
+        t0 = pc()
+        plan = plan_of(i)  # pinned views, refreshed in place every step
+        t1 = pc()
+        slots, stats = plan["pair_slot"], plan["stats"]
+        np.add.at(st.expert_hist[i], plan["ids0"], 1)
+        after = int(stats[2])
+        st.decode_misses_before_car += int(stats[0])
+        st.substitutions += int(stats[1])
+        st.ratio_sum += float(stats[3])
+        st.hits += self.args.n_expert_used - after
+        st.misses += after
+        t2 = pc()
+        if after:
+            miss = np.where(slots < 0, plan["ids"], -1)[None]
+            g.y_h.a[:] = self.miss_runner.experts(i, plan["h"], miss, plan["weights"][None])
+        elif not g.ahead:  # the per-layer arm adds y_h whatever the plan
+            g.y_h.a[:] = 0.0
+        t3 = pc()
+        st.add_window(t0, t1, t2, t3)
 
     def _decode_hybrid(self, g, token: int, pick: str | None = None):
         """Per layer: the card's front half, host routing, resident experts launched, the pool

@@ -12,11 +12,16 @@ Two shapes of step (T = 1):
   host-ward) and graph B_i (the host's (slot, weight) pairs come in; the resident experts run).
   Between them the host routes (top-k, cache-aware routing, statistics); while B_i runs on the
   card the host runs the pool on the missed picks: the two tiers overlap.
-- **hybrid routed on the card**: graph A_i ends in top-k + CAR on the device and sends the plan
-  host-ward; graph B_i runs the resident experts of that device-side plan, so B_i is queued right
-  behind A_i and the host waits only for an event recorded between them: the card runs B_i while
-  the host wakes, reads the plan and runs the pool (`STRATA_GPU_ROUTED_OVERLAP=0`: the host
-  launches B_i after it has the plan, the A/B arm).
+- **hybrid routed on the card, queued ahead** (the default where the card can read pinned host
+  memory): one graph per token, as the all-resident one, with top-k + CAR on the card and each
+  layer's plan (and h) copied host-ward with a ready word (the step's number) after it. The host
+  polls the ready words, counts the plans and runs the pool on the missed picks; the next layer
+  starts with `pool_join`, which waits for the host's release counter only if the plan left
+  picks to the pool. Layers whose experts are all resident never wait for the host.
+- **hybrid routed on the card, per layer** (`STRATA_GPU_ROUTED_AHEAD=0`, the A/B arm): graph A_i
+  up to the plan and graph B_i, the resident experts of the device-side plan, queued right behind
+  it; the host waits on an event between them, reads the plan, runs the pool, and launches A_i+1
+  with the pool's rows.
 
 The MoE sum adds in the eager path's order (pool + resident + shared, then x + y), and the
 kernels are the eager path's, so a graph step gives the eager step's bits. Kernel arguments are
@@ -34,9 +39,23 @@ import numpy as np
 from strata.gpu.device import env_switch
 from strata.gpu.elementwise import argmax_rows
 from strata.gpu.embed import embed
+from strata.gpu.pool_join import pool_join, ticket
 from strata.gpu.route_car import pack_words, route_car
 from strata.gpu.router_topk import router_topk
 from strata.gpu.sample import N_KNOBS, knob_values, sample_row
+
+
+def _plan_views(w: np.ndarray, k: int, d: int) -> dict:
+    """Views of one packed plan record (route_car.pack_words): ids0, ids, weights, pair_slot
+    [K], stats [4], h [1, D]."""
+    return {
+        "ids0": w[:k].view(np.int32),
+        "ids": w[k : 2 * k].view(np.int32),
+        "weights": w[2 * k : 3 * k].view(np.float32),
+        "pair_slot": w[3 * k : 4 * k].view(np.int32),
+        "stats": w[4 * k : 4 * k + 4].view(np.float32),
+        "h": w[4 * k + 4 :].view(np.float32).reshape(1, d),
+    }
 
 
 class Pinned:
@@ -63,7 +82,7 @@ class GraphDecoder:
         self._h2d, self._d2h = rt.memcpyHostToDevice, rt.memcpyDeviceToHost
         f32 = np.float32
         # host side (pinned)
-        self.tokpos_h = Pinned(cp, (2,), np.int32)  # token id, position
+        self.tokpos_h = Pinned(cp, (3,), np.int32)  # token id, position, step (mod 2^31)
         self.y_h = Pinned(cp, (1, d), f32)  # the CPU pool's sum of the current layer
         self.h_h = Pinned(cp, (1, d), f32)  # h = ffn_norm(x), for the pool
         self.logits_r = Pinned(cp, (1, e), f32)  # router logits
@@ -74,7 +93,7 @@ class GraphDecoder:
         self.tok_h = Pinned(cp, (1,), np.int32)  # the token picked on the card
         self.sample_h = Pinned(cp, (N_KNOBS,), np.float64)  # sampling knobs + u (sample.py)
         # device side (reserved by the tier's workspace: `device_bytes`)
-        self.tokpos_d = cp.zeros((2,), np.int32)
+        self.tokpos_d = cp.zeros((3,), np.int32)
         self.tok_d = cp.zeros((1,), np.int32)
         self.xa = cp.zeros((1, d), f32)  # the residual stream between layers
         self.xb = cp.zeros((1, d), f32)  # after attention
@@ -97,20 +116,17 @@ class GraphDecoder:
         }
         # the plan and h come back packed in one record (one copy per layer): views made once
         self.pack_d = cp.zeros((pack_words(k, d),), np.uint32)
-        self.pack_h = Pinned(cp, (pack_words(k, d),), np.uint32)
-        w = self.pack_h.a
-        self.plan_h = {
-            "ids0": w[:k].view(np.int32),
-            "ids": w[k : 2 * k].view(np.int32),
-            "weights": w[2 * k : 3 * k].view(f32),
-            "pair_slot": w[3 * k : 4 * k].view(np.int32),
-            "stats": w[4 * k : 4 * k + 4].view(f32),
-            "h": w[4 * k + 4 :].view(f32).reshape(1, d),
-        }
+        self.pack_h = Pinned(cp, (n_layer, pack_words(k, d)), np.uint32)  # a record a layer
+        self.plans_h = [_plan_views(w, k, d) for w in self.pack_h.a]
         self._slot_version = tier.slot_version
-        self.plan_ready = cp.cuda.Event(disable_timing=True)  # recorded after A_i
-        # B_i queued before the host waits for the plan; STRATA_GPU_ROUTED_OVERLAP=0: the A/B arm
-        self.overlap = env_switch("STRATA_GPU_ROUTED_OVERLAP")
+        self.plan_ready = cp.cuda.Event(disable_timing=True)  # per layer: recorded after A_i
+        # queued ahead: the step number lands in ready_h[i] after layer i's plan; the host counts
+        # release_h up to pool_join's ticket once the pool's rows of layer i are in y_h
+        self.ready_h = Pinned(cp, (n_layer,), np.int32)
+        self.release_h = Pinned(cp, (1,), np.uint32)
+        self.step = 0
+        emulated = getattr(cp, "__emulated__", False)  # kernels run at launch: nothing to wait on
+        self.ahead = env_switch("STRATA_GPU_ROUTED_AHEAD") and not emulated
         self.graphs: dict[object, object] = {}
         self.replay = True  # False: the same launches, eagerly every step (tests, debugging)
         self.shared = a.shared_ff > 0
@@ -121,7 +137,7 @@ class GraphDecoder:
         """Device bytes of the decoder's own buffers for model args `a`."""
         k = a.n_expert_used
         return (
-            4 * (2 + 5 * a.n_embd + 2 * a.n_layer * k + a.n_layer * a.n_expert)
+            4 * (3 + 5 * a.n_embd + 2 * a.n_layer * k + a.n_layer * a.n_expert)
             + 4 * (a.n_expert + 3 * k + 4)
             + 4 * pack_words(k, a.n_embd)
             + 8 * 4
@@ -153,15 +169,28 @@ class GraphDecoder:
             self._down(self.h_h.a, t.h_buf[:1])
             self._down(self.logits_r.a, t.rlogits_buf[:1])
 
-    def _seg_front_routed(self, i: int) -> None:
-        """Attention, router, top-k + CAR on the card; the plan and h go host-ward."""
+    def _seg_front_routed(self, i: int, ready: bool = False) -> None:
+        """Attention, router, top-k + CAR on the card; the plan and h go host-ward (into row i),
+        with `ready` the step's number after them (ready_h[i])."""
         t, a = self.t, self.t.args
         self._seg_front(i, host=False)
         route_car(
             t.K, t.rlogits_buf, 1, a.n_expert, self.k, a.norm_topk, self.slot_table[i],
             self.knobs_d, self.plan, self.pack_d, t.h_buf[:1],
         )  # fmt: skip
-        self._down(self.pack_h.a, self.pack_d)
+        self._down(self.pack_h.a[i], self.pack_d)
+        if ready:  # copies on one stream land in order: the plan is there when this word is
+            self._down(self.ready_h.a[i : i + 1], self.tokpos_d[2:3])
+
+    def _seg_join(self, i: int) -> None:
+        """xa = xb + ((pool + resident) + shared) of layer i, the pool's rows read from y_h
+        once the host releases layer i, and only if its plan left picks to the pool."""
+        t = self.t
+        pool_join(
+            t.K, self.plan["stats"][0], self.release_h.a, self.tokpos_d[2:3], t.args.n_layer, i,
+            self.y_h.a, self.moe_out, self.sh_out if self.shared else None, self.xb, self.xa,
+            t.args.n_embd,
+        )  # fmt: skip
 
     def _seg_experts_routed(self, i: int) -> None:
         """The resident experts of the card's own plan (pair_slot/pair_w are in place)."""
@@ -237,7 +266,8 @@ class GraphDecoder:
         self.graphs[key] = g
 
     def _begin(self, token: int, pos: int) -> None:
-        self.tokpos_h.a[0], self.tokpos_h.a[1] = token, pos
+        self.step = (self.step + 1) & 0x7FFFFFFF
+        self.tokpos_h.a[:] = token, pos, self.step
         # order after whatever the tier ran on the legacy stream (prefill, uploads)
         self.stream.wait_event(self.cp.cuda.Stream.null.record())
 
@@ -305,19 +335,54 @@ class GraphDecoder:
         self._begin(token, pos)
 
     def routed(self, i: int) -> dict:
-        """Layer i up to the card's routing plan, its resident experts queued right behind it;
-        waits for the plan only -> its pinned host views (ids0, ids, weights, pair_slot [K],
-        stats [4], h [1, D]; the same dict every call). B_i reads the plan on the device, so the
-        card runs the resident experts while the host reads the plan and runs the pool."""
+        """Per-layer arm: layer i up to the card's routing plan, its resident experts queued
+        right behind it; waits for the plan only -> its pinned host views (ids0, ids, weights,
+        pair_slot [K], stats [4], h [1, D]). The pool's rows of layer i-1 must be in y_h."""
         if i == 0:
             self._run(("ra", 0), lambda: (self._seg_embed(), self._seg_front_routed(0)))
         else:
             self._run(("ra", i), lambda: (self._seg_finish_moe(), self._seg_front_routed(i)))
-        if self.overlap:
-            self.stream.record(self.plan_ready)
-            self._run(("rb", i), lambda: self._seg_experts_routed(i))
-            self.plan_ready.synchronize()
-        else:  # the A/B arm: the host has the plan before B_i is launched
-            self.stream.synchronize()
-            self._run(("rb", i), lambda: self._seg_experts_routed(i))
-        return self.plan_h
+        self.stream.record(self.plan_ready)
+        self._run(("rb", i), lambda: self._seg_experts_routed(i))
+        self.plan_ready.synchronize()
+        return self.plans_h[i]
+
+    def launch_ahead(self, pick: str | None = None) -> None:
+        """Queue the whole routed step (begin_routed first); then per layer `plan(i)`, the pool's
+        rows into y_h where the plan left picks to it, `release(i)`; then `finish_ahead`."""
+        n_layer = self.t.args.n_layer
+
+        def whole() -> None:
+            self._seg_embed()
+            for i in range(n_layer):
+                if i:
+                    self._seg_join(i - 1)
+                self._seg_front_routed(i, ready=True)
+                self._seg_experts_routed(i)
+            self._seg_join(n_layer - 1)
+            self._seg_output(picks=False, pick=pick)
+
+        self._run(("ahead", pick), whole)
+
+    def plan(self, i: int) -> dict:
+        """Wait for layer i's plan of the queued step -> its pinned host views (see `routed`)."""
+        ready, step = self.ready_h.a, self.step
+        n = 0
+        while ready[i] != step:
+            n += 1
+            if n % 4096 == 0 and self.stream.done and ready[i] != step:
+                raise RuntimeError(f"the card stopped before layer {i}'s routing plan")
+        return self.plans_h[i]
+
+    def release(self, i: int) -> None:
+        """Let the card past layer i's join (y_h holds the pool's rows if the plan had misses)."""
+        self.release_h.a[0] = ticket(self.step, self.t.args.n_layer, i)
+
+    def release_all(self) -> None:
+        """Let the queued step run to its end (after a host error: its result is not used)."""
+        self.release(self.t.args.n_layer - 1)
+
+    def finish_ahead(self, pick: str | None = None):
+        """Wait for the queued step -> logits [V] (a view) or the token picked on the card."""
+        self.stream.synchronize()
+        return int(self.tok_h.a[0]) if pick else self.logits_h.a[0]

@@ -30,6 +30,7 @@ SOURCES = (
     "route_car.cu",
     "elementwise.cu",
     "sample.cu",
+    "pool_join.cu",
 )
 
 

@@ -10,6 +10,8 @@ import subprocess as _sp
 import numpy as _np
 from numpy import *  # noqa: F403 (the fake is numpy with a few additions)
 
+__emulated__ = True  # kernels run to completion at launch (strata.gpu.decode_graph reads this)
+
 from . import cuda  # noqa
 from .cuda import memory as _mem  # noqa
 
@@ -259,8 +261,8 @@ class _Kernel:
                     if not (a.flags.c_contiguous or a.size <= 1):
                         raise TypeError(f"{self.name}.{pname}: non-contiguous array")
                     cargs.append(_ct.c_void_p(a.ctypes.data))
-                elif isinstance(a, _np.uint64) and int(a) == 0:
-                    cargs.append(_ct.c_void_p(0))
+                elif isinstance(a, _np.uint64):  # NULL, or a pinned host address
+                    cargs.append(_ct.c_void_p(int(a)))
                 else:
                     raise TypeError(f"{self.name}.{pname}: {type(a)} for pointer {base}*")
             else:
