@@ -241,24 +241,24 @@ class Engine:
         (two graphs, the resident experts queued behind the plan). The host reads each plan,
         counts it and runs the pool on the misses while the card goes on."""
         g.begin_routed(token, self.pos, self._car_knobs())
-        if not g.ahead:
+        if not g.ahead_ok(pick):  # per layer (the A/B arm, or a first step: see ahead_ok)
             for i in range(self.args.n_layer):
-                self._serve_plan(g, i, g.routed)
+                self._serve_plan(g, i, g.routed, zero_rows=True)
             return g.finish(pick)
         g.launch_ahead(pick)
         try:
             for i in range(self.args.n_layer):
-                self._serve_plan(g, i, g.plan)
+                self._serve_plan(g, i, g.plan, zero_rows=False)
                 g.release(i)
         except BaseException:
             g.release_all()  # the card must not wait for rows that will not come
             raise
         return g.finish_ahead(pick)
 
-    def _serve_plan(self, g, i: int, plan_of) -> None:
+    def _serve_plan(self, g, i: int, plan_of, zero_rows: bool) -> None:
         """Layer i of a routed step: its plan (plan_of(i) waits for it), the counts, and the
-        pool's rows of the misses into the decoder's y_h (zeros where the card reads them and
-        there are none)."""
+        pool's rows of the misses into the decoder's y_h (with `zero_rows`, zeros where there are
+        none: the per-layer step adds y_h whatever the plan)."""
         st, pc = self.stats, time.perf_counter
         t0 = pc()
         plan = plan_of(i)  # pinned views, refreshed in place every step
@@ -275,7 +275,7 @@ class Engine:
         if after:
             miss = np.where(slots < 0, plan["ids"], -1)[None]
             g.y_h.a[:] = self.miss_runner.experts(i, plan["h"], miss, plan["weights"][None])
-        elif not g.ahead:  # the per-layer arm adds y_h whatever the plan
+        elif zero_rows:
             g.y_h.a[:] = 0.0
         t3 = pc()
         st.add_window(t0, t1, t2, t3)

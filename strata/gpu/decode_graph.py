@@ -128,6 +128,8 @@ class GraphDecoder:
         emulated = getattr(cp, "__emulated__", False)  # kernels run at launch: nothing to wait on
         self.ahead = env_switch("STRATA_GPU_ROUTED_AHEAD") and not emulated
         self.graphs: dict[object, object] = {}
+        self._ran_eagerly: set = set()  # keys of deferred captures (`_run`)
+        self._warm: set = set()  # picks of finished per-layer routed steps (`ahead_ok`)
         self.replay = True  # False: the same launches, eagerly every step (tests, debugging)
         self.shared = a.shared_ff > 0
         self._out_act = tier.act(d, tier.lm_head.vec_dot)
@@ -247,23 +249,34 @@ class GraphDecoder:
         if picks:
             self._down(self.picks_h.a, self.topk_ids)
 
-    def _run(self, key, fn) -> None:
-        """Replay the graph of `key`, or run fn eagerly and capture it for the next token."""
+    def _run(self, key, fn, defer_capture: bool = False) -> None:
+        """Replay the graph of `key`, or run fn eagerly and capture it for the next token: right
+        after the eager launches (which may still run), or with `defer_capture` at the next
+        call, on an idle card (a queued-ahead step's joins wait for the host meanwhile)."""
         g = self.graphs.get(key)
+        if g is None and defer_capture and key in self._ran_eagerly:
+            g = self._capture(key, fn)
         if g is not None:
             g.launch(self.stream)
             return
         with self.stream:
             fn()
-            if not self.replay:
-                return
+        if not self.replay:
+            return
+        if defer_capture:
+            self._ran_eagerly.add(key)
+        else:
+            self._capture(key, fn)
+
+    def _capture(self, key, fn):
+        with self.stream:
             self.stream.begin_capture()
             try:
                 with self.t.K.pdl_scope():  # kernel starts overlap (pdl.py); eager runs don't
                     fn()
             finally:
-                g = self.stream.end_capture()
-        self.graphs[key] = g
+                g = self.graphs[key] = self.stream.end_capture()
+        return g
 
     def _begin(self, token: int, pos: int) -> None:
         self.step = (self.step + 1) & 0x7FFFFFFF
@@ -317,6 +330,7 @@ class GraphDecoder:
             lambda: (self._seg_finish_moe(), self._seg_output(picks=False, pick=pick)),
         )
         self.stream.synchronize()
+        self._warm.add(pick)
         return int(self.tok_h.a[0]) if pick else self.logits_h.a[0]
 
     def begin(self, token: int, pos: int) -> None:
@@ -347,6 +361,13 @@ class GraphDecoder:
         self.plan_ready.synchronize()
         return self.plans_h[i]
 
+    def ahead_ok(self, pick: str | None = None) -> bool:
+        """Whether a routed step with `pick` can be queued whole: the decoder runs ahead, and a
+        per-layer step has launched every kernel the queued one launches but pool_join. A kernel
+        launched the first time may be loaded then, and loading may wait for the card to go idle:
+        with a join waiting for the host, that would never happen."""
+        return self.ahead and pick in self._warm
+
     def launch_ahead(self, pick: str | None = None) -> None:
         """Queue the whole routed step (begin_routed first); then per layer `plan(i)`, the pool's
         rows into y_h where the plan left picks to it, `release(i)`; then `finish_ahead`."""
@@ -362,7 +383,7 @@ class GraphDecoder:
             self._seg_join(n_layer - 1)
             self._seg_output(picks=False, pick=pick)
 
-        self._run(("ahead", pick), whole)
+        self._run(("ahead", pick), whole, defer_capture=True)
 
     def plan(self, i: int) -> dict:
         """Wait for layer i's plan of the queued step -> its pinned host views (see `routed`)."""
