@@ -188,6 +188,8 @@ def _rates(gbytes: float, nbytes: float, sec: float, host: dict) -> dict:
         "gbps_read": nbytes / sec / 1e9,
         "host_read_gbps": host["gbps"],
         "host_read_best_gbps": host["best_gbps"],
+        "host_read_plain_gbps": host.get("plain_gbps"),  # the two reads' medians
+        "host_read_prefetch_gbps": host.get("prefetch_gbps"),
         "ratio_gguf": gbytes / sec / 1e9 / host["gbps"],
         "ratio_read": nbytes / sec / 1e9 / host["gbps"],
     }

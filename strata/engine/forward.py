@@ -248,7 +248,7 @@ class Engine:
         g.launch_ahead(pick)
         try:
             for i in range(self.args.n_layer):
-                self._serve_plan(g, i, g.plan, zero_rows=False)
+                self._serve_plan(g, i, g.wait_plan, zero_rows=False)
                 g.release(i)
         except BaseException:
             g.release_all()  # the card must not wait for rows that will not come

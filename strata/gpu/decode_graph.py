@@ -369,8 +369,8 @@ class GraphDecoder:
         return self.ahead and pick in self._warm
 
     def launch_ahead(self, pick: str | None = None) -> None:
-        """Queue the whole routed step (begin_routed first); then per layer `plan(i)`, the pool's
-        rows into y_h where the plan left picks to it, `release(i)`; then `finish_ahead`."""
+        """Queue the whole routed step (begin_routed first); then per layer `wait_plan(i)`, the
+        pool's rows into y_h where the plan left picks to it, `release(i)`; `finish_ahead`."""
         n_layer = self.t.args.n_layer
 
         def whole() -> None:
@@ -385,7 +385,7 @@ class GraphDecoder:
 
         self._run(("ahead", pick), whole, defer_capture=True)
 
-    def plan(self, i: int) -> dict:
+    def wait_plan(self, i: int) -> dict:
         """Wait for layer i's plan of the queued step -> its pinned host views (see `routed`)."""
         ready, step = self.ready_h.a, self.step
         n = 0
