@@ -190,6 +190,7 @@ def test_routed_ahead_survives_a_pool_error(synth_model, device):
 
 def test_route_car_kernel_gives_car_plans_plan(device):
     """route_car.cu against route_topk + car_plan run on the probabilities the kernel wrote."""
+    from strata.gpu.decode_graph import Pinned
     from strata.gpu.rawmod import Kernels
     from strata.gpu.route_car import knob_values, pack_words, route_car
     from strata.routing import route_topk
@@ -219,13 +220,23 @@ def test_route_car_kernel_gives_car_plans_plan(device):
         kv = knob_values(knobs.threshold, knobs.budget, knobs.free_ratio, knobs.enabled)
         d = int(g.integers(1, 300))  # the packed record: the plan + an h row of d floats
         h = cp.asarray(g.standard_normal((1, d)).astype(np.float32))
-        pack = cp.full((pack_words(k, d),), 0xDEADBEEF, np.uint32)
+        pinned = trial % 2 == 1  # the record written into pinned host memory, a ready word after
+        if pinned:
+            pack_h, ready_h = Pinned(cp, (pack_words(k, d),), np.uint32), Pinned(cp, (1,), np.int32)
+            pack_h.a[:] = 0xDEADBEEF
+            step = int(g.integers(1, 2**31))
+            pack, ready, step_d = pack_h.a, ready_h.a, cp.asarray(np.array([step], np.int32))
+        else:
+            pack, ready, step_d = cp.full((pack_words(k, d),), 0xDEADBEEF, np.uint32), None, None
         route_car(
             K, cp.asarray(logits), 1, e, k, True, cp.asarray(slot_row), cp.asarray(kv), out,
-            pack, h,
+            pack, h, ready, step_d,
         )  # fmt: skip
+        cp.cuda.Device().synchronize()
         got = {n: cp.asnumpy(v) for n, v in out.items()}
-        w = cp.asnumpy(pack)
+        w = pack.copy() if pinned else cp.asnumpy(pack)
+        if pinned:
+            assert ready[0] == step
         for j, n in enumerate(("ids0", "ids", "weights", "pair_slot")):
             np.testing.assert_array_equal(w[j * k : (j + 1) * k].view(got[n].dtype), got[n][0])
         np.testing.assert_array_equal(w[4 * k : 4 * k + 4].view(np.float32), got["stats"][0])

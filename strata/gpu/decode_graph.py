@@ -13,8 +13,8 @@ Two shapes of step (T = 1):
   Between them the host routes (top-k, cache-aware routing, statistics); while B_i runs on the
   card the host runs the pool on the missed picks: the two tiers overlap.
 - **hybrid routed on the card, queued ahead** (the default where the card can read pinned host
-  memory): one graph per token, as the all-resident one, with top-k + CAR on the card and each
-  layer's plan (and h) copied host-ward with a ready word (the step's number) after it. The host
+  memory): one graph per token, as the all-resident one, with top-k + CAR on the card writing
+  each layer's plan (and h) into pinned memory, then a ready word (the step's number). The host
   polls the ready words, counts the plans and runs the pool on the missed picks; the next layer
   starts with `pool_join`, which waits for the host's release counter only if the plan left
   picks to the pool. Layers whose experts are all resident never wait for the host.
@@ -176,13 +176,16 @@ class GraphDecoder:
         with `ready` the step's number after them (ready_h[i])."""
         t, a = self.t, self.t.args
         self._seg_front(i, host=False)
+        # queued ahead, the kernel writes the record into pinned memory itself, then the ready
+        # word: no copies in the graph; per layer, one copy of the record
+        pack = self.pack_h.a[i] if ready else self.pack_d
         route_car(
             t.K, t.rlogits_buf, 1, a.n_expert, self.k, a.norm_topk, self.slot_table[i],
-            self.knobs_d, self.plan, self.pack_d, t.h_buf[:1],
+            self.knobs_d, self.plan, pack, t.h_buf[:1],
+            self.ready_h.a[i : i + 1] if ready else None, self.tokpos_d[2:3] if ready else None,
         )  # fmt: skip
-        self._down(self.pack_h.a[i], self.pack_d)
-        if ready:  # copies on one stream land in order: the plan is there when this word is
-            self._down(self.ready_h.a[i : i + 1], self.tokpos_d[2:3])
+        if not ready:
+            self._down(self.pack_h.a[i], self.pack_d)
 
     def _seg_join(self, i: int) -> None:
         """xa = xb + ((pool + resident) + shared) of layer i, the pool's rows read from y_h

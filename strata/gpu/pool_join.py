@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.gpu.rawmod import Kernels, i32, ptr
+from strata.gpu.rawmod import Kernels, host_ptr, i32, ptr
 
 THREADS = 256
 
@@ -20,12 +20,6 @@ def ticket(step: int, n_layer: int, layer: int) -> int:
     """The release count the card waits for at `layer` of step `step` (as the kernel computes
     it: 32-bit wrap-around)."""
     return (step * n_layer + layer + 1) & 0xFFFFFFFF
-
-
-def host_ptr(a: np.ndarray) -> np.uint64:
-    """A pinned host array as a kernel pointer (unified addressing: the host address is the
-    device's)."""
-    return np.uint64(a.ctypes.data)
 
 
 def pool_join(

@@ -34,6 +34,12 @@ def ptr(a):
     return NULL if a is None else a
 
 
+def host_ptr(a: np.ndarray) -> np.uint64:
+    """A pinned host array as a kernel pointer (unified addressing: the host address is the
+    device's)."""
+    return np.uint64(a.ctypes.data)
+
+
 class Kernel:
     """One kernel of a module, called as CuPy's: `k(grid, block, args)`. Inside the owner's
     `pdl_scope()` it goes out with programmatic dependent launch (pdl.py)."""

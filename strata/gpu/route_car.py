@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.gpu.rawmod import Kernels, f32, i32, ptr
+from strata.gpu.rawmod import NULL, Kernels, f32, host_ptr, i32, ptr
 from strata.routing.topk import MIN_WEIGHT_SUM
 
 MAX_K = 16
@@ -38,12 +38,16 @@ def route_car(
     out: dict,
     pack=None,
     h=None,
+    ready=None,
+    step=None,
 ) -> None:
     """out: probs [T, E] f32, ids0/ids/pair_slot [T, K] i32, weights [T, K] f32, stats [T, 4]
     f32 (misses before CAR, substitutions, misses after, sum of ratios). knobs [4] float64 on
     the device: threshold, budget, free_ratio, on. slot_row [E] i32 (-1: not resident).
     With `pack` (uint32 [T, pack_words(K, D)]) the plan and the rows h [T, D] are also written
-    there as one record per token (one copy to the host)."""
+    there as one record per token (one copy to the host). `pack` may be pinned host memory (a
+    NumPy array: the card writes it over the bus); with T = 1, `ready` (pinned int32 [1]) then
+    gets step[0] (int32 [1] on the card) once the record is visible to the host."""
     if not route_car_supported(K, e, k):
         raise ValueError(f"device routing of top-{k} of {e} experts is not supported")
     d = 0
@@ -51,6 +55,8 @@ def route_car(
         d = int(h.shape[-1])
         if pack.dtype != np.uint32 or pack.size < t * pack_words(k, d):
             raise ValueError(f"pack must be uint32 with {t} x {pack_words(k, d)} words")
+    if ready is not None and (t != 1 or not isinstance(pack, np.ndarray) or step is None):
+        raise ValueError("a ready word needs one token, a pack in pinned host memory and a step")
     K.fn("route_car.cu", "route_car")(
         (t,),
         (K.warp,),
@@ -68,9 +74,11 @@ def route_car(
             out["weights"],
             out["pair_slot"],
             out["stats"],
-            ptr(pack),
+            host_ptr(pack) if isinstance(pack, np.ndarray) else ptr(pack),
             ptr(h),
             i32(d),
+            NULL if ready is None else host_ptr(ready),
+            ptr(step),
         ),
     )
 

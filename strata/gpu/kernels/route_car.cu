@@ -14,8 +14,16 @@
 // free_ratio, on.
 //   5. pack (may be null): the same plan, plus the token's h row [D] (h_src), as one record of
 //      32-bit words per token, ids0 [K] | ids [K] | weights [K] | pair_slot [K] | stats [4] |
-//      h [D]: the host reads a decode step's whole plan with one copy.
+//      h [D]: the host reads a decode step's whole plan with one copy. `pack` may point into
+//      pinned host memory (a step queued ahead, T = 1): then `ready` (pinned, may be null) gets
+//      step[0] once every word of the record is visible to the host.
 #include "topk.cuh"
+
+#if defined(STRATA_EMU)
+#define RC_FENCE_SYSTEM() ((void)0)
+#else
+#define RC_FENCE_SYSTEM() __threadfence_system()
+#endif
 
 #define RC_MAX_PER_LANE 8  // E <= 8 * STRATA_WARP
 #define RC_MAX_K 16
@@ -27,7 +35,7 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
                                      i32* __restrict__ ids, float* __restrict__ weights,
                                      i32* __restrict__ pair_slot, float* __restrict__ stats,
                                      u32* __restrict__ pack, const float* __restrict__ h_src,
-                                     int D) {
+                                     int D, volatile i32* ready, const i32* __restrict__ step) {
     STRATA_PDL_ENTER();
     const int t = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (i64)t * E;
@@ -146,5 +154,10 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
             stats[(i64)t * 4 + j] = st[j];
             if (rec) rec[4 * K + j] = __float_as_uint(st[j]);
         }
+    }
+    if (ready != nullptr) {  // each lane's record words out over the bus before the ready word
+        RC_FENCE_SYSTEM();
+        __syncthreads();
+        if (lane == 0) *ready = step[0];
     }
 }
