@@ -12,12 +12,13 @@ Two shapes of step (T = 1):
   host-ward) and graph B_i (the host's (slot, weight) pairs come in; the resident experts run).
   Between them the host routes (top-k, cache-aware routing, statistics); while B_i runs on the
   card the host runs the pool on the missed picks: the two tiers overlap.
-- **hybrid routed on the card, queued ahead** (the default where the card can read pinned host
-  memory): one graph per token, as the all-resident one, with top-k + CAR on the card writing
-  each layer's plan (and h) into pinned memory, then a ready word (the step's number). The host
-  polls the ready words, counts the plans and runs the pool on the missed picks; the next layer
-  starts with `pool_join`, which waits for the host's release counter only if the plan left
-  picks to the pool. Layers whose experts are all resident never wait for the host.
+- **hybrid routed on the card, queued ahead** (the default on CUDA; on ROCm opt in with
+  `STRATA_GPU_ROUTED_AHEAD=1`: not yet run on an AMD card): one graph per token, as the
+  all-resident one, with top-k + CAR on the card writing each layer's plan (and h) into pinned
+  memory, then a ready word (the step's number). The host polls the ready words, counts the
+  plans and runs the pool on the missed picks; the next layer starts with `pool_join`, which
+  waits for the host's release counter only if the plan left picks to the pool. Layers whose
+  experts are all resident never wait for the host.
 - **hybrid routed on the card, per layer** (`STRATA_GPU_ROUTED_AHEAD=0`, the A/B arm): graph A_i
   up to the plan and graph B_i, the resident experts of the device-side plan, queued right behind
   it; the host waits on an event between them, reads the plan, runs the pool, and launches A_i+1
@@ -126,7 +127,10 @@ class GraphDecoder:
         self.release_h = Pinned(cp, (1,), np.uint32)
         self.step = 0
         emulated = getattr(cp, "__emulated__", False)  # kernels run at launch: nothing to wait on
-        self.ahead = env_switch("STRATA_GPU_ROUTED_AHEAD") and not emulated
+        # on by default where validated (CUDA); HIP builds it, but the card reading pinned host
+        # memory while the host writes it has not run on an AMD card here: opt in with =1
+        hip = bool(getattr(cp.cuda.runtime, "is_hip", False))
+        self.ahead = env_switch("STRATA_GPU_ROUTED_AHEAD", default=not hip) and not emulated
         self.graphs: dict[object, object] = {}
         self._ran_eagerly: set = set()  # keys of deferred captures (`_run`)
         self._warm: set = set()  # picks of finished per-layer routed steps (`ahead_ok`)
