@@ -40,6 +40,7 @@ import numpy as np
 from strata.gpu.device import env_switch
 from strata.gpu.elementwise import argmax_rows
 from strata.gpu.embed import embed
+from strata.gpu.host_wait import SPINS, wait_word
 from strata.gpu.pool_join import pool_join, ticket
 from strata.gpu.route_car import pack_words, route_car
 from strata.gpu.router_topk import router_topk
@@ -131,6 +132,8 @@ class GraphDecoder:
         # memory while the host writes it has not run on an AMD card here: opt in with =1
         hip = bool(getattr(cp.cuda.runtime, "is_hip", False))
         self.ahead = env_switch("STRATA_GPU_ROUTED_AHEAD", default=not hip) and not emulated
+        if self.ahead:
+            wait_word(self.ready_h.a, 0, -1, 1)  # compiled now, not inside the first step
         self.graphs: dict[object, object] = {}
         self._ran_eagerly: set = set()  # keys of deferred captures (`_run`)
         self._warm: set = set()  # picks of finished per-layer routed steps (`ahead_ok`)
@@ -395,10 +398,8 @@ class GraphDecoder:
     def wait_plan(self, i: int) -> dict:
         """Wait for layer i's plan of the queued step -> its pinned host views (see `routed`)."""
         ready, step = self.ready_h.a, self.step
-        n = 0
-        while ready[i] != step:
-            n += 1
-            if n % 4096 == 0 and self.stream.done and ready[i] != step:
+        while not wait_word(ready, i, step, SPINS):  # the GIL free meanwhile
+            if self.stream.done and ready[i] != step:
                 raise RuntimeError(f"the card stopped before layer {i}'s routing plan")
         return self.plans_h[i]
 

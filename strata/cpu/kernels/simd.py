@@ -248,12 +248,15 @@ def atomic_add(typingctx, arr, i, v):
 
 @intrinsic
 def atomic_load(typingctx, arr, i):
-    """arr[i] of an int64 array as an acquire load (sees what other threads published)."""
-    sig = types.int64(arr, types.intp)
+    """arr[i] of an int32 or int64 array as an acquire load (sees what other threads, or a
+    device writing pinned memory, published; never hoisted out of a wait loop)."""
+    dt = arr.dtype
+    sig = dt(arr, types.intp)
 
     def codegen(context, builder, sg, args):
-        p = _i64_ptr(context, builder, sg.args[0], args[0], args[1])
-        return builder.load_atomic(p, "acquire", 8)
+        p = Emit(context, builder).ptr(sg.args[0], args[0], args[1])
+        p = builder.bitcast(p, context.get_value_type(dt).as_pointer())
+        return builder.load_atomic(p, "acquire", dt.bitwidth // 8)
 
     return sig, codegen
 
