@@ -40,3 +40,32 @@ def test_wait_word_lets_the_gil_go_and_sees_a_later_write():
     t.join()
     assert seen and len(ticks) == 20
     assert waited < 5.0, f"waited {waited:.2f} s for a word written after ~20 ms"
+
+
+def test_decoder_step_counter_starts_over_before_int32_runs_out():
+    """Steps are numbered 1..2^31-1 (int32 on the card; 0 is what a fresh ready word holds);
+    past that, after the card is idle, the ready words and the release counter start over, so
+    a join's ticket (step * L + layer + 1, mod 2^32) is again ahead of the counter."""
+    from types import SimpleNamespace
+
+    from strata.gpu.decode_graph import GraphDecoder
+    from strata.gpu.pool_join import ticket
+
+    synced = []
+    stream = SimpleNamespace(synchronize=lambda: synced.append(1), wait_event=lambda ev: None)
+    cp = SimpleNamespace(cuda=SimpleNamespace(Stream=SimpleNamespace(null=SimpleNamespace(
+        record=lambda: None))))  # fmt: skip
+    g = GraphDecoder.__new__(GraphDecoder)
+    arr = lambda *v: SimpleNamespace(a=np.array(v, np.int32))  # noqa: E731
+    g.stream, g.cp, g.tokpos_h = stream, cp, arr(0, 0, 0)
+    g.ready_h, g.release_h = arr(5, 6, 7), SimpleNamespace(a=np.array([9], np.uint32))
+    g.step = 0
+    g._begin(11, 3)
+    assert g.step == 1 and list(g.tokpos_h.a) == [11, 3, 1] and not synced
+    g.step = 0x7FFFFFFF - 1
+    g._begin(12, 4)
+    assert g.step == 0x7FFFFFFF and not synced and list(g.ready_h.a) == [5, 6, 7]
+    g.release_h.a[0] = ticket(g.step, 48, 47)
+    g._begin(13, 5)
+    assert g.step == 1 and synced and list(g.tokpos_h.a) == [13, 5, 1]
+    assert not g.ready_h.a.any() and g.release_h.a[0] == 0 < ticket(1, 48, 0)

@@ -289,7 +289,12 @@ class GraphDecoder:
         return g
 
     def _begin(self, token: int, pos: int) -> None:
-        self.step = (self.step + 1) & 0x7FFFFFFF
+        self.step += 1
+        if self.step > 0x7FFFFFFF:  # int32 on the card: start the step, ready and release
+            self.stream.synchronize()  # counts over (a step let go after an error may still run)
+            self.step = 1
+            self.ready_h.a[:] = 0
+            self.release_h.a[0] = 0
         self.tokpos_h.a[:] = token, pos, self.step
         # order after whatever the tier ran on the legacy stream (prefill, uploads)
         self.stream.wait_event(self.cp.cuda.Stream.null.record())
