@@ -35,6 +35,15 @@ struct alignas(16) f32x4 {
 #define STRATA_PDL_ENTER() ((void)0)
 #endif
 
+// ---- a system-scope fence: this thread's writes (to pinned host memory too) are visible to the
+// host before its later ones; the host-device handshakes of a step queued ahead (route_car.cu,
+// pool_join.cu). The emulator runs a kernel to its end at launch: nothing to order against.
+#if defined(STRATA_EMU)
+#define STRATA_FENCE_SYSTEM() ((void)0)
+#else
+#define STRATA_FENCE_SYSTEM() __threadfence_system()
+#endif
+
 // ---- warp shuffles (full warp; `width` keeps CDNA's wave64 honest) ----
 #if defined(STRATA_EMU)
 #define SHFL_XOR(v, m) emu::shfl_xor((v), (m))

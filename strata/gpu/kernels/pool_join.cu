@@ -5,13 +5,10 @@
 
 #if defined(STRATA_EMU)
 #define STRATA_BACKOFF() ((void)0)
-#define STRATA_FENCE_SYSTEM() ((void)0)
 #elif defined(__HIP__)
 #define STRATA_BACKOFF() __builtin_amdgcn_s_sleep(2)
-#define STRATA_FENCE_SYSTEM() __threadfence_system()
 #else
 #define STRATA_BACKOFF() __nanosleep(100)
-#define STRATA_FENCE_SYSTEM() __threadfence_system()
 #endif
 
 // y = pool + moe (+ sh), x = xb + y: the graph step's order of sums. `stats` is the layer's plan

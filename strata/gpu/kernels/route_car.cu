@@ -19,12 +19,6 @@
 //      step[0] once every word of the record is visible to the host.
 #include "topk.cuh"
 
-#if defined(STRATA_EMU)
-#define RC_FENCE_SYSTEM() ((void)0)
-#else
-#define RC_FENCE_SYSTEM() __threadfence_system()
-#endif
-
 #define RC_MAX_PER_LANE 8  // E <= 8 * STRATA_WARP
 #define RC_MAX_K 16
 
@@ -156,7 +150,7 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
         }
     }
     if (ready != nullptr) {  // each lane's record words out over the bus before the ready word
-        RC_FENCE_SYSTEM();
+        STRATA_FENCE_SYSTEM();
         __syncthreads();
         if (lane == 0) *ready = step[0];
     }
