@@ -229,9 +229,10 @@ def concat16(e: Emit, lo, hi):
 # ---- atomics for the pool's in-region barrier (plain LLVM IR: every target has them)
 
 
-def _i64_ptr(context, builder, aryty, ary, i):
+def _elem_ptr(context, builder, aryty, ary, i):
+    """A pointer to arr[i] typed as the array's element (i32* / i64*)."""
     p = Emit(context, builder).ptr(aryty, ary, i)
-    return builder.bitcast(p, I64.as_pointer())
+    return builder.bitcast(p, context.get_value_type(aryty.dtype).as_pointer())
 
 
 @intrinsic
@@ -240,7 +241,7 @@ def atomic_add(typingctx, arr, i, v):
     sig = types.int64(arr, types.intp, types.int64)
 
     def codegen(context, builder, sg, args):
-        p = _i64_ptr(context, builder, sg.args[0], args[0], args[1])
+        p = _elem_ptr(context, builder, sg.args[0], args[0], args[1])
         return builder.atomic_rmw("add", p, args[2], "seq_cst")
 
     return sig, codegen
@@ -254,8 +255,7 @@ def atomic_load(typingctx, arr, i):
     sig = dt(arr, types.intp)
 
     def codegen(context, builder, sg, args):
-        p = Emit(context, builder).ptr(sg.args[0], args[0], args[1])
-        p = builder.bitcast(p, context.get_value_type(dt).as_pointer())
+        p = _elem_ptr(context, builder, sg.args[0], args[0], args[1])
         return builder.load_atomic(p, "acquire", dt.bitwidth // 8)
 
     return sig, codegen
