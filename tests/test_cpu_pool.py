@@ -136,15 +136,17 @@ def test_pool_is_deterministic_across_calls_threads_region_modes_and_quant_arms(
             assert np.array_equal(pool.run_layer(x, *args, lw), first)
 
 
-def test_pool_gives_a_fresh_pools_bits_across_shapes_layers_and_clear_prepared():
+@pytest.mark.parametrize("team", [False, True])
+def test_pool_gives_a_fresh_pools_bits_across_shapes_layers_and_clear_prepared(team):
     """A pool's cached plans and workspaces never leak between calls: reused over growing and
     shrinking T and N, two layers of other formats, clear_prepared() and a Numba thread count
-    changed behind its back, it gives, call by call, the bits of a pool that has never run."""
+    changed behind its back, it gives, call by call, the bits of a pool that has never run. On
+    parallel regions the pool restores its thread count; on the resident team it needs none."""
     import numba
 
     rng = np.random.default_rng()
     layers = [_layer(rng, ("IQ3_XXS",) * 3), _layer(rng, ("Q4_K", "Q4_K", "Q6_K"))]
-    pool = ExpertPool(2)
+    pool = ExpertPool(2, team=team)
     for i, (t_n, k) in enumerate([(1, 2), (7, 3), (2, 1), (12, 4), (1, 8), (3, 2), (5, 1)]):
         mats = layers[i % 2]
         x = rng.standard_normal((t_n, D)).astype(np.float32)
@@ -154,8 +156,9 @@ def test_pool_gives_a_fresh_pools_bits_across_shapes_layers_and_clear_prepared()
         if i == 4:
             numba.set_num_threads(1)  # another caller's setting: the pool restores its own
         got = pool.run_layer(x, *args, *mats).copy()
-        assert numba.get_num_threads() == pool.n_threads
-        assert np.array_equal(got, ExpertPool(2).run_layer(x, *args, *mats))
+        assert numba.get_num_threads() == (1 if pool.team and i == 4 else pool.n_threads)
+        assert np.array_equal(got, ExpertPool(2, team=False).run_layer(x, *args, *mats))
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
 def test_pool_fuses_its_phases_into_one_region_where_the_threading_layer_allows():
@@ -165,7 +168,7 @@ def test_pool_fuses_its_phases_into_one_region_where_the_threading_layer_allows(
 
     rng = np.random.default_rng()
     lw = prepare_layer(*_layer(rng, ("IQ3_XXS",) * 3))
-    pool = ExpertPool(2)
+    pool = ExpertPool(2, team=False)  # (the resident team needs no threading layer)
     x = rng.standard_normal((1, D)).astype(np.float32)
     for _ in range(2):
         pool.run_layer(x, *_flat(*_routes(rng, 1, 2)), lw)
@@ -185,7 +188,7 @@ def test_pool_traces_where_each_threads_time_went(threads, fused):
     for _ in range(3):  # the first call learns the threading layer outside the fused region
         pool.run_layer(x, *_flat(*_routes(rng, 3, 2)), lw)
     ph = pool.last_phases()
-    if threads > 1 and not (fused and pool._fused_ok):
+    if threads > 1 and not (fused and (pool._fused_ok or pool.team)):
         assert ph is None  # one region a phase: no per-thread phases
         return
     assert list(ph) == ["start", *TRACE_STAMPS[1:], "join", "total"]

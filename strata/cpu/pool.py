@@ -54,7 +54,7 @@ import numpy as np
 from numba import literally, njit, prange
 from numba.np.ufunc import parallel as _numba_parallel
 
-from strata.cpu.kernels.dispatch import dot, specialized
+from strata.cpu.kernels.dispatch import dot, native_address, specialized
 from strata.cpu.kernels.simd import (
     atomic_add,
     atomic_load,
@@ -66,6 +66,8 @@ from strata.cpu.kernels.simd import (
 )
 from strata.cpu.layout import ExpertMatrix, prepare_tensor
 from strata.cpu.quantize import act_unit, alloc_act, quantize_units
+from strata.cpu.team import SUPPORTED as TEAM_SUPPORTED
+from strata.cpu.team import address, shared_team, team_go, team_join
 
 ERR_TOKEN, ERR_EXPERT, ERR_BARRIER = 1, 2, 3  # _run_layer returns -code (else na)
 
@@ -542,29 +544,22 @@ def _fused_share(
     tr[9] = cycle_counter()
 
 
-@njit(cache=True, parallel=True)
-def _run_layer(
-    x, tok, ex, wt, out,
-    gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
-    actg, actu, acth, h, order, cnt, start, active, ufirst, urows, dfirst, drows, yb, bar, stats,
-    trace, nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units, down_units, waitpf, dx,
+@njit(cache=True)
+def _group(
+    t_n, n, tok, ex, n_expert, f, dim, order, cnt, start, active, ufirst, urows, dfirst, drows,
+    yb, bar, stats, nt, par_quant, min_tasks, chunk, fused, units, down_units, dx,
 ):  # fmt: skip
-    literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
-    literally(uk)
-    literally(dk)
-    t_n = x.shape[0]
-    n = tok.shape[0]
-    f = gw.shape[0] // n_expert
-    dim = dw.shape[0] // n_expert
-    # ---- 0. group the tasks by expert (ascending), check ids
+    """Phase 0 (serial): the tasks grouped by expert (ascending), ids checked, the units of the
+    dynamic schedule cut and the barrier counters reset. Returns (na, q1, q3, run, dyn_g, dyn_d,
+    bx); na < 0: -ERR_TOKEN / -ERR_EXPERT."""
     stats[2] = 0
     for e in range(n_expert):
         cnt[e] = 0
     for j in range(n):
         if tok[j] < 0 or tok[j] >= t_n:
-            return -ERR_TOKEN
+            return -ERR_TOKEN, False, False, 0, False, False, False
         if ex[j] < 0 or ex[j] >= n_expert:
-            return -ERR_EXPERT
+            return -ERR_EXPERT, False, False, 0, False, False, False
         cnt[ex[j]] += 1
     na = 0
     s = 0
@@ -594,6 +589,29 @@ def _run_layer(
     bar[GU_CTR] = nt  # units 0..nt-1 are the threads' first, taken without the counter
     bar[DN_CTR] = nt
     bar[0] = 0
+    return na, q1, q3, run, dyn_g, dyn_d, bx
+
+
+@njit(cache=True, parallel=True)
+def _run_layer(
+    x, tok, ex, wt, out,
+    gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
+    actg, actu, acth, h, order, cnt, start, active, ufirst, urows, dfirst, drows, yb, bar, stats,
+    trace, nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units, down_units, waitpf, dx,
+):  # fmt: skip
+    literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
+    literally(uk)
+    literally(dk)
+    t_n = x.shape[0]
+    n = tok.shape[0]
+    f = gw.shape[0] // n_expert
+    dim = dw.shape[0] // n_expert
+    na, q1, q3, run, dyn_g, dyn_d, bx = _group(
+        t_n, n, tok, ex, n_expert, f, dim, order, cnt, start, active, ufirst, urows, dfirst,
+        drows, yb, bar, stats, nt, par_quant, min_tasks, chunk, fused, units, down_units, dx,
+    )  # fmt: skip
+    if na < 0:
+        return na
     trace[nt, 0] = cycle_counter()  # the calling thread: before the region ...
     if nt == 1:  # no parallel region at all (a region of one thread still costs ~2.5 us)
         _fused_share(
@@ -639,6 +657,133 @@ def _run_layer(
             out, pf, pfl2,
         )  # fmt: skip
     return na
+
+
+# ---- the resident team's path (team.py): no parallel region; every array of a call travels by
+# address in one int64 job descriptor that the members read (they run `_team_share` through its
+# native address, which takes only integers)
+J_Q1, J_Q3, J_N, J_F, J_DIM, J_RUN, J_DYNG, J_DYND, J_BX, J_WAITPF, J_PF, J_PFL2 = range(12)
+J_NA, J_AG, J_AU, J_AD = range(12, 16)
+_JOB_ARRAYS = ("x", "tok", "wt", "out", "gw", "uw", "dw", "order", "cnt", "start", "active")
+_JOB_ARRAYS += ("ufirst", "urows", "dfirst", "drows", "yb", "h", "bar", "stats", "trace")
+_JOB_ARRAYS += tuple(f"{a}{i}" for a in ("actg", "actu", "acth") for i in range(5))
+_SLOT = {name: 16 + 3 * i for i, name in enumerate(_JOB_ARRAYS)}  # (address, rows, cols)
+JOB_LEN = 16 + 3 * len(_JOB_ARRAYS)
+A_X, A_TOK, A_WT, A_OUT = _SLOT["x"], _SLOT["tok"], _SLOT["wt"], _SLOT["out"]
+A_GW, A_ORDER, A_CNT, A_START = _SLOT["gw"], _SLOT["order"], _SLOT["cnt"], _SLOT["start"]
+A_ACTIVE, A_UFIRST, A_UROWS = _SLOT["active"], _SLOT["ufirst"], _SLOT["urows"]
+A_DFIRST, A_DROWS, A_YB, A_H = _SLOT["dfirst"], _SLOT["drows"], _SLOT["yb"], _SLOT["h"]
+A_BAR, A_STATS, A_TRACE = _SLOT["bar"], _SLOT["stats"], _SLOT["trace"]
+A_ACTG, A_ACTU, A_ACTH = _SLOT["actg0"], _SLOT["actu0"], _SLOT["acth0"]
+# a layer's descriptor (ExpertPool._plan): gate, up, down as (address, rows, cols), then
+L_NE, L_AG, L_AU, L_AD, L_SHARE = 9, 10, 11, 12, 13  # E, act codes, `_team_share`'s address
+L_LEN = 16
+
+
+@njit(cache=True, inline="always")
+def _j1(job, k, dt):
+    return numba.carray(address(job[k]), (job[k + 1],), dt)
+
+
+@njit(cache=True, inline="always")
+def _j2(job, k, dt):
+    return numba.carray(address(job[k]), (job[k + 1], job[k + 2]), dt)
+
+
+@njit(cache=True, inline="always")
+def _jact(job, k):
+    return (
+        _j2(job, k, np.int8),
+        _j2(job, k + 3, np.float32),
+        _j2(job, k + 6, np.int16),
+        _j2(job, k + 9, np.int16),
+        _j2(job, k + 12, np.float32),
+    )
+
+
+@njit(cache=True, inline="always")
+def _put(job, k, a):
+    """Array a (1-D or 2-D, C-contiguous) into slot k of the job."""
+    job[k] = a.ctypes.data
+    job[k + 1] = a.shape[0]
+    job[k + 2] = a.shape[-1]  # (1-D: not read)
+
+
+@njit(cache=True, nogil=True)
+def _team_share(tid, nt, jaddr, gk, uk, dk):
+    """Thread tid's `_fused_share` of the job at address jaddr (members call it natively)."""
+    literally(gk)
+    literally(uk)
+    literally(dk)
+    job = numba.carray(address(jaddr), (JOB_LEN,), np.int64)
+    _fused_share(
+        tid, nt, job[J_Q1] != 0, job[J_Q3] != 0, job[J_N], job[J_F], job[J_DIM], job[J_RUN],
+        job[J_DYNG] != 0, job[J_DYND] != 0, job[J_BX] != 0, job[J_WAITPF] != 0, job[J_PF],
+        job[J_PFL2] != 0, _j2(job, A_X, np.float32), _j1(job, A_TOK, np.int32),
+        _j1(job, A_WT, np.float32), _j1(job, A_ORDER, np.int32), _j1(job, A_START, np.int64),
+        _j1(job, A_CNT, np.int64), _j1(job, A_ACTIVE, np.int64), job[J_NA],
+        _j1(job, A_UFIRST, np.int64), _j1(job, A_UROWS, np.int64), _j1(job, A_DFIRST, np.int64),
+        _j1(job, A_DROWS, np.int64), _j2(job, A_YB, np.float32),
+        _j2(job, A_GW, np.uint8), gk, _j2(job, A_GW + 3, np.uint8), uk,
+        _j2(job, A_GW + 6, np.uint8), dk, job[J_AG], _jact(job, A_ACTG), job[J_AU],
+        _jact(job, A_ACTU), job[J_AD], _jact(job, A_ACTH), _j2(job, A_H, np.float32),
+        _j2(job, A_OUT, np.float32), _j1(job, A_BAR, np.int64), _j1(job, A_STATS, np.int64),
+        _j2(job, A_TRACE, np.int64),
+    )  # fmt: skip
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _run_team(
+    x, tok, ex, wt, out, ldesc, job, ctl, gk, uk, dk,
+    nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx,
+):  # fmt: skip
+    """`_run_layer`'s fused mode on the resident team: phase 0 here, then the job (this call's
+    arrays, the layer's weights from ldesc, the workspaces the pool put in job) published to
+    the members, share 0 run here, and a wait for the members to finish."""
+    literally(gk)
+    literally(uk)
+    literally(dk)
+    t_n = x.shape[0]
+    n = tok.shape[0]
+    n_expert = ldesc[L_NE]
+    f = ldesc[1] // n_expert
+    dim = ldesc[7] // n_expert
+    stats = _j1(job, A_STATS, np.int64)
+    trace = _j2(job, A_TRACE, np.int64)
+    na, q1, q3, run, dyn_g, dyn_d, bx = _group(
+        t_n, n, tok, ex, n_expert, f, dim, _j1(job, A_ORDER, np.int32),
+        _j1(job, A_CNT, np.int64), _j1(job, A_START, np.int64), _j1(job, A_ACTIVE, np.int64),
+        _j1(job, A_UFIRST, np.int64), _j1(job, A_UROWS, np.int64), _j1(job, A_DFIRST, np.int64),
+        _j1(job, A_DROWS, np.int64), _j2(job, A_YB, np.float32), _j1(job, A_BAR, np.int64),
+        stats, nt, par_quant, min_tasks, chunk, True, units, down_units, dx,
+    )  # fmt: skip
+    if na < 0:
+        return na
+    _put(job, A_X, x)
+    _put(job, A_TOK, tok)
+    _put(job, A_WT, wt)
+    _put(job, A_OUT, out)
+    for k in range(9):  # gate, up, down
+        job[A_GW + k] = ldesc[k]
+    job[J_Q1], job[J_Q3], job[J_N], job[J_F], job[J_DIM], job[J_RUN] = q1, q3, n, f, dim, run
+    job[J_DYNG], job[J_DYND], job[J_BX], job[J_WAITPF] = dyn_g, dyn_d, bx, waitpf
+    job[J_PF], job[J_PFL2], job[J_NA] = pf, pfl2, na
+    job[J_AG], job[J_AU], job[J_AD] = ldesc[L_AG], ldesc[L_AU], ldesc[L_AD]
+    trace[nt, 0] = cycle_counter()  # the calling thread: before the job is published ...
+    jaddr = job.ctypes.data
+    target = team_go(ctl, ldesc[L_SHARE], jaddr, nt)
+    _team_share(0, nt, jaddr, gk, uk, dk)
+    team_join(ctl, target)
+    trace[nt, 1] = cycle_counter()  # ... and after every member finished
+    return -ERR_BARRIER if stats[2] else na
+
+
+@functools.cache
+def _share_address(gk: int, uk: int, dk: int) -> int:
+    """The native address of `_team_share` for this kernel triple (compiled, or from the cache)."""
+    z = np.int64(0)
+    return native_address(_team_share, (z, z, z, gk, uk, dk), (3, 4, 5))
 
 
 # the stamps of one thread in trace[tid] (fused mode and nt = 1): entry, then the end of each
@@ -702,6 +847,7 @@ class ExpertPool:
         down_units: int | None = None,
         wait_prefetch: bool | None = None,
         down_by_expert: bool | None = None,
+        team: bool | None = None,
     ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
@@ -746,6 +892,10 @@ class ExpertPool:
         if down_by_expert is None:  # STRATA_POOL_DOWN_BY_EXPERT=0: runs of every expert (A/B)
             down_by_expert = _env_flag("STRATA_POOL_DOWN_BY_EXPERT", True)
         self.down_by_expert = bool(down_by_expert)
+        if team is None:  # STRATA_POOL_TEAM=0: Numba's parallel regions (the A/B arm)
+            team = _env_flag("STRATA_POOL_TEAM", True)
+        self.team = bool(team) and TEAM_SUPPORTED
+        self._job = np.zeros(JOB_LEN, np.int64)  # the team's job descriptor
         numba.set_num_threads(n)  # launches the threading layer: its ctypes getter exists now
         # the raw getter behind numba.get_num_threads (a private name: fall back if it moves)
         self._get_threads = getattr(_numba_parallel, "_get_num_threads", numba.get_num_threads)
@@ -793,14 +943,30 @@ class ExpertPool:
         return hit[1]
 
     def _plan(self, lw: LayerWeights) -> tuple:
-        """(lw, the weight arguments of `_run_layer`, {input flags: entry}) kept per layer."""
+        """(lw, the weight arguments of `_run_layer`, {input flags: entry}, the team's layer
+        descriptor or None) kept per layer."""
         plan = self._plans.get(id(lw))
         if plan is None or plan[0] is not lw:
             g, u, d = lw.gate, lw.up, lw.down
             wargs = (g.data, g.kernel, u.data, u.kernel, d.data, d.kernel, g.n_expert)
             wargs += (g.act, u.act, d.act)
-            plan = self._plans[id(lw)] = (lw, wargs, {})
+            plan = self._plans[id(lw)] = (lw, wargs, {}, self._layer_desc(lw))
         return plan
+
+    def _layer_desc(self, lw: LayerWeights) -> np.ndarray | None:
+        """The team's descriptor of a layer (L_* slots), None where it cannot take the layer
+        (no team, or weights that are not C-contiguous bytes)."""
+        mats = (lw.gate, lw.up, lw.down)
+        if not self.team or self.n_threads < 2:
+            return None
+        if not all(m.data.flags.c_contiguous for m in mats):
+            return None
+        desc = np.zeros(L_LEN, np.int64)
+        for i, m in enumerate(mats):
+            desc[3 * i : 3 * i + 3] = (m.data.ctypes.data, *m.data.shape)
+        desc[L_NE], desc[L_AG], desc[L_AU], desc[L_AD] = lw.gate.n_expert, *(m.act for m in mats)
+        desc[L_SHARE] = _share_address(lw.gate.kernel, lw.up.kernel, lw.down.kernel)
+        return desc
 
     # ---- workspaces
     def _workspace(self, t_n: int, n: int, dim: int, f: int, n_expert: int, acts) -> None:
@@ -835,6 +1001,13 @@ class ExpertPool:
             names += ("ufirst", "urows", "dfirst", "drows", "yb")
             self._ws_args = (*(ws[k] for k in names), self._bar, self._stats, self._trace)
             self._outs = {}
+            arrays = dict(zip(names, self._ws_args[: len(names)], strict=True))
+            arrays.update(bar=self._bar, stats=self._stats, trace=self._trace)
+            for a in ("actg", "actu", "acth"):
+                arrays.update({f"{a}{i}": v for i, v in enumerate(arrays.pop(a))})
+            for name, v in arrays.items():
+                k = _SLOT[name]
+                self._job[k : k + 3] = (v.ctypes.data, v.shape[0], v.shape[-1])
 
     def _entry(self, args, lw: LayerWeights):
         """The compiled specialization for these kernels, called without Numba's dispatch.
@@ -931,6 +1104,14 @@ class ExpertPool:
             raise ValueError(f"out must be a writable C-contiguous float32 array {(t_n, dim)}")
         flags = (x.flags.writeable, tok.flags.writeable, expert.flags.writeable)
         flags += (weight.flags.writeable,)
+        if plan[3] is not None and self.team and self.fused:
+            na = self._run_team(plan, flags, x, tok, expert, weight, out)
+            if na != -ERR_BARRIER:
+                return self._finish(na, lw, t_n, out)
+            self.team = False  # a member never came: regions from now on (same bits)
+            print(
+                "strata: CPU pool team timed out at a barrier; using parallel regions from now on"
+            )
         fused = self.fused and self._fused_ok is not False
         if self._fused_ok is None:
             fused = False  # learn the threading layer from a plain call first
@@ -953,10 +1134,31 @@ class ExpertPool:
                 " layer; running one parallel region per phase from now on"
             )
             na = fn(*args[: -len(knobs)], *self._knobs(False))
+        return self._finish(na, lw, t_n, out)
+
+    def _run_team(self, plan, flags, x, tok, expert, weight, out) -> int:
+        """The call on the process's resident team of this size (`_run_team`, `shared_team`)."""
+        team = shared_team(self.n_threads)
+        fn = plan[2].get(("team", flags))
+        lw = plan[0]
+        kn = self._knobs(True)
+        codes = (lw.gate.kernel, lw.up.kernel, lw.down.kernel)
+        args = (x, tok, expert, weight, out, plan[3], self._job, team.ctl, *codes, *kn[:6])
+        args += kn[7:]  # (not `fused`: the team runs the fused phases)
+        if fn is None:
+            key = (*(m.type_key for m in (lw.gate, lw.up, lw.down)), flags, "team")
+            fn = self._entries.get(key)
+            if fn is None:
+                fn = self._entries[key] = specialized(_run_team, args, (8, 9, 10))
+            plan[2][("team", flags)] = fn
+        with team.lock:
+            return fn(*args)
+
+    def _finish(self, na: int, lw: LayerWeights, t_n: int, out: np.ndarray) -> np.ndarray:
         if na < 0:
             if na == -ERR_TOKEN:
                 raise ValueError(f"a token index is outside 0..{t_n - 1}")
-            raise ValueError(f"an expert id is outside 0..{g.n_expert - 1}")
+            raise ValueError(f"an expert id is outside 0..{lw.gate.n_expert - 1}")
         self.last_active_experts = na
         self.last_bytes = na * lw.expert_nbytes
         self.last_gguf_bytes = na * lw.expert_gguf_bytes

@@ -164,10 +164,23 @@ def specialized(fn, args: tuple, literal_pos: tuple[int, ...]):
     """The compiled entry point of jitted `fn` for `args`, with the arguments at `literal_pos`
     typed as literals. Calling it skips Numba's dispatch, which for a function that asks for
     literals (`literally`) would re-type a non-literal version on every call (milliseconds)."""
+    return _compiled(fn, args, literal_pos).entry_point
+
+
+def native_address(fn, args: tuple, literal_pos: tuple[int, ...]) -> int:
+    """The address of the C-ABI wrapper Numba builds beside the compiled `fn` for `args` (as
+    `specialized`): callable from other compiled code through a pointer (the pool's team
+    members, strata.cpu.team.call_job). Integer arguments only: literals are passed as int64
+    (and ignored by the wrapper)."""
+    cres = _compiled(fn, args, literal_pos)
+    return cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name)
+
+
+def _compiled(fn, args: tuple, literal_pos: tuple[int, ...]):
     sig = [numba.typeof(a) for a in args]
     for i in literal_pos:
         sig[i] = types.literal(args[i])
     sig = tuple(sig)
     if sig not in fn.overloads:
         fn.compile(sig)
-    return fn.overloads[sig].entry_point
+    return fn.overloads[sig]
