@@ -63,6 +63,23 @@ def test_every_member_runs_each_job_awake_or_asleep(spin_us):
     assert not team.alive()
 
 
+def test_pinned_members_run_on_their_cpus():
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    team = tm.Team(3, pin=True)
+    try:
+        assert team.cpus == [cpus[t % len(cpus)] for t in (1, 2)]
+        fn = native_address(_probe, (np.int64(0), np.int64(0), np.int64(0)), ())
+        job = np.zeros(64, np.int64)
+        job[63] = 7
+        _run_probe(team.ctl, fn, job, 3)
+        assert job[:3].tolist() == [7000 + t + 3 for t in range(3)]
+    finally:
+        team.close()
+    assert os.sched_getaffinity(0) == set(cpus)  # the caller's own CPUs are left alone
+
+
 def test_team_refuses_one_thread():
     with pytest.raises(ValueError, match="at least 2"):
         tm.Team(1)

@@ -228,12 +228,18 @@ def shared_team(n: int) -> Team:
         return team
 
 
+def _member_thread(tid: int, ctl: np.ndarray, ticks: int, cpu: int | None) -> None:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})  # (0: this thread)
+    _member(tid, ctl, ticks)
+
+
 class Team:
     """n - 1 member threads (ids 1..n-1; the caller is 0) parked in `_member` until `close()`
     (or the Team is collected). `ctl` is the control block `team_go` / `team_join` take; `lock`
     is held by whoever is running a job on it."""
 
-    def __init__(self, n: int, spin_us: float | None = None):
+    def __init__(self, n: int, spin_us: float | None = None, pin: bool | None = None):
         if not SUPPORTED:
             raise RuntimeError(f"no resident team on {sys.platform}/{platform.machine()}")
         if n < 2:
@@ -247,9 +253,16 @@ class Team:
         self.ctl = np.zeros(CTL_LEN, np.int64)
         self.lock = threading.Lock()
         ticks = int(max(0.0, spin_us) * 1e-6 * tick_hz())
+        if pin is None:  # STRATA_POOL_PIN=1: member t on the t-th CPU this process may use
+            pin = os.environ.get("STRATA_POOL_PIN", "0").strip().lower() in ("1", "on", "yes")
+        cpus = sorted(os.sched_getaffinity(0)) if pin else []
+        self.cpus = [cpus[t % len(cpus)] for t in range(1, n)] if cpus else None
         self._threads = [
             threading.Thread(
-                target=_member, args=(t, self.ctl, ticks), name=f"strata-pool-{t}", daemon=True
+                target=_member_thread,
+                args=(t, self.ctl, ticks, self.cpus[t - 1] if self.cpus else None),
+                name=f"strata-pool-{t}",
+                daemon=True,
             )
             for t in range(1, n)
         ]
