@@ -283,6 +283,8 @@ def test_cpu_pool_arm_reports_bandwidth(tmp_path):
     assert res["weight_bytes_read"] >= res["weight_bytes_gguf"] > 0
     assert res["gbps_gguf"] > 0 and res["host_read_gbps"] > 0
     assert res["ratio_gguf"] == pytest.approx(res["gbps_gguf"] / res["host_read_gbps"])
+    own = res["weights_read_gbps"]  # a read of the pool's own weight pages
+    assert own > 0 and res["ratio_gguf_weights"] == pytest.approx(res["gbps_gguf"] / own)
 
 
 def test_importing_strata_cpu_pulls_in_no_gpu_engine_or_server():

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 import numba
 import numpy as np
 
-from strata.cpu.bandwidth import host_read_bandwidth
+from strata.cpu.bandwidth import host_read_bandwidth, read_bandwidth
 from strata.cpu.kernels.simd import simd_level
 from strata.cpu.pool import ExpertPool, prepare_layer
 from strata.model.synth import SHAPES
@@ -232,6 +232,7 @@ def run_cpu_pool_arm(
     sec, nbytes, gbytes, active = time_pool(pool, lws, d, tokens, k, repeats)
     time.sleep(0.05)  # the pool's threads asleep before the read (a team's members spin 4 ms)
     host = host_read_bandwidth(threads)
+    own = read_bandwidth([m.data for x in lws for m in (x.gate, x.up, x.down)], threads)
     res = {
         "arm": "cpu-pool",
         "shape": shape,
@@ -251,6 +252,11 @@ def run_cpu_pool_arm(
         "quant_min_tasks": pool.quant_min_tasks,
         "seconds": sec,
         **_rates(gbytes, nbytes, sec, host),
+        # the same two reads over the pool's own weight pages (read_bandwidth: where a VM's
+        # buffers differ in speed, this one sits where the pool's bytes sit)
+        "weights_read_gbps": own["gbps"],
+        "ratio_gguf_weights": gbytes / sec / 1e9 / own["gbps"],
+        "ratio_read_weights": nbytes / sec / 1e9 / own["gbps"],
         "decode_tok_s_all_cpu": 1.0 / (sec * n_layer) if tokens == 1 else None,
         "waited_for_quiet": quiet,
         **_stamp(),
@@ -547,17 +553,19 @@ def format_table(results: list[dict]) -> str:
     head = (
         f"{'shape':<14} {'quant':<8} {'layout':<14} {'thr':>3} {'T':>4} {'K':>2} "
         f"{'experts':>7} {'MB gguf':>8} {'MB read':>8} {'ms':>8} {'GB/s gguf':>9} "
-        f"{'GB/s read':>9} {'host GB/s':>9} {'ratio':>6} {'tok/s':>6}"
+        f"{'GB/s read':>9} {'host GB/s':>9} {'ratio':>6} {'own GB/s':>8} {'ratio':>6} {'tok/s':>6}"
     )
     lines = [head]
     for r in results:
         tps = r.get("decode_tok_s_all_cpu")
+        own, ro = r.get("weights_read_gbps"), r.get("ratio_gguf_weights")
         lines.append(
             f"{r['shape']:<14} {r['quant']:<8} {r['layout']:<14} {r['threads']:>3} "
             f"{r['tokens']:>4} {r['experts_per_token']:>2} {r['active_experts']:>7} "
             f"{r['weight_bytes_gguf'] / 1e6:>8.2f} {r['weight_bytes_read'] / 1e6:>8.2f} "
             f"{r['seconds'] * 1e3:>8.3f} {r['gbps_gguf']:>9.2f} {r['gbps_read']:>9.2f} "
             f"{r['host_read_gbps']:>9.2f} {r['ratio_gguf']:>6.2f} "
+            f"{(f'{own:.2f}' if own else '-'):>8} {(f'{ro:.2f}' if ro else '-'):>6} "
             f"{(f'{tps:.1f}' if tps else '-'):>6}"
         )
     return "\n".join(lines)

@@ -72,31 +72,56 @@ def host_read_bandwidth(n_threads: int, nbytes: int | None = None, repeats: int 
     """
     nbytes = nbytes or max(8 * llc_bytes(), 256 << 20)
     buf = np.ones(nbytes // (8 * ROW) * ROW, np.uint64)  # written once: every page is there
-    rows = buf.reshape(-1, ROW)
+    return _measure([buf], n_threads, repeats)
+
+
+def read_bandwidth(arrays, n_threads: int, repeats: int = 5) -> dict:
+    """The same two reads over existing C-contiguous arrays, one after another (each cut to
+    whole 4 KiB rows): e.g. the pool's own weights, read from the same pages the pool reads.
+    On a virtual machine two buffers of one process can sit in memory of different speed
+    (bench/results/session12-h200-20261130.md: 89-135 GB/s between processes for the same
+    read), so the pool's figure is also given against a read of its own bytes."""
+    bufs = []
+    for a in arrays:
+        b = a.reshape(-1).view(np.uint8)  # (raises for a non-contiguous array: no copy)
+        n = b.nbytes // (8 * ROW) * (8 * ROW)
+        if n:
+            bufs.append(b[:n].view(np.uint64))
+    if not bufs:
+        raise ValueError("no whole 4 KiB row to read in the arrays given")
+    return _measure(bufs, n_threads, repeats)
+
+
+def _measure(bufs: list, n_threads: int, repeats: int) -> dict:
+    rows = [b.reshape(-1, ROW) for b in bufs]
+    total = sum(b.nbytes for b in bufs)
     acc = np.zeros(n_threads, np.uint64)
     prev = numba.get_num_threads()
     numba.set_num_threads(n_threads)
     times: dict[str, list[float]] = {"plain": [], "prefetch": []}
     try:
-        _read(buf, n_threads, acc)  # compile, and fault in the TLB
-        _read_pf(rows, n_threads, acc)
+        for b, r in zip(bufs, rows, strict=True):
+            _read(b, n_threads, acc)  # compile, and fault in the TLB
+            _read_pf(r, n_threads, acc)
         for i in range(repeats):
             for arm in ("plain", "prefetch") if i % 2 == 0 else ("prefetch", "plain"):
                 t0 = time.perf_counter()
                 if arm == "plain":
-                    _read(buf, n_threads, acc)
+                    for b in bufs:
+                        _read(b, n_threads, acc)
                 else:
-                    _read_pf(rows, n_threads, acc)
+                    for r in rows:
+                        _read_pf(r, n_threads, acc)
                 times[arm].append(time.perf_counter() - t0)
     finally:
         numba.set_num_threads(prev)
-    med = {arm: buf.nbytes / float(np.median(ts)) / 1e9 for arm, ts in times.items()}
+    med = {arm: total / float(np.median(ts)) / 1e9 for arm, ts in times.items()}
     top = max(med, key=med.get)
     return {
         "gbps": med[top],
-        "best_gbps": buf.nbytes / min(times[top]) / 1e9,
+        "best_gbps": total / min(times[top]) / 1e9,
         "plain_gbps": med["plain"],
         "prefetch_gbps": med["prefetch"],
-        "bytes": int(buf.nbytes),
+        "bytes": int(total),
         "threads": n_threads,
     }
