@@ -127,3 +127,31 @@ def test_team_switch_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("STRATA_POOL_TEAM", "1")
     assert ExpertPool(2).team
     assert not ExpertPool(2, team=False).team
+
+
+def test_a_forked_child_starts_its_own_team():
+    """Threads do not survive fork(): a pool used in a child process (a server's worker) starts
+    a team there instead of waiting for members that do not exist."""
+    import multiprocessing as mp
+
+    from strata.bench.cpu_pool import _routes, make_layer
+    from strata.cpu.pool import ExpertPool
+
+    lw = make_layer("qwen3-30b-a3b", "IQ3_XXS", seed=int(np.random.default_rng().integers(1000)))
+    rng = np.random.default_rng()
+    x = rng.standard_normal((1, lw.gate.cols)).astype(np.float32)
+    r = _routes(rng, 1, lw.gate.n_expert, 8)
+    pool = ExpertPool(2, team=True)
+    want = pool.run_layer(x, *r, lw).copy()  # the parent's team is running now
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        q.put(pool.run_layer(x, *r, lw).copy())
+
+    p = ctx.Process(target=child)
+    p.start()
+    got = q.get(timeout=120)
+    p.join(timeout=30)
+    assert p.exitcode == 0
+    np.testing.assert_array_equal(got, want)

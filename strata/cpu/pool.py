@@ -28,6 +28,11 @@ on 2 threads and more on 16, and a decode layer with 1-3 missed experts has only
 work. One thread runs everything without any region. The per-phase mode (STRATA_POOL_FUSED=0,
 or a threading layer that may run two iterations on one thread) launches one region per phase.
 
+Where futexes exist (Linux) the fused phases run on a resident team of threads instead of a
+parallel region (`team`, env STRATA_POOL_TEAM, default on; strata/cpu/team.py): the call's
+arrays travel by address in an int64 job descriptor (`_run_team`, `_team_share`), starting work
+on 16 threads takes ~0.5 us instead of ~5 (bench/results/session12-h200-20261130.md).
+
 Phases 1 and 3 run on one thread below `quant_min_tasks` rows, or always with parallel_quant
 off (STRATA_POOL_PARALLEL_QUANT=0: the sequential A/B arm). The threshold
 (STRATA_POOL_QUANT_MIN_TASKS) defaults to 1 in the fused mode (its split costs no extra region)
@@ -826,6 +831,10 @@ class ExpertPool:
     them; on the H200's host at T = 1 the down phase went from ~49-66 to ~70 GB/s and the layer
     5-15% faster (bench/results/session10-h200-20261130.md). The same sums in the same order.
 
+    `team` (env STRATA_POOL_TEAM, default on where `strata.cpu.team.SUPPORTED`) runs the fused
+    phases on the process's resident team of `n_threads` (shared by pools of that size; calls
+    from two threads take turns) instead of a Numba region: the same bits, no region to start.
+
     `units` and `down_units` (env STRATA_POOL_UNITS, STRATA_POOL_DOWN_UNITS; defaults
     DEFAULT_UNITS, DEFAULT_DOWN_UNITS) schedule phases 2 and 4 dynamically: each cut into about
     that many work units a thread, taken from shared counters, so a thread that streams slower
@@ -896,6 +905,7 @@ class ExpertPool:
             team = _env_flag("STRATA_POOL_TEAM", True)
         self.team = bool(team) and TEAM_SUPPORTED
         self._job = np.zeros(JOB_LEN, np.int64)  # the team's job descriptor
+        self._team = None  # the shared team this pool last ran on
         numba.set_num_threads(n)  # launches the threading layer: its ctypes getter exists now
         # the raw getter behind numba.get_num_threads (a private name: fall back if it moves)
         self._get_threads = getattr(_numba_parallel, "_get_num_threads", numba.get_num_threads)
@@ -1070,10 +1080,8 @@ class ExpertPool:
         plan = self._plans.get(id(lw))
         if plan is None or plan[0] is not lw:
             plan = self._plan(lw)
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        tok = np.ascontiguousarray(tok, dtype=np.int32)
-        expert = np.ascontiguousarray(expert, dtype=np.int32)
-        weight = np.ascontiguousarray(weight, dtype=np.float32)
+        x, weight = _c_array(x, _F32), _c_array(weight, _F32)
+        tok, expert = _c_array(tok, _I32), _c_array(expert, _I32)
         if x.ndim != 2:
             raise ValueError(f"x must be [T, D], got shape {list(x.shape)}")
         t_n, dim = x.shape
@@ -1138,7 +1146,9 @@ class ExpertPool:
 
     def _run_team(self, plan, flags, x, tok, expert, weight, out) -> int:
         """The call on the process's resident team of this size (`_run_team`, `shared_team`)."""
-        team = shared_team(self.n_threads)
+        team = self._team
+        if team is None or not team.alive():
+            team = self._team = shared_team(self.n_threads)
         fn = plan[2].get(("team", flags))
         lw = plan[0]
         kn = self._knobs(True)
@@ -1163,6 +1173,17 @@ class ExpertPool:
         self.last_bytes = na * lw.expert_nbytes
         self.last_gguf_bytes = na * lw.expert_gguf_bytes
         return out
+
+
+_F32, _I32 = np.dtype(np.float32), np.dtype(np.int32)
+
+
+def _c_array(a, dt: np.dtype) -> np.ndarray:
+    """a as a C-contiguous array of dtype dt: a itself when it already is one (the common case,
+    checked in ~0.1 us against np.ascontiguousarray's ~0.5)."""
+    if type(a) is np.ndarray and a.dtype is dt and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(a, dtype=dt)
 
 
 @njit(cache=True)
