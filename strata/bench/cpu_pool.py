@@ -338,7 +338,8 @@ def arm_spec(spec: str) -> tuple[str, dict]:
     layout, then the pool's knobs (l2 / l1: rows ahead into L2 or L1; pf=N: at least N bytes
     ahead; u=N / d=N: N gate/up / down work units a thread in the dynamic schedule, 0 the
     static split; wp=0 / wp=1: barriers that only wait / prefetch the next phase's first rows;
-    dx=0 / dx=1: down in runs of rows of every expert / expert-major, then summed) or
+    dx=0 / dx=1: down in runs of rows of every expert / expert-major, then summed; eq=0 / eq=1:
+    the intermediate quantized after a barrier / by the thread completing each block) or
     k=CODE, a kernel code of strata.cpu.kernels.dispatch that reads that layout (returned as
     "kernel"; the pool itself never takes it)."""
     lay, *opts = spec.split("@")
@@ -356,12 +357,14 @@ def arm_spec(spec: str) -> tuple[str, dict]:
             kw["wait_prefetch"] = o == "wp=1"
         elif o in ("dx=0", "dx=1"):
             kw["down_by_expert"] = o == "dx=1"
+        elif o in ("eq=0", "eq=1"):
+            kw["eager_quant"] = o == "eq=1"
         elif o.startswith("k=") and o[2:].isdigit():
             kw["kernel"] = int(o[2:])
         else:
             raise ValueError(
                 f"unknown pool option {o!r} in arm {spec!r}"
-                " (l1, l2, pf=BYTES, u=UNITS, d=UNITS, wp=0|1, dx=0|1, k=KERNEL)"
+                " (l1, l2, pf=BYTES, u=UNITS, d=UNITS, wp=0|1, dx=0|1, eq=0|1, k=KERNEL)"
             )
     return lay, kw
 
@@ -460,6 +463,8 @@ def run_layout_ab(
                 "down_units": pools[lay].down_units,
                 "wait_prefetch": pools[lay].wait_prefetch,
                 "down_by_expert": pools[lay].down_by_expert,
+                "eager_quant": pools[lay].eager_quant,
+                "team": pools[lay].team,
                 "prefetch_l2": pools[lay].prefetch_l2,
                 "kernels": [lw.gate.kernel, lw.up.kernel, lw.down.kernel],
                 "threads": threads,

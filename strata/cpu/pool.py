@@ -15,6 +15,9 @@ weights' vec_dot type. Phases inside the one jitted function:
        that threads take from a shared counter (or: one contiguous run a
        thread, the static split)
     3. quantize the intermediate [N, F]: (task, block) units               parallel
+       (by default inside phase 2: the thread that completes a block's
+       rows quantizes it, `_eager_quant`; STRATA_POOL_EAGER_QUANT=0 runs
+       it as a phase between two barriers)
     4. down + weighted sum: runs of D rows, all active experts a run,      parallel
        taken from a second counter (or split evenly); or, for decode
        batches, expert-major (the default, fused region, dynamic schedule):
@@ -132,6 +135,7 @@ MIN_GATE_WORK = 16
 # 8 tasks x 2048 = 64 KiB; prefill batches keep the runs of every expert)
 YB_BYTES = 1 << 20
 GU_CTR, DN_CTR = 8, 16  # bar[] slots of the units' counters (cache lines of their own)
+HB0 = 24  # bar[HB0 + ia * nblk + b]: rows of block b of active expert ia's h done (eager quant)
 SPIN_BEFORE_YIELD = 256  # pause spins (~5-20 us) before a barrier yields its core
 SPIN_LIMIT = 1 << 24  # barrier checks before giving up (seconds of yields): then fall back
 # threading layers whose prange(nt) over nt threads runs one iteration on each thread, all at
@@ -289,7 +293,7 @@ def _this_and_next(u, nxt, ia, ufirst, urows, rows, na, active):
 @njit(cache=True)
 def _gate_up_dyn(
     tid, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-    gk, gw, actg, uk, uw, actu, h, pf, pfl2,
+    gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth,
 ):  # fmt: skip
     """Phase 2 scheduled dynamically: units of `urows[ia]` rows of expert slot ia (unit ids
     ufirst[ia].., about `units` of them a thread), thread tid's first unit tid, then each next
@@ -308,7 +312,28 @@ def _gate_up_dyn(
             active[ia], r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu,
             h, ahead, pfl2,
         )  # fmt: skip
+        if eq:
+            _eager_quant(ia, active[ia], r0, r1, f, start, cnt, bar, h, ad, acth)
         u = nxt
+
+
+@njit(cache=True)
+def _eager_quant(ia, e, r0, r1, f, start, cnt, bar, h, ad, acth):
+    """Rows r0..r1 of expert e's h are done: count them into the blocks (quantization units)
+    they fall in; the thread that completes a block quantizes it for every task of e (phase 3
+    done inside phase 2: no barrier and no phase of its own; the same units, the same bytes as
+    `_quant_share`). The completing thread resets the block's counter for the next call."""
+    unit = act_unit(ad)
+    nblk = f // unit
+    b = r0 // unit
+    while b * unit < r1:
+        done = min(r1, (b + 1) * unit) - max(r0, b * unit)
+        slot = HB0 + ia * nblk + b
+        if atomic_add(bar, slot, done) + done == unit:
+            bar[slot] = 0
+            for p in range(start[e], cnt[e]):
+                quantize_units(h[p], ad, p, acth[0], acth[1], acth[2], acth[3], acth[4], b, b + 1)
+        b += 1
 
 
 @njit(cache=True)
@@ -442,12 +467,12 @@ def _down_reduce(tid, nt, na, dim, tok, wt, order, start, cnt, active, yb, out):
 @njit(cache=True)
 def _gate_up_phase(
     tid, nt, dyn, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-    gk, gw, actg, uk, uw, actu, h, pf, pfl2,
+    gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth,
 ):  # fmt: skip
     if dyn:
         _gate_up_dyn(
             tid, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-            gk, gw, actg, uk, uw, actu, h, pf, pfl2,
+            gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth,
         )  # fmt: skip
     else:
         _gate_up_share(
@@ -481,11 +506,12 @@ def _quant_x(tid, nt, x, ag, actg, au, actu):
 def _fused_share(
     tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, bx, waitpf, pf, pfl2, x, tok, wt, order, start,
     cnt, active, na, ufirst, urows, dfirst, drows, yb, gw, gk, uw, uk, dw, dk, ag, actg, au, actu,
-    ad, acth, h, out, bar, stats, trace,
+    ad, acth, h, out, bar, stats, trace, eq,
 ):  # fmt: skip
     """All four phases for thread tid in one parallel region, a spin barrier between phases.
 
     Phases 1 and 3 run on thread 0 alone when their quantization is not parallel (q1, q3).
+    eq (with q3 and dyn_g): phase 3 inside phase 2 (`_eager_quant`), one barrier fewer.
     bx: phase 4 expert-major (`_down_expert_dyn` into yb, a barrier, `_down_reduce`).
     trace[tid] gets the cycle counter at entry and at the end of each phase and barrier
     (TRACE_STAMPS; a timestamp costs ~10 ns; without bx the last two equal "down")."""
@@ -513,9 +539,10 @@ def _fused_share(
         stats[2] = 1
         return
     tr[2] = cycle_counter()
+    eq = eq and q3 and dyn_g
     _gate_up_phase(
         tid, nt, dyn_g, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-        gk, gw, actg, uk, uw, actu, h, pf, pfl2,
+        gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth,
     )  # fmt: skip
     tr[3] = cycle_counter()
     k = _barrier(bar, 2 * nt, dw, none, active, ja, dn, d0, d1 - d0, dim, 0)
@@ -523,12 +550,17 @@ def _fused_share(
         stats[2] = 1
         return
     tr[4] = cycle_counter()
-    if q3 or tid == 0:
-        _quant_share(tid if q3 else np.int64(0), nt if q3 else 1, h, n, ad, acth)
-    tr[5] = cycle_counter()
-    if _barrier(bar, 3 * nt, dw, none, active, ja, dn, d0, d1 - d0, dim, k) < 0:
-        stats[2] = 1
-        return
+    nb = 2  # barriers passed
+    if not eq:
+        if q3 or tid == 0:
+            _quant_share(tid if q3 else np.int64(0), nt if q3 else 1, h, n, ad, acth)
+        tr[5] = cycle_counter()
+        if _barrier(bar, 3 * nt, dw, none, active, ja, dn, d0, d1 - d0, dim, k) < 0:
+            stats[2] = 1
+            return
+        nb = 3
+    else:
+        tr[5] = tr[4]
     tr[6] = cycle_counter()
     if not bx:
         _down_phase(
@@ -541,7 +573,7 @@ def _fused_share(
         tid, na, dim, start, cnt, active, dfirst, drows, bar, dk, dw, acth, yb, pf, pfl2
     )
     tr[7] = cycle_counter()
-    if _barrier(bar, 4 * nt, dw, none, active, 0, 0, 0, 0, dim, 0) < 0:
+    if _barrier(bar, (nb + 1) * nt, dw, none, active, 0, 0, 0, 0, dim, 0) < 0:
         stats[2] = 1
         return
     tr[8] = cycle_counter()
@@ -552,7 +584,7 @@ def _fused_share(
 @njit(cache=True)
 def _group(
     t_n, n, tok, ex, n_expert, f, dim, order, cnt, start, active, ufirst, urows, dfirst, drows,
-    yb, bar, stats, nt, par_quant, min_tasks, chunk, fused, units, down_units, dx,
+    yb, bar, stats, nt, par_quant, min_tasks, chunk, fused, units, down_units, dx, ad,
 ):  # fmt: skip
     """Phase 0 (serial): the tasks grouped by expert (ascending), ids checked, the units of the
     dynamic schedule cut and the barrier counters reset. Returns (na, q1, q3, run, dyn_g, dyn_d,
@@ -594,6 +626,9 @@ def _group(
     bar[GU_CTR] = nt  # units 0..nt-1 are the threads' first, taken without the counter
     bar[DN_CTR] = nt
     bar[0] = 0
+    nblk = f // act_unit(ad)  # the eager quantization's block counters (a call cut short by a
+    for i in range(HB0, min(bar.shape[0], HB0 + na * nblk)):  # barrier timeout leaves some)
+        bar[i] = 0
     return na, q1, q3, run, dyn_g, dyn_d, bx
 
 
@@ -602,7 +637,7 @@ def _run_layer(
     x, tok, ex, wt, out,
     gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
     actg, actu, acth, h, order, cnt, start, active, ufirst, urows, dfirst, drows, yb, bar, stats,
-    trace, nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units, down_units, waitpf, dx,
+    trace, nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units, down_units, waitpf, dx, eq,
 ):  # fmt: skip
     literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
     literally(uk)
@@ -613,7 +648,7 @@ def _run_layer(
     dim = dw.shape[0] // n_expert
     na, q1, q3, run, dyn_g, dyn_d, bx = _group(
         t_n, n, tok, ex, n_expert, f, dim, order, cnt, start, active, ufirst, urows, dfirst,
-        drows, yb, bar, stats, nt, par_quant, min_tasks, chunk, fused, units, down_units, dx,
+        drows, yb, bar, stats, nt, par_quant, min_tasks, chunk, fused, units, down_units, dx, ad,
     )  # fmt: skip
     if na < 0:
         return na
@@ -622,7 +657,7 @@ def _run_layer(
         _fused_share(
             0, 1, False, False, n, f, dim, run, False, False, False, False, pf, pfl2, x, tok, wt,
             order, start, cnt, active, na, ufirst, urows, dfirst, drows, yb,
-            gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
+            gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace, False,
         )  # fmt: skip
         trace[nt, 1] = cycle_counter()
         return na
@@ -632,6 +667,7 @@ def _run_layer(
                 tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, bx, waitpf, pf, pfl2, x, tok, wt,
                 order, start, cnt, active, na, ufirst, urows, dfirst, drows, yb,
                 gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
+                eq,
             )  # fmt: skip
         trace[nt, 1] = cycle_counter()  # ... and after it (row nt: the caller's two stamps)
         return -ERR_BARRIER if stats[2] else na
@@ -647,7 +683,7 @@ def _run_layer(
     for tid in prange(nt):
         _gate_up_phase(
             tid, nt, dyn_g, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-            gk, gw, actg, uk, uw, actu, h, pf, pfl2,
+            gk, gw, actg, uk, uw, actu, h, pf, pfl2, False, ad, acth,
         )  # fmt: skip
     # ---- 3. quantize the intermediate rows (one per task, in grouped order)
     if q3:
@@ -669,11 +705,12 @@ def _run_layer(
 # native address, which takes only integers)
 J_Q1, J_Q3, J_N, J_F, J_DIM, J_RUN, J_DYNG, J_DYND, J_BX, J_WAITPF, J_PF, J_PFL2 = range(12)
 J_NA, J_AG, J_AU, J_AD = range(12, 16)
+J_EQ = 16
 _JOB_ARRAYS = ("x", "tok", "wt", "out", "gw", "uw", "dw", "order", "cnt", "start", "active")
 _JOB_ARRAYS += ("ufirst", "urows", "dfirst", "drows", "yb", "h", "bar", "stats", "trace")
 _JOB_ARRAYS += tuple(f"{a}{i}" for a in ("actg", "actu", "acth") for i in range(5))
-_SLOT = {name: 16 + 3 * i for i, name in enumerate(_JOB_ARRAYS)}  # (address, rows, cols)
-JOB_LEN = 16 + 3 * len(_JOB_ARRAYS)
+_SLOT = {name: 20 + 3 * i for i, name in enumerate(_JOB_ARRAYS)}  # (address, rows, cols)
+JOB_LEN = 20 + 3 * len(_JOB_ARRAYS)
 A_X, A_TOK, A_WT, A_OUT = _SLOT["x"], _SLOT["tok"], _SLOT["wt"], _SLOT["out"]
 A_GW, A_ORDER, A_CNT, A_START = _SLOT["gw"], _SLOT["order"], _SLOT["cnt"], _SLOT["start"]
 A_ACTIVE, A_UFIRST, A_UROWS = _SLOT["active"], _SLOT["ufirst"], _SLOT["urows"]
@@ -733,7 +770,7 @@ def _team_share(tid, nt, jaddr, gk, uk, dk):
         _j2(job, A_GW + 6, np.uint8), dk, job[J_AG], _jact(job, A_ACTG), job[J_AU],
         _jact(job, A_ACTU), job[J_AD], _jact(job, A_ACTH), _j2(job, A_H, np.float32),
         _j2(job, A_OUT, np.float32), _j1(job, A_BAR, np.int64), _j1(job, A_STATS, np.int64),
-        _j2(job, A_TRACE, np.int64),
+        _j2(job, A_TRACE, np.int64), job[J_EQ] != 0,
     )  # fmt: skip
     return 0
 
@@ -741,7 +778,7 @@ def _team_share(tid, nt, jaddr, gk, uk, dk):
 @njit(cache=True, nogil=True)
 def _run_team(
     x, tok, ex, wt, out, ldesc, job, ctl, gk, uk, dk,
-    nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx,
+    nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx, eq,
 ):  # fmt: skip
     """`_run_layer`'s fused mode on the resident team: phase 0 here, then the job (this call's
     arrays, the layer's weights from ldesc, the workspaces the pool put in job) published to
@@ -761,7 +798,7 @@ def _run_team(
         _j1(job, A_CNT, np.int64), _j1(job, A_START, np.int64), _j1(job, A_ACTIVE, np.int64),
         _j1(job, A_UFIRST, np.int64), _j1(job, A_UROWS, np.int64), _j1(job, A_DFIRST, np.int64),
         _j1(job, A_DROWS, np.int64), _j2(job, A_YB, np.float32), _j1(job, A_BAR, np.int64),
-        stats, nt, par_quant, min_tasks, chunk, True, units, down_units, dx,
+        stats, nt, par_quant, min_tasks, chunk, True, units, down_units, dx, ldesc[L_AD],
     )  # fmt: skip
     if na < 0:
         return na
@@ -773,7 +810,7 @@ def _run_team(
         job[A_GW + k] = ldesc[k]
     job[J_Q1], job[J_Q3], job[J_N], job[J_F], job[J_DIM], job[J_RUN] = q1, q3, n, f, dim, run
     job[J_DYNG], job[J_DYND], job[J_BX], job[J_WAITPF] = dyn_g, dyn_d, bx, waitpf
-    job[J_PF], job[J_PFL2], job[J_NA] = pf, pfl2, na
+    job[J_PF], job[J_PFL2], job[J_NA], job[J_EQ] = pf, pfl2, na, eq
     job[J_AG], job[J_AU], job[J_AD] = ldesc[L_AG], ldesc[L_AU], ldesc[L_AD]
     trace[nt, 0] = cycle_counter()  # the calling thread: before the job is published ...
     jaddr = job.ctypes.data
@@ -857,6 +894,7 @@ class ExpertPool:
         wait_prefetch: bool | None = None,
         down_by_expert: bool | None = None,
         team: bool | None = None,
+        eager_quant: bool | None = None,
     ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
@@ -901,6 +939,9 @@ class ExpertPool:
         if down_by_expert is None:  # STRATA_POOL_DOWN_BY_EXPERT=0: runs of every expert (A/B)
             down_by_expert = _env_flag("STRATA_POOL_DOWN_BY_EXPERT", True)
         self.down_by_expert = bool(down_by_expert)
+        if eager_quant is None:  # STRATA_POOL_EAGER_QUANT=0: phase 3 after a barrier (A/B arm)
+            eager_quant = _env_flag("STRATA_POOL_EAGER_QUANT", True)
+        self.eager_quant = bool(eager_quant)
         if team is None:  # STRATA_POOL_TEAM=0: Numba's parallel regions (the A/B arm)
             team = _env_flag("STRATA_POOL_TEAM", True)
         self.team = bool(team) and TEAM_SUPPORTED
@@ -1007,6 +1048,8 @@ class ExpertPool:
                 yb=np.zeros((min(n_cap, max(1, YB_BYTES // (4 * dim))), dim), np.float32),
                 out=np.zeros((t_cap, dim), np.float32),
             )
+            # barrier and unit counters, then the eager quantization's block counters
+            self._bar = np.zeros(HB0 + n_expert * max(1, f // 32), np.int64)
             names = ("actg", "actu", "acth", "h", "order", "cnt", "start", "active")
             names += ("ufirst", "urows", "dfirst", "drows", "yb")
             self._ws_args = (*(ws[k] for k in names), self._bar, self._stats, self._trace)
@@ -1052,6 +1095,7 @@ class ExpertPool:
             self.down_units,
             self.wait_prefetch,
             self.down_by_expert,
+            self.eager_quant,
         )
 
     # ---- where the last call's time went
