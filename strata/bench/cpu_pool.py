@@ -312,10 +312,9 @@ def run_quant_ab(
         for a, ts in times.items():
             row[a] = float(np.median(ts))
             row[a + "_best"] = min(ts)
+        min_tasks = default._knobs(default.fused)[2]  # (1 in the fused region or on the team)
         row["default"] = (
-            "parallel"
-            if default.parallel_quant and t * k >= default.quant_min_tasks
-            else "sequential"
+            "parallel" if default.parallel_quant and t * k >= min_tasks else "sequential"
         )
         rows.append(row)
     if print_table:
