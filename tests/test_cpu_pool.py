@@ -131,9 +131,9 @@ def test_pool_is_deterministic_across_calls_threads_region_modes_and_quant_arms(
         ExpertPool(2, wait_prefetch=False),  # barriers that only wait
         ExpertPool(2, down_by_expert=False),  # down in runs of rows of every expert
         ExpertPool(2, down_by_expert=False, units=0, down_units=0),
-        ExpertPool(2, eager_quant=False),  # the intermediate quantized after a barrier
-        ExpertPool(2, eager_quant=False, team=False),
-        ExpertPool(2, team=False),  # eager quantization in a parallel region
+        ExpertPool(2, eager_quant=True),  # the intermediate quantized inside gate/up
+        ExpertPool(2, eager_quant=True, team=False),  # ... in a parallel region
+        ExpertPool(2, team=False),
     ):
         for _ in range(3):
             assert np.array_equal(pool.run_layer(x, *args, lw), first)
@@ -261,9 +261,9 @@ def test_pool_knobs_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("STRATA_POOL_DOWN_UNITS", "2")
     monkeypatch.setenv("STRATA_POOL_WAIT_PREFETCH", "0")
     monkeypatch.setenv("STRATA_POOL_DOWN_BY_EXPERT", "0")
-    monkeypatch.setenv("STRATA_POOL_EAGER_QUANT", "0")
+    monkeypatch.setenv("STRATA_POOL_EAGER_QUANT", "1")
     pool = ExpertPool(1)
-    assert not pool.eager_quant and ExpertPool(1, eager_quant=True).eager_quant
+    assert pool.eager_quant and not ExpertPool(1, eager_quant=False).eager_quant
     assert (pool.units, pool.down_units, pool.wait_prefetch) == (0, 2, False)
     assert not pool.down_by_expert and ExpertPool(1, down_by_expert=True).down_by_expert
     assert ExpertPool(1, units=4).units == 4  # flags beat the environment

@@ -15,9 +15,8 @@ weights' vec_dot type. Phases inside the one jitted function:
        that threads take from a shared counter (or: one contiguous run a
        thread, the static split)
     3. quantize the intermediate [N, F]: (task, block) units               parallel
-       (by default inside phase 2: the thread that completes a block's
-       rows quantizes it, `_eager_quant`; STRATA_POOL_EAGER_QUANT=0 runs
-       it as a phase between two barriers)
+       (or, STRATA_POOL_EAGER_QUANT=1, inside phase 2: the thread that
+       completes a block's rows quantizes it, `_eager_quant`)
     4. down + weighted sum: runs of D rows, all active experts a run,      parallel
        taken from a second counter (or split evenly); or, for decode
        batches, expert-major (the default, fused region, dynamic schedule):
@@ -939,8 +938,9 @@ class ExpertPool:
         if down_by_expert is None:  # STRATA_POOL_DOWN_BY_EXPERT=0: runs of every expert (A/B)
             down_by_expert = _env_flag("STRATA_POOL_DOWN_BY_EXPERT", True)
         self.down_by_expert = bool(down_by_expert)
-        if eager_quant is None:  # STRATA_POOL_EAGER_QUANT=0: phase 3 after a barrier (A/B arm)
-            eager_quant = _env_flag("STRATA_POOL_EAGER_QUANT", True)
+        if eager_quant is None:  # STRATA_POOL_EAGER_QUANT=1: phase 3 inside phase 2 (A/B arm;
+            # on the H200's host equal at T = 1, 1% faster at 64, 2% slower at 512: off)
+            eager_quant = _env_flag("STRATA_POOL_EAGER_QUANT", False)
         self.eager_quant = bool(eager_quant)
         if team is None:  # STRATA_POOL_TEAM=0: Numba's parallel regions (the A/B arm)
             team = _env_flag("STRATA_POOL_TEAM", True)
