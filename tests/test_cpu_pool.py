@@ -131,9 +131,9 @@ def test_pool_is_deterministic_across_calls_threads_region_modes_and_quant_arms(
         ExpertPool(2, wait_prefetch=False),  # barriers that only wait
         ExpertPool(2, down_by_expert=False),  # down in runs of rows of every expert
         ExpertPool(2, down_by_expert=False, units=0, down_units=0),
-        ExpertPool(2, eager_quant=True),  # the intermediate quantized inside gate/up
+        ExpertPool(2, team=True),  # the resident team (the default from 4 threads)
+        ExpertPool(2, eager_quant=True, team=True),  # the intermediate quantized inside gate/up
         ExpertPool(2, eager_quant=True, team=False),  # ... in a parallel region
-        ExpertPool(2, team=False),
     ):
         for _ in range(3):
             assert np.array_equal(pool.run_layer(x, *args, lw), first)

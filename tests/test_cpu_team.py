@@ -120,8 +120,11 @@ def test_pool_on_the_team_gives_the_bits_of_regions(quant, threads):
 
 
 def test_team_switch_comes_from_the_environment(monkeypatch):
-    from strata.cpu.pool import ExpertPool
+    from strata.cpu.pool import TEAM_MIN_THREADS, ExpertPool
 
+    monkeypatch.delenv("STRATA_POOL_TEAM", raising=False)
+    assert not ExpertPool(2).team  # on two threads regions are the default (measured)
+    assert TEAM_MIN_THREADS > 2
     monkeypatch.setenv("STRATA_POOL_TEAM", "0")
     assert not ExpertPool(2).team
     monkeypatch.setenv("STRATA_POOL_TEAM", "1")

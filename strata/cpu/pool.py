@@ -140,6 +140,10 @@ SPIN_LIMIT = 1 << 24  # barrier checks before giving up (seconds of yields): the
 # threading layers whose prange(nt) over nt threads runs one iteration on each thread, all at
 # once (static schedule), which the in-region barrier needs; TBB may run two on one thread
 FUSED_LAYERS = ("omp", "workqueue")
+# the resident team by default from this many threads: on the H200's 16 cores a T = 1 layer took
+# 1-9% less on it than on regions (median 5%); on the 2-vCPU dev VM, where a region starts in
+# ~1 us and a layer takes ~1.5 ms, 1.4-1.9% more (bench/results/session12-h200-20261130.md)
+TEAM_MIN_THREADS = 4
 
 
 @njit(cache=True)
@@ -867,7 +871,8 @@ class ExpertPool:
     them; on the H200's host at T = 1 the down phase went from ~49-66 to ~70 GB/s and the layer
     5-15% faster (bench/results/session10-h200-20261130.md). The same sums in the same order.
 
-    `team` (env STRATA_POOL_TEAM, default on where `strata.cpu.team.SUPPORTED`) runs the fused
+    `team` (env STRATA_POOL_TEAM; default on from TEAM_MIN_THREADS threads where
+    `strata.cpu.team.SUPPORTED`) runs the fused
     phases on the process's resident team of `n_threads` (shared by pools of that size; calls
     from two threads take turns) instead of a Numba region: the same bits, no region to start.
 
@@ -942,8 +947,8 @@ class ExpertPool:
             # on the H200's host equal at T = 1, 1% faster at 64, 2% slower at 512: off)
             eager_quant = _env_flag("STRATA_POOL_EAGER_QUANT", False)
         self.eager_quant = bool(eager_quant)
-        if team is None:  # STRATA_POOL_TEAM=0: Numba's parallel regions (the A/B arm)
-            team = _env_flag("STRATA_POOL_TEAM", True)
+        if team is None:  # STRATA_POOL_TEAM=0/1: Numba's parallel regions / the team
+            team = _env_flag("STRATA_POOL_TEAM", n >= TEAM_MIN_THREADS)
         self.team = bool(team) and TEAM_SUPPORTED
         self._job = np.zeros(JOB_LEN, np.int64)  # the team's job descriptor
         self._team = None  # the shared team this pool last ran on
