@@ -31,7 +31,8 @@ work. One thread runs everything without any region. The per-phase mode (STRATA_
 or a threading layer that may run two iterations on one thread) launches one region per phase.
 
 Where futexes exist (Linux) the fused phases run on a resident team of threads instead of a
-parallel region (`team`, env STRATA_POOL_TEAM, default on; strata/cpu/team.py): the call's
+parallel region (`team`, env STRATA_POOL_TEAM, default on from TEAM_MIN_THREADS threads;
+strata/cpu/team.py): the call's
 arrays travel by address in an int64 job descriptor (`_run_team`, `_team_share`), starting work
 on 16 threads takes ~0.5 us instead of ~5 (bench/results/session12-h200-20261130.md).
 
@@ -1013,8 +1014,8 @@ class ExpertPool:
         """The team's descriptor of a layer (L_* slots), None where it cannot take the layer
         (no team, or weights that are not C-contiguous bytes)."""
         mats = (lw.gate, lw.up, lw.down)
-        if not self.team or self.n_threads < 2:
-            return None
+        if not self.team or not self.fused or self.n_threads < 2:
+            return None  # (the team runs the fused phases only: nothing to compile for it)
         if not all(m.data.flags.c_contiguous for m in mats):
             return None
         desc = np.zeros(L_LEN, np.int64)
@@ -1229,7 +1230,7 @@ _F32, _I32 = np.dtype(np.float32), np.dtype(np.int32)
 
 def _c_array(a, dt: np.dtype) -> np.ndarray:
     """a as a C-contiguous array of dtype dt: a itself when it already is one (the common case,
-    checked in ~0.1 us against np.ascontiguousarray's ~0.5)."""
+    checked without entering np.ascontiguousarray)."""
     if type(a) is np.ndarray and a.dtype is dt and a.flags.c_contiguous:
         return a
     return np.ascontiguousarray(a, dtype=dt)
