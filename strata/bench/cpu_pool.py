@@ -178,6 +178,45 @@ def time_pool(pool: ExpertPool, lw, d: int, tokens: int, k: int, repeats: int, s
     return times[i], nbytes[i], gbytes[i], active[i]
 
 
+def time_served(pool: ExpertPool, lws: list, d: int, k: int, repeats: int, seed: int = 2):
+    """Median seconds a layer, and GGUF bytes a layer, when decode steps over the layers `lws`
+    run through `strata.cpu.serve.StepServer` (the engine's queued step: one compiled call
+    serves every layer, no Python between layers): each step's records hold fresh T = 1
+    routings (`_route_seq`), every pick the pool's, all published before the step. None where
+    the pool cannot serve steps (no resident team)."""
+    from strata.cpu.serve import DONE, StepServer
+
+    n = len(lws)
+    recs = np.zeros((n, 4 * k + 4 + d), np.uint32)
+    ri, rf = recs.view(np.int32), recs.view(np.float32)
+    ready, release = np.zeros(n, np.int32), np.zeros(1, np.uint32)
+    y = np.zeros((1, d), np.float32)
+    srv = StepServer.build(pool, lws, recs, ready, release, y, None)
+    if srv is None:
+        return None
+    rng = np.random.default_rng(seed)
+    routes = _route_seq(rng, (repeats + 1) * n, 1, lws[0].gate.n_expert, k)
+    times, gbytes = [], []
+    for step in range(1, repeats + 2):
+        for i in range(n):
+            _, ids, w = routes[(step - 1) * n + i]
+            ri[i, :k], ri[i, k : 2 * k], ri[i, 3 * k : 4 * k] = ids, ids, -1
+            rf[i, 2 * k : 3 * k] = w
+            rf[i, 4 * k : 4 * k + 4] = (k, 0, k, 0)
+            rf[i, 4 * k + 4 :] = rng.standard_normal(d)
+        ready[:] = step
+        t0 = time.perf_counter()
+        status, _ = srv.run(step)
+        dt = time.perf_counter() - t0
+        if status != DONE:
+            raise RuntimeError(f"the step server stopped with status {status}")
+        c = srv.take_counts()
+        if step > 1:  # the first compiles
+            times.append(dt / n)
+            gbytes.append(c["gguf_bytes"] / n)
+    return float(np.median(times)), float(np.median(gbytes))
+
+
 def _rates(gbytes: float, nbytes: float, sec: float, host: dict) -> dict:
     """Bytes per call (GGUF encoding and the kernels' layout), the GB/s they make in `sec`, and
     both against the host read bandwidth `host` (`host_read_bandwidth`)."""
@@ -230,6 +269,7 @@ def run_cpu_pool_arm(
     pool = ExpertPool(threads, parallel_quant=parallel_quant)
     quiet = wait_for_idle() if wait_quiet else None
     sec, nbytes, gbytes, active = time_pool(pool, lws, d, tokens, k, repeats)
+    served = time_served(pool, lws, d, k, repeats) if tokens == 1 else None
     time.sleep(0.05)  # the pool's threads asleep before the read (a team's members spin 4 ms)
     host = host_read_bandwidth(threads)
     own = read_bandwidth([m.data for x in lws for m in (x.gate, x.up, x.down)], threads)
@@ -258,6 +298,13 @@ def run_cpu_pool_arm(
         "ratio_gguf_weights": gbytes / sec / 1e9 / own["gbps"],
         "ratio_read_weights": nbytes / sec / 1e9 / own["gbps"],
         "decode_tok_s_all_cpu": 1.0 / (sec * n_layer) if tokens == 1 else None,
+        # T = 1 through the engine's step server (`time_served`: every layer of a step in one
+        # compiled call, as the engine's queued decode step runs the pool); None without a team
+        "served_seconds": served[0] if served else None,
+        "served_gbps_gguf": served[1] / served[0] / 1e9 if served else None,
+        "served_ratio_gguf": served[1] / served[0] / 1e9 / host["gbps"] if served else None,
+        "served_ratio_gguf_weights": served[1] / served[0] / 1e9 / own["gbps"] if served else None,
+        "served_decode_tok_s_all_cpu": 1.0 / (served[0] * n_layer) if served else None,
         "waited_for_quiet": quiet,
         **_stamp(),
     }
@@ -563,6 +610,7 @@ def format_table(results: list[dict]) -> str:
     for r in results:
         tps = r.get("decode_tok_s_all_cpu")
         own, ro = r.get("weights_read_gbps"), r.get("ratio_gguf_weights")
+        sv = r.get("served_seconds")
         lines.append(
             f"{r['shape']:<14} {r['quant']:<8} {r['layout']:<14} {r['threads']:>3} "
             f"{r['tokens']:>4} {r['experts_per_token']:>2} {r['active_experts']:>7} "
@@ -572,4 +620,11 @@ def format_table(results: list[dict]) -> str:
             f"{(f'{own:.2f}' if own else '-'):>8} {(f'{ro:.2f}' if ro else '-'):>6} "
             f"{(f'{tps:.1f}' if tps else '-'):>6}"
         )
+        if sv:  # the same layers through the engine's step server
+            lines.append(
+                f"{'  served':<14} {'':<8} {'(a step a call)':<14} {'':>3} {'':>4} {'':>2} "
+                f"{'':>7} {'':>8} {'':>8} {sv * 1e3:>8.3f} {r['served_gbps_gguf']:>9.2f} "
+                f"{'':>9} {'':>9} {r['served_ratio_gguf']:>6.2f} {'':>8} "
+                f"{r['served_ratio_gguf_weights']:>6.2f} {r['served_decode_tok_s_all_cpu']:>6.1f}"
+            )
     return "\n".join(lines)

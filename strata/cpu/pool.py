@@ -75,7 +75,7 @@ from strata.cpu.kernels.simd import (
 from strata.cpu.layout import ExpertMatrix, prepare_tensor
 from strata.cpu.quantize import act_unit, alloc_act, quantize_units
 from strata.cpu.team import SUPPORTED as TEAM_SUPPORTED
-from strata.cpu.team import address, shared_team, team_go, team_join
+from strata.cpu.team import address, call_job, shared_team, team_go, team_join
 
 ERR_TOKEN, ERR_EXPERT, ERR_BARRIER = 1, 2, 3  # _run_layer returns -code (else na)
 
@@ -723,6 +723,7 @@ A_BAR, A_STATS, A_TRACE = _SLOT["bar"], _SLOT["stats"], _SLOT["trace"]
 A_ACTG, A_ACTU, A_ACTH = _SLOT["actg0"], _SLOT["actu0"], _SLOT["acth0"]
 # a layer's descriptor (ExpertPool._plan): gate, up, down as (address, rows, cols), then
 L_NE, L_AG, L_AU, L_AD, L_SHARE = 9, 10, 11, 12, 13  # E, act codes, `_team_share`'s address
+L_NBYTES, L_GGUF = 14, 15  # bytes one expert's three matrices read, and in the GGUF encoding
 L_LEN = 16
 
 
@@ -781,15 +782,14 @@ def _team_share(tid, nt, jaddr, gk, uk, dk):
 
 @njit(cache=True, nogil=True)
 def _run_team(
-    x, tok, ex, wt, out, ldesc, job, ctl, gk, uk, dk,
+    x, tok, ex, wt, out, ldesc, job, ctl,
     nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx, eq,
 ):  # fmt: skip
     """`_run_layer`'s fused mode on the resident team: phase 0 here, then the job (this call's
     arrays, the layer's weights from ldesc, the workspaces the pool put in job) published to
-    the members, share 0 run here, and a wait for the members to finish."""
-    literally(gk)
-    literally(uk)
-    literally(dk)
+    the members, share 0 run here, and a wait for the members to finish. Every share, the
+    caller's too, runs `_team_share` through its native address (ldesc[L_SHARE]), so one
+    compiled `_run_team` serves every kernel triple (and `strata.cpu.serve`'s step loop)."""
     t_n = x.shape[0]
     n = tok.shape[0]
     n_expert = ldesc[L_NE]
@@ -819,7 +819,7 @@ def _run_team(
     trace[nt, 0] = cycle_counter()  # the calling thread: before the job is published ...
     jaddr = job.ctypes.data
     target = team_go(ctl, ldesc[L_SHARE], jaddr, nt)
-    _team_share(0, nt, jaddr, gk, uk, dk)
+    call_job(ldesc[L_SHARE], 0, nt, jaddr)
     team_join(ctl, target)
     trace[nt, 1] = cycle_counter()  # ... and after every member finished
     return -ERR_BARRIER if stats[2] else na
@@ -1023,6 +1023,7 @@ class ExpertPool:
             desc[3 * i : 3 * i + 3] = (m.data.ctypes.data, *m.data.shape)
         desc[L_NE], desc[L_AG], desc[L_AU], desc[L_AD] = lw.gate.n_expert, *(m.act for m in mats)
         desc[L_SHARE] = _share_address(lw.gate.kernel, lw.up.kernel, lw.down.kernel)
+        desc[L_NBYTES], desc[L_GGUF] = lw.expert_nbytes, lw.expert_gguf_bytes
         return desc
 
     # ---- workspaces
@@ -1196,23 +1197,26 @@ class ExpertPool:
 
     def _run_team(self, plan, flags, x, tok, expert, weight, out) -> int:
         """The call on the process's resident team of this size (`_run_team`, `shared_team`)."""
+        team = self.team_now()
+        fn = self._entries.get(("team", flags))
+        args = (x, tok, expert, weight, out, plan[3], self._job, team.ctl, *self.team_knobs())
+        if fn is None:
+            fn = self._entries[("team", flags)] = specialized(_run_team, args, ())
+        with team.lock:
+            return fn(*args)
+
+    def team_now(self):
+        """The resident team this pool runs on (started, or started again after a fork)."""
         team = self._team
         if team is None or not team.alive():
             team = self._team = shared_team(self.n_threads)
-        fn = plan[2].get(("team", flags))
-        lw = plan[0]
+        return team
+
+    def team_knobs(self) -> tuple:
+        """`_run_team`'s arguments after ctl: the thread count and the schedule's knobs (not
+        `fused`: the team runs the fused phases)."""
         kn = self._knobs(True)
-        codes = (lw.gate.kernel, lw.up.kernel, lw.down.kernel)
-        args = (x, tok, expert, weight, out, plan[3], self._job, team.ctl, *codes, *kn[:6])
-        args += kn[7:]  # (not `fused`: the team runs the fused phases)
-        if fn is None:
-            key = (*(m.type_key for m in (lw.gate, lw.up, lw.down)), flags, "team")
-            fn = self._entries.get(key)
-            if fn is None:
-                fn = self._entries[key] = specialized(_run_team, args, (8, 9, 10))
-            plan[2][("team", flags)] = fn
-        with team.lock:
-            return fn(*args)
+        return (*kn[:6], *kn[7:])
 
     def _finish(self, na: int, lw: LayerWeights, t_n: int, out: np.ndarray) -> np.ndarray:
         if na < 0:

@@ -67,6 +67,14 @@ class EngineStats:
         self.window_s += t3 - t0
         self.window_layers += 1
 
+    def add_windows(self, w: np.ndarray) -> None:
+        """Layers' decode windows at once: w [n, 3] seconds waiting, routing, in the pool."""
+        self.wait_s += float(w[:, 0].sum())
+        self.route_s += float(w[:, 1].sum())
+        self.pool_s += float(w[:, 2].sum())
+        self.window_s += float(w.sum())
+        self.window_layers += w.shape[0]
+
     def window_ms(self) -> dict[str, float]:
         """Mean per-layer decode window split: total, waiting on the card, routing, pool."""
         n = max(1, self.window_layers)
@@ -123,6 +131,7 @@ class Engine:
         # graph hybrid steps route on the card unless traces or the adaptive cache need the host
         self.device_routing = True
         self._swaps: list[tuple[int, int]] = []  # the adaptive cache's swaps of this layer
+        self._server = None  # (graph decoder, its StepServer or None): see _step_server
         self._layer_rows = np.arange(a.n_layer)[:, None]  # [L, 1]
         self.pos = 0
         self.stats = EngineStats(expert_hist=np.zeros((a.n_layer, a.n_expert), np.int64))
@@ -247,13 +256,59 @@ class Engine:
             return g.finish(pick)
         g.launch_ahead(pick)
         try:
-            for i in range(self.args.n_layer):
-                self._serve_plan(g, i, g.wait_plan, zero_rows=False)
-                g.release(i)
+            self._serve_ahead(g)
         except BaseException:
             g.release_all()  # the card must not wait for rows that will not come
             raise
         return g.finish_ahead(pick)
+
+    def _serve_ahead(self, g) -> None:
+        """Every layer of a queued step: in one compiled call where the miss runner can serve a
+        step that way (`step_server`: strata/cpu/serve.py, the pool's resident team), else (or
+        for a layer it hands back) a Python round a layer (`_serve_plan`)."""
+        from strata.cpu.serve import DONE, WAIT
+
+        n_layer = self.args.n_layer
+        srv = self._step_server(g)
+        i = 0
+        while i < n_layer:
+            if srv is not None and srv.usable():
+                status, j = srv.run(g.step, i)
+                self._count_served(srv, i, j)
+                i = j
+                if status == DONE:
+                    break
+                if status == WAIT:  # a long wait: on in Python (which checks the card runs)
+                    g.wait_plan(i)
+                    continue
+            # a layer the server handed back (an expert to copy to RAM, a team that timed out),
+            # or no server
+            self._serve_plan(g, i, g.wait_plan, zero_rows=False)
+            g.release(i)
+            i += 1
+
+    def _step_server(self, g):
+        """The miss runner's `StepServer` for decoder g's pinned arrays (made once), or None."""
+        if self._server is not None and self._server[0] is g:
+            return self._server[1]
+        make = getattr(self.miss_runner, "step_server", None)
+        srv = None
+        if make is not None:
+            srv = make(g.pack_h.a, g.ready_h.a, g.release_h.a, g.y_h.a, self.stats.expert_hist)
+        self._server = (g, srv)
+        return srv
+
+    def _count_served(self, srv, first: int, end: int) -> None:
+        """Add what `srv` served of layers first..end-1 to the engine's stats."""
+        st, c = self.stats, srv.take_counts()
+        st.decode_misses_before_car += int(c["misses_before_car"])
+        st.substitutions += int(c["substitutions"])
+        st.ratio_sum += c["ratio_sum"]
+        st.misses += int(c["misses"])
+        st.hits += int(c["layers"]) * self.args.n_expert_used - int(c["misses"])
+        self.miss_runner.count_served(c)
+        if end > first:
+            st.add_windows(srv.windows(first, end))
 
     def _serve_plan(self, g, i: int, plan_of, zero_rows: bool) -> None:
         """Layer i of a routed step: its plan (plan_of(i) waits for it), the counts, and the

@@ -126,6 +126,25 @@ class PoolMissRunner:
                         pb.update(rows.nbytes)
                 self._loaded[i] |= todo[i]
 
+    # ---- a queued decode step served in one compiled call (strata/cpu/serve.py)
+    def step_server(self, recs, ready, release, y, hist):
+        """A `StepServer` over this runner's layers and a queued step's pinned arrays (records
+        [L, R] u32, ready [L] i32, release [1] u32, y [1, D] f32, hist [L, E] i64), or None
+        where the pool cannot serve a step in one call (no resident team) or STRATA_POOL_SERVE=0
+        asks for the per-layer Python round (the A/B arm)."""
+        from strata.cpu.pool import _env_flag
+        from strata.cpu.serve import StepServer
+
+        if not _env_flag("STRATA_POOL_SERVE", True):
+            return None
+        loaded = self._loaded if self.source == "ram" else None
+        return StepServer.build(self.pool, self.layers, recs, ready, release, y, hist, loaded)
+
+    def count_served(self, counts: dict) -> None:
+        """Add the expert bytes a `StepServer` counted (`take_counts`) to this runner's."""
+        self.bytes_read += int(counts["bytes"])
+        self.gguf_bytes += int(counts["gguf_bytes"])
+
     # ---- the engine's call
     def experts(self, layer: int, h: np.ndarray, ids: np.ndarray, weights: np.ndarray):
         tok, k = np.nonzero(ids >= 0)  # [N] each

@@ -261,6 +261,22 @@ def atomic_load(typingctx, arr, i):
     return sig, codegen
 
 
+@intrinsic
+def atomic_store(typingctx, arr, i, v):
+    """arr[i] = v (an integer array) as a release store: whatever this thread wrote before it is
+    seen by a thread, or a device polling pinned memory, that sees the new value."""
+    dt = arr.dtype
+    sig = types.void(arr, types.intp, types.int64)
+
+    def codegen(context, builder, sg, args):
+        p = _elem_ptr(context, builder, sg.args[0], args[0], args[1])
+        val = context.cast(builder, args[2], types.int64, dt)
+        builder.store_atomic(val, p, "release", dt.bitwidth // 8)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 _X86 = bool({"sse2", "avx2"} & FEATURES)
 
 
