@@ -37,7 +37,7 @@ def main() -> None:
     ns = ap.parse_args()
     model = load_model(ns.model)
     a = model.args
-    n_ctx = ns.prompt + 2 * ns.blocks * ns.steps + ns.steps + 8
+    n_ctx = ns.prompt + (2 * ns.blocks + 2) * ns.steps + 8
     flags = dict(
         expert_cache=ns.expert_cache,
         car_threshold=ns.car_threshold,
