@@ -187,6 +187,27 @@ def test_gemv_matches_reference(K, qt, t):
     assert rel(cp.asnumpy(out)[:t], want) < 1e-5
 
 
+@pytest.mark.parametrize("qt", [QT.Q8_0, QT.IQ3_XXS, QT.F32], ids=lambda q: q.name)
+def test_gemv_matches_itself_across_token_groups(K, qt):
+    """A T > 1 GEMV's token passes dealt over 1, 2 or 3 blocks along y: the same bits."""
+    g = rng()
+    rows, cols, t = 37, _cols(qt), 19  # three passes of GEMV_NT = 8 tokens
+    raw = random_quantized(qt, (rows, cols), g, 1 / np.sqrt(cols))
+    x = act_input(g, t, cols)
+    w = DeviceWeight(cp, raw, qt, rows, cols)
+    act = ActBuf(cp, cols, 32, w.vec_dot)
+    norm_quant(K, cp.asarray(x), t, act=act)
+    outs = []
+    for groups in (1, 2, 3):
+        out = cp.full((32, rows), np.nan, np.float32)
+        gemv(K, w, act, out, t, groups=groups)
+        outs.append(cp.asnumpy(out)[:t])
+    assert not np.isnan(outs[0]).any()
+    np.testing.assert_array_equal(outs[1], outs[0])
+    np.testing.assert_array_equal(outs[2], outs[0])
+    assert rel(outs[0], gemv_ref(raw, qt, x)) < 1e-5
+
+
 # ---- embedding ----
 @pytest.mark.parametrize("qt", QUANTS + FLOATS, ids=lambda q: q.name)
 def test_embed_is_bit_exact(K, qt):

@@ -42,6 +42,8 @@ SUPPORTED = tuple(Q_NAMES) + tuple(F_NAMES)
 THREADS = 128
 GEMV1F_THREADS = 128  # gemv.cu's GEMV1F_THREADS: gemv1f_* (T = 1, float weights), a block per row
 GEMV1_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1w_*
+GEMV_NT = 8  # gemv.cu's GEMV_NT: tokens a pass of gemv_* (T > 1)
+FULL_WARPS_PER_SM = 64  # resident warps an SM holds (sm_80 .. sm_90); prefill GEMV's token split
 WARPS_PER_SM = 16  # gemv1w_*: below this many warps per SM, a row is split over two warps
 MAX_WPR = 2  # measured on the H200 (bench/results/gpu-decode-kernels-h200-20261129.md)
 # decode (T = 1) kernel: "split" = gemv1w_*, "staged" = gemv1s_* (the same rows and warp split,
@@ -91,6 +93,16 @@ def warps_per_row(K: Kernels, w: DeviceWeight) -> int:
     return wpr
 
 
+def token_groups(K: Kernels, rows: int, t: int) -> int:
+    """Blocks along the tokens (grid y) of a T > 1 GEMV, each taking passes of GEMV_NT tokens:
+    with a warp a row, few rows leave most SMs idle (the router's 128 rows ran on 32 blocks:
+    100 us a 32-token call on the H200, bench/results/session13-h200-20261130.md), so the
+    passes are spread until the rows times the groups give about a full card of warps."""
+    passes = -(-t // GEMV_NT)
+    want = -(-(FULL_WARPS_PER_SM * K.sm_count) // max(rows, 1))
+    return max(1, min(passes, want))
+
+
 def gemv(
     K: Kernels,
     w: DeviceWeight,
@@ -101,11 +113,13 @@ def gemv(
     ldo: int | None = None,
     legacy: bool = False,
     variant: str | None = None,
+    groups: int | None = None,
 ) -> None:
     """out[:t] = act[:t] @ w.T (+ w.bias) (+ resid[:t]); out and resid rows `ldo` floats apart
     (default: rows). `act` is an ActBuf prepared for w.vec_dot; for F32 weights it may also be
     the float activation itself. `legacy`: decode through gemv1_* (benchmarks compare);
-    `variant`: the T = 1 kernel, "split" or "staged" (default GEMV1_VARIANT)."""
+    `variant`: the T = 1 kernel, "split" or "staged" (default GEMV1_VARIANT); `groups`: blocks
+    along the tokens of a T > 1 call (default `token_groups`; the same bits for any)."""
     if t == 1 and w.quantized and not legacy:
         wpr = warps_per_row(K, w)
         rpb = GEMV1_WARPS // wpr
@@ -123,7 +137,8 @@ def gemv(
         )
         return
     wpb = K.warps_per_block(THREADS)
-    grid = ((w.rows + wpb - 1) // wpb,)
+    gy = 1 if t == 1 and w.quantized else groups or token_groups(K, w.rows, t)
+    grid = ((w.rows + wpb - 1) // wpb, gy)
     block = (wpb * K.warp,)
     if w.quantized:
         args = (w.buf, act.q, act.d, i32(xd_shift(act.mode)), ptr(w.bias), ptr(resid), out)

@@ -3,7 +3,9 @@
 //
 // One warp per output row; each lane takes 32-element sub-blocks of the row (decoded once into
 // int8, then dotted with every token's Q8 activation by dp4a), tokens in passes of NT: NT = 1
-// (gemv1_*, decode: few registers, high occupancy) or GEMV_NT (gemv_*, prefill). The
+// (gemv1_*, decode: few registers, high occupancy) or GEMV_NT (gemv_*, prefill). The passes are
+// dealt over gridDim.y blocks of rows (gemv.py token_groups): few rows (the router's 128) still
+// fill the card. The
 // activation is the device-quantized x (norm_quant.cu): int8 quants xq [T, cols] and scales xd
 // with one scale per 32 << xd_shift elements (Q8_0: shift 0, Q8_K: shift 3). Float weights
 // (F32/F16/BF16) take the already-rounded float activation instead.
@@ -22,7 +24,9 @@ __device__ __forceinline__ void gemv_q(const u8* __restrict__ W, const i8* __res
     if (r >= rows) return;  // the whole warp leaves together
     const int nsub = cols / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
     const u8* wr = W + (i64)r * (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
-    for (int t0 = 0; t0 < ntok; t0 += NT) {
+    // passes of NT tokens, dealt over the grid's y blocks (each (row, token) sum is one warp's,
+    // in the same order whatever the split)
+    for (int t0 = blockIdx.y * NT; t0 < ntok; t0 += NT * gridDim.y) {
         const int nt = min(NT, ntok - t0);
         float acc[NT];
 #pragma unroll
@@ -75,7 +79,7 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
     if (r >= rows) return;
     const int esz = QT == QT_F32 ? 4 : 2;
     const u8* wr = W + (i64)r * cols * esz;
-    for (int t0 = 0; t0 < ntok; t0 += GEMV_NT) {
+    for (int t0 = blockIdx.y * GEMV_NT; t0 < ntok; t0 += GEMV_NT * gridDim.y) {
         const int nt = min(GEMV_NT, ntok - t0);
         float acc[GEMV_NT];
 #pragma unroll
