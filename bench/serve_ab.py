@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
@@ -51,12 +50,12 @@ def main() -> None:
     rng = np.random.default_rng(0)
     logits = engine.forward(rng.integers(0, a.n_vocab, ns.prompt).tolist())
     tok = int(np.argmax(logits))
-    arms = {"compiled": "1", "python": "0"}
+    arms = {"compiled": True, "python": False}
     tps: dict[str, list[float]] = {k: [] for k in arms}
     win: dict[str, list[np.ndarray]] = {k: [] for k in arms}
     for b in range(2 * ns.blocks + 2):  # the first two blocks warm up (compile, capture)
         name = list(arms)[b % 2]
-        os.environ["STRATA_POOL_SERVE"] = arms[name]
+        engine.miss_runner.serve = arms[name]  # (STRATA_POOL_SERVE at start)
         engine._server = None  # the engine asks the miss runner again
         st = engine.stats
         w0 = np.array([st.window_s, st.wait_s, st.route_s, st.pool_s, st.window_layers])

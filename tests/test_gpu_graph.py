@@ -166,6 +166,30 @@ def test_routed_ahead_keeps_the_bits(synth_model, device, monkeypatch):
     assert g.stats.window_layers == e.stats.window_layers == 24 * model.args.n_layer
 
 
+def test_routed_ahead_served_in_one_call_keeps_the_bits(synth_model, device, monkeypatch):
+    """The queued step served by the pool's step server (strata/cpu/serve.py: every layer's
+    wait, counts, misses and release in one compiled call, the pool on its team) gives the bits,
+    counts and windows of the Python round a layer (STRATA_POOL_SERVE=0)."""
+    model = load_model(synth_model("tiny", "IQ3_XXS", seed=31, skew=1.0))
+    flags = dict(expert_cache="7", car_threshold=0.35)
+    monkeypatch.setenv("STRATA_POOL_TEAM", "1")  # (2 threads: regions by default)
+    g = engine(model, True, **flags)
+    monkeypatch.setenv("STRATA_POOL_SERVE", "0")
+    e = engine(model, True, **flags)
+    assert g.miss_runner.serve and not e.miss_runner.serve
+    prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
+    lockstep(g, e, prompt, 24)
+    assert g.tier.graph_decoder().ahead and g._graph_mode() == "routed"
+    assert g._server[1] is not None and e._server[1] is None  # served in one call / in Python
+    sg, se = g.stats, e.stats
+    assert sg.misses == se.misses > 0 and sg.hits == se.hits > 0
+    assert sg.substitutions == se.substitutions and sg.ratio_sum == pytest.approx(se.ratio_sum)
+    assert sg.decode_misses_before_car == se.decode_misses_before_car
+    assert np.array_equal(sg.expert_hist, se.expert_hist)
+    assert sg.window_layers == se.window_layers == 24 * model.args.n_layer
+    assert g.miss_runner.gguf_bytes == e.miss_runner.gguf_bytes > 0
+
+
 def test_routed_ahead_survives_a_pool_error(synth_model, device):
     """A host error inside a queued step releases the card (no join left waiting): the error
     reaches the caller, and the retried step gives the bits of an engine that never failed."""
