@@ -21,6 +21,7 @@ from strata.cpu.quantize import (
     quantize_q8_0,
     quantize_q8_K,
     quantize_units,
+    roundtrip,
 )
 from strata.quant import activation as A
 from strata.quant import fmt, random_quantized
@@ -101,6 +102,21 @@ def test_a_row_quantized_in_pieces_equals_the_whole_row(vd):
             quantize_units(x[r], code, r, *got, u0, u1)
     for a, b in zip(got, want, strict=True):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("vd", [QT.Q8_K, QT.Q8_0, QT.F16, QT.F32], ids=lambda q: q.name)
+def test_compiled_roundtrip_gives_the_numpy_bits(vd):
+    """The host tier's activation round trip, compiled: the NumPy oracle's bits (float32 in,
+    rows of several shapes, an all-zero block; float64 in goes to the oracle itself)."""
+    g = np.random.default_rng()
+    for shape in ((5, 256), (6, 512), (3, 2, 768)):  # (_activations: 5 rows or more)
+        x = _activations(g, int(np.prod(shape[:-1])), shape[-1]).reshape(shape)
+        x.reshape(-1, shape[-1])[0, :256] = 0.0
+        got, want = roundtrip(x, vd), A.roundtrip(x, vd)
+        assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    x64 = g.standard_normal((2, 256))
+    assert np.array_equal(roundtrip(x64, vd), A.roundtrip(x64, vd))
 
 
 @pytest.mark.parametrize("vd", [QT.F16, QT.BF16, QT.F32], ids=lambda q: q.name)

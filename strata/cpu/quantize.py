@@ -163,6 +163,42 @@ def quantize_rows(x, code, xq, xd, xb, x8, xf):
         quantize_row(x[r], code, r, xq, xd, xb, x8, xf)
 
 
+@njit(cache=True)
+def _roundtrip_rows(x, code, out):
+    """out [rows, n] = each row of x (float32) quantized for weights of vec_dot `code` (Q8_K or
+    Q8_0) and taken back: d * q in float32, as `strata.quant.activation.roundtrip` does."""
+    n = x.shape[1]
+    unit = act_unit(code)
+    qs = np.empty(n, np.int8)
+    d = np.empty(n // QK8_0, np.float32)
+    bs = np.empty(n // 16, np.int16)
+    s8 = np.empty(n // 8, np.int16)
+    xp = np.empty(n, np.int8)
+    for r in range(x.shape[0]):
+        if code == ACT_Q8_K:
+            q8_K_blocks(x[r], qs, d, bs, s8, 0, n // QK_K, xp)
+        else:
+            q8_0_blocks(x[r], qs, d, 0, n // QK8_0)
+        for i in range(n):
+            out[r, i] = d[i // unit] * np.float32(qs[i])
+
+
+def roundtrip(x: np.ndarray, vec_dot: GGMLQuantizationType) -> np.ndarray:
+    """`strata.quant.activation.roundtrip` (the same bits) by the compiled quantizers for a
+    float32 x and a Q8_K / Q8_0 vec_dot type; anything else goes to the NumPy one."""
+    from strata.quant.activation import roundtrip as reference
+
+    vd = int(vec_dot)
+    code = ACT_Q8_K if vd == QT.Q8_K else ACT_Q8_0 if vd == QT.Q8_0 else -1
+    x = np.asarray(x)
+    if code < 0 or x.dtype != np.float32 or x.ndim == 0 or x.shape[-1] % act_unit(code):
+        return reference(x, vec_dot)
+    x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+    out = np.empty(x2.shape, np.float32)
+    _roundtrip_rows(x2, code, out)
+    return out.reshape(x.shape)
+
+
 def alloc_act(rows: int, n: int) -> tuple[np.ndarray, ...]:
     """Empty act arrays (xq, xd, xb, x8, xf) for `rows` activation vectors of length `n`."""
     if n % QK8_0:

@@ -16,13 +16,13 @@ import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
+from strata.cpu.quantize import roundtrip  # NumPy's bits, compiled (float32 Q8_K / Q8_0)
 from strata.gpu.rope_kv import dequantize_kv_rows, quantize_kv_rows
 from strata.gpu.sample import sample_ref
 from strata.model.loader import Model
 from strata.model.weights import dequant
 from strata.progress import bar
 from strata.quant import fmt
-from strata.quant.activation import roundtrip
 
 QT = GGMLQuantizationType
 EXPERT_MATS = (MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP)
