@@ -17,10 +17,10 @@ from typing import Protocol
 import numpy as np
 
 from strata.engine.car_fast import car_plan_fast
+from strata.engine.route_fast import count_picks, observe_fast, topk_fast
 from strata.gpu.sample import SampleKnobs, sample_ref
 from strata.gpu.tier import DeviceTier
 from strata.model.loader import Model
-from strata.routing import route_topk
 from strata.routing.car import CarKnobs
 from strata.routing.profile import AdaptiveCache
 from strata.routing.trace import TraceWriter
@@ -148,8 +148,8 @@ class Engine:
         """Top-k, trace, CAR (decode), statistics, adaptive cache -> ids [T, K], weights
         [T, K], hit [T, K] (picks a resident expert serves)."""
         a, st = self.args, self.stats
-        ids, weights, probs = route_topk(logits, a.n_expert_used, a.norm_topk)  # [T, K], [T, E]
-        np.add.at(st.expert_hist[i], ids.ravel(), 1)
+        ids, weights, probs = topk_fast(logits, a.n_expert_used, a.norm_topk)  # [T, K], [T, E]
+        count_picks(st.expert_hist[i], ids)
         if self.trace is not None:
             self.trace.write(self.pos, i, ids, probs, decode)
         resident = self.resident[i]  # [E]
@@ -169,7 +169,7 @@ class Engine:
         st.misses += hit.size - n_hit
         self._swaps = []
         if decode and self.adaptive is not None:
-            self._swaps = self.adaptive.observe(i, router_ids)
+            self._swaps = observe_fast(self.adaptive, i, router_ids)
             st.swaps += len(self._swaps)
         return ids, weights, hit
 
@@ -319,7 +319,7 @@ class Engine:
         plan = plan_of(i)  # pinned views, refreshed in place every step
         t1 = pc()
         slots, stats = plan["pair_slot"], plan["stats"]
-        np.add.at(st.expert_hist[i], plan["ids0"], 1)
+        count_picks(st.expert_hist[i], plan["ids0"][None])
         after = int(stats[2])
         st.decode_misses_before_car += int(stats[0])
         st.substitutions += int(stats[1])
