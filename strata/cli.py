@@ -130,6 +130,13 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         help="KV cache: f16 (default) or int8 with a scale per row (about half the memory)",
     )
     g.add_argument(
+        "--host-dense",
+        default=None,
+        choices=["float", "quant"],
+        help="without a GPU: dense matrices dequantized to float32 (default, the reference) or "
+        "on the CPU pool's quantized kernels",
+    )
+    g.add_argument(
         "--prefill-offload",
         default=None,
         metavar="auto|off|N",
@@ -159,6 +166,7 @@ def _engine_config(ns):
         "resident_experts",
         "cuda_graphs",
         "kv_type",
+        "host_dense",
         "prefill_offload",
     ]
     flags = {k: getattr(ns, k, None) for k in keys}

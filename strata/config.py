@@ -16,6 +16,7 @@ from typing import Any
 from strata.routing.car import DEFAULT_THRESHOLD
 
 CAR_OFF_NOTICE = "cache-aware routing is OFF for this run"
+HOST_DENSE = ("float", "quant")  # --host-dense (strata.gpu.host.DENSE_MODES)
 KV_TYPES = ("f16", "int8")  # --kv-type (strata.gpu.host.KV_TYPES: the tiers' own check)
 
 
@@ -45,6 +46,9 @@ class EngineConfig:
     resident_experts: bool = False  # copy the CPU's experts into RAM instead of reading the mmap
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs on a GPU tier
     kv_type: str = "f16"  # KV cache: f16, or int8 with a float32 scale per row (token, KV head)
+    # the host tier's dense matrices: "float" (dequantized, the reference) or "quant" (the CPU
+    # pool's kernels on the weights' own bytes)
+    host_dense: str = "float"
     # a prompt's missed experts: uploaded to staging slots on the card ("auto": 64 slots; a
     # count; "off": the CPU pool computes them)
     prefill_offload: str = "auto"
@@ -79,6 +83,7 @@ ENV = {
     ),
     "cuda_graphs": ("STRATA_CUDA_GRAPHS", lambda v: v.lower() not in ("0", "false", "no")),
     "kv_type": ("STRATA_KV_TYPE", str),
+    "host_dense": ("STRATA_HOST_DENSE", str),
     "prefill_offload": ("STRATA_PREFILL_OFFLOAD", str),
     "model_id": ("STRATA_MODEL_ID", str),
 }
@@ -116,6 +121,8 @@ def _check(cfg: EngineConfig) -> None:
         raise ConfigError("--car-warmup, --car-budget and --adapt-swaps must be >= 0")
     if cfg.car_free_ratio <= 0:
         raise ConfigError(f"--car-free-ratio must be > 0, got {cfg.car_free_ratio}")
+    if cfg.host_dense not in HOST_DENSE:
+        raise ConfigError(f"--host-dense must be {' or '.join(HOST_DENSE)}, got {cfg.host_dense!r}")
     if cfg.kv_type not in KV_TYPES:
         raise ConfigError(f"--kv-type must be {' or '.join(KV_TYPES)}, got {cfg.kv_type!r}")
     if cfg.prefill_offload not in ("auto", "off"):

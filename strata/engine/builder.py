@@ -81,6 +81,7 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
         widen_budget=cfg.vram_budget_widen,
         kv_type=cfg.kv_type,
         prefill_stage=prefill_stage_slots(cfg, a.n_expert, on_gpu and slots < total),
+        host_dense=cfg.host_dense,
     )
     if cache == "auto" and hasattr(tier, "n_slots"):
         slots = min(int(tier.n_slots), total)

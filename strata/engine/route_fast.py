@@ -106,9 +106,7 @@ def observe_fast(cache: AdaptiveCache, layer: int, ids: np.ndarray) -> list[tupl
     room = cache.max_swaps - cache.swaps_in_window if cache.max_swaps else -1
     swaps = np.empty((max(room, 0), 2), np.int64)
     factor = cache.decay ** ids.shape[0]
-    n = _observe(
-        cache.score[layer], cache.resident[layer], ids, factor, cache.margin, room, swaps
-    )
+    n = _observe(cache.score[layer], cache.resident[layer], ids, factor, cache.margin, room, swaps)
     cache.swaps_in_window += n
     cache.swaps_total += n
     return [(int(a), int(b)) for a, b in swaps[:n]]

@@ -46,6 +46,9 @@ def rope_inv_freq(head_dim: int, base: float) -> np.ndarray:
     return inv
 
 
+DENSE_MODES = ("float", "quant")  # HostTier(dense=...): see HostTier._linear
+
+
 class _Linear:
     """A dense weight dequantized once, with the activation type llama.cpp pairs it with."""
 
@@ -74,9 +77,13 @@ class HostTier:
         expert_cache_mib: int = 2048,
         kv_type: str = "f16",
         prefill_stage: int = 0,
+        dense: str = "float",
     ):
         a = self.args = model.args
         self.model = model
+        if dense not in DENSE_MODES:
+            raise ValueError(f"dense must be one of {', '.join(DENSE_MODES)}, not {dense!r}")
+        self.dense = dense
         self.n_ctx = n_ctx
         self.kv_type = check_kv_type(kv_type)
         self.stage_n = int(prefill_stage)  # experts_staged: any expert computes here
@@ -89,9 +96,20 @@ class HostTier:
                 self.layers.append(self._load_layer(i))
                 pb.update()
             self.out_norm = dequant(model.tensor(MT.OUTPUT_NORM))
-            self.lm_head = _Linear(model, MT.OUTPUT)
+            self.lm_head = self._linear(MT.OUTPUT)
             pb.update()
         self._init_rest(model)
+
+    def _linear(self, t: MT | str, layer: int | None = None, bias: str | None = None):
+        """A dense weight as the tier computes it: dequantized to float32 (`dense="float"`, the
+        reference) or on the CPU pool's kernels from its own bytes (`"quant"`, QuantLinear)."""
+        if self.dense == "float":
+            return _Linear(self.model, t, layer, bias)
+        from strata.cpu.dense import QuantLinear
+
+        ref = self.model.tensor(t, layer)
+        b = dequant(self.model.tensor(bias)) if bias else None
+        return QuantLinear(ref, fmt(ref.qtype).vec_dot, bias=b)
 
     def _load_layer(self, i: int) -> dict:
         model, a = self.model, self.args
@@ -101,20 +119,20 @@ class HostTier:
 
         L = {
             "attn_norm": dequant(model.tensor(MT.ATTN_NORM, i)),
-            "q": _Linear(model, MT.ATTN_Q, i, bias("q")),
-            "k": _Linear(model, MT.ATTN_K, i, bias("k")),
-            "v": _Linear(model, MT.ATTN_V, i, bias("v")),
-            "o": _Linear(model, MT.ATTN_OUT, i),
+            "q": self._linear(MT.ATTN_Q, i, bias("q")),
+            "k": self._linear(MT.ATTN_K, i, bias("k")),
+            "v": self._linear(MT.ATTN_V, i, bias("v")),
+            "o": self._linear(MT.ATTN_OUT, i),
             "ffn_norm": dequant(model.tensor(MT.FFN_NORM, i)),
-            "router": _Linear(model, MT.FFN_GATE_INP, i),
+            "router": self._linear(MT.FFN_GATE_INP, i),
         }
         if a.qk_norm:
             L["q_norm"] = dequant(model.tensor(MT.ATTN_Q_NORM, i))
             L["k_norm"] = dequant(model.tensor(MT.ATTN_K_NORM, i))
         if a.shared_ff:
-            L["sh_gate"] = _Linear(model, MT.FFN_GATE_SHEXP, i)
-            L["sh_up"] = _Linear(model, MT.FFN_UP_SHEXP, i)
-            L["sh_down"] = _Linear(model, MT.FFN_DOWN_SHEXP, i)
+            L["sh_gate"] = self._linear(MT.FFN_GATE_SHEXP, i)
+            L["sh_up"] = self._linear(MT.FFN_UP_SHEXP, i)
+            L["sh_down"] = self._linear(MT.FFN_DOWN_SHEXP, i)
             L["sh_inp"] = dequant(model.tensor(MT.FFN_GATE_INP_SHEXP, i))
         return L
 

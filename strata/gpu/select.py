@@ -3,7 +3,8 @@
     tier = make_tier(model, n_ctx, vram_budget_mib=None, expert_slots="auto", device="auto")
 
 `kv_type` ("f16" or "int8") picks the KV cache's element type on either tier; `prefill_stage`
-staging slots let a prompt's missed experts run on the tier (`experts_staged`).
+staging slots let a prompt's missed experts run on the tier (`experts_staged`); `host_dense`
+("float" or "quant") how the host tier computes its dense matrices (HostTier's `dense`).
 
 `device="auto"` falls back to the host tier (said once) where CuPy or a GPU is missing;
 `device="gpu"` refuses instead; `device="host"` never touches CuPy.
@@ -24,6 +25,7 @@ def make_tier(
     widen_budget: bool = False,
     kv_type: str = "f16",
     prefill_stage: int = 0,
+    host_dense: str = "float",
 ):
     if device not in ("auto", "gpu", "host"):
         raise ValueError(f"device must be auto, gpu or host, not {device!r}")
@@ -48,4 +50,6 @@ def make_tier(
             raise DeviceError("--device gpu: no usable GPU (CuPy and a CUDA/ROCm device needed)")
     from strata.gpu.host import HostTier
 
-    return HostTier(model, n_ctx=n_ctx, kv_type=kv_type, prefill_stage=prefill_stage)
+    return HostTier(
+        model, n_ctx=n_ctx, kv_type=kv_type, prefill_stage=prefill_stage, dense=host_dense
+    )
