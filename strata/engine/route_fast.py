@@ -4,8 +4,9 @@ cache's `observe`, the router-pick histogram. Each gives the identical result of
 record (strata/routing stays pure NumPy; tests hold the twins equal on random and tied inputs).
 
 On a hybrid decode step the host routes between the card's two graphs of every layer, so these
-microseconds sit on the critical path 48 times a token (2-vCPU dev VM, E = 128, K = 8: route_topk
-29 us, observe 14 us, np.add.at 2.3 us a layer; bench/results/route-fast-2core-20261130.md).
+microseconds sit on the critical path 48 times a token (2-vCPU dev VM, E = 128, K = 8, a layer:
+route_topk 35-56 us, observe 11 us, np.add.at 2.6-2.9 us; the twins 15-18, 3.7-3.9 and 0.35 us;
+bench/results/route-fast-2core-20261130.md).
 T = tokens, E = experts, K = picks per token.
 """
 
