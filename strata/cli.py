@@ -132,9 +132,9 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--host-dense",
         default=None,
-        choices=["float", "quant"],
-        help="without a GPU: dense matrices dequantized to float32 (default, the reference) or "
-        "on the CPU pool's quantized kernels",
+        choices=["auto", "float", "quant"],
+        help="without a GPU: dense matrices dequantized to float32 (the reference) or on the CPU "
+        "pool's quantized kernels; auto (default): the kernels once float32 copies pass 1 GiB",
     )
     g.add_argument(
         "--prefill-offload",

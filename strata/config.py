@@ -16,7 +16,7 @@ from typing import Any
 from strata.routing.car import DEFAULT_THRESHOLD
 
 CAR_OFF_NOTICE = "cache-aware routing is OFF for this run"
-HOST_DENSE = ("float", "quant")  # --host-dense (strata.gpu.host.DENSE_MODES)
+HOST_DENSE = ("auto", "float", "quant")  # --host-dense (strata.gpu.host.DENSE_MODES)
 KV_TYPES = ("f16", "int8")  # --kv-type (strata.gpu.host.KV_TYPES: the tiers' own check)
 
 
@@ -46,9 +46,9 @@ class EngineConfig:
     resident_experts: bool = False  # copy the CPU's experts into RAM instead of reading the mmap
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs on a GPU tier
     kv_type: str = "f16"  # KV cache: f16, or int8 with a float32 scale per row (token, KV head)
-    # the host tier's dense matrices: "float" (dequantized, the reference) or "quant" (the CPU
-    # pool's kernels on the weights' own bytes)
-    host_dense: str = "float"
+    # the host tier's dense matrices: "float" (dequantized, the reference), "quant" (the CPU
+    # pool's kernels on the weights' own bytes) or "auto" (quant once float32 copies pass 1 GiB)
+    host_dense: str = "auto"
     # a prompt's missed experts: uploaded to staging slots on the card ("auto": 64 slots; a
     # count; "off": the CPU pool computes them)
     prefill_offload: str = "auto"

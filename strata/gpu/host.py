@@ -46,7 +46,24 @@ def rope_inv_freq(head_dim: int, base: float) -> np.ndarray:
     return inv
 
 
-DENSE_MODES = ("float", "quant")  # HostTier(dense=...): see HostTier._linear
+DENSE_MODES = ("float", "quant", "auto")  # HostTier(dense=...): see HostTier._linear
+# dense="auto" takes the kernels ("quant") once the float32 copies would reach this many bytes:
+# there the copies' RAM and bandwidth dominate (Qwen3-30B-A3B: 4.9 GB, decode 1.7-1.9x faster on
+# the kernels, 2-vCPU dev VM); below it the float path, the reference numerics the tests pin, is
+# kept (the embedded model decoded faster on the kernels too: bench/results/host-dense-2core-*)
+DENSE_QUANT_MIN_BYTES = 1 << 30
+
+
+def _dense_weights(model: Model) -> int:
+    """Weights the host tier's dense matrices hold (attention, router, shared expert, head)."""
+    a = model.args
+    names = [MT.ATTN_Q, MT.ATTN_K, MT.ATTN_V, MT.ATTN_OUT, MT.FFN_GATE_INP]
+    if a.shared_ff:
+        names += [MT.FFN_GATE_SHEXP, MT.FFN_UP_SHEXP, MT.FFN_DOWN_SHEXP]
+    n = int(np.prod(model.tensor(MT.OUTPUT).shape))
+    for i in range(a.n_layer):
+        n += sum(int(np.prod(model.tensor(t, i).shape)) for t in names)
+    return n
 
 
 class _Linear:
@@ -83,6 +100,8 @@ class HostTier:
         self.model = model
         if dense not in DENSE_MODES:
             raise ValueError(f"dense must be one of {', '.join(DENSE_MODES)}, not {dense!r}")
+        if dense == "auto":  # float32 copies past DENSE_QUANT_MIN_BYTES: the kernels instead
+            dense = "quant" if 4 * _dense_weights(model) >= DENSE_QUANT_MIN_BYTES else "float"
         self.dense = dense
         self.n_ctx = n_ctx
         self.kv_type = check_kv_type(kv_type)
@@ -102,7 +121,8 @@ class HostTier:
 
     def _linear(self, t: MT | str, layer: int | None = None, bias: str | None = None):
         """A dense weight as the tier computes it: dequantized to float32 (`dense="float"`, the
-        reference) or on the CPU pool's kernels from its own bytes (`"quant"`, QuantLinear)."""
+        reference) or on the CPU pool's kernels from its own bytes (`"quant"`, QuantLinear;
+        `"auto"` picks by size, DENSE_QUANT_MIN_BYTES)."""
         if self.dense == "float":
             return _Linear(self.model, t, layer, bias)
         from strata.cpu.dense import QuantLinear

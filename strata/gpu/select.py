@@ -4,7 +4,7 @@
 
 `kv_type` ("f16" or "int8") picks the KV cache's element type on either tier; `prefill_stage`
 staging slots let a prompt's missed experts run on the tier (`experts_staged`); `host_dense`
-("float" or "quant") how the host tier computes its dense matrices (HostTier's `dense`).
+("float", "quant" or "auto") how the host tier computes its dense matrices (HostTier's `dense`).
 
 `device="auto"` falls back to the host tier (said once) where CuPy or a GPU is missing;
 `device="gpu"` refuses instead; `device="host"` never touches CuPy.
