@@ -7,6 +7,8 @@ Prints each arm's build time and median decode ms a token over 24 greedy steps (
 ones: page cache, compilation). Results: bench/results/host-dense-2core-20261130.md.
 """
 
+from __future__ import annotations
+
 import gc
 import sys
 import time
@@ -18,28 +20,31 @@ from strata.engine.pool_runner import PoolMissRunner
 from strata.gpu.host import HostTier
 from strata.model.loader import load_model
 
-m = load_model(sys.argv[1])
-a = m.args
-runner = PoolMissRunner(m, progress=False)
-res = {}
-for dense in sys.argv[2:]:
-    t0 = time.perf_counter()
-    tier = HostTier(m, n_ctx=64, dense=dense)
-    tb = time.perf_counter() - t0
-    e = Engine(m, tier=tier, miss_runner=runner, resident=np.zeros((a.n_layer, a.n_expert), bool))
-    l0 = e.forward([1, 2, 3, 4])
-    tok = int(np.argmax(l0))
-    for _ in range(8):
-        tok = e.decode_greedy(tok)  # warm (page cache, compile)
-    ts, toks = [], []
-    for _ in range(24):
-        t1 = time.perf_counter()
-        tok = e.decode_greedy(tok)
-        ts.append(time.perf_counter() - t1)
-        toks.append(tok)
-    print(
-        f"{dense}: build {tb:.1f} s, decode median {np.median(ts) * 1e3:.1f} ms/token ({1 / np.median(ts):.2f} tok/s), tokens {toks}",
-        flush=True,
-    )
-    del e, tier
-    gc.collect()
+
+def main() -> None:
+    model = load_model(sys.argv[1])
+    a = model.args
+    runner = PoolMissRunner(model, progress=False)
+    none = np.zeros((a.n_layer, a.n_expert), bool)  # every expert in the pool
+    for dense in sys.argv[2:]:
+        t0 = time.perf_counter()
+        tier = HostTier(model, n_ctx=64, dense=dense)
+        build = time.perf_counter() - t0
+        engine = Engine(model, tier=tier, miss_runner=runner, resident=none)
+        tok = int(np.argmax(engine.forward([1, 2, 3, 4])))
+        for _ in range(8):  # warm: page cache, compilation
+            tok = engine.decode_greedy(tok)
+        ts, toks = [], []
+        for _ in range(24):
+            t1 = time.perf_counter()
+            tok = engine.decode_greedy(tok)
+            ts.append(time.perf_counter() - t1)
+            toks.append(tok)
+        ms = 1e3 * float(np.median(ts))
+        print(f"{dense}: build {build:.1f} s, decode {ms:.1f} ms a token, tokens {toks[:6]}")
+        del engine, tier
+        gc.collect()
+
+
+if __name__ == "__main__":
+    main()
