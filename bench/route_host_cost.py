@@ -1,5 +1,6 @@
 """What the host's per-layer routing costs on the decode path (T = 1), the NumPy rules of record
-against their compiled twins (strata/engine/route_fast.py), warm, median of repeats.
+against their compiled twins (strata/engine/route_fast.py), warm, median of repeats; then the
+miss runner's task list and the host tier's activation round trip, NumPy against compiled.
 
     PYTHONPATH=. python bench/route_host_cost.py [--experts 128] [--k 8]
 
@@ -15,7 +16,11 @@ import time
 import numpy as np
 
 from strata.bench.common import commit
+from strata.cpu.quantize import roundtrip
+from strata.engine.pool_runner import _tasks
 from strata.engine.route_fast import count_picks, observe_fast, topk_fast
+from strata.quant import activation as A
+from strata.quant.formats import QT
 from strata.routing.profile import AdaptiveCache
 from strata.routing.topk import route_topk
 
@@ -57,6 +62,23 @@ def main() -> None:
         tot[1] += ub
         print(f"{name:<18} {ua:>8.2f} {ub:>9.2f}")
     print(f"{'sum':<18} {tot[0]:>8.2f} {tot[1]:>9.2f}")
+    # the other per-layer host steps this session compiled: the miss runner's task list
+    # (strata/engine/pool_runner.py) and the host tier's activation round trip (one 2048 row)
+    miss = np.where(g.random((1, k)) < 0.5, ids, -1)
+    w = g.random((1, k)).astype(np.float32)
+    bufs = (np.zeros(k, np.int32), np.zeros(k, np.int32), np.zeros(k, np.float32))
+    x = g.standard_normal((1, 2048)).astype(np.float32)
+
+    def numpy_tasks():
+        tok, kk = np.nonzero(miss >= 0)
+        return tok.astype(np.int32), miss[tok, kk].astype(np.int32), w[tok, kk].astype(np.float32)
+
+    more = [
+        ("miss tasks", numpy_tasks, lambda: _tasks(miss, w, *bufs)),
+        ("act round trip", lambda: A.roundtrip(x, QT.Q8_K), lambda: roundtrip(x, QT.Q8_K)),
+    ]
+    for name, a, b in more:
+        print(f"{name:<18} {median_us(a):>8.2f} {median_us(b):>9.2f}")
 
 
 if __name__ == "__main__":

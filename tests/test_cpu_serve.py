@@ -12,7 +12,7 @@ import pytest
 
 from strata.cpu import team as tm
 from strata.cpu.pool import ExpertPool, prepare_layer
-from strata.cpu.serve import BAD_ID, DONE, FILL, WAIT, StepServer
+from strata.cpu.serve import BAD_ID, DONE, FILL, WAIT, StepServer, record_views
 from strata.quant import fmt, random_quantized
 
 pytestmark = pytest.mark.skipif(not tm.SUPPORTED, reason="no futex on this platform")
@@ -209,3 +209,20 @@ def test_no_server_without_a_team():
     assert StepServer.build(ExpertPool(1, team=True), *args, y, None) is None
     wide = np.zeros((1, D + 1), np.float32)
     assert StepServer.build(ExpertPool(2, team=True), *args, wide, None) is None
+
+
+def test_record_views_name_the_layout():
+    recs = _records(3, np.random.default_rng())
+    ri, rf = recs.view(np.int32), recs.view(np.float32)
+    v = record_views(recs, K)
+    for name, want in (
+        ("ids0", ri[:, :K]),
+        ("ids", ri[:, K : 2 * K]),
+        ("weights", rf[:, 2 * K : 3 * K]),
+        ("pair_slot", ri[:, 3 * K : 4 * K]),
+        ("stats", rf[:, 4 * K : 4 * K + 4]),
+        ("h", rf[:, 4 * K + 4 :]),
+    ):
+        assert v[name].dtype == want.dtype and np.array_equal(v[name], want)
+        assert np.shares_memory(v[name], recs)
+    assert v["h"].shape == (3, D)

@@ -184,11 +184,11 @@ def time_served(pool: ExpertPool, lws: list, d: int, k: int, repeats: int, seed:
     serves every layer, no Python between layers): each step's records hold fresh T = 1
     routings (`_route_seq`), every pick the pool's, all published before the step. None where
     the pool cannot serve steps (no resident team)."""
-    from strata.cpu.serve import DONE, StepServer
+    from strata.cpu.serve import DONE, StepServer, record_views
 
     n = len(lws)
     recs = np.zeros((n, 4 * k + 4 + d), np.uint32)
-    ri, rf = recs.view(np.int32), recs.view(np.float32)
+    rec = record_views(recs, k)
     ready, release = np.zeros(n, np.int32), np.zeros(1, np.uint32)
     y = np.zeros((1, d), np.float32)
     srv = StepServer.build(pool, lws, recs, ready, release, y, None)
@@ -200,10 +200,10 @@ def time_served(pool: ExpertPool, lws: list, d: int, k: int, repeats: int, seed:
     for step in range(1, repeats + 2):
         for i in range(n):
             _, ids, w = routes[(step - 1) * n + i]
-            ri[i, :k], ri[i, k : 2 * k], ri[i, 3 * k : 4 * k] = ids, ids, -1
-            rf[i, 2 * k : 3 * k] = w
-            rf[i, 4 * k : 4 * k + 4] = (k, 0, k, 0)
-            rf[i, 4 * k + 4 :] = rng.standard_normal(d)
+            rec["ids0"][i] = rec["ids"][i] = ids
+            rec["pair_slot"][i], rec["weights"][i] = -1, w  # every pick the pool's
+            rec["stats"][i] = (k, 0, k, 0)
+            rec["h"][i] = rng.standard_normal(d)
         ready[:] = step
         t0 = time.perf_counter()
         status, _ = srv.run(step)

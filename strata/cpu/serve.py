@@ -36,6 +36,20 @@ C_LEN = 8
 WAIT_SPINS = 1 << 16  # checks of a ready word before `run` returns WAIT (~1-10 ms)
 
 
+def record_views(recs: np.ndarray, k: int) -> dict[str, np.ndarray]:
+    """Named views [L, ...] of records recs [L, R] uint32 (the layout above; a writer's or a
+    reader's: ids0, ids, weights, pair_slot [L, K], stats [L, 4], h [L, D])."""
+    ri, rf = recs.view(np.int32), recs.view(np.float32)
+    return {
+        "ids0": ri[:, :k],
+        "ids": ri[:, k : 2 * k],
+        "weights": rf[:, 2 * k : 3 * k],
+        "pair_slot": ri[:, 3 * k : 4 * k],
+        "stats": rf[:, 4 * k : 4 * k + 4],
+        "h": rf[:, 4 * k + 4 :],
+    }
+
+
 @njit(cache=True, nogil=True)
 def _serve(
     recs_i, recs_f, k, d, ready, release, step, first, spins, y, loaded, hist, ldescs,
@@ -70,15 +84,6 @@ def _serve(
                     exb[n] = e
                     wtb[n] = recs_f[i, o_w + j]
                     n += 1
-        for j in range(k):
-            e0 = recs_i[i, j]
-            if 0 <= e0 < hist.shape[1]:
-                hist[i, e0] += 1
-        cnt[C_BEFORE] += recs_f[i, o_st]
-        cnt[C_SUBST] += recs_f[i, o_st + 1]
-        cnt[C_MISSES] += after
-        cnt[C_RATIO] += recs_f[i, o_st + 3]
-        cnt[C_LAYERS] += 1
         t2 = cycle_counter()
         if after > 0 and n == 0:  # (a record at odds with itself: the rows the card reads)
             y[:] = 0.0
@@ -89,18 +94,18 @@ def _serve(
                 nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx, eq,
             )  # fmt: skip
             if na == -ERR_BARRIER:
-                cnt[C_BEFORE] -= recs_f[i, o_st]  # the Python round runs this layer again
-                cnt[C_SUBST] -= recs_f[i, o_st + 1]
-                cnt[C_MISSES] -= after
-                cnt[C_RATIO] -= recs_f[i, o_st + 3]
-                cnt[C_LAYERS] -= 1
-                for j in range(k):
-                    e0 = recs_i[i, j]
-                    if 0 <= e0 < hist.shape[1]:
-                        hist[i, e0] -= 1
-                return BARRIER, i
+                return BARRIER, i  # not counted: the Python round runs this layer again
             cnt[C_BYTES] += na * ldescs[i, L_NBYTES]
             cnt[C_GGUF] += na * ldescs[i, L_GGUF]
+        for j in range(k):
+            e0 = recs_i[i, j]
+            if 0 <= e0 < hist.shape[1]:
+                hist[i, e0] += 1
+        cnt[C_BEFORE] += recs_f[i, o_st]
+        cnt[C_SUBST] += recs_f[i, o_st + 1]
+        cnt[C_MISSES] += after
+        cnt[C_RATIO] += recs_f[i, o_st + 3]
+        cnt[C_LAYERS] += 1
         t3 = cycle_counter()
         stamps[i, 0], stamps[i, 1], stamps[i, 2], stamps[i, 3] = t0, t1, t2, t3
         # the ticket (strata.gpu.pool_join.ticket), after every write to y
@@ -119,11 +124,10 @@ class StepServer:
     (no resident team: regions, one thread, a platform without futexes).
     """
 
-    def __init__(self, pool: ExpertPool, layers, recs, ready, release, y, hist, loaded, ldescs):
+    def __init__(self, pool: ExpertPool, layers, k, recs, ready, release, y, hist, loaded, ldescs):
         lw = layers[0]
         self.pool = pool
-        self.k = (recs.shape[1] - y.shape[1] - 4) // 4
-        self.d = y.shape[1]
+        self.k, self.d = k, y.shape[1]
         self.recs_i, self.recs_f = recs.view(np.int32), recs.view(np.float32)
         self.ready, self.release, self.y = ready, release, y
         self.hist = hist
@@ -180,7 +184,7 @@ class StepServer:
         if not (pool.team and pool.fused):
             return None
         hist = np.zeros((n_layer, shape[0]), np.int64) if hist is None else hist
-        return cls(pool, layers, recs, ready, release, y, hist, loaded, ldescs)
+        return cls(pool, layers, k, recs, ready, release, y, hist, loaded, ldescs)
 
     def usable(self) -> bool:
         """False once the pool left the team (a barrier timed out): serve from Python then."""
