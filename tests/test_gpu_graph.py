@@ -101,18 +101,92 @@ def test_traced_all_resident_model_runs_the_hybrid_shape(synth_model, device, tm
     g.close()
 
 
-def test_adaptive_swaps_upload_off_the_critical_path(synth_model, device):
-    """Admitted experts upload on the copy stream while the pool computes them this step; from
-    the next step on they are hits. Graph and eager steps must still agree bit for bit."""
+def test_adaptive_swaps_upload_off_the_critical_path(synth_model, device, monkeypatch):
+    """The host-routed arm (STRATA_ADAPT_ROUTED=0): admitted experts upload on the copy stream
+    while the pool computes them this step; from the next step on they are hits. Graph and eager
+    steps must still agree bit for bit."""
     model = load_model(synth_model("tiny", "Q4_K", seed=24, skew=2.0))
     flags = dict(expert_cache="6", adapt_swaps=40)
+    monkeypatch.setenv("STRATA_ADAPT_ROUTED", "0")
     g, e = engine(model, True, **flags), engine(model, False, **flags)
+    assert g._graph_mode() == "hybrid"
     up0 = g.tier.expert_uploads
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
     lockstep(g, e, prompt, 40)
     assert g.stats.swaps == e.stats.swaps > 0
     assert g.tier.expert_uploads - up0 == g.stats.swaps  # one upload per admitted expert
     assert np.array_equal(g.resident, g.tier.slot_of >= 0)  # the tier holds what routing thinks
+
+
+SPIN = r"""
+__device__ unsigned long long now_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long t0 = now_ns();
+    while (now_ns() - t0 < ns) {}
+}
+"""
+
+
+def expert_bytes_in_slots(tier, table: np.ndarray) -> bool:
+    """Whether every (layer, e) -> slot of `table` [L, E] holds expert e's bytes on the card."""
+    from strata.gpu.host import EXPERT_MATS
+
+    for layer, e in zip(*np.nonzero(table >= 0), strict=True):
+        s = int(table[layer, e])
+        for m, t in enumerate(EXPERT_MATS):
+            raw = tier.model.tensor(t, int(layer)).raw()
+            per = raw.shape[0] // tier.args.n_expert
+            want = raw[e * per : (e + 1) * per].reshape(-1)
+            if not np.array_equal(cp.asnumpy(tier.stores[m].buf[s, : want.nbytes]), want):
+                return False
+    return True
+
+
+def test_adaptive_cache_on_the_routed_step(synth_model, device):
+    """The adaptive cache with the card routing (the default): the router picks of a step are
+    observed after it and its swaps upload on the copy stream between steps; the card routes
+    to an admitted expert only once its upload is done, and never waits for one. With the copy
+    stream held busy (a spin kernel), decode goes on: the evicted experts leave the card's
+    table at once, the admitted ones stay out of it (misses, for the pool) and every slot the
+    table names holds its expert's bytes; once the copies land the table takes them in. The
+    decoded tokens are those of an engine with every expert resident (CAR off: the picks do not
+    depend on the cache), the logits within float noise."""
+    model = load_model(synth_model("tiny", "Q4_K", seed=24, skew=2.0))
+    g = engine(model, True, expert_cache="6", adapt_swaps=4, car_threshold=1.0)
+    h = engine(model, True, expert_cache="all")
+    tier, dec = g.tier, g.tier.graph_decoder()
+    if getattr(cp.cuda.runtime, "is_hip", False):
+        pytest.skip("the spin kernel reads NVIDIA's globaltimer")
+    spin = cp.RawKernel(SPIN, "spin")
+    prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
+    la, lb = g.forward(prompt), h.forward(prompt)
+    with tier.copy_stream():
+        spin((1,), (1,), (np.uint64(4_000_000_000),))  # 4 s of the copy stream's time
+    errs, same, pending = [], 0, 0
+    for step in range(40):
+        if step == 30:  # the copies land: the next step's table takes the admitted experts in
+            tier.copy_stream().synchronize()
+        same += int(np.argmax(la)) == int(np.argmax(lb))
+        tok = int(np.argmax(lb))
+        la, lb = g.forward([tok]), h.forward([tok])
+        errs.append(position_errors(la[None], lb[None])[0])
+        assert g._graph_mode() == "routed"
+        table = cp.asnumpy(dec.slot_table)  # the null stream: the spinning copy stream not waited
+        if step < 30:
+            assert not tier.copy_stream().done  # still spinning: nothing waited for it
+            pending += int(((tier.slot_of >= 0) & (table < 0)).sum())
+            assert (table[table >= 0] == tier.slot_of[table >= 0]).all()
+            assert expert_bytes_in_slots(tier, table)
+    assert g.stats.swaps == 4 and pending > 0  # admitted and kept out while copying
+    np.testing.assert_array_equal(table, tier.slot_of)  # settled after the copies
+    assert np.array_equal(g.resident, tier.slot_of >= 0)
+    assert expert_bytes_in_slots(tier, table)
+    assert same >= 32, f"greedy tokens agree at only {same} of 40 steps"
+    assert max(errs) < 1e-2, max(errs)
 
 
 @pytest.mark.parametrize("car", [1.0, 0.35])

@@ -9,7 +9,7 @@ import copy
 import numpy as np
 import pytest
 
-from strata.engine.route_fast import count_picks, observe_fast, topk_fast
+from strata.engine.route_fast import count_picks, observe_fast, observe_step, topk_fast
 from strata.routing.profile import AdaptiveCache
 from strata.routing.topk import route_topk
 
@@ -72,3 +72,29 @@ def test_observe_fast_is_observe(max_swaps):
         assert (fast.swaps_in_window, fast.swaps_total) == (ref.swaps_in_window, ref.swaps_total)
     if max_swaps:
         assert ref.swaps_total > 0
+
+
+@pytest.mark.parametrize("max_swaps", [0, 5, 1000])
+def test_observe_step_is_observe_layer_by_layer(max_swaps):
+    """One compiled call over a decode step's picks [L, K] == observe on each layer in order
+    (the swap room of a window shared as the calls share it): swaps, scores, mask, counters."""
+    g = np.random.default_rng()
+    n_layer, e, k = 6, 32, 4
+    ref = AdaptiveCache(g.random((n_layer, e)) < 0.5, max_swaps=max_swaps, margin=0.5)
+    fast = copy.deepcopy(ref)
+    pops = [g.dirichlet(np.full(e, 0.3)) for _ in range(n_layer)]  # skewed: swaps happen
+    full = False  # a window's room ran out
+    for step in range(40):
+        if step % 15 == 0:
+            ref.new_window()
+            fast.new_window()
+        ids = np.stack([g.choice(e, k, replace=False, p=p) for p in pops])  # [L, K]
+        want = [(i, c, a) for i in range(n_layer) for c, a in ref.observe(i, ids[i : i + 1])]
+        assert observe_step(fast, ids) == want
+        assert np.array_equal(fast.score, ref.score)
+        assert np.array_equal(fast.resident, ref.resident)
+        assert (fast.swaps_in_window, fast.swaps_total) == (ref.swaps_in_window, ref.swaps_total)
+        full |= 0 < max_swaps == ref.swaps_in_window
+    if max_swaps:
+        assert ref.swaps_total > 0
+    assert full == (max_swaps == 5)

@@ -17,7 +17,8 @@ from typing import Protocol
 import numpy as np
 
 from strata.engine.car_fast import car_plan_fast
-from strata.engine.route_fast import count_picks, observe_fast, topk_fast
+from strata.engine.route_fast import count_picks, observe_fast, observe_step, topk_fast
+from strata.gpu.device import env_switch
 from strata.gpu.sample import SampleKnobs, sample_ref
 from strata.gpu.tier import DeviceTier
 from strata.model.loader import Model
@@ -128,8 +129,14 @@ class Engine:
             TraceWriter(trace_path, a.n_layer, a.n_expert, a.n_expert_used) if trace_path else None
         )
         self.graphs = graphs  # decode from CUDA graphs where the tier has them
-        # graph hybrid steps route on the card unless traces or the adaptive cache need the host
+        # graph hybrid steps route on the card unless traces need the host
         self.device_routing = True
+        # the adaptive cache on a card-routed step: the step's router picks observed after it,
+        # the swaps uploaded between steps (STRATA_ADAPT_ROUTED=0: the host-routed hybrid step,
+        # which observes layer by layer, the A/B arm)
+        self.adapt_after_step = env_switch("STRATA_ADAPT_ROUTED") and hasattr(
+            tier, "settled_slots"
+        )
         self._swaps: list[tuple[int, int]] = []  # the adaptive cache's swaps of this layer
         self._server = None  # (graph decoder, its StepServer or None): see _step_server
         self._layer_rows = np.arange(a.n_layer)[:, None]  # [L, 1]
@@ -222,11 +229,11 @@ class Engine:
             if (
                 self.device_routing
                 and self.trace is None
-                and self.adaptive is None
+                and (self.adaptive is None or self.adapt_after_step)
                 and tier.routes_on_device()
             ):
                 return "routed"  # top-k and CAR on the card; the host reads the plan
-            return "hybrid"  # the host routes (CAR, traces, the adaptive cache) between graphs
+            return "hybrid"  # the host routes (traces, the adaptive cache) between graphs
         return None  # misses the tier serves by uploading experts on demand: eager
 
     def _decode_all_resident(self, g, token: int, pick: str | None = None):
@@ -261,6 +268,16 @@ class Engine:
             g.release_all()  # the card must not wait for rows that will not come
             raise
         return g.finish_ahead(pick)
+
+    def _adapt_after(self, g) -> None:
+        """The adaptive cache after a card-routed step: every layer's router picks (the step's
+        records) observed in one compiled call, the swaps' uploads started on the copy stream.
+        The card routes to an admitted expert from the first step that begins after its upload
+        is done (`GraphDecoder.begin_routed`); the evicted one leaves the table at once."""
+        swaps = observe_step(self.adaptive, g.router_picks())
+        self.stats.swaps += len(swaps)
+        for i, cold, e in swaps:
+            self.tier.prefetch(i, e, cold)
 
     def _serve_ahead(self, g) -> None:
         """Every layer of a queued step: in one compiled call where the miss runner can serve a
@@ -383,6 +400,8 @@ class Engine:
             out = self._decode_all_resident(g, token, pick)
         elif mode == "routed":
             out = self._decode_routed(g, token, pick)
+            if self.adaptive is not None:
+                self._adapt_after(g)
         else:
             out = self._decode_hybrid(g, token, pick)
         self.pos += 1

@@ -111,3 +111,31 @@ def observe_fast(cache: AdaptiveCache, layer: int, ids: np.ndarray) -> list[tupl
     cache.swaps_in_window += n
     cache.swaps_total += n
     return [(int(a), int(b)) for a, b in swaps[:n]]
+
+
+@njit(cache=True)
+def _observe_layers(score, res, ids, factor, margin, room, swaps):
+    """`_observe` of layers 0..L-1 in order on one step's picks ids [L, K] (a token a layer),
+    the swap room shared as the calls one after another share it; swaps [., 3] (layer, evicted,
+    admitted); returns how many."""
+    n = 0
+    for layer in range(ids.shape[0]):
+        r = room - n if room >= 0 else -1
+        m = _observe(score[layer], res[layer], ids[layer : layer + 1], factor, margin, r,
+                     swaps[n:, 1:])  # fmt: skip
+        for j in range(n, n + m):
+            swaps[j, 0] = layer
+        n += m
+    return n
+
+
+def observe_step(cache: AdaptiveCache, ids: np.ndarray) -> list[tuple[int, int, int]]:
+    """`cache.observe(i, ids[i : i + 1])` for every layer i of one decode step's router picks
+    ids [L, K], in one compiled call -> the swaps as (layer, evicted, admitted)."""
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    room = cache.max_swaps - cache.swaps_in_window if cache.max_swaps else -1
+    swaps = np.empty((max(room, 0), 3), np.int64)
+    n = _observe_layers(cache.score, cache.resident, ids, cache.decay, cache.margin, room, swaps)
+    cache.swaps_in_window += n
+    cache.swaps_total += n
+    return [(int(a), int(b), int(c)) for a, b, c in swaps[:n]]

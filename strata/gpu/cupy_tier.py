@@ -15,7 +15,8 @@ the next `router` call (passing it back to `experts` reuses its Q8 form).
 Memory: dense weights, the KV cache, the workspace and the expert slots are reserved in the
 `DeviceBudget` and allocated once; a call allocates only the arrays it returns (from CuPy's
 capped pool). Experts live in fixed slots ((layer, expert) -> slot, least recently used out);
-a missing expert is uploaded into a slot when it is first needed (synchronously for now).
+a missing expert is uploaded into a slot when it is first needed (synchronously: eager steps);
+the adaptive cache's admits upload on a copy stream (`prefetch`), off the compute streams.
 
 T = tokens, D = hidden, H/G = query/KV heads, Dh/Dv = head dims, E = experts, K = used,
 F = expert FFN, V = vocab, L = layers, S = context.
@@ -23,7 +24,7 @@ F = expert FFN, V = vocab, L = layers, S = context.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
@@ -57,6 +58,9 @@ from strata.quant import fmt
 QT = GGMLQuantizationType
 MOE_TMAX = 128  # tokens per chunk of the grouped (prefill) expert kernels
 ATTN_SCORES_BYTES = 64 * MIB  # bound on the attention scores workspace (sets its query chunk)
+# adaptive admits staged through pinned memory: uploads that may be in flight before the host
+# waits for the oldest (a step admits a few; the card routes to one once its bytes are in)
+STAGE_RING = 8
 
 
 class _Layer:
@@ -342,6 +346,7 @@ class CupyTier:
         self.slot_version = 0  # bumped whenever slot_of changes (the graph's slot table copy)
         self._copy = None  # the copy stream of `prefetch` (made on first use)
         self._pending = None  # the last prefetch's event
+        self._admits: deque = deque()  # (layer, e, its upload's event) of uploads maybe in flight
         if n == total:  # everything fits: load it all now, no upload on the hot path
             for i in range(a.n_layer):
                 for e in range(a.n_expert):
@@ -376,6 +381,7 @@ class CupyTier:
         return a if isinstance(a, self.cp.ndarray) else self.cp.asarray(a)
 
     def _upload(self, layer: int, e: int, keep: frozenset = frozenset()) -> int:
+        self.await_uploads()  # a prefetch still copying into the slot taken here goes first
         if self._free:
             s = self._free.pop()
         else:
@@ -415,15 +421,11 @@ class CupyTier:
         s = self._free.pop() if key is None else self._lru.pop(key)
         if key is not None:
             self.slot_of[key] = -1
-        if self._copy is None:
-            self._copy = cp.cuda.Stream(non_blocking=True)
-            n = sum(self.slot_bytes)
-            self._stage = [Pinned(cp, (n,), np.uint8) for _ in range(2)]
-            self._stage_ev = [None, None]
+        self.copy_stream()
         for st in (cp.cuda.Stream.null, self._graph.stream if self._graph else None):
             if st is not None:
                 self._copy.wait_event(st.record())
-        j = self.expert_uploads % 2
+        j = self.expert_uploads % STAGE_RING
         if self._stage_ev[j] is not None:
             self._stage_ev[j].synchronize()  # the staging buffer's last copy has left it
         buf, off = self._stage[j].a, 0
@@ -442,10 +444,21 @@ class CupyTier:
             off += src.nbytes
             self.expert_bytes_uploaded += src.nbytes
         self._stage_ev[j] = self._pending = self._copy.record()
+        self._admits.append((layer, e, self._pending))
         self.expert_uploads += 1
         self.slot_of[layer, e] = s
         self._lru[(layer, e)] = s
         self.slot_version += 1
+
+    def copy_stream(self):
+        """The stream of `prefetch`'s uploads (made, with its pinned staging, on first use)."""
+        if self._copy is None:
+            cp = self.cp
+            self._copy = cp.cuda.Stream(non_blocking=True)
+            n = sum(self.slot_bytes)
+            self._stage = [Pinned(cp, (n,), np.uint8) for _ in range(STAGE_RING)]
+            self._stage_ev = [None] * STAGE_RING
+        return self._copy
 
     def await_uploads(self, stream=None) -> None:
         """Make `stream` (default: the legacy stream) wait for the prefetches issued so far."""
@@ -454,6 +467,21 @@ class CupyTier:
             (stream or self.cp.cuda.Stream.null).wait_event(ev)
             if ev.done:
                 self._pending = None
+                self._admits.clear()
+
+    def settled_slots(self) -> tuple[np.ndarray, bool]:
+        """The slot table [L, E] with the experts whose uploads are still in flight left out
+        (-1), and whether there are any: what a step may read without waiting for the copy
+        stream (the graph decoder's routed step admits an expert once its bytes are in)."""
+        adm = self._admits
+        while adm and adm[0][2].done:  # one copy stream: its events complete in order
+            adm.popleft()
+        if not adm:
+            return self.slot_of, False
+        tab = self.slot_of.copy()
+        for layer, e, _ in adm:
+            tab[layer, e] = -1
+        return tab, True
 
     def sync_uploads(self) -> None:
         """Wait for expert uploads (legacy stream) before another stream reads the slots."""

@@ -104,7 +104,10 @@ class GraphDecoder:
         self.sh_out = cp.zeros((1, d), f32)  # shared expert
         self.topk_ids = cp.zeros((n_layer, k), np.int32)
         self.topk_w = cp.zeros((n_layer, k), f32)
-        self.slot_table = cp.asarray(tier.slot_of)  # [L, E] -> slot (all-resident step)
+        self.slot_table = cp.asarray(tier.slot_of)  # [L, E] -> slot (the card's routing)
+        self.table_h = Pinned(cp, (n_layer, e), np.int32)  # the table last sent to the card
+        self.table_h.a[...] = tier.slot_of
+        self._unsettled = False  # uploads in flight left out of the table (begin_routed)
         # the device-routed hybrid step: router top-k + CAR on the card (kernels/route_car.cu)
         self.knobs_h = Pinned(cp, (4,), np.float64)  # threshold, budget, free ratio, on
         self.knobs_d = cp.zeros((4,), np.float64)
@@ -355,9 +358,15 @@ class GraphDecoder:
     # ---- the hybrid step routed on the card ----
     def begin_routed(self, token: int, pos: int, knobs: np.ndarray) -> None:
         """Start a device-routed hybrid step with CAR knobs [4] (route_car.knob_values)."""
-        if self.t.slot_version != self._slot_version:  # the cache was re-placed
-            self.slot_table.set(self.t.slot_of)
-            self._slot_version = self.t.slot_version
+        t = self.t
+        if t.slot_version != self._slot_version or self._unsettled:  # swapped or re-placed
+            # experts still uploading stay out of the card's table (their picks go to the pool)
+            # until their bytes are in: a step never waits for the copy stream
+            tab, self._unsettled = t.settled_slots()
+            if not np.array_equal(tab, self.table_h.a):
+                self.table_h.a[...] = tab
+                self._up(self.slot_table, self.table_h.a)  # the stream's last step is done
+            self._slot_version = t.slot_version
         if not np.array_equal(self.knobs_h.a, knobs):
             self.knobs_h.a[:] = knobs
             self.knobs_d.set(knobs)
@@ -415,6 +424,10 @@ class GraphDecoder:
     def release_all(self) -> None:
         """Let the queued step run to its end (after a host error: its result is not used)."""
         self.release(self.t.args.n_layer - 1)
+
+    def router_picks(self) -> np.ndarray:
+        """[L, K] the router's picks (before CAR) of the last routed step, from its records."""
+        return self.pack_h.a[:, : self.k].view(np.int32)
 
     def finish_ahead(self, pick: str | None = None):
         """Wait for the queued step -> logits [V] (a view) or the token picked on the card."""
