@@ -52,3 +52,17 @@ print(f"{'device ms':>10} {'count':>6}  name")
 for dev, n, k in rows[:30]:
     print(f"{dev / 1e3:>10.2f} {n:>6}  {k[:110]}")
 print(f"sum of rows above (kernels and copies): {sum(r[0] for r in rows) / 1e3:.1f} ms")
+
+# the host's side: Python time by function over one more prefill (cProfile adds its overhead)
+import cProfile  # noqa: E402
+import pstats  # noqa: E402
+
+engine.reset()
+cpr = cProfile.Profile()
+t0 = time.perf_counter()
+cpr.enable()
+engine.forward(prompt)
+cp.cuda.Device().synchronize()
+cpr.disable()
+print(f"\nhost profile (cProfile; wall under it {1e3 * (time.perf_counter() - t0):.1f} ms):")
+pstats.Stats(cpr).sort_stats("tottime").print_stats(28)

@@ -489,14 +489,14 @@ class CupyTier:
 
     def slots_for(self, layer: int, ids: np.ndarray) -> np.ndarray:
         """Slots of ids [T, K] (uploading missing experts); -1 where ids < 0."""
-        keep = frozenset(int(e) for e in ids.ravel().tolist() if e >= 0)
+        need = np.unique(ids[ids >= 0]).tolist()  # ascending
+        keep = frozenset(need)
         row = self.slot_of[layer]
-        for e in sorted(keep):
-            key = (layer, e)
+        for e in need:
             if row[e] < 0:
                 self._upload(layer, e, keep)
             else:
-                self._lru.move_to_end(key)
+                self._lru.move_to_end((layer, e))
         return np.where(ids >= 0, row[np.maximum(ids, 0)], -1).astype(np.int32)
 
     # ---- boundary ----
