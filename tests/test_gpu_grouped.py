@@ -75,3 +75,79 @@ def test_grouped_experts_equal_the_per_pair_kernels(K, qts, t):
     assert err < 1e-5, err
     dead = (slots < 0).all(axis=1)  # a token whose picks all missed: zeros
     assert np.all(outs[1][dead] == 0)
+
+
+@pytest.mark.parametrize(
+    "qts,d,f",
+    [
+        ((QT.Q4_K, QT.Q4_K, QT.Q6_K), 512, 256),
+        ((QT.IQ3_XXS,) * 3, 512, 256),
+        ((QT.Q5_K, QT.Q5_K, QT.Q8_0), 256, 256),
+        ((QT.IQ4_XS, QT.IQ4_XS, QT.IQ2_XXS), 256, 512),
+        ((QT.IQ1_M, QT.IQ1_M, QT.IQ3_S), 512, 256),
+        ((QT.IQ2_S,) * 3, 256, 256),
+        ((QT.Q8_0,) * 3, 96, 160),  # rows past a block's 64 (early-leaving warps), odd sub-blocks
+    ],
+    ids=lambda v: "-".join(x.name for x in v) if isinstance(v, tuple) else str(v),
+)
+@pytest.mark.parametrize("t", [9, 150])
+def test_mma_tiles_match_the_reference(device, qts, d, f, t):
+    """The tensor-core tile kernels (kernels/experts_mma.cu, tiles of up to 32 pairs, column
+    blocks partly used) against float64 NumPy on the same Q8 inputs: the intermediate to 1e-5
+    (its sums are exact int32 a sub-block, float order aside) and the output to 1e-5 from the
+    card's own Q8 intermediate (a quantization flip is no error of the down kernel)."""
+    from gguf.quants import dequantize
+
+    from strata.gpu.rawmod import Kernels
+    from strata.quant.activation import roundtrip
+
+    K = Kernels(cp, device.warp_size, device.sm_count, arch=device.arch)
+    if not K.int8_mma:
+        pytest.skip(f"no int8 mma on {device.arch}")
+    g = np.random.default_rng()
+    n_exp, k = 6, 4
+    shapes = ((n_exp, f, d), (n_exp, f, d), (n_exp, d, f))
+    raws = [random_quantized(q, s, g, 1 / np.sqrt(s[2])) for q, s in zip(qts, shapes, strict=True)]
+    stores = [SlotStore(cp, n_exp, r[0].nbytes) for r in raws]
+    for st, r in zip(stores, raws, strict=True):
+        st.buf[...] = cp.asarray(r.reshape(n_exp, -1))
+    slots = np.stack(
+        [g.choice(n_exp, k, replace=False, p=[0.5, 0.3, 0.05, 0.05, 0.05, 0.05]) for _ in range(t)]
+    ).astype(np.int32)
+    slots[g.random((t, k)) < 0.15] = -1
+    w = g.uniform(0.1, 1, (t, k)).astype(np.float32)
+    h = g.standard_normal((t, d)).astype(np.float32)
+    hact = ActBuf(cp, d, t, fmt(qts[0]).vec_dot)
+    norm_quant(K, cp.asarray(h), t, act=hact)
+    act = cp.zeros((t * k, f), np.float32)
+    aact = ActBuf(cp, f, t * k, fmt(qts[2]).vec_dot)
+    out = cp.full((t, d), np.nan, np.float32)
+    tiles = TileBufs(cp, t * k, d)
+    ps, pw = cp.asarray(slots.ravel()), cp.asarray(w.ravel())
+    moe_experts_grouped(
+        K, qts, (d, f), stores, hact, slots, ps, pw, tiles, act, aact, out, mma=True
+    )
+    deq = [dequantize(r, q).reshape(s) for r, q, s in zip(raws, qts, shapes, strict=True)]
+    deq = [x.astype(np.float64) for x in deq]
+    hq = roundtrip(h, fmt(qts[0]).vec_dot).astype(np.float64)  # the Q8 h the card multiplies
+    act_dev = cp.asnumpy(act).reshape(t, k, f)
+    aq = cp.asnumpy(aact.q)[: t * k].astype(np.float64)
+    nb = f // (256 if fmt(qts[2]).vec_dot == QT.Q8_K else 32)
+    ad = cp.asnumpy(aact.d).ravel()[: t * k * nb].reshape(t * k, nb)
+    a_deq = (aq.reshape(t * k, nb, -1) * ad[..., None]).reshape(t, k, f)
+    want = np.zeros((t, d))
+    for ti in range(t):
+        for ki in range(k):
+            e = slots[ti, ki]
+            if e < 0:
+                continue
+            gg, uu = hq[ti] @ deq[0][e].T, hq[ti] @ deq[1][e].T
+            inter = gg / (1 + np.exp(-gg)) * uu
+            err = np.abs(act_dev[ti, ki] - inter).max() / np.abs(inter).max()
+            assert err < 1e-5, (ti, ki, err)
+            want[ti] += w[ti, ki] * (a_deq[ti, ki] @ deq[2][e].T)
+    got = cp.asnumpy(out)
+    assert np.all(np.isfinite(got))
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < 1e-5, err
+    assert np.all(got[(slots < 0).all(axis=1)] == 0)

@@ -33,7 +33,7 @@ from gguf.constants import GGMLQuantizationType
 from strata.gpu.attention import AttnWorkspace, attention, attention_decode
 from strata.gpu.budget import MIB, DeviceBudget
 from strata.gpu.decode_graph import GraphDecoder, Pinned
-from strata.gpu.device import DeviceError, DeviceInfo, import_cupy, primary_device
+from strata.gpu.device import DeviceError, DeviceInfo, env_switch, import_cupy, primary_device
 from strata.gpu.elementwise import sigmoid_scale_rows, silu_mul
 from strata.gpu.embed import embed
 from strata.gpu.experts import (
@@ -89,6 +89,9 @@ class CupyTier:
             raise DeviceError("no GPU: CupyTier needs CuPy and a device (use the host tier)")
         self.info = info
         self.K = kernels_for(info)
+        # a prompt's resident experts on the int8 tensor cores where the card has them
+        # (STRATA_GPU_MOE_MMA=0: the dp4a tile kernels, the A/B arm)
+        self.moe_mma = env_switch("STRATA_GPU_MOE_MMA") and self.K.int8_mma
         self.budget = budget if budget is not None else DeviceBudget.from_env()
         self.budget.install_pool_cap(cp)
         a = self.args = model.args
@@ -661,6 +664,7 @@ class CupyTier:
                     self.moe_act,
                     aact,
                     out[c0 : c0 + n],
+                    mma=self.moe_mma,
                 )
             return
         for c0, n in self._chunks(t):

@@ -161,6 +161,7 @@ def expert_ref(h, gate_raw, up_raw, down_raw, qtypes) -> np.ndarray:
 
 
 MOE_NT = 8  # pairs per tile in experts_grouped.cu
+MMA_NT, MMA_WARPS = 32, 4  # pairs per tile, warps per block in experts_mma.cu
 GROUPED_MIN_T = 8  # more tokens than this: the grouped (prefill) kernels
 
 
@@ -213,28 +214,35 @@ def moe_experts_grouped(
     act,
     aact: ActBuf,
     out,
+    mma: bool = False,
 ) -> None:
     """out[:T] = sum_k pair_w[t, k] * expert_{slots[t, k]}(h[t]) for slots [T, K] (host) with the
-    pairs grouped by expert (kernels/experts_grouped.cu); pair_slot/pair_w [T*K] on the device
-    already hold the same slots and the weights."""
+    pairs grouped by expert (kernels/experts_grouped.cu; with `mma`, tiles of MMA_NT pairs on
+    the int8 tensor cores, kernels/experts_mma.cu: CUDA sm_80+, `Kernels.int8_mma`);
+    pair_slot/pair_w [T*K] on the device already hold the same slots and the weights."""
     qg, qu, qd = (QT(int(q)) for q in qtypes)
     if qg != qu:
         raise ValueError(f"gate ({qg.name}) and up ({qu.name}) experts must share a type")
     d, f = dims
     t, k = slots.shape
-    order, tslot, tfirst, tn = group_pairs(slots)
+    order, tslot, tfirst, tn = group_pairs(slots, MMA_NT if mma else MOE_NT)
     n_tiles = int(tslot.size)
     gate, up, down = stores
-    wpb = K.warps_per_block(THREADS)
-    block = (wpb * K.warp,)
+    if mma:  # 16 weight rows a warp
+        src, names = "experts_mma.cu", ("gate_up_mma", "down_mma")
+        rows, block = 16 * MMA_WARPS, (32 * MMA_WARPS,)
+    else:  # a weight row a warp
+        src, names = "experts_grouped.cu", ("gate_up_tiles", "down_tiles")
+        rows = K.warps_per_block(THREADS)
+        block = (rows * K.warp,)
     if n_tiles:
         tiles.order[: order.size].set(order)
         tiles.slot[:n_tiles].set(tslot)
         tiles.first[:n_tiles].set(tfirst)
         tiles.n[:n_tiles].set(tn)
         tile_args = (tiles.slot, tiles.first, tiles.n, tiles.order)
-        K.fn("experts_grouped.cu", f"moe_gate_up_tiles_{Q_NAMES[qg]}")(
-            (-(-f // wpb), n_tiles),
+        K.fn(src, f"moe_{names[0]}_{Q_NAMES[qg]}")(
+            (-(-f // rows), n_tiles),
             block,
             (
                 gate.buf,
@@ -251,8 +259,8 @@ def moe_experts_grouped(
             ),
         )
         norm_quant(K, act, t * k, act=aact)  # the intermediate, Q8 as ggml quantizes it
-        K.fn("experts_grouped.cu", f"moe_down_tiles_{Q_NAMES[qd]}")(
-            (-(-d // wpb), n_tiles),
+        K.fn(src, f"moe_{names[1]}_{Q_NAMES[qd]}")(
+            (-(-d // rows), n_tiles),
             block,
             (
                 down.buf,

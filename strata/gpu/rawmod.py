@@ -79,6 +79,7 @@ class Kernels:
         self.extra = tuple(extra) + tuple(env)
         self._mods: dict[str, object] = {}
         self._fns: dict[tuple[str, str], Kernel] = {}
+        self.arch = arch
         self.pdl = None  # the PDL launcher while a pdl_scope is open
         self._pdl_launcher = None
         if arch:
@@ -86,6 +87,16 @@ class Kernels:
 
             if pdl.enabled_by_env() and pdl.supported(cp, arch):
                 self._pdl_launcher = pdl.Launcher(cp)
+
+    @property
+    def int8_mma(self) -> bool:
+        """Whether the device has the int8 tensor-core mma (m16n8k16 s8) that experts_mma.cu
+        uses: CUDA sm_80 or newer (not HIP, not the emulator)."""
+        cp = self.cp
+        if getattr(cp, "__emulated__", False) or getattr(cp.cuda.runtime, "is_hip", False):
+            return False
+        a = self.arch
+        return a.startswith("sm_") and a[3:].isdigit() and int(a[3:]) >= 80
 
     @property
     def pdl_available(self) -> bool:

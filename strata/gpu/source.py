@@ -26,6 +26,7 @@ SOURCES = (
     "attention.cu",
     "experts.cu",
     "experts_grouped.cu",
+    "experts_mma.cu",
     "router_topk.cu",
     "route_car.cu",
     "elementwise.cu",
