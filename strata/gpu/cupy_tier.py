@@ -43,7 +43,7 @@ from strata.gpu.experts import (
     moe_experts,
     moe_experts_grouped,
 )
-from strata.gpu.gemv import DeviceWeight, gemm_mma, gemv
+from strata.gpu.gemv import DeviceWeight, gemv
 from strata.gpu.host import EXPERT_MATS, check_kv_type, rope_inv_freq
 from strata.gpu.norm_quant import ActBuf, norm_quant
 from strata.gpu.rawmod import kernels_for
@@ -89,8 +89,8 @@ class CupyTier:
             raise DeviceError("no GPU: CupyTier needs CuPy and a device (use the host tier)")
         self.info = info
         self.K = kernels_for(info)
-        # a prompt's resident experts and quantized projections on the int8 tensor cores where
-        # the card has them (STRATA_GPU_MOE_MMA=0: the dp4a tile kernels and gemv_*, the A/B arm)
+        # a prompt's resident experts on the int8 tensor cores where the card has them
+        # (STRATA_GPU_MOE_MMA=0: the dp4a tile kernels, the A/B arm)
         self.moe_mma = env_switch("STRATA_GPU_MOE_MMA") and self.K.int8_mma
         self.budget = budget if budget is not None else DeviceBudget.from_env()
         self.budget.install_pool_cap(cp)
@@ -550,7 +550,7 @@ class CupyTier:
             wa = self.act(a.n_embd, w.vec_dot)
             if wa is not act:
                 norm_quant(K, x, t, L.attn_norm, self.eps, act=wa)
-            self._gemv(w, wa, flat[off:], t, ldo=self.qkv_dim)
+            gemv(K, w, wa, flat[off:], t, ldo=self.qkv_dim)
         kc, vc = self.k_cache[layer], self.v_cache[layer]
         ks = vs = None  # the int8 cache's row scales [G, S]
         if self.k_scale is not None:
@@ -584,7 +584,7 @@ class CupyTier:
             )  # fmt: skip
         oact = self.act(self.o_buf.shape[1], L.o.vec_dot)
         norm_quant(K, self.o_buf, t, act=oact)
-        self._gemv(L.o, oact, out, t, resid=x)
+        gemv(K, L.o, oact, out, t, resid=x)
 
     def router(self, layer: int, x):
         xd, host = self._in(x)
@@ -606,14 +606,6 @@ class CupyTier:
         norm_quant(self.K, x, t, L.ffn_norm, self.eps, out_f=h, act=eact)
         self._linear(L.router, h, t, self.rlogits_buf)
 
-    def _gemv(self, w: DeviceWeight, act: ActBuf, out, t: int, resid=None, ldo=None) -> None:
-        """gemv, a prompt chunk of quantized weights on the int8 tensor cores where the card has
-        them (gemm_mma: the decode step's T = 1 keeps gemv's kernels)."""
-        if t > GROUPED_MIN_T and self.moe_mma and w.quantized:
-            gemm_mma(self.K, w, act, out, t, resid=resid, ldo=ldo)
-        else:
-            gemv(self.K, w, act, out, t, resid=resid, ldo=ldo)
-
     def _linear(self, w: DeviceWeight, x, t: int, out, resid=None) -> None:
         """out[:t] = HostTier's _Linear(w)(x[:t]): quantize x for w, then the GEMV."""
         if w.qtype == QT.F32:
@@ -621,7 +613,7 @@ class CupyTier:
             return
         act = self.act(int(x.shape[-1]), w.vec_dot)
         norm_quant(self.K, x, t, act=act)
-        self._gemv(w, act, out, t, resid=resid)
+        gemv(self.K, w, act, out, t, resid=resid)
 
     def experts(self, layer: int, h, ids: np.ndarray, weights: np.ndarray):
         hd, host = self._in(h)
@@ -752,4 +744,4 @@ class CupyTier:
             gemv(self.K, self.lm_head, self.xn_buf, self.logits_buf, n)
         else:
             norm_quant(self.K, x, n, self.out_norm, self.eps, act=act)
-            self._gemv(self.lm_head, act, self.logits_buf, n)
+            gemv(self.K, self.lm_head, act, self.logits_buf, n)
