@@ -24,6 +24,7 @@ F = expert FFN, V = vocab, L = layers, S = context.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict, deque
 
 import numpy as np
@@ -56,7 +57,7 @@ from strata.model.weights import dequant
 from strata.quant import fmt
 
 QT = GGMLQuantizationType
-MOE_TMAX = 128  # tokens per chunk of the grouped (prefill) expert kernels
+MOE_TMAX = 128  # tokens per chunk of the grouped (prefill) expert kernels (STRATA_GPU_MOE_TMAX)
 ATTN_SCORES_BYTES = 64 * MIB  # bound on the attention scores workspace (sets its query chunk)
 # adaptive admits staged through pinned memory: uploads that may be in flight before the host
 # waits for the oldest (a step admits a few; the card routes to one once its bytes are in)
@@ -67,6 +68,17 @@ class _Layer:
     __slots__ = (
         "attn_norm", "ffn_norm", "q_norm", "k_norm", "qkv", "o", "router", "sh", "exp_qt",
     )  # fmt: skip
+
+
+def moe_tmax() -> int:
+    """Tokens per chunk of a prompt's grouped expert kernels: MOE_TMAX, or STRATA_GPU_MOE_TMAX
+    (an A/B knob: a larger chunk fills the tiles of an expert more, for a larger workspace)."""
+    v = os.environ.get("STRATA_GPU_MOE_TMAX", "").strip()
+    if not v:
+        return MOE_TMAX
+    if not v.isdigit() or int(v) < 1:
+        raise ValueError(f"STRATA_GPU_MOE_TMAX={v!r}: give a positive token count")
+    return int(v)
 
 
 class CupyTier:
@@ -216,7 +228,7 @@ class CupyTier:
         a, cp, tm = self.args, self.cp, self.tmax
         h, g, dh, dv = self.dims
         # experts of a long prompt: chunks of moe_tmax tokens, pairs grouped by expert
-        self.moe_tmax = max(tm, MOE_TMAX)
+        self.moe_tmax = max(tm, moe_tmax())
         self.moe_rows = self.moe_tmax * a.n_expert_used  # (token, expert) pairs of a chunk
         self.att_tmax = max(1, min(tm, ATTN_SCORES_BYTES // (4 * h * self.n_ctx)))
         specs = self._act_specs()
