@@ -57,7 +57,9 @@ from strata.model.weights import dequant
 from strata.quant import fmt
 
 QT = GGMLQuantizationType
-MOE_TMAX = 128  # tokens per chunk of the grouped (prefill) expert kernels (STRATA_GPU_MOE_TMAX)
+MOE_TMAX = 512  # tokens per chunk of the grouped (prefill) expert kernels (STRATA_GPU_MOE_TMAX);
+# 512 against 128 on the H200 with the tensor-core tiles: prefill 292.7 against 305.3 ms, car-on
+# 1369-1398 against 1228-1281 tok/s (bench/results/session14-h200-20261130.md)
 ATTN_SCORES_BYTES = 64 * MIB  # bound on the attention scores workspace (sets its query chunk)
 # adaptive admits staged through pinned memory: uploads that may be in flight before the host
 # waits for the oldest (a step admits a few; the card routes to one once its bytes are in)
