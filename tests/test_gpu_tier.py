@@ -225,3 +225,22 @@ def test_staged_experts_equal_the_cached_ones_and_leave_the_cache_alone(synth_mo
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     np.testing.assert_array_equal(few.slot_of, slot_of)
     assert few.stage_uploads == a.n_layer * np.unique(ids[ids >= 0]).size
+
+
+def test_router_of_a_long_prompt_reads_back_once(synth_model, device, monkeypatch):
+    """A prompt longer than the tier's chunk: the router's chunks queue into one device array,
+    read back once (no wait for the card between chunks), with the logits and h of one chunk."""
+    model = load_model(synth_model("tiny", "Q4_K", seed=11))
+    chunked = CupyTier(model, n_ctx=64, budget=small_budget(), device=device, tmax=8)
+    whole = CupyTier(model, n_ctx=64, budget=small_budget(), device=device, tmax=32)
+    x = np.random.default_rng().standard_normal((21, model.args.n_embd)).astype(np.float32)
+    backs = []
+    real = cp.asnumpy
+    monkeypatch.setattr(cp, "asnumpy", lambda a, *k, **kw: (backs.append(a.shape), real(a))[1])
+    for layer in (0, model.args.n_layer - 1):
+        backs.clear()
+        hc, lc = chunked.router(layer, cp.asarray(x))
+        assert backs == [(21, model.args.n_expert)]  # the logits, once
+        hw, lw = whole.router(layer, cp.asarray(x))
+        np.testing.assert_array_equal(lc, lw)  # a (row, token) sum is one warp's at any grouping
+        np.testing.assert_array_equal(cp.asnumpy(hc), cp.asnumpy(hw))

@@ -606,19 +606,20 @@ class CupyTier:
         a = self.args
         small = t <= self.tmax
         h = self.h_buf[:t] if small else self.cp.empty((t, a.n_embd), np.float32)
-        logits = np.empty((t, a.n_expert), np.float32)
+        lg = self.rlogits_buf[:t] if small else self.cp.empty((t, a.n_expert), np.float32)
         for c0, n in self._chunks(t):
-            self._router_into(layer, xd[c0 : c0 + n], h[c0 : c0 + n], n)
-            logits[c0 : c0 + n] = self.cp.asnumpy(self.rlogits_buf[:n])
+            self._router_into(layer, xd[c0 : c0 + n], h[c0 : c0 + n], n, lg[c0 : c0 + n])
+        logits = self.cp.asnumpy(lg)  # one read-back a layer: chunks queue without waiting
         self._last_h = (h, layer) if small else None
         return self._out(h, host), logits
 
-    def _router_into(self, layer: int, x, h, t: int) -> None:
-        """h[:t] = ffn_norm(x) (also quantized for the experts), rlogits_buf[:t] = router(h)."""
+    def _router_into(self, layer: int, x, h, t: int, out=None) -> None:
+        """h[:t] = ffn_norm(x) (also quantized for the experts), out[:t] (default rlogits_buf) =
+        router(h)."""
         L, a = self.layers[layer], self.args
         eact = self.act(a.n_embd, fmt(L.exp_qt[0]).vec_dot)
         norm_quant(self.K, x, t, L.ffn_norm, self.eps, out_f=h, act=eact)
-        self._linear(L.router, h, t, self.rlogits_buf)
+        self._linear(L.router, h, t, self.rlogits_buf if out is None else out)
 
     def _linear(self, w: DeviceWeight, x, t: int, out, resid=None) -> None:
         """out[:t] = HostTier's _Linear(w)(x[:t]): quantize x for w, then the GEMV."""
