@@ -19,6 +19,11 @@ Two shapes of step (T = 1):
   plans and runs the pool on the missed picks; the next layer starts with `pool_join`, which
   waits for the host's release counter only if the plan left picks to the pool. Layers whose
   experts are all resident never wait for the host.
+- **the adaptive cache on a routed step**: after the step the engine observes its router picks
+  (the records' ids0) and uploads the admitted experts on the tier's copy stream; `begin_routed`
+  sends the card a slot table without the experts whose uploads are still in flight (their picks
+  go to the pool meanwhile), so no step waits for a copy. An evicted expert leaves the table at
+  once; its slot is overwritten only after the steps already queued.
 - **hybrid routed on the card, per layer** (`STRATA_GPU_ROUTED_AHEAD=0`, the A/B arm): graph A_i
   up to the plan and graph B_i, the resident experts of the device-side plan, queued right behind
   it; the host waits on an event between them, reads the plan, runs the pool, and launches A_i+1
