@@ -28,6 +28,30 @@ QT = GGMLQuantizationType
 pytestmark = pytest.mark.gpu
 
 
+N_EXP, PICKS = 6, 4  # experts in the slots, picks per token
+
+
+def experts_case(K, qts, d: int, f: int, t: int):
+    """Random experts of types qts in N_EXP slots, skewed picks [T, PICKS] (expert 0 popular:
+    full tiles and a remainder) with a few skipped, weights, h [T, D] and its Q8 ActBuf ->
+    (raws, stores, slots, w, h, hact)."""
+    g = np.random.default_rng()
+    shapes = ((N_EXP, f, d), (N_EXP, f, d), (N_EXP, d, f))
+    raws = [random_quantized(q, s, g, 1 / np.sqrt(s[2])) for q, s in zip(qts, shapes, strict=True)]
+    stores = [SlotStore(cp, N_EXP, r[0].nbytes) for r in raws]
+    for st, r in zip(stores, raws, strict=True):
+        st.buf[...] = cp.asarray(r.reshape(N_EXP, -1))
+    p = [0.5, 0.3, 0.05, 0.05, 0.05, 0.05]
+    slots = np.stack([g.choice(N_EXP, PICKS, replace=False, p=p) for _ in range(t)])
+    slots = slots.astype(np.int32)
+    slots[g.random((t, PICKS)) < 0.15] = -1
+    w = g.uniform(0.1, 1, (t, PICKS)).astype(np.float32)
+    h = g.standard_normal((t, d)).astype(np.float32)
+    hact = ActBuf(cp, d, t, fmt(qts[0]).vec_dot)
+    norm_quant(K, cp.asarray(h), t, act=hact)
+    return raws, stores, slots, w, h, hact
+
+
 @pytest.mark.parametrize(
     "qts",
     [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.IQ3_XXS,) * 3, (QT.Q8_0,) * 3, (QT.IQ1_M,) * 3],
@@ -35,25 +59,8 @@ pytestmark = pytest.mark.gpu
 )
 @pytest.mark.parametrize("t", [9, 37])
 def test_grouped_experts_equal_the_per_pair_kernels(K, qts, t):
-    g = np.random.default_rng()
-    d, f, n_exp, k = 512, 256, 6, 4
-    raws = [
-        random_quantized(qts[0], (n_exp, f, d), g, 1 / np.sqrt(d)),
-        random_quantized(qts[1], (n_exp, f, d), g, 1 / np.sqrt(d)),
-        random_quantized(qts[2], (n_exp, d, f), g, 1 / np.sqrt(f)),
-    ]
-    stores = [SlotStore(cp, n_exp, r[0].nbytes) for r in raws]
-    for st, r in zip(stores, raws, strict=True):
-        st.buf[...] = cp.asarray(r.reshape(n_exp, -1))
-    # skewed picks (expert 0 popular: tiles of 8 and a remainder) and a few skipped pairs
-    slots = np.stack(
-        [g.choice(n_exp, k, replace=False, p=[0.5, 0.3, 0.05, 0.05, 0.05, 0.05]) for _ in range(t)]
-    ).astype(np.int32)
-    slots[g.random((t, k)) < 0.15] = -1
-    w = g.uniform(0.1, 1, (t, k)).astype(np.float32)
-    h = g.standard_normal((t, d)).astype(np.float32)
-    hact = ActBuf(cp, d, t, fmt(qts[0]).vec_dot)
-    norm_quant(K, cp.asarray(h), t, act=hact)
+    d, f, k = 512, 256, PICKS
+    _, stores, slots, w, _, hact = experts_case(K, qts, d, f, t)
     ps, pw = cp.asarray(slots.ravel()), cp.asarray(w.ravel())
     outs, acts = [], []
     for grouped in (False, True):
@@ -104,21 +111,8 @@ def test_mma_tiles_match_the_reference(device, qts, d, f, t):
     K = Kernels(cp, device.warp_size, device.sm_count, arch=device.arch)
     if not K.int8_mma:
         pytest.skip(f"no int8 mma on {device.arch}")
-    g = np.random.default_rng()
-    n_exp, k = 6, 4
-    shapes = ((n_exp, f, d), (n_exp, f, d), (n_exp, d, f))
-    raws = [random_quantized(q, s, g, 1 / np.sqrt(s[2])) for q, s in zip(qts, shapes, strict=True)]
-    stores = [SlotStore(cp, n_exp, r[0].nbytes) for r in raws]
-    for st, r in zip(stores, raws, strict=True):
-        st.buf[...] = cp.asarray(r.reshape(n_exp, -1))
-    slots = np.stack(
-        [g.choice(n_exp, k, replace=False, p=[0.5, 0.3, 0.05, 0.05, 0.05, 0.05]) for _ in range(t)]
-    ).astype(np.int32)
-    slots[g.random((t, k)) < 0.15] = -1
-    w = g.uniform(0.1, 1, (t, k)).astype(np.float32)
-    h = g.standard_normal((t, d)).astype(np.float32)
-    hact = ActBuf(cp, d, t, fmt(qts[0]).vec_dot)
-    norm_quant(K, cp.asarray(h), t, act=hact)
+    k = PICKS
+    raws, stores, slots, w, h, hact = experts_case(K, qts, d, f, t)
     act = cp.zeros((t * k, f), np.float32)
     aact = ActBuf(cp, f, t * k, fmt(qts[2]).vec_dot)
     out = cp.full((t, d), np.nan, np.float32)
@@ -127,7 +121,7 @@ def test_mma_tiles_match_the_reference(device, qts, d, f, t):
     moe_experts_grouped(
         K, qts, (d, f), stores, hact, slots, ps, pw, tiles, act, aact, out, mma=True
     )
-    deq = [dequantize(r, q).reshape(s) for r, q, s in zip(raws, qts, shapes, strict=True)]
+    deq = [dequantize(r, q).reshape(*r.shape[:2], -1) for r, q in zip(raws, qts, strict=True)]
     deq = [x.astype(np.float64) for x in deq]
     hq = roundtrip(h, fmt(qts[0]).vec_dot).astype(np.float64)  # the Q8 h the card multiplies
     act_dev = cp.asnumpy(act).reshape(t, k, f)

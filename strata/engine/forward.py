@@ -134,9 +134,7 @@ class Engine:
         # the adaptive cache on a card-routed step: the step's router picks observed after it,
         # the swaps uploaded between steps (STRATA_ADAPT_ROUTED=0: the host-routed hybrid step,
         # which observes layer by layer, the A/B arm)
-        self.adapt_after_step = env_switch("STRATA_ADAPT_ROUTED") and hasattr(
-            tier, "settled_slots"
-        )
+        self.adapt_after_step = env_switch("STRATA_ADAPT_ROUTED") and hasattr(tier, "settled_slots")
         self._swaps: list[tuple[int, int]] = []  # the adaptive cache's swaps of this layer
         self._server = None  # (graph decoder, its StepServer or None): see _step_server
         self._layer_rows = np.arange(a.n_layer)[:, None]  # [L, 1]
