@@ -133,8 +133,9 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
         "--host-dense",
         default=None,
         choices=["auto", "float", "quant"],
-        help="without a GPU: dense matrices dequantized to float32 (the reference) or on the CPU "
-        "pool's quantized kernels; auto (default): the kernels once float32 copies pass 1 GiB",
+        help="without a GPU: dense matrices on the CPU pool's quantized kernels (quant, the "
+        "default), dequantized to float32 (float, the reference), or auto: the kernels once "
+        "float32 copies pass 1 GiB",
     )
     g.add_argument(
         "--prefill-offload",

@@ -46,9 +46,9 @@ class EngineConfig:
     resident_experts: bool = False  # copy the CPU's experts into RAM instead of reading the mmap
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs on a GPU tier
     kv_type: str = "f16"  # KV cache: f16, or int8 with a float32 scale per row (token, KV head)
-    # the host tier's dense matrices: "float" (dequantized, the reference), "quant" (the CPU
-    # pool's kernels on the weights' own bytes) or "auto" (quant once float32 copies pass 1 GiB)
-    host_dense: str = "auto"
+    # the host tier's dense matrices: "quant" (the CPU pool's kernels on the weights' own bytes),
+    # "float" (dequantized, the reference) or "auto" (quant once float32 copies pass 1 GiB)
+    host_dense: str = "quant"
     # a prompt's missed experts: uploaded to staging slots on the card ("auto": 64 slots; a
     # count; "off": the CPU pool computes them)
     prefill_offload: str = "auto"
