@@ -16,6 +16,7 @@ import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
+from strata.cpu.half import round_f16, to_f32
 from strata.cpu.quantize import roundtrip  # NumPy's bits, compiled (float32 Q8_K / Q8_0)
 from strata.gpu.rope_kv import dequantize_kv_rows, quantize_kv_rows
 from strata.gpu.sample import sample_ref
@@ -216,18 +217,21 @@ class HostTier:
         else:
             self.k_cache[layer, pos0:s] = k
             self.v_cache[layer, pos0:s] = v
-            kc = self.k_cache[layer, :s].astype(np.float32)  # [S, G, Dh]
-            vc = self.v_cache[layer, :s].astype(np.float32)
-        rep = a.n_head // a.n_head_kv
-        qg = q.astype(np.float16).astype(np.float32).reshape(t, a.n_head_kv, rep, a.head_dim)
-        scores = np.einsum("tgrd,sgd->grts", qg, kc) * np.float32(1.0 / np.sqrt(a.head_dim))
-        mask = np.arange(s)[None, :] > (pos0 + np.arange(t))[:, None]  # [T, S] future
-        scores[..., mask] = -np.inf
+            kc = to_f32(self.k_cache[layer, :s])  # [S, G, Dh] (F16C: NumPy's cast is slow)
+            vc = to_f32(self.v_cache[layer, :s])
+        g, rep = a.n_head_kv, a.n_head // a.n_head_kv
+        qg = round_f16(q).reshape(t, g, rep, a.head_dim).transpose(1, 2, 0, 3)  # [G, R, T, Dh]
+        scale = np.float32(1 / np.sqrt(a.head_dim))
+        scores = np.matmul(qg, kc.transpose(1, 2, 0)[:, None]) * scale  # [G, R, T, S]
+        if t > 1:  # a decode row sees every cached position: nothing to mask
+            mask = np.arange(s)[None, :] > (pos0 + np.arange(t))[:, None]  # [T, S] future
+            scores[..., mask] = -np.inf
         scores -= scores.max(axis=-1, keepdims=True)
         p = np.exp(scores)
         p /= p.sum(axis=-1, keepdims=True)
-        p = p.astype(np.float16).astype(np.float32)  # llama.cpp: probs meet f16 V as f16
-        o = np.einsum("grts,sgd->tgrd", p, vc).reshape(t, a.n_head * a.v_head_dim)
+        p = round_f16(p)  # llama.cpp: probs meet f16 V as f16
+        o = np.matmul(p, vc.transpose(1, 0, 2)[:, None])  # [G, R, T, Dv]
+        o = o.transpose(2, 0, 1, 3).reshape(t, a.n_head * a.v_head_dim)
         return x + L["o"](o)
 
     def router(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -277,6 +277,52 @@ def atomic_store(typingctx, arr, i, v):
     return sig, codegen
 
 
+V8F16 = ir.VectorType(ir.HalfType(), 8)
+V8F32 = ir.VectorType(ir.FloatType(), 8)
+
+
+def _half_ops(context, builder, sg, args, round_trip: bool) -> None:
+    """dst[di : di + 8] = float32(src[si : si + 8]): src uint16 f16 bits (vcvtph2ps), or with
+    `round_trip` src float32 rounded to f16 and back (vcvtps2ph, to nearest even: numpy's
+    astype(float16) bit for bit). F16C hosts only (`HAS_AVX2` includes it): elsewhere the
+    callers take NumPy's casts."""
+    ps = _elem_ptr(context, builder, sg.args[0], args[0], args[1])
+    pd = _elem_ptr(context, builder, sg.args[2], args[2], args[3])
+    if not HAS_AVX2:
+        cgutils.printf(builder, "strata: F16C kernel called on a host without it\n")
+        return
+    if round_trip:
+        v = builder.load(builder.bitcast(ps, V8F32.as_pointer()), align=4)
+        v = builder.fpext(builder.fptrunc(v, V8F16), V8F32)
+    else:
+        v = builder.fpext(builder.load(builder.bitcast(ps, V8F16.as_pointer()), align=2), V8F32)
+    builder.store(v, builder.bitcast(pd, V8F32.as_pointer()), align=4)
+
+
+@intrinsic
+def f16x8_to_f32(typingctx, src, si, dst, di):
+    """dst[di : di + 8] = the f16 values whose bits are src[si : si + 8] (uint16), as float32."""
+    sig = types.void(src, types.intp, dst, types.intp)
+
+    def codegen(context, builder, sg, args):
+        _half_ops(context, builder, sg, args, round_trip=False)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def f32x8_round_f16(typingctx, src, si, dst, di):
+    """dst[di : di + 8] = src[si : si + 8] (float32) rounded to f16 precision, as float32."""
+    sig = types.void(src, types.intp, dst, types.intp)
+
+    def codegen(context, builder, sg, args):
+        _half_ops(context, builder, sg, args, round_trip=True)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 _X86 = bool({"sse2", "avx2"} & FEATURES)
 
 

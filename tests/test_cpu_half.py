@@ -1,0 +1,50 @@
+"""strata.cpu.half: F16C conversions give NumPy's float16 casts bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strata.cpu.half import round_f16, to_f32
+
+SPECIAL = [0.0, -0.0, np.inf, -np.inf, 65504.0, 65519.99, 65520.0, -7e4, 6.1035156e-05,
+           6.1e-05, 5.9604645e-08, 2.9802322e-08, 2.98e-08, 1e-9, 1.0009765625, 1.00048828125,
+           1.00146484375, 2049.0, 2051.0]  # fmt: skip
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bit patterns, any NaN matching any NaN."""
+    na, nb = np.isnan(a), np.isnan(b)
+    return bool((na == nb).all() and np.array_equal(a[~na].view(np.uint32), b[~nb].view(np.uint32)))
+
+
+@pytest.mark.parametrize("simd", ["1", "0"])
+@pytest.mark.parametrize("n", [1, 8, 13, 1003])
+def test_round_f16_is_numpys_cast(monkeypatch, simd, n):
+    """Round to nearest even at every scale: subnormal f16, ties, overflow to inf, NaN."""
+    monkeypatch.setenv("STRATA_CPU_SIMD", simd)
+    g = np.random.default_rng()
+    scale = g.choice([1e-9, 1e-6, 1e-4, 1.0, 300.0, 7e4], n)
+    x = (g.standard_normal(n) * scale).astype(np.float32)
+    x[: min(n, len(SPECIAL))] = SPECIAL[: min(n, len(SPECIAL))]
+    if n > 30:
+        x[25] = np.nan
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    got = round_f16(x.reshape(-1, 1) if n % 2 else x)  # any shape
+    assert got.dtype == np.float32 and got.shape == (x.reshape(-1, 1) if n % 2 else x).shape
+    assert same_bits(got.reshape(-1), want)
+
+
+@pytest.mark.parametrize("simd", ["1", "0"])
+@pytest.mark.parametrize("shape", [(3,), (16,), (7, 3, 5), (1000, 2, 8)])
+def test_to_f32_is_numpys_cast(monkeypatch, simd, shape):
+    """Every f16 bit pattern class (subnormals, inf, NaN) widened exactly, shape kept."""
+    monkeypatch.setenv("STRATA_CPU_SIMD", simd)
+    bits = np.random.default_rng().integers(0, 1 << 16, int(np.prod(shape)), dtype=np.uint16)
+    h = bits.view(np.float16).reshape(shape)
+    got = to_f32(h)
+    assert got.dtype == np.float32 and got.shape == shape
+    assert same_bits(got.reshape(-1), h.astype(np.float32).reshape(-1))
+    strided = h[..., ::2] if len(shape) > 1 else h[::2]  # a non-contiguous view
+    assert same_bits(to_f32(strided).reshape(-1), strided.astype(np.float32).reshape(-1))
