@@ -47,6 +47,8 @@ def rope_inv_freq(head_dim: int, base: float) -> np.ndarray:
     return inv
 
 
+# the attention's score rows of one query chunk stay under this (H x rows x keys float32)
+HOST_ATTN_SCORES_BYTES = 64 << 20
 DENSE_MODES = ("float", "quant", "auto")  # HostTier(dense=...): see HostTier._linear
 # dense="auto" takes the kernels ("quant") once the float32 copies would reach this many bytes:
 # there the copies' RAM and bandwidth dominate (Qwen3-30B-A3B: 4.9 GB, decode 1.7-1.9x faster on
@@ -222,16 +224,25 @@ class HostTier:
         g, rep = a.n_head_kv, a.n_head // a.n_head_kv
         qg = round_f16(q).reshape(t, g, rep, a.head_dim).transpose(1, 2, 0, 3)  # [G, R, T, Dh]
         scale = np.float32(1 / np.sqrt(a.head_dim))
-        scores = np.matmul(qg, kc.transpose(1, 2, 0)[:, None]) * scale  # [G, R, T, S]
-        if t > 1:  # a decode row sees every cached position: nothing to mask
-            mask = np.arange(s)[None, :] > (pos0 + np.arange(t))[:, None]  # [T, S] future
-            scores[..., mask] = -np.inf
-        scores -= scores.max(axis=-1, keepdims=True)
-        p = np.exp(scores)
-        p /= p.sum(axis=-1, keepdims=True)
-        p = round_f16(p)  # llama.cpp: probs meet f16 V as f16
-        o = np.matmul(p, vc.transpose(1, 0, 2)[:, None])  # [G, R, T, Dv]
-        o = o.transpose(2, 0, 1, 3).reshape(t, a.n_head * a.v_head_dim)
+        kt, vt = kc.transpose(1, 2, 0)[:, None], vc.transpose(1, 0, 2)[:, None]  # [G, 1, ., .]
+        o = np.empty((t, a.n_head * a.v_head_dim), np.float32)
+        # query rows in chunks whose scores stay under HOST_ATTN_SCORES_BYTES (a long prompt
+        # would otherwise hold H x T x S floats, several times over); a chunk sees the keys up
+        # to its last row's position
+        step = max(1, HOST_ATTN_SCORES_BYTES // (4 * a.n_head * s))
+        for c0 in range(0, t, step):
+            c1 = min(t, c0 + step)
+            end = pos0 + c1  # keys 0..end-1
+            scores = np.matmul(qg[:, :, c0:c1], kt[..., :end]) * scale  # [G, R, n, S']
+            if c1 - c0 > 1:  # a chunk's last row sees every key it holds: nothing to mask
+                mask = np.arange(end)[None, :] > (pos0 + np.arange(c0, c1))[:, None]  # future
+                scores[..., mask] = -np.inf
+            scores -= scores.max(axis=-1, keepdims=True)
+            p = np.exp(scores)
+            p /= p.sum(axis=-1, keepdims=True)
+            p = round_f16(p)  # llama.cpp: probs meet f16 V as f16
+            oc = np.matmul(p, vt[:, :, :end])  # [G, R, n, Dv]
+            o[c0:c1] = oc.transpose(2, 0, 1, 3).reshape(c1 - c0, -1)
         return x + L["o"](o)
 
     def router(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
