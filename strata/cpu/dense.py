@@ -4,7 +4,7 @@
 
 The host tier's float path keeps every dense weight dequantized to float32 and multiplies the
 rounded activation by it (NumPy/BLAS): 4 bytes read a weight a token, ~4.9 GB a token for
-X instead quantizes x once as llama.cpp's
+Qwen3-30B-A3B's attention and output head. `QuantLinear` instead quantizes x once as llama.cpp's
 CPU matmul does (the weight's vec_dot type) and runs the pool's dot kernels row by row, rows split
 over the Numba threads, straight from the quantized bytes: the integer arithmetic and roundings of
 ggml's vec_dot, not of a float GEMM (results agree with the float path to float noise, not bit
