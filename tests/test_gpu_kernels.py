@@ -187,6 +187,33 @@ def test_gemv_matches_reference(K, qt, t):
     assert rel(cp.asnumpy(out)[:t], want) < 1e-5
 
 
+@pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
+@pytest.mark.parametrize("t", [9, 40, 75])
+def test_gemm_mma_matches_reference(device, qt, t):
+    """A prompt chunk's GEMM on the int8 tensor cores (gemv.gemm_mma: experts_mma.cu's down
+    kernel, tiles of 32 tokens, the last one partial) with bias, residual and an output stride
+    wider than the rows, against HostTier's formula."""
+    from strata.gpu.gemv import gemm_mma
+
+    K = Kernels(cp, device.warp_size, device.sm_count, arch=device.arch)
+    if not K.int8_mma:
+        pytest.skip(f"no int8 mma on {device.arch}")
+    g = rng()
+    rows, cols, ldo = 83, _cols(qt), 90  # rows past a block's 64, not a multiple of 16
+    raw = random_quantized(qt, (rows, cols), g, 1 / np.sqrt(cols))
+    bias = g.standard_normal(rows).astype(np.float32)
+    resid = g.standard_normal((t, ldo)).astype(np.float32)
+    x = act_input(g, t, cols)
+    w = DeviceWeight(cp, raw, qt, rows, cols, bias=bias)
+    act = ActBuf(cp, cols, 80, w.vec_dot)
+    norm_quant(K, cp.asarray(x), t, act=act)
+    out = cp.full((80, ldo), np.nan, np.float32)
+    gemm_mma(K, w, act, out, t, resid=cp.asarray(resid), ldo=ldo)
+    got = cp.asnumpy(out)
+    assert rel(got[:t, :rows], gemv_ref(raw, qt, x, bias, resid[:, :rows])) < 1e-5
+    assert np.isnan(got[:t, rows:]).all() and np.isnan(got[t:]).all()  # nothing else written
+
+
 @pytest.mark.parametrize("qt", [QT.Q8_0, QT.IQ3_XXS, QT.F32], ids=lambda q: q.name)
 def test_gemv_matches_itself_across_token_groups(K, qt):
     """A T > 1 GEMV's token passes dealt over 1, 2 or 3 blocks along y: the same bits."""

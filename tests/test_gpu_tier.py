@@ -231,8 +231,11 @@ def test_router_of_a_long_prompt_reads_back_once(synth_model, device, monkeypatc
     """A prompt longer than the tier's chunk: the router's chunks queue into one device array,
     read back once (no wait for the card between chunks), with the logits and h of one chunk."""
     model = load_model(synth_model("tiny", "Q4_K", seed=11))
+    monkeypatch.setenv("STRATA_GPU_MOE_TMAX", "8")  # the prompt chunk (ptmax): 8 rows
     chunked = CupyTier(model, n_ctx=64, budget=small_budget(), device=device, tmax=8)
+    monkeypatch.delenv("STRATA_GPU_MOE_TMAX")
     whole = CupyTier(model, n_ctx=64, budget=small_budget(), device=device, tmax=32)
+    assert (chunked.ptmax, whole.ptmax) == (8, 512)
     x = np.random.default_rng().standard_normal((21, model.args.n_embd)).astype(np.float32)
     backs = []
     real = cp.asnumpy
@@ -244,3 +247,25 @@ def test_router_of_a_long_prompt_reads_back_once(synth_model, device, monkeypatc
         hw, lw = whole.router(layer, cp.asarray(x))
         np.testing.assert_array_equal(lc, lw)  # a (row, token) sum is one warp's at any grouping
         np.testing.assert_array_equal(cp.asnumpy(hc), cp.asnumpy(hw))
+
+
+def test_prompt_attention_in_chunks_matches_one_pass(synth_model, device, monkeypatch):
+    """A prompt's attention with its projections and RoPE over chunks of ptmax rows and the
+    attention kernels over query chunks of att_tmax inside them, against a tier taking the rows
+    in one chunk: the same KV cache bits (a (row, token) sum does not depend on the chunk), the
+    outputs to float noise (the split-K partition follows the rows of a call)."""
+    model = load_model(synth_model("tiny", "Q4_K", seed=12))
+    monkeypatch.setenv("STRATA_GPU_MOE_TMAX", "24")
+    small = CupyTier(model, n_ctx=128, budget=small_budget(), device=device, tmax=8)
+    monkeypatch.delenv("STRATA_GPU_MOE_TMAX")
+    big = CupyTier(model, n_ctx=128, budget=small_budget(), device=device)
+    assert (small.ptmax, small.att_tmax, big.ptmax) == (24, 8, 512)
+    rng = np.random.default_rng()
+    for layer, pos0, t in ((0, 0, 50), (model.args.n_layer - 1, 0, 37), (0, 50, 41)):
+        x = rng.standard_normal((t, model.args.n_embd)).astype(np.float32)
+        got, want = small.attention(layer, x, pos0), big.attention(layer, x, pos0)
+        for a, b in ((small.k_cache, big.k_cache), (small.v_cache, big.v_cache)):
+            np.testing.assert_array_equal(
+                cp.asnumpy(a[layer][:, : pos0 + t]), cp.asnumpy(b[layer][:, : pos0 + t])
+            )
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())

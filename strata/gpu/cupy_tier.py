@@ -44,7 +44,7 @@ from strata.gpu.experts import (
     moe_experts,
     moe_experts_grouped,
 )
-from strata.gpu.gemv import DeviceWeight, gemv
+from strata.gpu.gemv import DeviceWeight, gemm_mma, gemv
 from strata.gpu.host import EXPERT_MATS, check_kv_type, rope_inv_freq
 from strata.gpu.norm_quant import ActBuf, norm_quant
 from strata.gpu.rawmod import kernels_for
@@ -103,8 +103,8 @@ class CupyTier:
             raise DeviceError("no GPU: CupyTier needs CuPy and a device (use the host tier)")
         self.info = info
         self.K = kernels_for(info)
-        # a prompt's resident experts on the int8 tensor cores where the card has them
-        # (STRATA_GPU_MOE_MMA=0: the dp4a tile kernels, the A/B arm)
+        # a prompt's resident experts and quantized projections on the int8 tensor cores where
+        # the card has them (STRATA_GPU_MOE_MMA=0: the dp4a tile kernels and gemv_*, the A/B arm)
         self.moe_mma = env_switch("STRATA_GPU_MOE_MMA") and self.K.int8_mma
         self.budget = budget if budget is not None else DeviceBudget.from_env()
         self.budget.install_pool_cap(cp)
@@ -202,7 +202,7 @@ class CupyTier:
     # ---- workspace ----
     def _act_specs(self) -> dict[tuple, tuple[int, int, QT]]:
         """(n, vec_dot[, tag]) -> (n, rows, vec_dot) for every activation a matmul needs."""
-        a, tm = self.args, self.tmax
+        a, tm, pt = self.args, self.tmax, self.ptmax
         specs: dict = {}
 
         def add(n: int, vd, rows: int = tm, tag: str = "") -> None:
@@ -210,13 +210,13 @@ class CupyTier:
             old = specs.get(key)
             specs[key] = (n, max(rows, old[1] if old else 0), QT(int(vd)))
 
-        for L in self.layers:
-            add(a.n_embd, L.qkv[0][0].vec_dot)
+        for L in self.layers:  # attention and router: prompt chunks of ptmax rows
+            add(a.n_embd, L.qkv[0][0].vec_dot, pt)
             for w, _ in L.qkv[1:]:
-                add(a.n_embd, w.vec_dot)
-            add(a.n_head * a.v_head_dim, L.o.vec_dot)
-            add(a.n_embd, L.router.vec_dot)
-            add(a.n_embd, fmt(L.exp_qt[0]).vec_dot)
+                add(a.n_embd, w.vec_dot, pt)
+            add(a.n_head * a.v_head_dim, L.o.vec_dot, pt)
+            add(a.n_embd, L.router.vec_dot, pt)
+            add(a.n_embd, fmt(L.exp_qt[0]).vec_dot, pt)
             add(a.expert_ff, fmt(L.exp_qt[2]).vec_dot, self.moe_rows, "moe")
             add(a.n_embd, fmt(L.exp_qt[0]).vec_dot, self.moe_tmax, "moe_h")
             if L.sh:
@@ -232,14 +232,16 @@ class CupyTier:
         # experts of a long prompt: chunks of moe_tmax tokens, pairs grouped by expert
         self.moe_tmax = max(tm, moe_tmax())
         self.moe_rows = self.moe_tmax * a.n_expert_used  # (token, expert) pairs of a chunk
+        # a prompt's attention projections, RoPE and router: chunks of ptmax rows (tm's chunks
+        # of 32 gave the projection GEMVs a fraction of the card and 16x the launches)
+        self.ptmax = pt = self.moe_tmax
         self.att_tmax = max(1, min(tm, ATTN_SCORES_BYTES // (4 * h * self.n_ctx)))
         specs = self._act_specs()
         nbytes = sum(ActBuf.bytes_for(n, r, vd) for n, r, vd in specs.values())
         nbytes += AttnWorkspace.bytes_for(self.K, h, g, self.n_ctx, dv, self.att_tmax)
         fs = max(a.shared_ff, 1)
-        floats = tm * (
-            self.qkv_dim + h * dh + h * dv + 2 * a.n_embd + a.n_vocab + a.n_expert + 3 * fs + 1
-        )
+        floats = tm * (a.n_embd + a.n_vocab + 3 * fs + 1)  # xn, logits, shared expert, gate
+        floats += pt * (self.qkv_dim + h * dh + h * dv + a.n_embd + a.n_expert)
         floats += self.moe_rows * (a.expert_ff + 3)  # moe_act, pair_slot/_w, moe_cnt
         nbytes += 4 * floats + 4 * tm + 4 + TileBufs.bytes_for(self.moe_rows, a.n_embd)
         nbytes += GraphDecoder.device_bytes(a)  # built on the first graph decode step
@@ -248,13 +250,13 @@ class CupyTier:
         self._graph: GraphDecoder | None = None
         self.acts = {k: ActBuf(cp, n, r, vd) for k, (n, r, vd) in specs.items()}
         self.attn_ws = AttnWorkspace(cp, self.K, h, g, self.n_ctx, dv, self.att_tmax)
-        self.qkv_buf = cp.empty((tm, self.qkv_dim), np.float32)
-        self.q_buf = cp.empty((tm, h, dh), np.float32)
-        self.o_buf = cp.empty((tm, h * dv), np.float32)
-        self.h_buf = cp.empty((tm, a.n_embd), np.float32)
+        self.qkv_buf = cp.empty((pt, self.qkv_dim), np.float32)
+        self.q_buf = cp.empty((pt, h, dh), np.float32)
+        self.o_buf = cp.empty((pt, h * dv), np.float32)
+        self.h_buf = cp.empty((pt, a.n_embd), np.float32)
         self.xn_buf = cp.empty((tm, a.n_embd), np.float32)
         self.logits_buf = cp.empty((tm, a.n_vocab), np.float32)
-        self.rlogits_buf = cp.empty((tm, a.n_expert), np.float32)
+        self.rlogits_buf = cp.empty((pt, a.n_expert), np.float32)
         self.sh_buf = cp.empty((3, tm, fs), np.float32)
         self.sh_gate_buf = cp.empty((tm, 1), np.float32)
         self.moe_act = cp.empty((self.moe_rows, a.expert_ff), np.float32)
@@ -546,13 +548,15 @@ class CupyTier:
         if pos0 + t > self.n_ctx:
             raise ValueError(f"context is full: {pos0 + t} tokens > n_ctx {self.n_ctx}")
         out = self.cp.empty_like(xd)
-        for c0, n in self._chunks(t, self.att_tmax):
+        for c0, n in self._chunks(t, self.ptmax):
             self._attention(layer, xd[c0 : c0 + n], pos0 + c0, out[c0 : c0 + n], n)
         return self._out(out, host)
 
     def _attention(self, layer: int, x, pos0: int, out, t: int, pos_dev=None) -> None:
-        """out[:t] = x + attention(x) at positions pos0.. (decode, t = 1: the position is read
-        from pos_dev [1] int32 on the device, so the launches can be replayed from a graph)."""
+        """out[:t] = x + attention(x) at positions pos0.. (t <= ptmax; decode, t = 1: the
+        position is read from pos_dev [1] int32 on the device, so the launches can be replayed
+        from a graph). The projections and RoPE take all t rows at once, the attention kernels
+        query chunks of att_tmax rows (its scores workspace), each against the keys up to it."""
         K, L, a = self.K, self.layers[layer], self.args
         if t == 1 and pos_dev is None:  # eager decode: the same kernels as the graph step
             pos_dev = self.pos_buf
@@ -564,7 +568,7 @@ class CupyTier:
             wa = self.act(a.n_embd, w.vec_dot)
             if wa is not act:
                 norm_quant(K, x, t, L.attn_norm, self.eps, act=wa)
-            gemv(K, w, wa, flat[off:], t, ldo=self.qkv_dim)
+            self._gemv(w, wa, flat[off:], t, ldo=self.qkv_dim)
         kc, vc = self.k_cache[layer], self.v_cache[layer]
         ks = vs = None  # the int8 cache's row scales [G, S]
         if self.k_scale is not None:
@@ -592,22 +596,23 @@ class CupyTier:
                 ks, vs,
             )  # fmt: skip
         else:
-            attention(
-                K, self.attn_ws, self.q_buf, kc, vc, t, pos0, self.dims, self.scale, self.o_buf,
-                ks, vs,
-            )  # fmt: skip
+            for c0, n in self._chunks(t, self.att_tmax):
+                attention(
+                    K, self.attn_ws, self.q_buf[c0 : c0 + n], kc, vc, n, pos0 + c0, self.dims,
+                    self.scale, self.o_buf[c0 : c0 + n], ks, vs,
+                )  # fmt: skip
         oact = self.act(self.o_buf.shape[1], L.o.vec_dot)
         norm_quant(K, self.o_buf, t, act=oact)
-        gemv(K, L.o, oact, out, t, resid=x)
+        self._gemv(L.o, oact, out, t, resid=x)
 
     def router(self, layer: int, x):
         xd, host = self._in(x)
         t = xd.shape[0]
         a = self.args
-        small = t <= self.tmax
+        small = t <= self.ptmax
         h = self.h_buf[:t] if small else self.cp.empty((t, a.n_embd), np.float32)
         lg = self.rlogits_buf[:t] if small else self.cp.empty((t, a.n_expert), np.float32)
-        for c0, n in self._chunks(t):
+        for c0, n in self._chunks(t, self.ptmax):
             self._router_into(layer, xd[c0 : c0 + n], h[c0 : c0 + n], n, lg[c0 : c0 + n])
         logits = self.cp.asnumpy(lg)  # one read-back a layer: chunks queue without waiting
         self._last_h = (h, layer) if small else None
@@ -621,6 +626,14 @@ class CupyTier:
         norm_quant(self.K, x, t, L.ffn_norm, self.eps, out_f=h, act=eact)
         self._linear(L.router, h, t, self.rlogits_buf if out is None else out)
 
+    def _gemv(self, w: DeviceWeight, act: ActBuf, out, t: int, resid=None, ldo=None) -> None:
+        """gemv, a prompt chunk of quantized weights on the int8 tensor cores where the card has
+        them (gemm_mma: the decode step's T = 1 keeps gemv's kernels)."""
+        if t > GROUPED_MIN_T and self.moe_mma and w.quantized:
+            gemm_mma(self.K, w, act, out, t, resid=resid, ldo=ldo)
+        else:
+            gemv(self.K, w, act, out, t, resid=resid, ldo=ldo)
+
     def _linear(self, w: DeviceWeight, x, t: int, out, resid=None) -> None:
         """out[:t] = HostTier's _Linear(w)(x[:t]): quantize x for w, then the GEMV."""
         if w.qtype == QT.F32:
@@ -628,7 +641,7 @@ class CupyTier:
             return
         act = self.act(int(x.shape[-1]), w.vec_dot)
         norm_quant(self.K, x, t, act=act)
-        gemv(self.K, w, act, out, t, resid=resid)
+        self._gemv(w, act, out, t, resid=resid)
 
     def experts(self, layer: int, h, ids: np.ndarray, weights: np.ndarray):
         hd, host = self._in(h)
@@ -759,4 +772,4 @@ class CupyTier:
             gemv(self.K, self.lm_head, self.xn_buf, self.logits_buf, n)
         else:
             norm_quant(self.K, x, n, self.out_norm, self.eps, act=act)
-            gemv(self.K, self.lm_head, act, self.logits_buf, n)
+            self._gemv(self.lm_head, act, self.logits_buf, n)

@@ -13,9 +13,9 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from strata.gpu.gemv import Q_NAMES
+from strata.gpu.gemv import MMA_NT, MMA_WARPS, Q_NAMES
 from strata.gpu.norm_quant import MODES, ActBuf, norm_quant, xd_shift
-from strata.gpu.rawmod import Kernels, i32, i64, ptr
+from strata.gpu.rawmod import NULL, Kernels, i32, i64, ptr
 from strata.quant import fmt
 from strata.quant.activation import roundtrip
 
@@ -161,7 +161,6 @@ def expert_ref(h, gate_raw, up_raw, down_raw, qtypes) -> np.ndarray:
 
 
 MOE_NT = 8  # pairs per tile in experts_grouped.cu
-MMA_NT, MMA_WARPS = 32, 4  # pairs per tile, warps per block in experts_mma.cu
 GROUPED_MIN_T = 8  # more tokens than this: the grouped (prefill) kernels
 
 
@@ -272,6 +271,7 @@ def moe_experts_grouped(
                 tiles.y,
                 i32(d),
                 i32(f),
+                *((NULL, NULL, i32(d)) if mma else ()),
             ),
         )
     K.fn("experts_grouped.cu", "moe_sum_pairs")(

@@ -43,6 +43,7 @@ THREADS = 128
 GEMV1F_THREADS = 128  # gemv.cu's GEMV1F_THREADS: gemv1f_* (T = 1, float weights), a block per row
 GEMV1_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1w_*
 GEMV_NT = 8  # gemv.cu's GEMV_NT: tokens a pass of gemv_* (T > 1)
+MMA_NT, MMA_WARPS = 32, 4  # experts_mma.cu: rows of x a tile, warps (16 weight rows each) a block
 FULL_WARPS_PER_SM = 64  # resident warps an SM holds (sm_80 .. sm_90); prefill GEMV's token split
 WARPS_PER_SM = 16  # gemv1w_*: below this many warps per SM, a row is split over two warps
 MAX_WPR = 2  # measured on the H200 (bench/results/gpu-decode-kernels-h200-20261129.md)
@@ -149,6 +150,21 @@ def gemv(
     K.fn("gemv.cu", kernel_name(prefix, w.qtype))(
         grid, block, args + (i32(w.rows), i32(w.cols), i32(t), i32(ldo or w.rows))
     )
+
+
+def gemm_mma(K: Kernels, w: DeviceWeight, act: ActBuf, out, t: int, resid=None, ldo=None) -> None:
+    """`gemv` of a prompt chunk (quantized w, T > 1) on the int8 tensor cores: experts_mma.cu's
+    down kernel with w as its one slot and tiles of MMA_NT consecutive tokens (CUDA sm_80+:
+    `K.int8_mma`). Each sub-block's integer sum is exact; float order differs from gemv_*."""
+    slot, first, n, order = K.token_tiles(t, MMA_NT)
+    K.fn("experts_mma.cu", f"moe_down_mma_{Q_NAMES[QT(int(w.qtype))]}")(
+        (-(-w.rows // (16 * MMA_WARPS)), first.size),
+        (32 * MMA_WARPS,),
+        (
+            w.buf, np.int64(0), act.q, act.d, i32(xd_shift(act.mode)), slot, first, n, order,
+            out, i32(w.rows), i32(w.cols), ptr(w.bias), ptr(resid), i32(ldo or w.rows),
+        ),
+    )  # fmt: skip
 
 
 def gemv_ref(raw: np.ndarray, qtype, x: np.ndarray, bias=None, resid=None) -> np.ndarray:

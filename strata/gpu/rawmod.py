@@ -79,6 +79,7 @@ class Kernels:
         self.extra = tuple(extra) + tuple(env)
         self._mods: dict[str, object] = {}
         self._fns: dict[tuple[str, str], Kernel] = {}
+        self._token_tiles: dict[tuple[int, int], tuple] = {}
         self.arch = arch
         self.pdl = None  # the PDL launcher while a pdl_scope is open
         self._pdl_launcher = None
@@ -87,6 +88,20 @@ class Kernels:
 
             if pdl.enabled_by_env() and pdl.supported(cp, arch):
                 self._pdl_launcher = pdl.Launcher(cp)
+
+    def token_tiles(self, t: int, nt: int):
+        """Device int32 arrays (slot, first, n, order) tiling tokens 0..t-1 in runs of nt, all
+        in slot 0: the tiles of a dense GEMM on the MoE tile kernels (made once per (t, nt))."""
+        key = (int(t), int(nt))
+        tiles = self._token_tiles.get(key)
+        if tiles is None:
+            first = np.arange(0, t, nt, dtype=np.int32)
+            n = np.minimum(nt, t - first).astype(np.int32)
+            cp = self.cp
+            tiles = (cp.zeros(first.size, np.int32), cp.asarray(first), cp.asarray(n),
+                     cp.arange(t, dtype=np.int32))  # fmt: skip
+            self._token_tiles[key] = tiles
+        return tiles
 
     @property
     def int8_mma(self) -> bool:

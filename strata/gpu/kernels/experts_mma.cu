@@ -12,7 +12,9 @@
 //   moe_gate_up_mma grid (F / (16 MMA_WARPS), tiles): act[p, f] = silu(gate) * up (lanes 0-15
 //                   decode gate rows, 16-31 up rows of the same sub-block).
 //   moe_down_mma    grid (D / (16 MMA_WARPS), tiles): y[p, d] = down_slot(act_q[p])[d] (lanes
-//                   0-15 decode sub-block sb, 16-31 sub-block sb + 1).
+//                   0-15 decode sub-block sb, 16-31 sub-block sb + 1); (+ bias[d]) (+ resid[p, d]),
+//                   rows ldo apart. With one slot (stride 0) and tiles of consecutive tokens it
+//                   is a prompt chunk's dense GEMM (gemv.py gemm_mma: the attention projections).
 // Fragments (PTX ISA, mma.m16n8k16 .s8): lane = 4 g + t; A regs: row g / g + 8, k 4t..4t+3;
 // B reg: k 4t..4t+3 of column g; C: rows g / g + 8, columns 2t, 2t + 1.
 #include "quant_blocks.cuh"
@@ -49,7 +51,8 @@ __device__ __forceinline__ void moe_tiles_mma(
     const i8* __restrict__ xq, const float* __restrict__ xd, int xd_shift,
     const i32* __restrict__ tile_slot, const i32* __restrict__ tile_first,
     const i32* __restrict__ tile_n, const i32* __restrict__ pair_order, int K,
-    float* __restrict__ out, int R, int C) {
+    float* __restrict__ out, int R, int C, const float* __restrict__ bias,
+    const float* __restrict__ resid, int ldo) {
     __shared__ MmaStage stage[MMA_WARPS];
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
     const int g = lane >> 2, t4 = lane & 3;
@@ -153,9 +156,12 @@ __device__ __forceinline__ void moe_tiles_mma(
             const i64 p = pair_order[first + col];
             if (GATE_UP) {
                 const float gv = acc[0][nb][q], uv = acc[NM - 1][nb][q];
-                out[p * R + row] = gv / (1.0f + expf(-gv)) * uv;
+                out[p * ldo + row] = gv / (1.0f + expf(-gv)) * uv;
             } else {
-                out[p * R + row] = acc[0][nb][q];
+                float v = acc[0][nb][q];
+                if (bias) v += bias[row];
+                if (resid) v += resid[p * ldo + row];
+                out[p * ldo + row] = v;
             }
         }
     }
@@ -175,14 +181,14 @@ __device__ __forceinline__ void moe_tiles_mma(
         const i32* pair_order, int K, float* act, int F, int D) {                              \
         STRATA_PDL_ENTER();                                                                    \
         MMA_BODY(QT, true)(gate, up, slot_stride, hq, hd, xd_shift, tile_slot, tile_first,     \
-                           tile_n, pair_order, K, act, F, D);                                  \
+                           tile_n, pair_order, K, act, F, D, nullptr, nullptr, F);             \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_down_mma_##name(          \
         const u8* down, i64 slot_stride, const i8* aq, const float* ad, int xd_shift,          \
         const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
-        float* y, int D, int F) {                                                              \
+        float* y, int D, int F, const float* bias, const float* resid, int ldo) {              \
         STRATA_PDL_ENTER();                                                                    \
         MMA_BODY(QT, false)(down, down, slot_stride, aq, ad, xd_shift, tile_slot, tile_first,  \
-                            tile_n, pair_order, 1, y, D, F);                                   \
+                            tile_n, pair_order, 1, y, D, F, bias, resid, ldo);                 \
     }
 STRATA_QFORMATS(MOE_MMA_KERNELS)
