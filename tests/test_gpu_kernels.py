@@ -342,6 +342,80 @@ def flip_allowance(q, k, v, pos0, scale, rel_noise=1e-5):
     return np.einsum("grts,sgd->tgrd", amb * step, np.abs(v.astype(np.float64))).reshape(t, -1)
 
 
+@pytest.fixture(scope="module")
+def K_mma(device):
+    """Kernels that know the device's arch (K.int8_mma); skips where there is no tensor-core mma."""
+    K = Kernels(cp, device.warp_size, device.sm_count, arch=device.arch)
+    if not K.int8_mma:
+        pytest.skip(f"no tensor-core mma on {device.arch}")
+    return K
+
+
+def check_attention_mma(K, g, t, pos0, h, gk, dh, dv, s_cap=1024):
+    """attention_mma on fresh random inputs against attention_ref, with the cache past S = pos0
+    + T full of NaN (never read into a result) and output rows past T left untouched."""
+    from strata.gpu.attention import attention_mma
+
+    s = pos0 + t
+    q = g.standard_normal((t, h, dh)).astype(np.float16).astype(np.float32)
+    k = g.standard_normal((s, gk, dh)).astype(np.float16)
+    v = g.standard_normal((s, gk, dv)).astype(np.float16)
+    kc = np.full((gk, s_cap, dh), np.nan, np.float16)
+    vc = np.full((gk, s_cap, dv), np.nan, np.float16)
+    kc[:, :s] = k.transpose(1, 0, 2)
+    vc[:, :s] = v.transpose(1, 0, 2)
+    out = cp.full((t + 3, h * dv), 7.0, np.float32)
+    scale = float(np.float32(1.0 / np.sqrt(dh)))
+    attention_mma(
+        K,
+        cp.asarray(q),
+        cp.asarray(kc.view(np.uint16)),
+        cp.asarray(vc.view(np.uint16)),
+        t,
+        pos0,
+        (h, gk, dh, dv),
+        scale,
+        out,
+    )
+    got = cp.asnumpy(out)
+    want = attention_ref(q, k, v, pos0, scale)
+    err = np.abs(got[:t] - want)
+    assert np.all(err <= 1e-5 * np.abs(want).max() + flip_allowance(q, k, v, pos0, scale))
+    assert np.all(got[t:] == 7.0)
+
+
+@pytest.mark.parametrize(
+    "t,pos0,h,gk,dh",
+    [(64, 0, 32, 4, 128), (200, 300, 8, 2, 128), (37, 5, 4, 4, 64), (512, 0, 32, 4, 128)],
+)
+def test_attention_mma_matches_reference(K_mma, t, pos0, h, gk, dh):
+    """Causal prefill on the f16 tensor cores (attention_mma.cu): whole and partial 64-row
+    query tiles, a prompt after cached keys, GQA, against HostTier's attention core."""
+    check_attention_mma(K_mma, rng(), t, pos0, h, gk, dh, dh)
+
+
+def test_attention_mma_few_rows_and_shapes(K_mma):
+    """One to three query rows (decode-sized calls) at tile-crossing positions, Dv != Dh, and
+    shapes it refuses: Dh not a multiple of 16, Dh past 128, an int8 cache."""
+    from strata.gpu.attention import attention_mma
+
+    g = rng()
+    for t, pos0 in ((1, 0), (2, 63), (3, 130)):
+        check_attention_mma(K_mma, g, t, pos0, 8, 2, 128, 128, s_cap=256)
+    check_attention_mma(K_mma, g, 3, 64, 4, 1, 128, 64, s_cap=256)
+    check_attention_mma(K_mma, g, 2, 10, 2, 2, 16, 32, s_cap=64)
+    q = cp.zeros((1, 4, 128), np.float32)
+    kc = cp.zeros((2, 64, 128), np.uint16)
+    out = cp.zeros((1, 4 * 128), np.float32)
+    for dims in ((4, 2, 72, 72), (4, 2, 144, 144), (4, 3, 128, 128)):
+        with pytest.raises(ValueError):
+            attention_mma(K_mma, q, kc, kc, 1, 0, dims, 0.1, out)
+    with pytest.raises(ValueError):
+        attention_mma(
+            K_mma, q, kc.view(np.int8), kc.view(np.int8), 1, 0, (4, 2, 128, 128), 0.1, out
+        )
+
+
 # ---- router ----
 @pytest.mark.parametrize("renorm", [True, False])
 def test_router_topk_matches_route_topk(K, renorm):

@@ -8,6 +8,9 @@ Decode (T = 1) and causal prefill (T > 1) share the three launches; the scores o
 a preallocated workspace [T*H, S_cap], so `AttnWorkspace.tmax` bounds the query rows per call
 (the tier feeds longer prompts in chunks of that size).
 
+`attention_mma` is causal prefill over an f16 cache on the f16 tensor cores (CUDA sm_80+,
+kernels/attention_mma.cu): the same function and roundings in one launch, with no workspace.
+
 `attention_decode` is the T = 1 form for CUDA graphs: it reads the position from device memory
 and its launches depend only on S_cap and the workspace, so one capture serves every position.
 """
@@ -139,6 +142,44 @@ def attention(
     K.fn("attention.cu", "attn_combine")(
         (t * h,), (threads,), (ws.opart, i32(nsplit), i32(dv), out)
     )
+
+
+MMA_ROWS = 64  # attention_mma.cu's AMMA_ROWS: query rows per block
+MMA_THREADS = 128  # AMMA_THREADS: 4 warps of 16 rows
+
+
+def attention_mma(
+    K: Kernels,
+    q,
+    k_cache,
+    v_cache,
+    t: int,
+    pos0: int,
+    dims: tuple[int, int, int, int],
+    scale: float,
+    out,
+) -> None:
+    """`attention` for an f16 cache on the f16 tensor cores (K.int8_mma devices: CUDA sm_80+):
+    out [T, H*Dv] = softmax(q k^T * scale, causal) v for q [T, H, Dh] (f16 values), in one
+    launch of (ceil(T / 64), H) blocks, any T (no scores workspace). Same roundings: scores in
+    float32, probabilities rounded to f16 after normalizing, float32 sums (their order differs:
+    float noise). Dh, Dv multiples of 16 up to 128; other shapes and an int8 cache raise
+    ValueError (the caller keeps `attention`)."""
+    h, g, dh, dv = dims
+    if h % g or dh > MAX_DH or dv > MAX_DH or dh % 16 or dv % 16 or min(dh, dv) <= 0:
+        raise ValueError(f"attention_mma shape H={h} G={g} Dh={dh} Dv={dv} is not supported")
+    if k_cache.dtype != np.uint16 or v_cache.dtype != np.uint16:
+        raise ValueError("attention_mma takes an f16 cache (uint16 bits) only")
+    if not K.int8_mma:  # elsewhere the kernel is compiled empty
+        raise ValueError(f"attention_mma needs the tensor-core mma (CUDA sm_80+), not {K.arch!r}")
+    K.fn("attention_mma.cu", "attn_prefill_mma")(
+        (-(-t // MMA_ROWS), h),
+        (MMA_THREADS,),
+        (
+            q, k_cache, v_cache, i32(k_cache.shape[1]), i32(dh), i32(dv), i32(h), i32(g),
+            i32(t), i32(pos0), f32(scale), out,
+        ),
+    )  # fmt: skip
 
 
 DEC_THREADS = 128  # attention.cu's DEC_THREADS
