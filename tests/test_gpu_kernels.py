@@ -188,12 +188,16 @@ def test_gemv_matches_reference(K, qt, t):
 
 
 @pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
-@pytest.mark.parametrize("t", [9, 40, 75])
-def test_gemm_mma_matches_reference(device, qt, t):
-    """A prompt chunk's GEMM on the int8 tensor cores (gemv.gemm_mma: experts_mma.cu's down
-    kernel, tiles of 32 tokens, the last one partial) with bias, residual and an output stride
-    wider than the rows, against HostTier's formula."""
+@pytest.mark.parametrize("t", [9, 40, 75, 130])
+@pytest.mark.parametrize("nt", ["64", "32"])
+def test_gemm_mma_matches_reference(device, qt, t, nt, monkeypatch):
+    """A prompt chunk's GEMM on the int8 tensor cores (gemv.gemm_mma: experts_mma.cu's
+    dense_mma, tiles of 64 tokens, or the MoE's down kernel and tiles of 32, the last one
+    partial) with bias, residual and an output stride wider than the rows, against HostTier's
+    formula."""
     from strata.gpu.gemv import gemm_mma
+
+    monkeypatch.setenv("STRATA_GPU_DENSE_MMA_NT", nt)
 
     K = Kernels(cp, device.warp_size, device.sm_count, arch=device.arch)
     if not K.int8_mma:
@@ -205,9 +209,9 @@ def test_gemm_mma_matches_reference(device, qt, t):
     resid = g.standard_normal((t, ldo)).astype(np.float32)
     x = act_input(g, t, cols)
     w = DeviceWeight(cp, raw, qt, rows, cols, bias=bias)
-    act = ActBuf(cp, cols, 80, w.vec_dot)
+    act = ActBuf(cp, cols, 140, w.vec_dot)
     norm_quant(K, cp.asarray(x), t, act=act)
-    out = cp.full((80, ldo), np.nan, np.float32)
+    out = cp.full((140, ldo), np.nan, np.float32)
     gemm_mma(K, w, act, out, t, resid=cp.asarray(resid), ldo=ldo)
     got = cp.asnumpy(out)
     assert rel(got[:t, :rows], gemv_ref(raw, qt, x, bias, resid[:, :rows])) < 1e-5

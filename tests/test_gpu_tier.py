@@ -76,25 +76,36 @@ def test_greedy_decode_matches_host_tier_for_32_steps(synth_model, device, arch,
 
 
 def record_routing(tier) -> list[np.ndarray]:
-    """Keep a copy of every router-logits array the tier hands the engine, in call order."""
+    """Keep the expert ids [T, K] of every routing the tier hands the engine, in call order:
+    the host's top-k of `router`'s logits, or `router_picks`' (a prompt's top-k on the card)."""
     log: list[np.ndarray] = []
     router = tier.router
 
     def recording(i, x):
         h, logits = router(i, x)
-        log.append(np.array(logits, copy=True))
+        a = tier.model.args
+        log.append(route_topk(np.array(logits, copy=True), a.n_expert_used, a.norm_topk)[0])
         return h, logits
 
     tier.router = recording
+    picks = getattr(tier, "router_picks", None)
+    if picks is not None:
+
+        def recording_picks(i, x):
+            h, ids, w = picks(i, x)
+            log.append(np.array(ids, copy=True))
+            return h, ids, w
+
+        tier.router_picks = recording_picks
     return log
 
 
 def routes(log: list[np.ndarray], args) -> np.ndarray:
     """[L, T, K] sorted expert ids per layer and position of one sequence's router calls."""
     per_layer: list[list[np.ndarray]] = [[] for _ in range(args.n_layer)]
-    for j, logits in enumerate(log):
-        per_layer[j % args.n_layer].append(logits)
-    ids = [route_topk(np.concatenate(p), args.n_expert_used, args.norm_topk)[0] for p in per_layer]
+    for j, ids in enumerate(log):
+        per_layer[j % args.n_layer].append(ids)
+    ids = [np.concatenate(p) for p in per_layer]
     return np.sort(np.stack(ids), axis=-1)
 
 
@@ -249,11 +260,14 @@ def test_router_of_a_long_prompt_reads_back_once(synth_model, device, monkeypatc
         np.testing.assert_array_equal(cp.asnumpy(hc), cp.asnumpy(hw))
 
 
-def test_prompt_attention_in_chunks_matches_one_pass(synth_model, device, monkeypatch):
+@pytest.mark.parametrize("attn_mma", ["1", "0"])
+def test_prompt_attention_in_chunks_matches_one_pass(synth_model, device, monkeypatch, attn_mma):
     """A prompt's attention with its projections and RoPE over chunks of ptmax rows and the
-    attention kernels over query chunks of att_tmax inside them, against a tier taking the rows
-    in one chunk: the same KV cache bits (a (row, token) sum does not depend on the chunk), the
-    outputs to float noise (the split-K partition follows the rows of a call)."""
+    attention kernels over query chunks of att_tmax inside them (attention.cu; attention_mma.cu
+    takes a chunk's rows at once where the card has tensor cores), against a tier taking the
+    rows in one chunk: the same KV cache bits (a (row, token) sum does not depend on the chunk),
+    the outputs to float noise (the split-K partition follows the rows of a call)."""
+    monkeypatch.setenv("STRATA_GPU_ATTN_MMA", attn_mma)
     model = load_model(synth_model("tiny", "Q4_K", seed=12))
     monkeypatch.setenv("STRATA_GPU_MOE_TMAX", "24")
     small = CupyTier(model, n_ctx=128, budget=small_budget(), device=device, tmax=8)
@@ -269,3 +283,36 @@ def test_prompt_attention_in_chunks_matches_one_pass(synth_model, device, monkey
                 cp.asnumpy(a[layer][:, : pos0 + t]), cp.asnumpy(b[layer][:, : pos0 + t])
             )
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_router_picks_are_the_host_top_k_of_the_router(synth_model, device, monkeypatch):
+    """router_picks (the top-k of a prompt on the card, in chunks of ptmax rows): the ids of
+    the host's top-k of `router`'s logits, weights to float noise (expf against NumPy's exp),
+    the same h, and the picks read back once."""
+    from strata.engine.route_fast import topk_fast
+
+    model = load_model(synth_model("tiny", "Q4_K", seed=13))
+    a = model.args
+    monkeypatch.setenv("STRATA_GPU_MOE_TMAX", "8")
+    tier = CupyTier(model, n_ctx=64, budget=small_budget(), device=device, tmax=8)
+    rng = np.random.default_rng()
+    backs = []
+    real = cp.asnumpy
+
+    def counted(v, *k, **kw):
+        backs.append(v.size)
+        return real(v, *k, **kw)
+
+    for t in (1, 5, 21):
+        x = rng.standard_normal((t, a.n_embd)).astype(np.float32)
+        for layer in (0, a.n_layer - 1):
+            h0, logits = tier.router(layer, cp.asarray(x))
+            monkeypatch.setattr(cp, "asnumpy", counted)
+            backs.clear()
+            h1, ids, w = tier.router_picks(layer, cp.asarray(x))
+            monkeypatch.setattr(cp, "asnumpy", real)
+            assert backs == [2 * t * a.n_expert_used]
+            want_ids, want_w, _ = topk_fast(logits, a.n_expert_used, a.norm_topk)
+            np.testing.assert_array_equal(ids, want_ids)
+            np.testing.assert_allclose(w, want_w, rtol=1e-5)
+            np.testing.assert_array_equal(cp.asnumpy(h1), cp.asnumpy(h0))

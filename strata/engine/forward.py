@@ -149,11 +149,15 @@ class Engine:
         """Forget the sequence past `keep` positions (the KV rows beyond are overwritten later)."""
         self.pos = min(self.pos, keep)
 
-    def _route(self, i: int, logits: np.ndarray, decode: bool):
+    def _route(self, i: int, logits, decode: bool):
         """Top-k, trace, CAR (decode), statistics, adaptive cache -> ids [T, K], weights
-        [T, K], hit [T, K] (picks a resident expert serves)."""
+        [T, K], hit [T, K] (picks a resident expert serves). `logits` [T, E], or the picks
+        (ids, weights) the tier's router made on the card (a prompt without a trace)."""
         a, st = self.args, self.stats
-        ids, weights, probs = topk_fast(logits, a.n_expert_used, a.norm_topk)  # [T, K], [T, E]
+        if isinstance(logits, tuple):
+            (ids, weights), probs = logits, None
+        else:
+            ids, weights, probs = topk_fast(logits, a.n_expert_used, a.norm_topk)  # [T, K], [T, E]
         count_picks(st.expert_hist[i], ids)
         if self.trace is not None:
             self.trace.write(self.pos, i, ids, probs, decode)
@@ -453,10 +457,23 @@ class Engine:
         the last residual x [T, D] (the tier's array kind)."""
         a, tier = self.args, self.tier
         x = tier.embed(ids)  # [T, D]
+        # a prompt's top-k on the card where the tier can (no host top-k between its router
+        # and its experts); traces keep the host's, which records the probabilities
+        on_card = (
+            not decode
+            and self.device_routing
+            and self.trace is None
+            and hasattr(tier, "router_picks")
+            and tier.routes_on_device()
+        )
         for i in range(a.n_layer):
             x = tier.attention(i, x, self.pos)
-            h, logits = tier.router(i, x)  # [T, D], [T, E]
-            y = self._moe(i, h, logits, decode)
+            if on_card:
+                h, pk, pw = tier.router_picks(i, x)  # [T, D], ids [T, K], weights [T, K]
+                y = self._moe(i, h, (pk, pw), decode)
+            else:
+                h, logits = tier.router(i, x)  # [T, D], [T, E]
+                y = self._moe(i, h, logits, decode)
             if a.shared_ff:
                 y = y + tier.shared_expert(i, h)
             x = x + y

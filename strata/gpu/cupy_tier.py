@@ -31,7 +31,13 @@ import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
-from strata.gpu.attention import AttnWorkspace, attention, attention_decode
+from strata.gpu.attention import (
+    MAX_DH,
+    AttnWorkspace,
+    attention,
+    attention_decode,
+    attention_mma,
+)
 from strata.gpu.budget import MIB, DeviceBudget
 from strata.gpu.decode_graph import GraphDecoder, Pinned
 from strata.gpu.device import DeviceError, DeviceInfo, env_switch, import_cupy, primary_device
@@ -49,6 +55,7 @@ from strata.gpu.host import EXPERT_MATS, check_kv_type, rope_inv_freq
 from strata.gpu.norm_quant import ActBuf, norm_quant
 from strata.gpu.rawmod import kernels_for
 from strata.gpu.rope_kv import qk_norm_rope_kv
+from strata.gpu.router_topk import router_topk
 from strata.gpu.sample import SampleBufs, sample_logits
 from strata.gpu.staging import StageUploader
 from strata.model.loader import Model
@@ -119,6 +126,16 @@ class CupyTier:
         self._load_dense()
         # KV cache [L, G, S, Dh]: f16 bits, or int8 with a float32 scale per row [L, G, S]
         self.kv_type = check_kv_type(kv_type)
+        # a prompt's attention over the f16 cache on the f16 tensor cores where the card has
+        # them (STRATA_GPU_ATTN_MMA=0: attention.cu's kernels, the A/B arm)
+        h, g, dh, dv = self.dims
+        self.attn_mma = (
+            env_switch("STRATA_GPU_ATTN_MMA")
+            and self.K.int8_mma
+            and self.kv_type == "f16"
+            and h % g == 0
+            and all(0 < d <= MAX_DH and d % 16 == 0 for d in (dh, dv))
+        )
         kv_shape = (a.n_layer, a.n_head_kv, self.n_ctx)
         self.budget.reserve("kv", model.kv_bytes(self.n_ctx, self.kv_type))
         kv = np.int8 if self.kv_type == "int8" else np.uint16
@@ -242,6 +259,7 @@ class CupyTier:
         fs = max(a.shared_ff, 1)
         floats = tm * (a.n_embd + a.n_vocab + 3 * fs + 1)  # xn, logits, shared expert, gate
         floats += pt * (self.qkv_dim + h * dh + h * dv + a.n_embd + a.n_expert)
+        floats += pt * 2 * a.n_expert_used  # router_picks' ids and weights
         floats += self.moe_rows * (a.expert_ff + 3)  # moe_act, pair_slot/_w, moe_cnt
         nbytes += 4 * floats + 4 * tm + 4 + TileBufs.bytes_for(self.moe_rows, a.n_embd)
         nbytes += GraphDecoder.device_bytes(a)  # built on the first graph decode step
@@ -257,6 +275,7 @@ class CupyTier:
         self.xn_buf = cp.empty((tm, a.n_embd), np.float32)
         self.logits_buf = cp.empty((tm, a.n_vocab), np.float32)
         self.rlogits_buf = cp.empty((pt, a.n_expert), np.float32)
+        self.picks_buf = cp.empty((2 * pt * a.n_expert_used,), np.int32)  # router_picks' ids, w
         self.sh_buf = cp.empty((3, tm, fs), np.float32)
         self.sh_gate_buf = cp.empty((tm, 1), np.float32)
         self.moe_act = cp.empty((self.moe_rows, a.expert_ff), np.float32)
@@ -595,6 +614,8 @@ class CupyTier:
                 K, self.attn_ws, self.q_buf, kc, vc, pos_dev, self.dims, self.scale, self.o_buf,
                 ks, vs,
             )  # fmt: skip
+        elif self.attn_mma:  # one launch for the chunk's rows (no scores workspace)
+            attention_mma(K, self.q_buf, kc, vc, t, pos0, self.dims, self.scale, self.o_buf)
         else:
             for c0, n in self._chunks(t, self.att_tmax):
                 attention(
@@ -617,6 +638,30 @@ class CupyTier:
         logits = self.cp.asnumpy(lg)  # one read-back a layer: chunks queue without waiting
         self._last_h = (h, layer) if small else None
         return self._out(h, host), logits
+
+    def router_picks(self, layer: int, x) -> tuple[object, np.ndarray, np.ndarray]:
+        """`router` with the top-k on the card (router_topk.cu, route_topk's rule; expf's
+        float noise apart): (h, ids [T, K] int32, weights [T, K] float32); one read-back a layer
+        of the picks (T*K*8 bytes) instead of the logits, and no host top-k between the card's
+        router and the layer's experts. The engine takes it for a prompt without a trace."""
+        xd, host = self._in(x)
+        t = xd.shape[0]
+        a, k = self.args, self.args.n_expert_used
+        small = t <= self.ptmax
+        h = self.h_buf[:t] if small else self.cp.empty((t, a.n_embd), np.float32)
+        flat = self.picks_buf if small else self.cp.empty((2 * t * k,), np.int32)
+        ids_d = flat[: t * k].reshape(t, k)
+        w_d = flat[t * k : 2 * t * k].view(np.float32).reshape(t, k)
+        for c0, n in self._chunks(t, self.ptmax):
+            lg = self.rlogits_buf[:n]
+            self._router_into(layer, xd[c0 : c0 + n], h[c0 : c0 + n], n, lg)
+            router_topk(
+                self.K, lg, n, a.n_expert, k, a.norm_topk, ids_d[c0 : c0 + n], w_d[c0 : c0 + n]
+            )
+        both = self.cp.asnumpy(flat[: 2 * t * k])  # one read-back a layer
+        self._last_h = (h, layer) if small else None
+        ids = both[: t * k].reshape(t, k)
+        return self._out(h, host), ids, both[t * k :].view(np.float32).reshape(t, k)
 
     def _router_into(self, layer: int, x, h, t: int, out=None) -> None:
         """h[:t] = ffn_norm(x) (also quantized for the experts), out[:t] (default rlogits_buf) =

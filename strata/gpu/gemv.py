@@ -44,6 +44,7 @@ GEMV1F_THREADS = 128  # gemv.cu's GEMV1F_THREADS: gemv1f_* (T = 1, float weights
 GEMV1_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1w_*
 GEMV_NT = 8  # gemv.cu's GEMV_NT: tokens a pass of gemv_* (T > 1)
 MMA_NT, MMA_WARPS = 32, 4  # experts_mma.cu: rows of x a tile, warps (16 weight rows each) a block
+MMA_DENSE_NT = 64  # experts_mma.cu dense_mma: tokens a tile of a prompt's dense GEMM
 FULL_WARPS_PER_SM = 64  # resident warps an SM holds (sm_80 .. sm_90); prefill GEMV's token split
 WARPS_PER_SM = 16  # gemv1w_*: below this many warps per SM, a row is split over two warps
 MAX_WPR = 2  # measured on the H200 (bench/results/gpu-decode-kernels-h200-20261129.md)
@@ -152,12 +153,25 @@ def gemv(
     )
 
 
+def dense_mma_nt() -> int:
+    """Tokens per tile of gemm_mma: MMA_DENSE_NT, or STRATA_GPU_DENSE_MMA_NT=32 (the MoE's down
+    kernel and tile, the A/B arm)."""
+    v = os.environ.get("STRATA_GPU_DENSE_MMA_NT", "").strip()
+    if v in ("", str(MMA_DENSE_NT)):
+        return MMA_DENSE_NT
+    if v == str(MMA_NT):
+        return MMA_NT
+    raise ValueError(f"STRATA_GPU_DENSE_MMA_NT={v!r}: give {MMA_DENSE_NT} or {MMA_NT}")
+
+
 def gemm_mma(K: Kernels, w: DeviceWeight, act: ActBuf, out, t: int, resid=None, ldo=None) -> None:
     """`gemv` of a prompt chunk (quantized w, T > 1) on the int8 tensor cores: experts_mma.cu's
-    down kernel with w as its one slot and tiles of MMA_NT consecutive tokens (CUDA sm_80+:
+    dense_mma, w as its one slot and tiles of MMA_DENSE_NT consecutive tokens (CUDA sm_80+:
     `K.int8_mma`). Each sub-block's integer sum is exact; float order differs from gemv_*."""
-    slot, first, n, order = K.token_tiles(t, MMA_NT)
-    K.fn("experts_mma.cu", f"moe_down_mma_{Q_NAMES[QT(int(w.qtype))]}")(
+    nt = dense_mma_nt()
+    kern = "dense_mma" if nt == MMA_DENSE_NT else "moe_down_mma"
+    slot, first, n, order = K.token_tiles(t, nt)
+    K.fn("experts_mma.cu", f"{kern}_{Q_NAMES[QT(int(w.qtype))]}")(
         (-(-w.rows // (16 * MMA_WARPS)), first.size),
         (32 * MMA_WARPS,),
         (

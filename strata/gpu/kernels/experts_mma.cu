@@ -13,15 +13,18 @@
 //                   decode gate rows, 16-31 up rows of the same sub-block).
 //   moe_down_mma    grid (D / (16 MMA_WARPS), tiles): y[p, d] = down_slot(act_q[p])[d] (lanes
 //                   0-15 decode sub-block sb, 16-31 sub-block sb + 1); (+ bias[d]) (+ resid[p, d]),
-//                   rows ldo apart. With one slot (stride 0) and tiles of consecutive tokens it
-//                   is a prompt chunk's dense GEMM (gemv.py gemm_mma: the attention projections).
+//                   rows ldo apart.
+//   dense_mma       moe_down_mma with tiles of MMA_DENSE_NT rows of x: with one slot (stride 0)
+//                   and tiles of consecutive tokens, a prompt chunk's dense GEMM (gemv.py
+//                   gemm_mma: the attention projections, lm_head, the shared expert).
 // Fragments (PTX ISA, mma.m16n8k16 .s8): lane = 4 g + t; A regs: row g / g + 8, k 4t..4t+3;
 // B reg: k 4t..4t+3 of column g; C: rows g / g + 8, columns 2t, 2t + 1.
 #include "quant_blocks.cuh"
 
-#define MMA_NT 32     // pairs per tile: four mma column blocks of 8
-#define MMA_WARPS 4   // warps per block, 16 weight rows each
-#define MMA_WSTRIDE 12  // ints per decoded row in shared memory (8 used; 48 B: conflict-free)
+#define MMA_NT 32        // pairs per tile: four mma column blocks of 8
+#define MMA_DENSE_NT 64  // dense_mma: tokens per tile (a decoded sub-block meets 64 rows of x)
+#define MMA_WARPS 4      // warps per block, 16 weight rows each
+#define MMA_WSTRIDE 12   // ints per decoded row in shared memory (8 used; 48 B: conflict-free)
 
 #if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define STRATA_MMA_S8 1
@@ -44,8 +47,9 @@ struct alignas(16) MmaStage {  // one warp's decoded sub-blocks: [2][16 rows]
 };
 
 // GATE_UP: rows of x are tokens (pair / K), two matrices (wa gate, wb up) -> silu(g) * u;
-// else rows of x are pairs (K = 1), one matrix (wa down).
-template <int QT, bool GATE_UP>
+// else rows of x are pairs (K = 1), one matrix (wa down). NB: mma column blocks of 8 a tile (a
+// tile holds up to 8 NB rows of x; each decoded sub-block meets them all).
+template <int QT, bool GATE_UP, int NB>
 __device__ __forceinline__ void moe_tiles_mma(
     const u8* __restrict__ wa, const u8* __restrict__ wb, i64 slot_stride,
     const i8* __restrict__ xq, const float* __restrict__ xd, int xd_shift,
@@ -69,9 +73,9 @@ __device__ __forceinline__ void moe_tiles_mma(
     const u8* dsrc = (GATE_UP && dh ? wb : wa) + slot * slot_stride + (i64)drow * row_bytes;
     const int div = GATE_UP ? K : 1;
     // per column block nb: B's column g, C's columns 2 t4 and 2 t4 + 1 (x rows, -1 = none)
-    i64 xb[4], xc[4][2];
+    int xb[NB], xc[NB][2];
 #pragma unroll
-    for (int nb = 0; nb < 4; ++nb) {
+    for (int nb = 0; nb < NB; ++nb) {
         const int cb = nb * 8 + g, c0 = nb * 8 + 2 * t4;
         xb[nb] = cb < n ? pair_order[first + cb] / div : -1;
         xc[nb][0] = c0 < n ? pair_order[first + c0] / div : -1;
@@ -79,11 +83,11 @@ __device__ __forceinline__ void moe_tiles_mma(
     }
     const int nblk = (n + 7) / 8;  // column blocks in use (uniform across the warp)
     constexpr int NM = GATE_UP ? 2 : 1;
-    float acc[NM][4][4];
+    float acc[NM][NB][4];
 #pragma unroll
     for (int m = 0; m < NM; ++m)
 #pragma unroll
-        for (int nb = 0; nb < 4; ++nb)
+        for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[m][nb][q] = 0.0f;
     const int step = GATE_UP ? 1 : 2;
@@ -116,11 +120,11 @@ __device__ __forceinline__ void moe_tiles_mma(
             const float sb0 = st.s[h][g + 8][0], sb1 = st.s[h][g + 8][1], sbm = st.s[h][g + 8][2];
             const int xi = sub >> xd_shift;
 #pragma unroll
-            for (int nb = 0; nb < 4; ++nb) {
+            for (int nb = 0; nb < NB; ++nb) {
                 if (nb >= nblk) break;  // uniform
                 int xlo = 0, xhi = 0;
                 if (xb[nb] >= 0) {
-                    const int* xp = (const int*)(xq + xb[nb] * C + sub * 32);
+                    const int* xp = (const int*)(xq + (i64)xb[nb] * C + sub * 32);
                     xlo = xp[t4];
                     xhi = xp[4 + t4];
                 }
@@ -135,8 +139,8 @@ __device__ __forceinline__ void moe_tiles_mma(
                     sx0 = __shfl_sync(0xffffffffu, s, 8 * t4);
                     sx1 = __shfl_sync(0xffffffffu, s, 8 * t4 + 4);
                 }
-                const float dx0 = xc[nb][0] >= 0 ? xd[xc[nb][0] * nxd + xi] : 0.0f;
-                const float dx1 = xc[nb][1] >= 0 ? xd[xc[nb][1] * nxd + xi] : 0.0f;
+                const float dx0 = xc[nb][0] >= 0 ? xd[(i64)xc[nb][0] * nxd + xi] : 0.0f;
+                const float dx1 = xc[nb][1] >= 0 ? xd[(i64)xc[nb][1] * nxd + xi] : 0.0f;
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
                     const bool top = q < 2;
@@ -148,7 +152,7 @@ __device__ __forceinline__ void moe_tiles_mma(
         }
     }
 #pragma unroll
-    for (int nb = 0; nb < 4; ++nb) {
+    for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
             const int row = r0 + g + (q < 2 ? 0 : 8), col = nb * 8 + 2 * t4 + (q & 1);
@@ -180,15 +184,26 @@ __device__ __forceinline__ void moe_tiles_mma(
         int xd_shift, const i32* tile_slot, const i32* tile_first, const i32* tile_n,          \
         const i32* pair_order, int K, float* act, int F, int D) {                              \
         STRATA_PDL_ENTER();                                                                    \
-        MMA_BODY(QT, true)(gate, up, slot_stride, hq, hd, xd_shift, tile_slot, tile_first,     \
-                           tile_n, pair_order, K, act, F, D, nullptr, nullptr, F);             \
+        MMA_BODY(QT, true, MMA_NT / 8)(gate, up, slot_stride, hq, hd, xd_shift, tile_slot,     \
+                                       tile_first, tile_n, pair_order, K, act, F, D, nullptr,  \
+                                       nullptr, F);                                            \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_down_mma_##name(          \
         const u8* down, i64 slot_stride, const i8* aq, const float* ad, int xd_shift,          \
         const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
         float* y, int D, int F, const float* bias, const float* resid, int ldo) {              \
         STRATA_PDL_ENTER();                                                                    \
-        MMA_BODY(QT, false)(down, down, slot_stride, aq, ad, xd_shift, tile_slot, tile_first,  \
-                            tile_n, pair_order, 1, y, D, F, bias, resid, ldo);                 \
+        MMA_BODY(QT, false, MMA_NT / 8)(down, down, slot_stride, aq, ad, xd_shift, tile_slot,  \
+                                        tile_first, tile_n, pair_order, 1, y, D, F, bias,      \
+                                        resid, ldo);                                           \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) dense_mma_##name(             \
+        const u8* w, i64 slot_stride, const i8* aq, const float* ad, int xd_shift,             \
+        const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
+        float* y, int D, int F, const float* bias, const float* resid, int ldo) {              \
+        STRATA_PDL_ENTER();                                                                    \
+        MMA_BODY(QT, false, MMA_DENSE_NT / 8)(w, w, slot_stride, aq, ad, xd_shift, tile_slot,  \
+                                              tile_first, tile_n, pair_order, 1, y, D, F,      \
+                                              bias, resid, ldo);                               \
     }
 STRATA_QFORMATS(MOE_MMA_KERNELS)
