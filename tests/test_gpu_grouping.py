@@ -37,3 +37,27 @@ def test_moe_decode_variant_defaults_by_type_and_env_overrides(monkeypatch):
     monkeypatch.setattr(ex, "MOE_VARIANT", "st9+legacy")
     with pytest.raises(ValueError, match="'st9\\+legacy' \\(STRATA_MOE_VARIANT\\)"):
         ex.parse_variant(None, QT.Q4_K)
+
+
+def test_compiled_grouping_gives_group_pairs_arrays():
+    """pairs_fast.group_pairs_into (a counting sort) writes exactly group_pairs' arrays, and
+    distinct_experts is np.unique of the valid ids: random slots with skipped pairs, runs longer
+    than a tile, a single slot, nothing valid."""
+    from strata.gpu.pairs_fast import distinct_experts, group_pairs_into
+
+    g = np.random.default_rng()
+    cases = [g.integers(-1, hi, (t, 8)).astype(np.int32) for t, hi in ((50, 5), (300, 40), (7, 2))]
+    cases += [np.full((9, 8), 3, np.int32), np.full((4, 8), -1, np.int32)]
+    for slots in cases:
+        for nt in (8, 32):
+            out = np.full((4, slots.size + 5), -7, np.int32)
+            m, n_tiles = group_pairs_into(slots, nt, out)
+            order, ts, tf, tn = group_pairs(slots, nt)
+            assert (m, n_tiles) == (order.size, ts.size)
+            for got, want in zip((out[0, :m], out[1, :n_tiles], out[2, :n_tiles], out[3, :n_tiles]),
+                                 (order, ts, tf, tn), strict=True):  # fmt: skip
+                np.testing.assert_array_equal(got, want)
+        got = distinct_experts(slots, 64)
+        np.testing.assert_array_equal(got, np.unique(slots[slots >= 0]))
+    with pytest.raises(ValueError, match="int32 \\[4"):
+        group_pairs_into(cases[0], 8, np.zeros((4, 3), np.int32))

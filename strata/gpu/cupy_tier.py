@@ -53,6 +53,7 @@ from strata.gpu.experts import (
 from strata.gpu.gemv import DeviceWeight, gemm_mma, gemv
 from strata.gpu.host import EXPERT_MATS, check_kv_type, rope_inv_freq
 from strata.gpu.norm_quant import ActBuf, norm_quant
+from strata.gpu.pairs_fast import distinct_experts
 from strata.gpu.rawmod import kernels_for
 from strata.gpu.rope_kv import qk_norm_rope_kv
 from strata.gpu.router_topk import router_topk
@@ -527,7 +528,7 @@ class CupyTier:
 
     def slots_for(self, layer: int, ids: np.ndarray) -> np.ndarray:
         """Slots of ids [T, K] (uploading missing experts); -1 where ids < 0."""
-        need = np.unique(ids[ids >= 0]).tolist()  # ascending
+        need = distinct_experts(ids, self.args.n_expert).tolist()  # ascending
         keep = frozenset(need)
         row = self.slot_of[layer]
         for e in need:
@@ -692,7 +693,7 @@ class CupyTier:
         hd, host = self._in(h)
         ids = np.asarray(ids)
         w = np.ascontiguousarray(weights, dtype=np.float32)
-        need = np.unique(ids[ids >= 0])
+        need = distinct_experts(ids, self.args.n_expert)
         out = self.cp.empty((hd.shape[0], self.args.n_embd), np.float32)
         if need.size <= self.n_slots:
             self._experts(layer, hd, h, self.slots_for(layer, ids), w, out)

@@ -15,6 +15,7 @@ from gguf.quants import dequantize
 
 from strata.gpu.gemv import MMA_NT, MMA_WARPS, Q_NAMES
 from strata.gpu.norm_quant import MODES, ActBuf, norm_quant, xd_shift
+from strata.gpu.pairs_fast import group_pairs_into
 from strata.gpu.rawmod import NULL, Kernels, i32, i64, ptr
 from strata.quant import fmt
 from strata.quant.activation import roundtrip
@@ -186,13 +187,13 @@ def group_pairs(slots: np.ndarray, nt: int = MOE_NT):
 
 class TileBufs:
     """Device buffers of the grouped kernels for up to `pairs` pairs: the sorted pair order,
-    the tiles, and the per-pair down outputs y [pairs, D]."""
+    the tiles (rows of one [4, pairs] int32 array, filled on the host in `host` and copied at
+    once), and the per-pair down outputs y [pairs, D]."""
 
     def __init__(self, cp, pairs: int, d: int):
-        self.order = cp.zeros((pairs,), np.int32)
-        self.slot = cp.zeros((pairs,), np.int32)
-        self.first = cp.zeros((pairs,), np.int32)
-        self.n = cp.zeros((pairs,), np.int32)
+        self.host = np.zeros((4, pairs), np.int32)
+        self.dev = cp.zeros((4, pairs), np.int32)
+        self.order, self.slot, self.first, self.n = self.dev
         self.y = cp.zeros((pairs, d), np.float32)
 
     @staticmethod
@@ -224,8 +225,7 @@ def moe_experts_grouped(
         raise ValueError(f"gate ({qg.name}) and up ({qu.name}) experts must share a type")
     d, f = dims
     t, k = slots.shape
-    order, tslot, tfirst, tn = group_pairs(slots, MMA_NT if mma else MOE_NT)
-    n_tiles = int(tslot.size)
+    _, n_tiles = group_pairs_into(slots, MMA_NT if mma else MOE_NT, tiles.host)
     gate, up, down = stores
     if mma:  # 16 weight rows a warp
         src, names = "experts_mma.cu", ("gate_up_mma", "down_mma")
@@ -235,10 +235,7 @@ def moe_experts_grouped(
         rows = K.warps_per_block(THREADS)
         block = (rows * K.warp,)
     if n_tiles:
-        tiles.order[: order.size].set(order)
-        tiles.slot[:n_tiles].set(tslot)
-        tiles.first[:n_tiles].set(tfirst)
-        tiles.n[:n_tiles].set(tn)
+        tiles.dev.set(tiles.host)  # one copy (the rows' tails past m / n_tiles unused)
         tile_args = (tiles.slot, tiles.first, tiles.n, tiles.order)
         K.fn(src, f"moe_{names[0]}_{Q_NAMES[qg]}")(
             (-(-f // rows), n_tiles),
