@@ -2,11 +2,8 @@
 // experts_grouped.cu (same arguments, same tiles of pairs sharing an expert slot) with each
 // sub-block's integer sums from mma.sync m16n8k16 s8 instead of dp4a, for CUDA sm_80+ (elsewhere
 // the kernels are empty and the launcher keeps the dp4a ones).
-//   A warp owns 16 weight rows, walked a unit of whole blocks at a time (Q8_0 and Q6_K: the
-//   unit's bytes copied into shared memory by cp.async, the next unit's copies in flight
-//   meanwhile: MmaUnit; STRATA_MMA_STAGE=0 decodes every format from global memory, the A/B
-//   arm); its lanes decode one sub-block each
-//   (Fmt<QT>::decode: 32 int8 and the scales) into shared memory, then the mma multiplies the 16 rows by 8 activation rows
+//   A warp owns 16 weight rows; its lanes decode one sub-block each (Fmt<QT>::decode: 32 int8
+//   and the scales) into shared memory, then the mma multiplies the 16 rows by 8 activation rows
 //   at a time (up to MMA_NT per tile): the 16 low and the 16 high values of a sub-block are two
 //   k16 products, so each comes out as an exact int32 and takes its own scale (s0, s1), then
 //   - mn * sum(x) where the format has a min, then the activation's scale: dot32's float steps
@@ -44,51 +41,6 @@ __device__ __forceinline__ void mma_s8_k16(int* c, int a0, int a1, int b) {
         : "r"(a0), "r"(a1), "r"(b), "r"(0));
 }
 
-// A warp's weight bytes for a unit of sub-blocks (US of them: whole blocks, one contiguous range
-// a row and matrix), copied global -> shared by cp.async 16-byte copies that keep the range's
-// offset mod 16 (the blocks are only 2-byte aligned; the aligned span stays inside the
-// allocation, 256-byte aligned). Lanes then decode from shared memory: the loads are whole
-// sectors spread over the warp instead of a lane's 2-byte words at a row's stride (ncu, session
-// 15 call ID: dense_mma_q8_0 L1-bound, 68% of its global sectors excess), and the next unit's
-// copies fly while this one is multiplied (NBUF = 2 where shared memory allows).
-#ifndef STRATA_MMA_STAGE
-#define STRATA_MMA_STAGE 1
-#endif
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-template <int QT, bool GATE_UP>
-struct MmaUnit {
-    enum {
-        SPB = Fmt<QT>::QK / 32,                            // sub-blocks a block
-        US = GATE_UP ? SPB : (SPB > 2 ? SPB : 2),          // sub-blocks a unit (whole blocks)
-        UB = US / SPB * Fmt<QT>::BB,                       // bytes of a full unit's range
-        NR = GATE_UP ? 32 : 16,                            // ranges: (matrix,) row
-        RB = (UB + 15 + 15) / 16 * 16,                     // bytes a range takes (+ offset)
-        NW = RB / 16,                                      // 16-byte words a range
-        NBUF = (2 * NR * RB * MMA_WARPS <= 32768) ? 2 : 1,  // double-buffered where it fits
-        // the formats whose decode reads 2-byte words at a row's stride (measured on the H200,
-        // T = 512, attn_q / attn_o: Q8_0 233 -> 185 / 346 -> 311 us, Q6_K 225 -> 180 / 358 ->
-        // 310; IQ3_XXS 166 -> 185 and Q4_K 195 -> 208, whose decoders load 16 bytes at once,
-        // lose: they decode from global memory)
-        STAGED = STRATA_MMA_STAGE && (QT == QT_Q8_0 || QT == QT_Q6_K)
-    };
-};
-
 struct alignas(16) MmaStage {  // one warp's decoded sub-blocks: [2][16 rows]
     int w[2][16][MMA_WSTRIDE];
     float s[2][16][4];  // s0, s1, mn
@@ -106,8 +58,6 @@ __device__ __forceinline__ void moe_tiles_mma(
     float* __restrict__ out, int R, int C, const float* __restrict__ bias,
     const float* __restrict__ resid, int ldo) {
     __shared__ MmaStage stage[MMA_WARPS];
-    typedef MmaUnit<QT, GATE_UP> U;
-    __shared__ i32x4 wbuf[U::STAGED ? MMA_WARPS * U::NBUF * U::NR * U::NW : 1];
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
     const int g = lane >> 2, t4 = lane & 3;
     const int r0 = (blockIdx.x * MMA_WARPS + wid) * 16;
@@ -119,6 +69,8 @@ __device__ __forceinline__ void moe_tiles_mma(
     const i64 row_bytes = (i64)(C / Fmt<QT>::QK) * Fmt<QT>::BB;
     // the decoding lane: row dr, half dh (GATE_UP: the matrix; down: the sub-block's parity)
     const int dr = lane & 15, dh = lane >> 4;
+    const int drow = min(r0 + dr, R - 1);  // past R: a real row decoded, its results not kept
+    const u8* dsrc = (GATE_UP && dh ? wb : wa) + slot * slot_stride + (i64)drow * row_bytes;
     const int div = GATE_UP ? K : 1;
     // per column block nb: B's column g, C's columns 2 t4 and 2 t4 + 1 (x rows, -1 = none)
     int xb[NB], xc[NB][2];
@@ -139,49 +91,12 @@ __device__ __forceinline__ void moe_tiles_mma(
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[m][nb][q] = 0.0f;
     const int step = GATE_UP ? 1 : 2;
-    // range i: matrix i >> 4 (gate_up), row r0 + (i & 15); lane decodes range (GATE_UP ? lane : dr)
-    u8* wsm = (u8*)(wbuf + wid * U::NBUF * U::NR * U::NW);
-    const int nunits = (nsub + U::US - 1) / U::US;
-    auto range_src = [&](int i, int u) -> const u8* {
-        const int r = min(r0 + (i & 15), R - 1);  // past R: a real row, its results not kept
-        return (GATE_UP && (i >> 4) ? wb : wa) + slot * slot_stride + (i64)r * row_bytes +
-               (i64)u * U::UB;
-    };
-    auto stage_unit = [&](int u, int b) {  // cp.async of unit u's ranges into buffer b
-        const int n = min(U::US, nsub - u * U::US) / spb * Fmt<QT>::BB;
-        for (int idx = lane; idx < U::NR * U::NW; idx += 32) {
-            const int i = idx / U::NW, k = idx - i * U::NW;
-            const u8* g = range_src(i, u);
-            const int o = (int)((u64)g & 15u);
-            if (k < ((o + n + 15) >> 4))
-                cp_async16(wsm + (b * U::NR + i) * U::RB + 16 * k, g - o + 16 * k);
-        }
-        cp_async_commit();
-    };
-    if (U::STAGED) stage_unit(0, 0);
-    for (int u = 0; u < nunits; ++u) {
-        const int ri = GATE_UP ? lane : dr;
-        const u8* rsrc = range_src(ri, u);  // the lane's range in global memory
-        if (U::STAGED) {
-            if (U::NBUF == 2) {
-                if (u + 1 < nunits) stage_unit(u + 1, (u + 1) & 1);
-                else cp_async_commit();  // an empty group: the wait below stays wait_group 1
-                cp_async_wait<1>();
-            } else {
-                if (u > 0) stage_unit(u, 0);
-                cp_async_wait<0>();
-            }
-            __syncwarp();  // every lane's copies of unit u have landed
-            rsrc = wsm + ((U::NBUF == 2 ? (u & 1) : 0) * U::NR + ri) * U::RB +
-                   (int)((u64)rsrc & 15u);  // its copy: the same offset mod 16
-        }
-    for (int sb = u * U::US; sb < min(nsub, (u + 1) * U::US); sb += step) {
+    for (int sb = 0; sb < nsub; sb += step) {
         const int dsb = GATE_UP ? sb : sb + dh;  // the sub-block this lane decodes
         int w[8];
         float s0 = 0.0f, s1 = 0.0f, mn = 0.0f;
         if (dsb < nsub) {
-            Fmt<QT>::decode(rsrc + (dsb - u * U::US) / spb * Fmt<QT>::BB, dsb % spb, w, s0, s1,
-                            mn);
+            Fmt<QT>::decode(dsrc + (i64)(dsb / spb) * Fmt<QT>::BB, dsb % spb, w, s0, s1, mn);
         } else {
 #pragma unroll
             for (int k = 0; k < 8; ++k) w[k] = 0;
@@ -235,8 +150,6 @@ __device__ __forceinline__ void moe_tiles_mma(
                 }
             }
         }
-    }
-        if (U::STAGED) __syncwarp();  // the unit's buffer is read: a later cp.async may reuse it
     }
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
