@@ -291,21 +291,27 @@ def test_qk_norm_rope_kv_matches_reference(K, qk_norm):
 
 
 # ---- attention ----
+def attn_case(g, t, pos0, h, gk, dh, dv, s_cap, fill):
+    """Fresh random q [T, H, Dh] (f16 values), k [S, G, Dh] / v [S, G, Dv] f16 for S = pos0 + T,
+    and one layer's caches [G, S_cap, D] f16 holding them, `fill` past S."""
+    s = pos0 + t
+    q = g.standard_normal((t, h, dh)).astype(np.float16).astype(np.float32)
+    k = g.standard_normal((s, gk, dh)).astype(np.float16)
+    v = g.standard_normal((s, gk, dv)).astype(np.float16)
+    kc = np.full((gk, s_cap, dh), fill, np.float16)
+    vc = np.full((gk, s_cap, dv), fill, np.float16)
+    kc[:, :s] = k.transpose(1, 0, 2)
+    vc[:, :s] = v.transpose(1, 0, 2)
+    return q, k, v, kc, vc
+
+
 @pytest.mark.parametrize(
     "t,pos0,h,gk,dh",
     [(1, 0, 4, 2, 64), (1, 700, 8, 2, 128), (5, 300, 32, 4, 128), (9, 0, 4, 4, 64)],
 )
 def test_attention_matches_reference(K, t, pos0, h, gk, dh):
-    g = rng()
     s_cap = 1024
-    s = pos0 + t
-    q = g.standard_normal((t, h, dh)).astype(np.float16).astype(np.float32)
-    k = g.standard_normal((s, gk, dh)).astype(np.float16)
-    v = g.standard_normal((s, gk, dh)).astype(np.float16)
-    kc = np.zeros((gk, s_cap, dh), np.float16)
-    vc = np.zeros((gk, s_cap, dh), np.float16)
-    kc[:, :s] = k.transpose(1, 0, 2)
-    vc[:, :s] = v.transpose(1, 0, 2)
+    q, k, v, kc, vc = attn_case(rng(), t, pos0, h, gk, dh, dh, s_cap, fill=0.0)
     ws = AttnWorkspace(cp, K, h, gk, s_cap, dh, 16)
     out = cp.empty((16, h * dh), np.float32)
     scale = float(np.float32(1.0 / np.sqrt(dh)))
@@ -360,14 +366,7 @@ def check_attention_mma(K, g, t, pos0, h, gk, dh, dv, s_cap=1024):
     + T full of NaN (never read into a result) and output rows past T left untouched."""
     from strata.gpu.attention import attention_mma
 
-    s = pos0 + t
-    q = g.standard_normal((t, h, dh)).astype(np.float16).astype(np.float32)
-    k = g.standard_normal((s, gk, dh)).astype(np.float16)
-    v = g.standard_normal((s, gk, dv)).astype(np.float16)
-    kc = np.full((gk, s_cap, dh), np.nan, np.float16)
-    vc = np.full((gk, s_cap, dv), np.nan, np.float16)
-    kc[:, :s] = k.transpose(1, 0, 2)
-    vc[:, :s] = v.transpose(1, 0, 2)
+    q, k, v, kc, vc = attn_case(g, t, pos0, h, gk, dh, dv, s_cap, fill=np.nan)
     out = cp.full((t + 3, h * dv), 7.0, np.float32)
     scale = float(np.float32(1.0 / np.sqrt(dh)))
     attention_mma(
