@@ -9,8 +9,15 @@ order, so logits agree with HostTier to ~1e-5 relative except where a Q8 roundin
 Arrays at the boundary: `embed` returns a device (CuPy) array; every other method accepts NumPy
 or CuPy and returns the same kind it was given, so the engine's x stays on the card between
 calls. Router logits always come back as NumPy (routing runs on the host: the one read-back of
-a layer); `output` returns NumPy logits. `router`'s h is a view of a tier buffer, valid until
-the next `router` call (passing it back to `experts` reuses its Q8 form).
+a layer), or, from `router_picks` (a prompt's top-k on the card), the picks; `output` returns
+NumPy logits. `router`'s h is a view of a tier buffer, valid until the next `router` call
+(passing it back to `experts` reuses its Q8 form).
+
+A prompt runs in chunks of `ptmax` rows (the grouped experts' chunk, 512): its attention
+projections, RoPE and router take a chunk at once (on CUDA sm_80+ the quantized projections on
+the int8 tensor cores, `gemv.gemm_mma`, and the attention over the f16 cache on the f16 ones,
+`attention.attention_mma`; elsewhere the T-row GEMV and attention.cu's kernels over query
+chunks of `att_tmax`, its scores workspace).
 
 Memory: dense weights, the KV cache, the workspace and the expert slots are reserved in the
 `DeviceBudget` and allocated once; a call allocates only the arrays it returns (from CuPy's
