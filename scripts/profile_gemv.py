@@ -30,7 +30,7 @@ def main() -> None:
     from strata.bench.gpu_kernels import SHAPES
     from strata.gpu.device import primary_device
     from strata.gpu.experts import GROUPED_MIN_T
-    from strata.gpu.gemv import DeviceWeight, gemm_mma, gemv
+    from strata.gpu.gemv import DeviceWeight, dense_mma_nt, gemm_mma, gemv
     from strata.gpu.norm_quant import ActBuf, norm_quant
     from strata.gpu.rawmod import kernels_for
     from strata.quant import random_quantized
@@ -48,7 +48,12 @@ def main() -> None:
     if t < 1:
         ap.error("--tokens must be positive")
     mma = t > GROUPED_MIN_T and K.int8_mma
-    run = gemm_mma if mma else gemv
+    nt = dense_mma_nt()  # STRATA_GPU_DENSE_MMA_NT, as the engine reads it
+
+    def run(K, w, act, out, t):
+        return gemm_mma(K, w, act, out, t, nt=nt) if mma else gemv(K, w, act, out, t)
+
+    name = f"gemm_mma (tiles of {nt})" if mma else "gemv"
     for qt in quants:
         w = DeviceWeight(cp, random_quantized(qt, (rows, cols), rng, 0.05), qt, rows, cols)
         act = ActBuf(cp, cols, t, w.vec_dot)
@@ -61,7 +66,7 @@ def main() -> None:
         run(K, w, act, out, t)
         cp.cuda.runtime.deviceSynchronize()
         cp.cuda.runtime.profilerStop()
-        say = f"{qt.name} {a.shape} {rows}x{cols} T={t}: profiled one {run.__name__}"
+        say = f"{qt.name} {a.shape} {rows}x{cols} T={t}: profiled one {name}"
         if a.time:
             ev = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(a.time)]
             for e0, e1 in ev:

@@ -61,3 +61,18 @@ def test_compiled_grouping_gives_group_pairs_arrays():
         np.testing.assert_array_equal(got, np.unique(slots[slots >= 0]))
     with pytest.raises(ValueError, match="int32 \\[4"):
         group_pairs_into(cases[0], 8, np.zeros((4, 3), np.int32))
+
+
+def test_dense_mma_tile_knob(monkeypatch):
+    """STRATA_GPU_DENSE_MMA_NT: 64 (default) or 32; anything else refused with the knob named
+    (read when a CupyTier is made, before any prompt runs)."""
+    from strata.gpu.gemv import MMA_DENSE_NT, MMA_NT, dense_mma_nt
+
+    monkeypatch.delenv("STRATA_GPU_DENSE_MMA_NT", raising=False)
+    assert dense_mma_nt() == MMA_DENSE_NT == 64
+    monkeypatch.setenv("STRATA_GPU_DENSE_MMA_NT", "32")
+    assert dense_mma_nt() == MMA_NT == 32
+    for bad in ("48", "x", "0"):
+        monkeypatch.setenv("STRATA_GPU_DENSE_MMA_NT", bad)
+        with pytest.raises(ValueError, match="STRATA_GPU_DENSE_MMA_NT"):
+            dense_mma_nt()

@@ -195,9 +195,10 @@ def test_gemm_mma_matches_reference(device, qt, t, nt, monkeypatch):
     dense_mma, tiles of 64 tokens, or the MoE's down kernel and tiles of 32, the last one
     partial) with bias, residual and an output stride wider than the rows, against HostTier's
     formula."""
-    from strata.gpu.gemv import gemm_mma
+    from strata.gpu.gemv import dense_mma_nt, gemm_mma
 
     monkeypatch.setenv("STRATA_GPU_DENSE_MMA_NT", nt)
+    nt = dense_mma_nt()
 
     K = Kernels(cp, device.warp_size, device.sm_count, arch=device.arch)
     if not K.int8_mma:
@@ -212,7 +213,7 @@ def test_gemm_mma_matches_reference(device, qt, t, nt, monkeypatch):
     act = ActBuf(cp, cols, 140, w.vec_dot)
     norm_quant(K, cp.asarray(x), t, act=act)
     out = cp.full((140, ldo), np.nan, np.float32)
-    gemm_mma(K, w, act, out, t, resid=cp.asarray(resid), ldo=ldo)
+    gemm_mma(K, w, act, out, t, resid=cp.asarray(resid), ldo=ldo, nt=nt)
     got = cp.asnumpy(out)
     assert rel(got[:t, :rows], gemv_ref(raw, qt, x, bias, resid[:, :rows])) < 1e-5
     assert np.isnan(got[:t, rows:]).all() and np.isnan(got[t:]).all()  # nothing else written

@@ -57,7 +57,7 @@ from strata.gpu.experts import (
     moe_experts,
     moe_experts_grouped,
 )
-from strata.gpu.gemv import DeviceWeight, gemm_mma, gemv
+from strata.gpu.gemv import DeviceWeight, dense_mma_nt, gemm_mma, gemv
 from strata.gpu.host import EXPERT_MATS, check_kv_type, rope_inv_freq
 from strata.gpu.norm_quant import ActBuf, norm_quant
 from strata.gpu.pairs_fast import distinct_experts
@@ -121,6 +121,7 @@ class CupyTier:
         # a prompt's resident experts and quantized projections on the int8 tensor cores where
         # the card has them (STRATA_GPU_MOE_MMA=0: the dp4a tile kernels and gemv_*, the A/B arm)
         self.moe_mma = env_switch("STRATA_GPU_MOE_MMA") and self.K.int8_mma
+        self.dense_nt = dense_mma_nt()  # tokens a tile of gemm_mma (STRATA_GPU_DENSE_MMA_NT)
         self.budget = budget if budget is not None else DeviceBudget.from_env()
         self.budget.install_pool_cap(cp)
         a = self.args = model.args
@@ -683,7 +684,7 @@ class CupyTier:
         """gemv, a prompt chunk of quantized weights on the int8 tensor cores where the card has
         them (gemm_mma: the decode step's T = 1 keeps gemv's kernels)."""
         if t > GROUPED_MIN_T and self.moe_mma and w.quantized:
-            gemm_mma(self.K, w, act, out, t, resid=resid, ldo=ldo)
+            gemm_mma(self.K, w, act, out, t, resid=resid, ldo=ldo, nt=self.dense_nt)
         else:
             gemv(self.K, w, act, out, t, resid=resid, ldo=ldo)
 

@@ -164,11 +164,16 @@ def dense_mma_nt() -> int:
     raise ValueError(f"STRATA_GPU_DENSE_MMA_NT={v!r}: give {MMA_DENSE_NT} or {MMA_NT}")
 
 
-def gemm_mma(K: Kernels, w: DeviceWeight, act: ActBuf, out, t: int, resid=None, ldo=None) -> None:
+def gemm_mma(
+    K: Kernels, w: DeviceWeight, act: ActBuf, out, t: int, resid=None, ldo=None,
+    nt: int = MMA_DENSE_NT,
+) -> None:  # fmt: skip
     """`gemv` of a prompt chunk (quantized w, T > 1) on the int8 tensor cores: experts_mma.cu's
-    dense_mma, w as its one slot and tiles of MMA_DENSE_NT consecutive tokens (CUDA sm_80+:
-    `K.int8_mma`). Each sub-block's integer sum is exact; float order differs from gemv_*."""
-    nt = dense_mma_nt()
+    dense_mma, w as its one slot and tiles of nt = MMA_DENSE_NT consecutive tokens (MMA_NT: the
+    MoE's down kernel; CUDA sm_80+: `K.int8_mma`). Each sub-block's integer sum is exact; float
+    order differs from gemv_*."""
+    if nt not in (MMA_DENSE_NT, MMA_NT):
+        raise ValueError(f"gemm_mma: tiles of {MMA_DENSE_NT} or {MMA_NT} tokens, not {nt}")
     kern = "dense_mma" if nt == MMA_DENSE_NT else "moe_down_mma"
     slot, first, n, order = K.token_tiles(t, nt)
     K.fn("experts_mma.cu", f"{kern}_{Q_NAMES[QT(int(w.qtype))]}")(
