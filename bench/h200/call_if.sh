@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 15, call IF (the final code): the llama.cpp build started in the background (for call
-# IG), the model and pack too; the whole GPU suite; the prefill profile with the weights' cp.async
+# Session 15, call IF (the final code): the llama.cpp build started in the background (for the
+# side-by-side, call II), the model and pack too; the whole GPU suite; the prefill profile with the weights' cp.async
 # staging and without (-DSTRATA_MMA_STAGE=0); car-on at 10240 MiB.
 . bench/h200/lib.sh
 O=/tmp/ifout; rm -rf $O && mkdir -p $O
