@@ -583,8 +583,9 @@ class CupyTier:
     def _attention(self, layer: int, x, pos0: int, out, t: int, pos_dev=None) -> None:
         """out[:t] = x + attention(x) at positions pos0.. (t <= ptmax; decode, t = 1: the
         position is read from pos_dev [1] int32 on the device, so the launches can be replayed
-        from a graph). The projections and RoPE take all t rows at once, the attention kernels
-        query chunks of att_tmax rows (its scores workspace), each against the keys up to it."""
+        from a graph). The projections and RoPE take all t rows at once; so does attention_mma
+        (the f16 tensor cores), while attention.cu's kernels take query chunks of att_tmax rows
+        (their scores workspace), each against the keys up to it."""
         K, L, a = self.K, self.layers[layer], self.args
         if t == 1 and pos_dev is None:  # eager decode: the same kernels as the graph step
             pos_dev = self.pos_buf
