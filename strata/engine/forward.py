@@ -149,13 +149,13 @@ class Engine:
         """Forget the sequence past `keep` positions (the KV rows beyond are overwritten later)."""
         self.pos = min(self.pos, keep)
 
-    def _route(self, i: int, logits, decode: bool):
+    def _route(self, i: int, logits, decode: bool, picks=None):
         """Top-k, trace, CAR (decode), statistics, adaptive cache -> ids [T, K], weights
-        [T, K], hit [T, K] (picks a resident expert serves). `logits` [T, E], or the picks
-        (ids, weights) the tier's router made on the card (a prompt without a trace)."""
+        [T, K], hit [T, K] (picks a resident expert serves). From logits [T, E], or from
+        `picks` (ids, weights): the tier's top-k on the card (a prompt without a trace)."""
         a, st = self.args, self.stats
-        if isinstance(logits, tuple):
-            (ids, weights), probs = logits, None
+        if picks is not None:
+            (ids, weights), probs = picks, None
         else:
             ids, weights, probs = topk_fast(logits, a.n_expert_used, a.norm_topk)  # [T, K], [T, E]
         count_picks(st.expert_hist[i], ids)
@@ -189,9 +189,9 @@ class Engine:
             for cold, e in self._swaps:
                 self.tier.prefetch(i, e, cold)
 
-    def _moe(self, i: int, h: np.ndarray, logits: np.ndarray, decode: bool) -> np.ndarray:
+    def _moe(self, i: int, h: np.ndarray, logits, decode: bool, picks=None) -> np.ndarray:
         tier = self.tier
-        ids, weights, hit = self._route(i, logits, decode)
+        ids, weights, hit = self._route(i, logits, decode, picks)
         n_hit = int(hit.sum())
         if n_hit == hit.size:
             y = self.tier.experts(i, h, ids, weights)
@@ -470,7 +470,7 @@ class Engine:
             x = tier.attention(i, x, self.pos)
             if on_card:
                 h, pk, pw = tier.router_picks(i, x)  # [T, D], ids [T, K], weights [T, K]
-                y = self._moe(i, h, (pk, pw), decode)
+                y = self._moe(i, h, None, decode, picks=(pk, pw))
             else:
                 h, logits = tier.router(i, x)  # [T, D], [T, E]
                 y = self._moe(i, h, logits, decode)

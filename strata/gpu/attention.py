@@ -148,6 +148,13 @@ MMA_ROWS = 64  # attention_mma.cu's AMMA_ROWS: query rows per block
 MMA_THREADS = 128  # AMMA_THREADS: 4 warps of 16 rows
 
 
+def attention_mma_shape_ok(dims: tuple[int, int, int, int]) -> bool:
+    """Whether attention_mma takes heads (H, G, Dh, Dv): G divides H, Dh and Dv multiples of 16
+    up to MAX_DH."""
+    h, g, dh, dv = dims
+    return h % g == 0 and all(0 < d <= MAX_DH and d % 16 == 0 for d in (dh, dv))
+
+
 def attention_mma(
     K: Kernels,
     q,
@@ -166,7 +173,7 @@ def attention_mma(
     float noise). Dh, Dv multiples of 16 up to 128; other shapes and an int8 cache raise
     ValueError (the caller keeps `attention`)."""
     h, g, dh, dv = dims
-    if h % g or dh > MAX_DH or dv > MAX_DH or dh % 16 or dv % 16 or min(dh, dv) <= 0:
+    if not attention_mma_shape_ok(dims):
         raise ValueError(f"attention_mma shape H={h} G={g} Dh={dh} Dv={dv} is not supported")
     if k_cache.dtype != np.uint16 or v_cache.dtype != np.uint16:
         raise ValueError("attention_mma takes an f16 cache (uint16 bits) only")

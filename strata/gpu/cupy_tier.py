@@ -39,11 +39,11 @@ from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
 from strata.gpu.attention import (
-    MAX_DH,
     AttnWorkspace,
     attention,
     attention_decode,
     attention_mma,
+    attention_mma_shape_ok,
 )
 from strata.gpu.budget import MIB, DeviceBudget
 from strata.gpu.decode_graph import GraphDecoder, Pinned
@@ -137,13 +137,11 @@ class CupyTier:
         self.kv_type = check_kv_type(kv_type)
         # a prompt's attention over the f16 cache on the f16 tensor cores where the card has
         # them (STRATA_GPU_ATTN_MMA=0: attention.cu's kernels, the A/B arm)
-        h, g, dh, dv = self.dims
         self.attn_mma = (
             env_switch("STRATA_GPU_ATTN_MMA")
             and self.K.int8_mma
             and self.kv_type == "f16"
-            and h % g == 0
-            and all(0 < d <= MAX_DH and d % 16 == 0 for d in (dh, dv))
+            and attention_mma_shape_ok(self.dims)
         )
         kv_shape = (a.n_layer, a.n_head_kv, self.n_ctx)
         self.budget.reserve("kv", model.kv_bytes(self.n_ctx, self.kv_type))
@@ -637,41 +635,43 @@ class CupyTier:
         self._gemv(L.o, oact, out, t, resid=x)
 
     def router(self, layer: int, x):
-        xd, host = self._in(x)
-        t = xd.shape[0]
-        a = self.args
-        small = t <= self.ptmax
-        h = self.h_buf[:t] if small else self.cp.empty((t, a.n_embd), np.float32)
-        lg = self.rlogits_buf[:t] if small else self.cp.empty((t, a.n_expert), np.float32)
-        for c0, n in self._chunks(t, self.ptmax):
-            self._router_into(layer, xd[c0 : c0 + n], h[c0 : c0 + n], n, lg[c0 : c0 + n])
-        logits = self.cp.asnumpy(lg)  # one read-back a layer: chunks queue without waiting
-        self._last_h = (h, layer) if small else None
-        return self._out(h, host), logits
+        h, lg = self._router_chunks(layer, x, picks=False)
+        return h, self.cp.asnumpy(lg)  # one read-back a layer: chunks queue without waiting
 
     def router_picks(self, layer: int, x) -> tuple[object, np.ndarray, np.ndarray]:
         """`router` with the top-k on the card (router_topk.cu, route_topk's rule; expf's
         float noise apart): (h, ids [T, K] int32, weights [T, K] float32); one read-back a layer
         of the picks (T*K*8 bytes) instead of the logits, and no host top-k between the card's
         router and the layer's experts. The engine takes it for a prompt without a trace."""
+        h, flat = self._router_chunks(layer, x, picks=True)
+        t, k = int(h.shape[0]), self.args.n_expert_used
+        both = self.cp.asnumpy(flat[: 2 * t * k])  # one read-back a layer
+        return h, both[: t * k].reshape(t, k), both[t * k :].view(np.float32).reshape(t, k)
+
+    def _router_chunks(self, layer: int, x, picks: bool):
+        """h (the caller's array kind) and, on the device, the logits [T, E] or (picks) the flat
+        ids [T*K] then weights [T*K] of x's rows, in chunks of ptmax rows queued without a wait."""
         xd, host = self._in(x)
         t = xd.shape[0]
         a, k = self.args, self.args.n_expert_used
         small = t <= self.ptmax
         h = self.h_buf[:t] if small else self.cp.empty((t, a.n_embd), np.float32)
-        flat = self.picks_buf if small else self.cp.empty((2 * t * k,), np.int32)
-        ids_d = flat[: t * k].reshape(t, k)
-        w_d = flat[t * k : 2 * t * k].view(np.float32).reshape(t, k)
+        if picks:
+            out = self.picks_buf if small else self.cp.empty((2 * t * k,), np.int32)
+            ids_d = out[: t * k].reshape(t, k)
+            w_d = out[t * k : 2 * t * k].view(np.float32).reshape(t, k)
+        else:
+            out = self.rlogits_buf[:t] if small else self.cp.empty((t, a.n_expert), np.float32)
         for c0, n in self._chunks(t, self.ptmax):
-            lg = self.rlogits_buf[:n]
+            lg = self.rlogits_buf[:n] if picks else out[c0 : c0 + n]
             self._router_into(layer, xd[c0 : c0 + n], h[c0 : c0 + n], n, lg)
-            router_topk(
-                self.K, lg, n, a.n_expert, k, a.norm_topk, ids_d[c0 : c0 + n], w_d[c0 : c0 + n]
-            )
-        both = self.cp.asnumpy(flat[: 2 * t * k])  # one read-back a layer
+            if picks:
+                router_topk(
+                    self.K, lg, n, a.n_expert, k, a.norm_topk, ids_d[c0 : c0 + n],
+                    w_d[c0 : c0 + n],
+                )  # fmt: skip
         self._last_h = (h, layer) if small else None
-        ids = both[: t * k].reshape(t, k)
-        return self._out(h, host), ids, both[t * k :].view(np.float32).reshape(t, k)
+        return self._out(h, host), out
 
     def _router_into(self, layer: int, x, h, t: int, out=None) -> None:
         """h[:t] = ffn_norm(x) (also quantized for the experts), out[:t] (default rlogits_buf) =
