@@ -31,8 +31,22 @@ struct alignas(16) f32x4 {
 #if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define STRATA_PDL_ENTER() \
     asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#define STRATA_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define STRATA_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#define STRATA_PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p))
 #else
 #define STRATA_PDL_ENTER() ((void)0)
+#define STRATA_PDL_WAIT() ((void)0)
+#define STRATA_PDL_TRIGGER() ((void)0)
+#define STRATA_PREFETCH_L2(p) ((void)(p))
+#endif
+// The split form, for a kernel whose weights do not depend on its predecessor (the GEMVs): it
+// asks L2 for its weight rows (STRATA_PREFETCH_L2), then STRATA_PDL_WAIT()s, and lets the next
+// kernel in only after its main loop (STRATA_PDL_TRIGGER()), so the next one's blocks do not
+// squat on the SMs while its own are still reading. Every thread still waits before any store
+// or return. -DSTRATA_GEMV_PDL_SPLIT=0 builds the GEMVs with STRATA_PDL_ENTER() (the A/B arm).
+#ifndef STRATA_GEMV_PDL_SPLIT
+#define STRATA_GEMV_PDL_SPLIT 1
 #endif
 
 // ---- a system-scope fence: this thread's writes (to pinned host memory too) are visible to the

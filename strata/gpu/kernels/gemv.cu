@@ -149,9 +149,21 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int r = blockIdx.x * (GEMV1_WARPS / wpr) + wid / wpr, ws = wid % wpr;
     const int nsub = cols / 32, spb = Fmt<QT>::QK / 32;
+    const int row_bytes = (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
+    const u8* wr = W + (i64)min(r, rows - 1) * row_bytes;
+#if STRATA_GEMV_PDL_SPLIT
+    // the weights do not depend on the kernel before: ask L2 for this warp's share of the row
+    // (128-byte lines) while that kernel finishes, then wait for it (common.cuh)
+    if (r < rows)
+        for (int off = (ws * STRATA_WARP + lane) * 128; off < row_bytes;
+             off += STRATA_WARP * wpr * 128)
+            STRATA_PREFETCH_L2(wr + off);
+    STRATA_PDL_WAIT();
+#else
+    STRATA_PDL_ENTER();
+#endif
     float acc = 0.0f;
     if (r < rows) {
-        const u8* wr = W + (i64)r * (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
 #pragma unroll 2
         for (int sb = ws * STRATA_WARP + lane; sb < nsub; sb += STRATA_WARP * wpr) {
             int w[8];
@@ -163,6 +175,9 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
             acc += xd[sb >> xd_shift] * dot32<QT>(w, s0, s1, mn, xv);
         }
     }
+#if STRATA_GEMV_PDL_SPLIT
+    STRATA_PDL_TRIGGER();
+#endif
     acc = warp_sum(acc);
     if (wpr > 1) {
         if (lane == 0) part[wid] = acc;
@@ -182,8 +197,10 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
         gemv1w_##name(const u8* W, const i8* xq, const float* xd, int xd_shift,                 \
                       const float* bias, const float* resid, float* out, int rows, int cols,    \
                       int wpr) {                                                                \
-        STRATA_PDL_ENTER();                                                                     \
-        if (FMT_ON(QT)) gemv1_split<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr); \
+        if (FMT_ON(QT))                                                                         \
+            gemv1_split<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr);            \
+        else                                                                                    \
+            STRATA_PDL_ENTER();                                                                 \
     }
 STRATA_QFORMATS(GEMV1W_KERNEL)
 
@@ -270,6 +287,13 @@ __device__ __forceinline__ void gemv1_f(const u8* __restrict__ W, const float* _
     const int lane = tid % STRATA_WARP, wid = tid / STRATA_WARP, nw = nt / STRATA_WARP;
     const u8* wr = W + (i64)r * cols * (QT == QT_F32 ? 4 : 2);
     const int nch = cols / 8;
+#if STRATA_GEMV_PDL_SPLIT
+    for (int off = tid * 128; off < cols * (QT == QT_F32 ? 4 : 2); off += nt * 128)
+        STRATA_PREFETCH_L2(wr + off);  // the row ahead of the wait (gemv1_split)
+    STRATA_PDL_WAIT();
+#else
+    STRATA_PDL_ENTER();
+#endif
     float acc = 0.0f;
     for (int c0 = tid; c0 < nch; c0 += GEMV1F_U * nt) {
         float w[GEMV1F_U][8], xv[GEMV1F_U][8];
@@ -289,6 +313,9 @@ __device__ __forceinline__ void gemv1_f(const u8* __restrict__ W, const float* _
 #pragma unroll
             for (int j = 0; j < 8; ++j) acc += w[u][j] * xv[u][j];
     }
+#if STRATA_GEMV_PDL_SPLIT
+    STRATA_PDL_TRIGGER();
+#endif
     acc = warp_sum(acc);
     if (lane == 0) part[wid] = acc;
     __syncthreads();
@@ -305,7 +332,6 @@ __device__ __forceinline__ void gemv1_f(const u8* __restrict__ W, const float* _
     extern "C" __global__ void __launch_bounds__(GEMV1F_THREADS)                                \
         gemv1f_##name(const u8* W, const float* x, const float* bias, const float* resid,       \
                       float* out, int cols) {                                                   \
-        STRATA_PDL_ENTER();                                                                     \
         gemv1_f<QT>(W, x, bias, resid, out, cols);                                              \
     }
 GEMV1F_KERNEL(f32, QT_F32)

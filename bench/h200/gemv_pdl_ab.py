@@ -1,0 +1,39 @@
+"""The T = 1 GEMVs built two ways, timed in one process, arms interleaved (A B B A): the split
+PDL form (weights asked of L2 before the wait, the next kernel let in after the main loop;
+common.cuh STRATA_GEMV_PDL_SPLIT=1, the default) against wait-and-trigger at entry (=0).
+Prints us and % of the run's copy bandwidth for each (format, shape, timing)."""
+
+import sys
+
+import cupy as cp
+import numpy as np
+
+from strata.bench import gpu_kernels as g
+from strata.gpu.device import primary_device
+from strata.gpu.rawmod import Kernels
+from strata.quant import QT, fmt
+
+quants = sys.argv[1].split(",") if len(sys.argv) > 1 else ["Q8_0", "Q4_K", "Q6_K", "IQ3_XXS"]
+g.GEMV_QUANTS = tuple(QT[q] for q in quants)
+info = primary_device()
+arms = {
+    "split": Kernels(cp, info.warp_size, info.sm_count, arch=info.arch),
+    "entry": Kernels(cp, info.warp_size, info.sm_count, ("-DSTRATA_GEMV_PDL_SPLIT=0",), info.arch),
+}
+t = g._Timer(cp)
+copy = max(g._copy_gbps(cp, t).values())
+print(f"copy {copy:.0f} GB/s", flush=True)
+res: dict = {}
+for name in ("split", "entry", "entry", "split"):
+    for r in g.bench_gemv(cp, arms[name], t, np.random.default_rng(0), copy):
+        key = (r["qtype"], r["shape"], r["variant"], r["timing"])
+        res.setdefault(key, {}).setdefault(name, []).append(r["us"])
+print(f"{'format':8} {'shape':12} {'kernel':7} {'timing':10} {'split us':>9} {'entry us':>9}"
+      f" {'split %':>8} {'entry %':>8}")  # fmt: skip
+for (q, shape, var, how), v in res.items():
+    s, e = min(v["split"]), min(v["entry"])
+
+    rows, cols = g.SHAPES[shape]
+    moved = fmt(QT[q]).row_bytes(cols) * rows + cols + 4 * rows
+    ps, pe = (100 * moved / (u * 1e-6) / 1e9 / copy for u in (s, e))
+    print(f"{q:8} {shape:12} {var:7} {how:10} {s:9.2f} {e:9.2f} {ps:7.1f}% {pe:7.1f}%")
