@@ -11,7 +11,8 @@ import numpy as np
 from strata.bench import gpu_kernels as g
 from strata.gpu.device import primary_device
 from strata.gpu.rawmod import Kernels
-from strata.quant import QT, fmt
+from strata.quant import fmt
+from strata.quant.formats import QT
 
 quants = sys.argv[1].split(",") if len(sys.argv) > 1 else ["Q8_0", "Q4_K", "Q6_K", "IQ3_XXS"]
 g.GEMV_QUANTS = tuple(QT[q] for q in quants)
