@@ -1,6 +1,6 @@
 """The T = 1 GEMVs built two ways, timed in one process, arms interleaved (A B B A): the split
 PDL form (weights asked of L2 before the wait, the next kernel let in after the main loop;
-common.cuh STRATA_GEMV_PDL_SPLIT=1, the default) against wait-and-trigger at entry (=0).
+common.cuh STRATA_GEMV_PDL_SPLIT=1, the default) against wait-and-trigger at entry (=0), and the prefetch with the trigger at entry (=2).
 Prints us and % of the run's copy bandwidth for each (format, shape, timing)."""
 
 import sys
@@ -20,21 +20,22 @@ info = primary_device()
 arms = {
     "split": Kernels(cp, info.warp_size, info.sm_count, arch=info.arch),
     "entry": Kernels(cp, info.warp_size, info.sm_count, ("-DSTRATA_GEMV_PDL_SPLIT=0",), info.arch),
+    "early": Kernels(cp, info.warp_size, info.sm_count, ("-DSTRATA_GEMV_PDL_SPLIT=2",), info.arch),
 }
 t = g._Timer(cp)
 copy = max(g._copy_gbps(cp, t).values())
 print(f"copy {copy:.0f} GB/s", flush=True)
 res: dict = {}
-for name in ("split", "entry", "entry", "split"):
+for name in ("split", "entry", "early", "early", "entry", "split"):
     for r in g.bench_gemv(cp, arms[name], t, np.random.default_rng(0), copy):
         key = (r["qtype"], r["shape"], r["variant"], r["timing"])
         res.setdefault(key, {}).setdefault(name, []).append(r["us"])
-print(f"{'format':8} {'shape':12} {'kernel':7} {'timing':10} {'split us':>9} {'entry us':>9}"
-      f" {'split %':>8} {'entry %':>8}")  # fmt: skip
+print(f"{'format':8} {'shape':12} {'kernel':7} {'timing':10}"
+      + "".join(f" {a + ' us':>9}" for a in arms) + "".join(f" {a + ' %':>8}" for a in arms))
 for (q, shape, var, how), v in res.items():
-    s, e = min(v["split"]), min(v["entry"])
-
     rows, cols = g.SHAPES[shape]
     moved = fmt(QT[q]).row_bytes(cols) * rows + cols + 4 * rows
-    ps, pe = (100 * moved / (u * 1e-6) / 1e9 / copy for u in (s, e))
-    print(f"{q:8} {shape:12} {var:7} {how:10} {s:9.2f} {e:9.2f} {ps:7.1f}% {pe:7.1f}%")
+    us = [min(v[a]) for a in arms]
+    pct = [100 * moved / (u * 1e-6) / 1e9 / copy for u in us]
+    print(f"{q:8} {shape:12} {var:7} {how:10}" + "".join(f" {u:9.2f}" for u in us)
+          + "".join(f" {p:7.1f}%" for p in pct))

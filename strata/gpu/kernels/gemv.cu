@@ -159,6 +159,7 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
              off += STRATA_WARP * wpr * 128)
             STRATA_PREFETCH_L2(wr + off);
     STRATA_PDL_WAIT();
+    if (STRATA_GEMV_PDL_SPLIT == 2) STRATA_PDL_TRIGGER();
 #else
     STRATA_PDL_ENTER();
 #endif
@@ -176,7 +177,7 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
         }
     }
 #if STRATA_GEMV_PDL_SPLIT
-    STRATA_PDL_TRIGGER();
+    if (STRATA_GEMV_PDL_SPLIT == 1) STRATA_PDL_TRIGGER();
 #endif
     acc = warp_sum(acc);
     if (wpr > 1) {
@@ -291,6 +292,7 @@ __device__ __forceinline__ void gemv1_f(const u8* __restrict__ W, const float* _
     for (int off = tid * 128; off < cols * (QT == QT_F32 ? 4 : 2); off += nt * 128)
         STRATA_PREFETCH_L2(wr + off);  // the row ahead of the wait (gemv1_split)
     STRATA_PDL_WAIT();
+    if (STRATA_GEMV_PDL_SPLIT == 2) STRATA_PDL_TRIGGER();
 #else
     STRATA_PDL_ENTER();
 #endif
@@ -314,7 +316,7 @@ __device__ __forceinline__ void gemv1_f(const u8* __restrict__ W, const float* _
             for (int j = 0; j < 8; ++j) acc += w[u][j] * xv[u][j];
     }
 #if STRATA_GEMV_PDL_SPLIT
-    STRATA_PDL_TRIGGER();
+    if (STRATA_GEMV_PDL_SPLIT == 1) STRATA_PDL_TRIGGER();
 #endif
     acc = warp_sum(acc);
     if (lane == 0) part[wid] = acc;
