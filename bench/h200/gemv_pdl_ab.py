@@ -1,7 +1,8 @@
-"""The T = 1 GEMVs built two ways, timed in one process, arms interleaved (A B B A): the split
-PDL form (weights asked of L2 before the wait, the next kernel let in after the main loop;
-common.cuh STRATA_GEMV_PDL_SPLIT=1, the default) against wait-and-trigger at entry (=0), and the prefetch with the trigger at entry (=2).
-Prints us and % of the run's copy bandwidth for each (format, shape, timing)."""
+"""The T = 1 GEMVs built three ways, timed in one process, arms interleaved (A B C C B A):
+common.cuh's STRATA_GEMV_PDL_SPLIT=1 (the default: weights asked of L2 before the PDL wait, the
+next kernel let in after the main loop), =0 (wait and let in at entry), =2 (the prefetch, then
+wait and let in at once). Prints the best us and % of the run's copy for each (format, shape,
+timing)."""
 
 import sys
 
@@ -30,12 +31,18 @@ for name in ("split", "entry", "early", "early", "entry", "split"):
     for r in g.bench_gemv(cp, arms[name], t, np.random.default_rng(0), copy):
         key = (r["qtype"], r["shape"], r["variant"], r["timing"])
         res.setdefault(key, {}).setdefault(name, []).append(r["us"])
-print(f"{'format':8} {'shape':12} {'kernel':7} {'timing':10}"
-      + "".join(f" {a + ' us':>9}" for a in arms) + "".join(f" {a + ' %':>8}" for a in arms))
+print(
+    f"{'format':8} {'shape':12} {'kernel':7} {'timing':10}"
+    + "".join(f" {a + ' us':>9}" for a in arms)
+    + "".join(f" {a + ' %':>8}" for a in arms)
+)
 for (q, shape, var, how), v in res.items():
     rows, cols = g.SHAPES[shape]
     moved = fmt(QT[q]).row_bytes(cols) * rows + cols + 4 * rows
     us = [min(v[a]) for a in arms]
     pct = [100 * moved / (u * 1e-6) / 1e9 / copy for u in us]
-    print(f"{q:8} {shape:12} {var:7} {how:10}" + "".join(f" {u:9.2f}" for u in us)
-          + "".join(f" {p:7.1f}%" for p in pct))
+    print(
+        f"{q:8} {shape:12} {var:7} {how:10}"
+        + "".join(f" {u:9.2f}" for u in us)
+        + "".join(f" {p:7.1f}%" for p in pct)
+    )
