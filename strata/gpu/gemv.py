@@ -41,7 +41,8 @@ F_NAMES = {QT.F32: "f32", QT.F16: "f16", QT.BF16: "bf16"}
 SUPPORTED = tuple(Q_NAMES) + tuple(F_NAMES)
 THREADS = 128
 GEMV1F_THREADS = 128  # gemv.cu's GEMV1F_THREADS: gemv1f_* (T = 1, float weights), a block per row
-GEMV1_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1w_*
+GEMV1_WARPS = 4  # warps per block of gemv1w_* (read from blockDim there; at most 16)
+GEMV1S_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1s_* (compiled in)
 GEMV_NT = 8  # gemv.cu's GEMV_NT: tokens a pass of gemv_* (T > 1)
 MMA_NT, MMA_WARPS = 32, 4  # experts_mma.cu: rows of x a tile, warps (16 weight rows each) a block
 MMA_DENSE_NT = 64  # experts_mma.cu dense_mma: tokens a tile of a prompt's dense GEMM
@@ -124,11 +125,13 @@ def gemv(
     along the tokens of a T > 1 call (default `token_groups`; the same bits for any)."""
     if t == 1 and w.quantized and not legacy:
         wpr = warps_per_row(K, w)
-        rpb = GEMV1_WARPS // wpr
+        variant = variant or GEMV1_VARIANT
+        nw = GEMV1_WARPS if variant == "split" else GEMV1S_WARPS
+        rpb = nw // wpr
         args = (w.buf, act.q, act.d, i32(xd_shift(act.mode)), ptr(w.bias), ptr(resid), out)
-        K.fn("gemv.cu", kernel_name(GEMV1_PREFIX[variant or GEMV1_VARIANT], w.qtype))(
+        K.fn("gemv.cu", kernel_name(GEMV1_PREFIX[variant], w.qtype))(
             (-(-w.rows // rpb),),
-            (GEMV1_WARPS * K.warp,),
+            (nw * K.warp,),
             args + (i32(w.rows), i32(w.cols), i32(wpr)),
         )
         return

@@ -134,6 +134,7 @@ GEMV_F_KERNEL(f16, QT_F16)
 GEMV_F_KERNEL(bf16, QT_BF16)
 
 #define GEMV1_WARPS 4
+#define GEMV1_MAX_WARPS 16  // gemv1w_*: its warps a block come from blockDim
 
 // ---- decode (T = 1), rows split over warps: gemv1w_* ----
 // gemv1_*'s loads and arithmetic, with `wpr` warps of a block sharing a row (sub-blocks dealt
@@ -145,9 +146,10 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
                                             const float* __restrict__ bias,
                                             const float* __restrict__ resid,
                                             float* __restrict__ out, int rows, int cols, int wpr) {
-    __shared__ float part[GEMV1_WARPS];
+    __shared__ float part[GEMV1_MAX_WARPS];
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int r = blockIdx.x * (GEMV1_WARPS / wpr) + wid / wpr, ws = wid % wpr;
+    const int nw = blockDim.x / STRATA_WARP;  // gemv.py GEMV1_WARPS (at most GEMV1_MAX_WARPS)
+    const int r = blockIdx.x * (nw / wpr) + wid / wpr, ws = wid % wpr;
     const int nsub = cols / 32, spb = Fmt<QT>::QK / 32;
     const int row_bytes = (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
     const u8* wr = W + (i64)min(r, rows - 1) * row_bytes;
