@@ -22,9 +22,10 @@ g.SHAPES = {k: v for k, v in g.SHAPES.items() if k != "lm_head"}
 info = primary_device()
 arms = {}  # name: (Kernels, gemv1w warps a block)
 for mode in (1, 0, 2):
+    defs = (f"-DSTRATA_GEMV_PDL_SPLIT={mode}",)
+    K = Kernels(cp, info.warp_size, info.sm_count, defs, info.arch)
     for warps in (4, 16):
-        defs = (f"-DSTRATA_GEMV_PDL_SPLIT={mode}",)
-        arms[f"m{mode}w{warps}"] = (Kernels(cp, info.warp_size, info.sm_count, defs, info.arch), warps)
+        arms[f"m{mode}w{warps}"] = (K, warps)
 t = g._Timer(cp)
 copy = max(g._copy_gbps(cp, t).values())
 print(f"copy {copy:.0f} GB/s", flush=True)
