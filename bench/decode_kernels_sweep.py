@@ -115,7 +115,7 @@ def sweep_gemv(cp, K, timer, rng, copy: float) -> list[dict]:
                     tail = (i32(r), i32(c), i32(1), i32(r))
                 else:
                     grid, block = (-(-r // (GEMV1_WARPS // wpr)),), (GEMV1_WARPS * K.warp,)
-                    tail = (i32(r), i32(c), i32(wpr))
+                    tail = (i32(r), i32(c), i32(wpr), i32(0))  # early = 0: trigger after the loop
                 mid = (act.q, act.d, sh, np.uint64(0), np.uint64(0), out)
                 calls = [lambda w=w, fn=fn, grid=grid, block=block, a=mid + tail: fn(
                     grid, block, (w.buf,) + a) for w in ws]  # fmt: skip

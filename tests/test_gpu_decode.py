@@ -228,3 +228,34 @@ def test_gemv1w_matches_reference_and_gemv1(K, qt):
         assert rel(cp.asnumpy(out), want) < 1e-5, (rows, cols)
         assert rel(cp.asnumpy(out), cp.asnumpy(old)) < 1e-6, (rows, cols)
     assert seen == {1, 2}
+
+
+@pytest.mark.parametrize("qt", [QT.Q8_0, QT.Q4_K, QT.IQ3_XXS], ids=lambda q: q.name)
+def test_gemv1w_warps_and_pdl_trigger_leave_the_bits(K, qt, monkeypatch):
+    """gemv1w_*'s warps a block (blockDim) and its PDL trigger (at once or after the loop)
+    change where its blocks run, never a row's sums: chained launches, PDL where the device has
+    it, each output bit-identical to the default's."""
+    import strata.gpu.gemv as gm
+
+    g = np.random.default_rng()
+    rows, cols = 2 * WARPS_PER_SM * K.sm_count + 7, 1024
+    raw = random_quantized(qt, (rows, cols), g, 1 / np.sqrt(cols))
+    w = DeviceWeight(cp, raw, qt, rows, cols)
+    act = ActBuf(cp, cols, 1, w.vec_dot)
+    norm_quant(K, cp.asarray(g.standard_normal((1, cols)).astype(np.float32)), 1, act=act)
+    resid = cp.asarray(g.standard_normal((1, rows)).astype(np.float32))
+    want = cp.empty((1, rows), np.float32)
+    gemv(K, w, act, want, 1)
+    for warps in (2, 4, 16):
+        for early_warps in (0, 1 << 30):
+            monkeypatch.setattr(gm, "GEMV1_WARPS", warps)
+            monkeypatch.setattr(gm, "PDL_EARLY_WARPS", early_warps)
+            out = cp.full((3, rows), np.nan, np.float32)
+            with K.pdl_scope():  # a chain: the second adds the row the first wrote
+                gemv(K, w, act, out[0], 1)
+                gemv(K, w, act, out[1], 1, resid=out[0:1])
+                gemv(K, w, act, out[2], 1, resid=resid)
+            got, w1 = cp.asnumpy(out), cp.asnumpy(want)[0]
+            np.testing.assert_array_equal(got[0], w1)
+            np.testing.assert_array_equal(got[1], 2 * w1)  # w1 + w1: exact
+            np.testing.assert_array_equal(got[2], cp.asnumpy(want + resid)[0])

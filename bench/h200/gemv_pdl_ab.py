@@ -1,8 +1,9 @@
-"""The T = 1 GEMVs built three ways and launched with 4 or 16 warps a block, timed in one
-process, arms interleaved (forward, then backward): common.cuh's STRATA_GEMV_PDL_SPLIT=1 (the
-default: weights asked of L2 before the PDL wait, the next kernel let in after the main loop),
-=0 (wait and let in at entry), =2 (the prefetch, then wait and let in at once). Prints the best
-us and % of the run's copy for each (format, shape, timing); lm_head left out."""
+"""The T = 1 GEMVs as the engine launches them ("now": the split PDL form of common.cuh, the
+trigger placed by gemv.py pdl_early, GEMV1_WARPS a block) against session 15's (wait and
+trigger at entry, -DSTRATA_GEMV_PDL_SPLIT=0, 4 warps) and the split form with the trigger
+always early or always late (16 warps); one process, arms interleaved (forward, then backward).
+Prints the best us and % of the run's copy for each (format, shape, timing); lm_head left
+out. Session 16's first calls swept the forms x 4/16 warps (bench/results/session16-*.md)."""
 
 import sys
 
@@ -20,18 +21,21 @@ quants = sys.argv[1].split(",") if len(sys.argv) > 1 else ["Q8_0", "Q4_K", "Q6_K
 g.GEMV_QUANTS = tuple(QT[q] for q in quants)
 g.SHAPES = {k: v for k, v in g.SHAPES.items() if k != "lm_head"}
 info = primary_device()
-arms = {}  # name: (Kernels, gemv1w warps a block)
-for mode in (1, 0, 2):
-    defs = (f"-DSTRATA_GEMV_PDL_SPLIT={mode}",)
-    K = Kernels(cp, info.warp_size, info.sm_count, defs, info.arch)
-    for warps in (4, 16):
-        arms[f"m{mode}w{warps}"] = (K, warps)
+split = Kernels(cp, info.warp_size, info.sm_count, (), info.arch)
+entry = Kernels(cp, info.warp_size, info.sm_count, ("-DSTRATA_GEMV_PDL_SPLIT=0",), info.arch)
+rule = gemv_mod.pdl_early
+arms = {  # name: (Kernels, gemv1w warps a block, pdl_early)
+    "now": (split, gemv_mod.GEMV1_WARPS, rule),
+    "entry4": (entry, 4, rule),  # session 15's: wait and trigger at entry, 4 warps
+    "early16": (split, 16, lambda w, wpr: True),
+    "late16": (split, 16, lambda w, wpr: False),
+}
 t = g._Timer(cp)
 copy = max(g._copy_gbps(cp, t).values())
 print(f"copy {copy:.0f} GB/s", flush=True)
 res: dict = {}
 for name in list(arms) + list(arms)[::-1]:
-    K, gemv_mod.GEMV1_WARPS = arms[name]
+    K, gemv_mod.GEMV1_WARPS, gemv_mod.pdl_early = arms[name]
     for r in g.bench_gemv(cp, K, t, np.random.default_rng(0), copy):
         key = (r["qtype"], r["shape"], r["variant"], r["timing"])
         res.setdefault(key, {}).setdefault(name, []).append(r["us"])

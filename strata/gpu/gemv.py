@@ -41,7 +41,14 @@ F_NAMES = {QT.F32: "f32", QT.F16: "f16", QT.BF16: "bf16"}
 SUPPORTED = tuple(Q_NAMES) + tuple(F_NAMES)
 THREADS = 128
 GEMV1F_THREADS = 128  # gemv.cu's GEMV1F_THREADS: gemv1f_* (T = 1, float weights), a block per row
-GEMV1_WARPS = 4  # warps per block of gemv1w_* (read from blockDim there; at most 16)
+# warps per block of gemv1w_* (read from blockDim there; 2..16, even): 16 measured best at the
+# attention shapes on the H200 (bench/results/session16-h200-20261201.md)
+GEMV1_WARPS = int(os.environ.get("STRATA_GPU_GEMV1_WARPS", "16"))
+if GEMV1_WARPS not in (2, 4, 8, 16):
+    raise ValueError(f"STRATA_GPU_GEMV1_WARPS={GEMV1_WARPS}: one of 2, 4, 8, 16")
+# gemv1w_*'s PDL trigger (common.cuh's split form): at once for Q8_0 (a cheap decode) and for
+# grids of at most this many warps; after the main loop for the rest (measured, session 16)
+PDL_EARLY_WARPS = 2048
 GEMV1S_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1s_* (compiled in)
 GEMV_NT = 8  # gemv.cu's GEMV_NT: tokens a pass of gemv_* (T > 1)
 MMA_NT, MMA_WARPS = 32, 4  # experts_mma.cu: rows of x a tile, warps (16 weight rows each) a block
@@ -96,6 +103,14 @@ def warps_per_row(K: Kernels, w: DeviceWeight) -> int:
     return wpr
 
 
+def pdl_early(w: DeviceWeight, wpr: int) -> bool:
+    """gemv1w_*'s `early`: let the next kernel in right after the PDL wait (else after the main
+    loop). A large grid of a costly decode lost 10-25% when its successor's blocks squatted on
+    the SMs while its own still read (Q4_K/Q6_K/IQ3_XXS at 4096 rows); Q8_0 and small grids
+    gained from the early start."""
+    return w.qtype == QT.Q8_0 or w.rows * wpr <= PDL_EARLY_WARPS
+
+
 def token_groups(K: Kernels, rows: int, t: int) -> int:
     """Blocks along the tokens (grid y) of a T > 1 GEMV, each taking passes of GEMV_NT tokens:
     with a warp a row, few rows leave most SMs idle (the router's 128 rows ran on 32 blocks:
@@ -132,7 +147,9 @@ def gemv(
         K.fn("gemv.cu", kernel_name(GEMV1_PREFIX[variant], w.qtype))(
             (-(-w.rows // rpb),),
             (nw * K.warp,),
-            args + (i32(w.rows), i32(w.cols), i32(wpr)),
+            args
+            + (i32(w.rows), i32(w.cols), i32(wpr))
+            + ((i32(pdl_early(w, wpr)),) if variant == "split" else ()),
         )
         return
     if t == 1 and not w.quantized and w.cols % 8 == 0 and not legacy:

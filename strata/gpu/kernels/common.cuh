@@ -40,11 +40,12 @@ struct alignas(16) f32x4 {
 #define STRATA_PDL_TRIGGER() ((void)0)
 #define STRATA_PREFETCH_L2(p) ((void)(p))
 #endif
-// The split form, for a kernel whose weights do not depend on its predecessor (the GEMVs): it
-// asks L2 for its weight rows (STRATA_PREFETCH_L2), then STRATA_PDL_WAIT()s, and lets the next
-// kernel in only after its main loop (STRATA_PDL_TRIGGER()), so the next one's blocks do not
-// squat on the SMs while its own are still reading. Every thread still waits before any store
-// or return. -DSTRATA_GEMV_PDL_SPLIT=0 builds the GEMVs with STRATA_PDL_ENTER() (the A/B arm).
+// The split form, for a kernel whose weights do not depend on its predecessor (the T = 1 GEMVs,
+// gemv.cu): it asks L2 for its weight rows (STRATA_PREFETCH_L2), STRATA_PDL_WAIT()s, and lets the
+// next kernel in (STRATA_PDL_TRIGGER()) either at once or only after its main loop, so that a
+// large grid's successor does not squat on the SMs while its own blocks are still reading (which
+// the launcher picks: gemv.py pdl_early). Every thread still waits before any store or return.
+// -DSTRATA_GEMV_PDL_SPLIT=0 builds the GEMVs with STRATA_PDL_ENTER() (the A/B arm).
 #ifndef STRATA_GEMV_PDL_SPLIT
 #define STRATA_GEMV_PDL_SPLIT 1
 #endif

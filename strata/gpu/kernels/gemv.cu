@@ -139,13 +139,16 @@ GEMV_F_KERNEL(bf16, QT_BF16)
 // ---- decode (T = 1), rows split over warps: gemv1w_* ----
 // gemv1_*'s loads and arithmetic, with `wpr` warps of a block sharing a row (sub-blocks dealt
 // round-robin across the row's warps, so neighbouring warps read neighbouring bytes); wpr = 1
-// is gemv1_* itself. The row's warp sums are added in a fixed order.
+// is gemv1_* itself. The row's warp sums are added in a fixed order. Warps a block: blockDim
+// (gemv.py GEMV1_WARPS). PDL in the split form (common.cuh): the row asked of L2 before the
+// wait, the next kernel let in at once (`early`) or after the main loop.
 template <int QT>
 __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* __restrict__ xq,
                                             const float* __restrict__ xd, int xd_shift,
                                             const float* __restrict__ bias,
                                             const float* __restrict__ resid,
-                                            float* __restrict__ out, int rows, int cols, int wpr) {
+                                            float* __restrict__ out, int rows, int cols, int wpr,
+                                            int early) {
     __shared__ float part[GEMV1_MAX_WARPS];
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int nw = blockDim.x / STRATA_WARP;  // gemv.py GEMV1_WARPS (at most GEMV1_MAX_WARPS)
@@ -161,7 +164,7 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
              off += STRATA_WARP * wpr * 128)
             STRATA_PREFETCH_L2(wr + off);
     STRATA_PDL_WAIT();
-    if (STRATA_GEMV_PDL_SPLIT == 2) STRATA_PDL_TRIGGER();
+    if (early) STRATA_PDL_TRIGGER();
 #else
     STRATA_PDL_ENTER();
 #endif
@@ -179,7 +182,7 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
         }
     }
 #if STRATA_GEMV_PDL_SPLIT
-    if (STRATA_GEMV_PDL_SPLIT == 1) STRATA_PDL_TRIGGER();
+    if (!early) STRATA_PDL_TRIGGER();
 #endif
     acc = warp_sum(acc);
     if (wpr > 1) {
@@ -199,9 +202,9 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
     extern "C" __global__ void                                                                  \
         gemv1w_##name(const u8* W, const i8* xq, const float* xd, int xd_shift,                 \
                       const float* bias, const float* resid, float* out, int rows, int cols,    \
-                      int wpr) {                                                                \
+                      int wpr, int early) {                                                     \
         if (FMT_ON(QT))                                                                         \
-            gemv1_split<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr);            \
+            gemv1_split<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr, early);     \
         else                                                                                    \
             STRATA_PDL_ENTER();                                                                 \
     }
@@ -294,7 +297,7 @@ __device__ __forceinline__ void gemv1_f(const u8* __restrict__ W, const float* _
     for (int off = tid * 128; off < cols * (QT == QT_F32 ? 4 : 2); off += nt * 128)
         STRATA_PREFETCH_L2(wr + off);  // the row ahead of the wait (gemv1_split)
     STRATA_PDL_WAIT();
-    if (STRATA_GEMV_PDL_SPLIT == 2) STRATA_PDL_TRIGGER();
+    STRATA_PDL_TRIGGER();  // few blocks (the router's 128): the next kernel's fit beside them
 #else
     STRATA_PDL_ENTER();
 #endif
@@ -317,9 +320,6 @@ __device__ __forceinline__ void gemv1_f(const u8* __restrict__ W, const float* _
 #pragma unroll
             for (int j = 0; j < 8; ++j) acc += w[u][j] * xv[u][j];
     }
-#if STRATA_GEMV_PDL_SPLIT
-    if (STRATA_GEMV_PDL_SPLIT == 1) STRATA_PDL_TRIGGER();
-#endif
     acc = warp_sum(acc);
     if (lane == 0) part[wid] = acc;
     __syncthreads();
