@@ -28,9 +28,18 @@ struct alignas(16) f32x4 {
 // Wait for the kernel before this one in the stream (a no-op when launched without PDL), then let
 // the next one's blocks in. Nothing may run before the wait: a kernel that returned before it
 // could complete ahead of its predecessor and break the chain's order.
+// -DSTRATA_PDL_ENTRY_TRIGGER=0 (an A/B arm) leaves the trigger out: the next kernel's blocks come
+// in as this one's exit.
+#ifndef STRATA_PDL_ENTRY_TRIGGER
+#define STRATA_PDL_ENTRY_TRIGGER 1
+#endif
 #if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if STRATA_PDL_ENTRY_TRIGGER
 #define STRATA_PDL_ENTER() \
     asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define STRATA_PDL_ENTER() asm volatile("griddepcontrol.wait;" ::: "memory")
+#endif
 #define STRATA_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
 #define STRATA_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #define STRATA_PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p))
