@@ -41,9 +41,10 @@ F_NAMES = {QT.F32: "f32", QT.F16: "f16", QT.BF16: "bf16"}
 SUPPORTED = tuple(Q_NAMES) + tuple(F_NAMES)
 THREADS = 128
 GEMV1F_THREADS = 128  # gemv.cu's GEMV1F_THREADS: gemv1f_* (T = 1, float weights), a block per row
-# warps per block of gemv1w_* (read from blockDim there; 2..16, even): 16 measured best at the
-# attention shapes on the H200 (bench/results/session16-h200-20261201.md)
-GEMV1_WARPS = int(os.environ.get("STRATA_GPU_GEMV1_WARPS", "16"))
+# warps per block of gemv1w_* (read from blockDim there; 2, 4, 8 or 16): 4 decodes fastest in
+# the engine on the H200 (16: -3% all resident, though a lone K-quant GEMV at attention shapes
+# gains; bench/results/session16-h200-20261201.md)
+GEMV1_WARPS = int(os.environ.get("STRATA_GPU_GEMV1_WARPS", "4"))
 if GEMV1_WARPS not in (2, 4, 8, 16):
     raise ValueError(f"STRATA_GPU_GEMV1_WARPS={GEMV1_WARPS}: one of 2, 4, 8, 16")
 # gemv1w_*'s PDL trigger (common.cuh's split form): at once for Q8_0 (a cheap decode) and for
