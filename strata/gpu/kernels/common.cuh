@@ -43,13 +43,11 @@ struct alignas(16) f32x4 {
 #define STRATA_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
 #define STRATA_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #define STRATA_PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p))
-#define STRATA_LDCG(p) __ldcg(p)
 #else
 #define STRATA_PDL_ENTER() ((void)0)
 #define STRATA_PDL_WAIT() ((void)0)
 #define STRATA_PDL_TRIGGER() ((void)0)
 #define STRATA_PREFETCH_L2(p) ((void)(p))
-#define STRATA_LDCG(p) (*(p))
 #endif
 // The split form, for a kernel whose weights do not depend on its predecessor (the T = 1 GEMVs,
 // gemv.cu): it asks L2 for its weight rows (STRATA_PREFETCH_L2), STRATA_PDL_WAIT()s, and lets the
@@ -57,7 +55,6 @@ struct alignas(16) f32x4 {
 // large grid's successor does not squat on the SMs while its own blocks are still reading (which
 // the launcher picks: gemv.py pdl_early). Every thread still waits before any store or return.
 // -DSTRATA_GEMV_PDL_SPLIT=0 builds the GEMVs with STRATA_PDL_ENTER() (the A/B arm).
-// STRATA_LDCG: a load past L1 (a value another kernel wrote, read before this one's wait).
 #ifndef STRATA_GEMV_PDL_SPLIT
 #define STRATA_GEMV_PDL_SPLIT 1
 #endif

@@ -26,11 +26,6 @@
 //                next launch or a graph replay). Skipped pairs touch neither act nor aq / cnt.
 // Per (pair, row) the float operations and their order are those of moe_gate_up / moe_down.
 #include "quant_blocks.cuh"
-
-// moe_down asks L2 for its rows before its PDL wait (=0: the A/B arm, wait at entry)
-#ifndef STRATA_MOE_DOWN_PREFETCH
-#define STRATA_MOE_DOWN_PREFETCH 1
-#endif
 #include "q8_quant.cuh"
 
 #define MOE_ST_WARPS 4  // experts.py's ST_WARPS
@@ -137,34 +132,13 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
                                          float* __restrict__ out, int D, int F,
                                          const float* __restrict__ resid) {
     __shared__ typename Fmt<QT>::tab_t smt[Stage<QT>::SM_TAB];
+    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);  // every thread, before any return
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int d = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
     const i64 t = blockIdx.y;
-    const i64 row_bytes = (i64)(F / Fmt<QT>::QK) * Fmt<QT>::BB;
-#if STRATA_MOE_DOWN_PREFETCH
-    // Before the PDL wait: this warp's row d of each pair's down matrix asked of L2. pair_slot is
-    // written two or more launches back (the router's top-k or CAR, then the gate/up kernel and,
-    // unfused, the intermediate's quantization); every kernel lets the next in only after its own
-    // wait (common.cuh), so that write is complete before this kernel can start. Read past L1.
-    if (d < D) {
-        const int nl = (int)(row_bytes / 128) + 2;  // the lines a row can touch, any alignment
-        for (int j = lane; j < K * nl; j += STRATA_WARP) {
-            const int k = j / nl, c = j - k * nl;
-            const int slot = STRATA_LDCG(pair_slot + t * K + k);
-            if (slot >= 0)
-                STRATA_PREFETCH_L2(down + slot * slot_stride + d * row_bytes +
-                                   min((i64)c * 128, row_bytes - 1));
-        }
-    }
-    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);  // every thread, before any return
-    STRATA_PDL_WAIT();
-    STRATA_PDL_TRIGGER();
-#else
-    STRATA_PDL_ENTER();
-    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);  // every thread, before any return
-#endif
     if (d >= D) return;
     const int nsub = F / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
+    const i64 row_bytes = (i64)(F / Fmt<QT>::QK) * Fmt<QT>::BB;
     // the lanes share out the (pair, sub-block) items of all K pairs: every pair's weights are
     // in flight at once (F = 768 is only 24 sub-blocks: one pair alone would idle the warp)
     float acc = 0.0f;
@@ -326,11 +300,10 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
                                                const i32* pair_slot, const float* pair_w,      \
                                                int K, float* out, int D, int F,                \
                                                const float* resid) {                           \
+        STRATA_PDL_ENTER();                                                                    \
         if (FMT_ON(QT))                                                                        \
             moe_down<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F, \
                          resid);                                                               \
-        else                                                                                   \
-            STRATA_PDL_ENTER();                                                                \
     }
 STRATA_QFORMATS(MOE_KERNELS)
 
