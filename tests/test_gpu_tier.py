@@ -238,6 +238,36 @@ def test_staged_experts_equal_the_cached_ones_and_leave_the_cache_alone(synth_mo
     assert few.stage_uploads == a.n_layer * np.unique(ids[ids >= 0]).size
 
 
+def test_a_prompt_with_staged_misses_gives_the_same_bits_in_either_order(
+    synth_model, device, monkeypatch
+):
+    """A prompt whose misses run from the staging slots: its resident experts launched first
+    (the default: the card computes them while the host gathers the misses' bytes) or last
+    (STRATA_PREFILL_RESIDENT_FIRST=0), on one stream, with workspaces shared: the same logits,
+    bit for bit, and near an all-resident tier's."""
+    model = load_model(synth_model("tiny", "IQ3_XXS", seed=13))
+    a = model.args
+    rng = np.random.default_rng()
+    prompt = rng.integers(0, a.n_vocab, 40).tolist()
+    mask = rng.random((a.n_layer, a.n_expert)) < 0.5  # [L, E]: the resident half
+    full = Engine(model, tier=CupyTier(model, n_ctx=64, budget=small_budget(), device=device))
+    want = full.forward(prompt, all_logits=True)
+    got = {}
+    for first in ("1", "0"):
+        monkeypatch.setenv("STRATA_PREFILL_RESIDENT_FIRST", first)
+        tier = CupyTier(
+            model, n_ctx=64, budget=small_budget(), expert_slots=int(mask.sum()), device=device,
+            prefill_stage=3,
+        )  # fmt: skip
+        resident = tier.load_resident(mask)
+        np.testing.assert_array_equal(resident, mask)
+        eng = Engine(model, tier=tier, resident=resident, graphs=False)
+        got[first] = eng.forward(prompt, all_logits=True)
+        assert 0 < eng.stats.offloaded < eng.stats.hits + eng.stats.misses
+    np.testing.assert_array_equal(got["1"], got["0"])
+    assert position_errors(got["1"], want).max() <= FLIP_BOUND
+
+
 def test_router_of_a_long_prompt_reads_back_once(synth_model, device, monkeypatch):
     """A prompt longer than the tier's chunk: the router's chunks queue into one device array,
     read back once (no wait for the card between chunks), with the logits and h of one chunk."""

@@ -135,6 +135,8 @@ class Engine:
         # the swaps uploaded between steps (STRATA_ADAPT_ROUTED=0: the host-routed hybrid step,
         # which observes layer by layer, the A/B arm)
         self.adapt_after_step = env_switch("STRATA_ADAPT_ROUTED") and hasattr(tier, "settled_slots")
+        # a prompt's resident experts launched before its staged misses (see _moe)
+        self.resident_first = env_switch("STRATA_PREFILL_RESIDENT_FIRST")
         self._swaps: list[tuple[int, int]] = []  # the adaptive cache's swaps of this layer
         self._server = None  # (graph decoder, its StepServer or None): see _step_server
         self._layer_rows = np.arange(a.n_layer)[:, None]  # [L, 1]
@@ -199,11 +201,16 @@ class Engine:
             return y
         if not decode and h.shape[0] >= PREFILL_OFFLOAD_MIN_T and getattr(tier, "stage_n", 0):
             # a prompt: the misses run on the tier from its staging slots (uploading an
-            # expert's bytes once beats the pool's compute-bound pass over many tokens)
+            # expert's bytes once beats the pool's compute-bound pass over many tokens). The
+            # resident picks are launched first, so that the card computes them while the host
+            # gathers the missed experts' bytes into pinned memory (STRATA_PREFILL_RESIDENT_FIRST
+            # =0: the staged ones first, the A/B arm); the sum is staged + resident either way
+            res = np.where(hit, ids, -1)
+            yd = tier.experts(i, h, res, weights) if n_hit and self.resident_first else None
             y = tier.experts_staged(i, h, np.where(hit, -1, ids), weights)
             self.stats.offloaded += hit.size - n_hit
             if n_hit:
-                y = y + tier.experts(i, h, np.where(hit, ids, -1), weights)
+                y = y + (yd if yd is not None else tier.experts(i, h, res, weights))
             self._prefetch(i)
             return y
         # misses: x rows go host-ward once (before the resident launches, which a GPU tier then
