@@ -9,7 +9,8 @@ place (a view into the mmap) unless a repacked layout makes the SIMD kernel chea
     IQ2_XXS -> LUT4 (2.03x the bytes)
     IQ1_M   -> T2   (2-bit ternary codes, 1.36x the bytes; iq1_t2.py, and on AVX-512 VBMI + VNNI
                hosts iq1_t2_avx512.py unless STRATA_CPU_T2_AVX512=0: `avx512_repack_on`)
-    Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, IQ2_S -> AVX2 kernels on the GGUF bytes
+    Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, IQ2_S -> AVX2 kernels on the GGUF bytes (IQ2_S: on hosts
+               with AVX-512 VBMI + VNNI the iq2s_avx512.py kernel instead, `gguf_kernel`)
     IQ3_XXS -> PM instead of LUT4 on hosts with AVX-512 VBMI + VNNI (position-major, 1.04x the
                bytes; iq3_pm.py; `AVX512_REPACK_LAYOUT`); either by name: "IQ3_XXS=lut4", "pm"
     F16, BF16, F32 -> portable @njit kernels only (not yet SIMD)

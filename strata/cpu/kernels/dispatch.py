@@ -21,6 +21,7 @@ from strata.cpu.kernels.iq1_t2 import dot_t2_avx2, dot_t2_portable
 from strata.cpu.kernels.iq1_t2_avx512 import dot_t2_avx512
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
 from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2
+from strata.cpu.kernels.iq2s_avx512 import dot_iq2_s_avx512
 from strata.cpu.kernels.iq3 import dot_iq3_s, dot_iq3_xxs
 from strata.cpu.kernels.iq3_pm import dot_pm_avx512, dot_pm_portable
 from strata.cpu.kernels.iq3_vbmi import dot_iq3_xxs_vbmi
@@ -64,10 +65,10 @@ SIMD_GGUF = {  # AVX2 kernels on the GGUF bytes
     QT.IQ2_XXS: K_IQ2_XXS_GATHER,
     QT.IQ1_M: K_IQ1_M_GATHER,
 }
-# AVX-512 VBMI + VNNI on the GGUF bytes (iq3_vbmi.py, iq1_avx512.py): replace SIMD_GGUF's kernel
-# where the host has the features (`simd.avx512_enabled`)
-K_IQ3_XXS_VBMI, K_IQ1_M_AVX512 = 39, 40
-AVX512_GGUF = {QT.IQ3_XXS: K_IQ3_XXS_VBMI, QT.IQ1_M: K_IQ1_M_AVX512}
+# AVX-512 VBMI + VNNI on the GGUF bytes (iq3_vbmi.py, iq1_avx512.py, iq2s_avx512.py): replace
+# SIMD_GGUF's kernel where the host has the features (`simd.avx512_enabled`)
+K_IQ3_XXS_VBMI, K_IQ1_M_AVX512, K_IQ2_S_AVX512 = 39, 40, 45
+AVX512_GGUF = {QT.IQ3_XXS: K_IQ3_XXS_VBMI, QT.IQ1_M: K_IQ1_M_AVX512, QT.IQ2_S: K_IQ2_S_AVX512}
 # the same hosts, on a repacked layout (iq1_t2_avx512.py): replace layout.REPACKS' kernel
 K_IQ1_M_T2_AVX512 = 41
 # IQ3_XXS repacked position-major (iq3_pm.py): portable, AVX-512 VBMI + VNNI (42 was an A/B arm)
@@ -127,6 +128,7 @@ KERNELS = {
     K_IQ1_M_T2_AVX512: dot_t2_avx512,
     K_IQ3_XXS_PM: dot_pm_portable,
     K_IQ3_XXS_PM_AVX512: dot_pm_avx512,
+    K_IQ2_S_AVX512: dot_iq2_s_avx512,
 }
 
 
