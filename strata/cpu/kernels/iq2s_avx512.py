@@ -59,6 +59,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
+from strata.cpu.kernels.iq1_avx512 import _fence, _gather, _i8, _multishift, _pmaddwd, _shuffle2
 from strata.cpu.kernels.iq2 import S_BB
 from strata.cpu.kernels.simd import HAS_AVX512_VBMI, I8, I16, I32, I64, Emit, const_table
 from strata.cpu.kernels.tables import IQ2S_GRID
@@ -68,7 +69,6 @@ V64I8 = ir.VectorType(I8, 64)
 V32I16 = ir.VectorType(I16, 32)
 V16I32 = ir.VectorType(I32, 16)
 V8I64 = ir.VectorType(I64, 8)
-V16I1 = ir.VectorType(ir.IntType(1), 16)
 V64I1 = ir.VectorType(ir.IntType(1), 64)
 
 # ---------------------------------------------------------------- constant tables
@@ -141,28 +141,8 @@ SC_CTRL = np.array(
 )
 
 
-def _i8(values):
-    """uint8 values as the signed ints an IR i8 constant takes."""
-    return [int(v) - 256 if v > 127 else int(v) for v in np.asarray(values).ravel()]
-
-
-# ---------------------------------------------------------------- IR pieces
-
-
-def _shuffle2(e: Emit, a, b, lanes):
-    return e.b.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, len(lanes)), list(lanes)))
-
-
-def _multishift(e: Emit, ctrl, data):
-    """vpmultishiftqb: byte i = the 8 bits of data's qword i // 8 from bit ctrl[i] (rotating)."""
-    return e._call("llvm.x86.avx512.pmultishift.qb.512", V64I8, [e.const(V64I8, _i8(ctrl)), data])
-
-
-def _gather(e: Emit, table, idx):
-    """vpgatherdd: the 16 dwords table[idx]."""
-    ones = ir.Constant(V16I1, [1] * 16)
-    args = [e.splat(V16I32, 0), table, idx, ones, ir.Constant(I32, 4)]
-    return e._call("llvm.x86.avx512.mask.gather.dpi.512", V16I32, args)
+# ---------------------------------------------------------------- IR pieces (the rest shared with
+# iq1_avx512.py)
 
 
 def _pshufb(e: Emit, table, idx):
@@ -174,16 +154,6 @@ def _maddubs(e: Emit, u8, s8):
     return e._call("llvm.x86.avx512.pmaddubs.w.512", V32I16, [u8, s8])
 
 
-def _pmaddwd(e: Emit, a, b):
-    return e._call("llvm.x86.avx512.pmaddw.d.512", V16I32, [a, b])
-
-
-def _fence(e: Emit, p):
-    """An empty asm that may write memory at p: loads after it are not taken from vectors
-    loaded before (LLVM would otherwise pull the sign qwords out of the index vector)."""
-    e.b.asm(ir.FunctionType(ir.VoidType(), [p.type]), "", "r,~{memory}", [p], True)
-
-
 def block_sum(e: Emit, pw, px):
     """The int32 block sum from i8* pw (the 82 block bytes) and px (its 256 int8 x quants)."""
     b = e.b
@@ -191,7 +161,7 @@ def block_sum(e: Emit, pw, px):
     p = _shuffle2(e, lo, hi, [int(i) for i in PSEL])
     grid = const_table(e, "strata_iq2s_grid_nib_u32", I32, [int(v) for v in GRID_NIB])
     mag = e.const(V64I8, _i8(MAG))
-    _fence(e, pw)
+    _fence(e, pw)  # else LLVM pulls the sign qwords out of the index vector
     sq = b.bitcast(e.bcast(e.load(pw, I64, 74), V8I64), V64I8)  # the scale bytes, every qword
     zero = e.splat(V64I8, 0)
     acc = e.splat(V16I32, 0)
