@@ -595,8 +595,9 @@ def test_moe_experts_match_reference(K, qts, variant):
 # ---- decode variants: staged kernels and the compile-time decode knobs, bit for bit ----
 @pytest.fixture(scope="module")
 def K_plain(K):
-    """The original decode build (both knobs off; the default build has both on)."""
-    return Kernels(cp, K.warp, K.sm_count, ("-DSTRATA_FAST_DECODE=0", "-DSTRATA_SMEM_GRID=0"))
+    """The original decode build (every decode knob off; the default build has them on)."""
+    knobs = ("FAST_DECODE", "SMEM_GRID", "REG_DECODE", "GEMV1_SMEM_GRID")
+    return Kernels(cp, K.warp, K.sm_count, tuple(f"-DSTRATA_{k}=0" for k in knobs))
 
 
 @pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)

@@ -135,6 +135,12 @@ GEMV_F_KERNEL(bf16, QT_BF16)
 
 #define GEMV1_WARPS 4
 #define GEMV1_MAX_WARPS 16  // gemv1w_*: its warps a block come from blockDim
+// gemv1w_* copies a small lookup grid (Stage<QT>::USE_SM_TAB: IQ3_XXS, IQ3_S, IQ2_XXS) into
+// shared memory before its PDL wait (the grid does not depend on the kernel before), so the
+// decode's scattered lookups hit banks rather than L1 lines; 0: it reads the global grid
+#ifndef STRATA_GEMV1_SMEM_GRID
+#define STRATA_GEMV1_SMEM_GRID 1
+#endif
 
 // ---- decode (T = 1), rows split over warps: gemv1w_* ----
 // gemv1_*'s loads and arithmetic, with `wpr` warps of a block sharing a row (sub-blocks dealt
@@ -156,6 +162,12 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
     const int nsub = cols / 32, spb = Fmt<QT>::QK / 32;
     const int row_bytes = (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
     const u8* wr = W + (i64)min(r, rows - 1) * row_bytes;
+#if STRATA_GEMV1_SMEM_GRID
+    __shared__ typename Fmt<QT>::tab_t smt[Stage<QT>::SM_TAB];
+    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);  // every thread, before any return
+#else
+    const typename Fmt<QT>::tab_t* tab = Fmt<QT>::gtab();
+#endif
 #if STRATA_GEMV_PDL_SPLIT
     // the weights do not depend on the kernel before: ask L2 for this warp's share of the row
     // (128-byte lines) while that kernel finishes, then wait for it (common.cuh)
@@ -174,7 +186,7 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
         for (int sb = ws * STRATA_WARP + lane; sb < nsub; sb += STRATA_WARP * wpr) {
             int w[8];
             float s0, s1, mn;
-            Fmt<QT>::decode(wr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, w, s0, s1, mn);
+            Fmt<QT>::decode(wr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, w, s0, s1, mn, tab);
             const i32x4* xp = (const i32x4*)(xq + (i64)sb * 32);
             const i32x4 a = xp[0], b = xp[1];
             const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};

@@ -48,6 +48,42 @@ __device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
 #ifndef STRATA_SMEM_GRID
 #define STRATA_SMEM_GRID 1
 #endif
+//   STRATA_REG_DECODE  1: IQ4_XS's 16 values looked up from four registers by byte permutes
+//                      (lut16_bytes) instead of 32 byte loads from its table, and IQ1_M's
+//                      8 * grid +- 1 formed four bytes at a time (SWAR) from one word of the
+//                      grid, its quants and high bits read as one word each; 0: the byte loops.
+#ifndef STRATA_REG_DECODE
+#define STRATA_REG_DECODE 1
+#endif
+
+// byte k of the result = byte (s >> 4k) & 7 of the pair (lo = bytes 0-3, hi = bytes 4-7);
+// every selector nibble here is below 8 (PTX prmt's default mode reads bit 3 as "replicate
+// the sign", so callers mask it off)
+__device__ __forceinline__ u32 perm_bytes(u32 lo, u32 hi, u32 s) {
+#if defined(STRATA_EMU) || (!defined(__CUDA_ARCH__) && !defined(__HIP__))
+    const u64 v = ((u64)hi << 32) | lo;
+    u32 r = 0;
+    for (int k = 0; k < 4; ++k) r |= (u32)((v >> (8 * ((s >> (4 * k)) & 7u))) & 0xFFu) << (8 * k);
+    return r;
+#else
+    return __byte_perm(lo, hi, s);
+#endif
+}
+
+// four entries of a 16-byte table held in four words (t0: bytes 0-3 .. t3: bytes 12-15),
+// looked up by the four indices in the bytes of v (each 0..15): two permutes (the halves of the
+// table) and a bytewise select by each index's bit 3
+__device__ __forceinline__ u32 lut16_bytes(u32 v, u32 t0, u32 t1, u32 t2, u32 t3) {
+    const u32 s = v | (v >> 4);  // nibbles: byte 0 = v0 | v1 << 4, byte 2 = v2 | v3 << 4
+    const u32 sel = ((s & 0xFFu) | ((s >> 8) & 0xFF00u)) & 0x7777u;
+    const u32 m = ((v >> 3) & 0x01010101u) * 0xFFu;  // bytes whose index is 8..15
+    return (perm_bytes(t0, t1, sel) & ~m) | (perm_bytes(t2, t3, sel) & m);
+}
+
+// bytewise a + b (mod 256 in each byte: no carry crosses a byte)
+__device__ __forceinline__ u32 add_bytes(u32 a, u32 b) {
+    return ((a & 0x7F7F7F7Fu) + (b & 0x7F7F7F7Fu)) ^ ((a ^ b) & 0x80808080u);
+}
 
 // ksigns_iq2xs[i & 127]: the 7 sign bits and an 8th making the count of set bits even
 __device__ __forceinline__ u32 iq_signs(u32 i) {
@@ -238,10 +274,16 @@ struct Fmt<QT_Q6_K> {
 template <>
 struct Fmt<QT_IQ4_XS> {
     enum { QK = 256, BB = 136, HAS_MIN = 0 };
+#if STRATA_REG_DECODE
+    FMT_NO_TAB  // the table is four immediates (iq_tables.cuh's KVALUES_IQ4NL_W*)
+    static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
+                                                  float& s1, float& mn) {
+#else
     FMT_TAB(i8, 16, kvalues_iq4nl)
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn,
                                                   const tab_t* __restrict__ grid) {
+#endif
         const u8* qs = b + 8 + 16 * j;
         u32 hd[2], qw[4];
 #if STRATA_FAST_DECODE
@@ -262,6 +304,15 @@ struct Fmt<QT_IQ4_XS> {
                        (((hd[0] >> (16 + 2 * j)) & 3) << 4);
         s0 = s1 = h2f((u16)(hd[0] & 0xFFFFu)) * (float)(ls - 32);
         mn = 0.0f;
+#if STRATA_REG_DECODE
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            w[k] = (int)lut16_bytes(qw[k] & 0x0F0F0F0Fu, KVALUES_IQ4NL_W0, KVALUES_IQ4NL_W1,
+                                    KVALUES_IQ4NL_W2, KVALUES_IQ4NL_W3);
+            w[k + 4] = (int)lut16_bytes((qw[k] >> 4) & 0x0F0F0F0Fu, KVALUES_IQ4NL_W0,
+                                        KVALUES_IQ4NL_W1, KVALUES_IQ4NL_W2, KVALUES_IQ4NL_W3);
+        }
+#else
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const u32 q = qw[k];
@@ -274,6 +325,7 @@ struct Fmt<QT_IQ4_XS> {
             w[k] = (int)lo;
             w[k + 4] = (int)hi;
         }
+#endif
     }
 };
 
@@ -391,6 +443,20 @@ struct Fmt<QT_IQ1_M> {
         s0 = d * (float)(2 * ((word >> sh) & 7) + 1) * 0.125f;
         s1 = d * (float)(2 * ((word >> (sh + 3)) & 7) + 1) * 0.125f;
         mn = 0.0f;
+#if STRATA_REG_DECODE
+        // group l of sub-block j: grid index qs[4j + l] | (nibble l of qh & 7) << 8, the
+        // nibble's bit 3 the sign of its delta; the grid's bytes are -1, 0, 1, so 8 * grid is
+        // (g << 3) masked to each byte's top five bits, and 8 * grid + delta one bytewise add
+        const u32 qs4 = ld_u32_a2(b + 4 * j), qh = ld_u16(b + 32 + 2 * j);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u32 nib = (qh >> (4 * l)) & 0xFu;
+            const u64 gr = grid[((qs4 >> (8 * l)) & 0xFFu) | ((nib & 7u) << 8)];
+            const u32 dl = (nib & 8u) ? 0xFFFFFFFFu : 0x01010101u;
+            w[2 * l] = (int)add_bytes(((u32)gr << 3) & 0xF8F8F8F8u, dl);
+            w[2 * l + 1] = (int)add_bytes(((u32)(gr >> 32) << 3) & 0xF8F8F8F8u, dl);
+        }
+#else
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const int g = 4 * j + l;
@@ -406,6 +472,7 @@ struct Fmt<QT_IQ1_M> {
             w[2 * l] = (int)lo;
             w[2 * l + 1] = (int)hi;
         }
+#endif
     }
 };
 
