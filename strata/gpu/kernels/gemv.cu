@@ -135,11 +135,13 @@ GEMV_F_KERNEL(bf16, QT_BF16)
 
 #define GEMV1_WARPS 4
 #define GEMV1_MAX_WARPS 16  // gemv1w_*: its warps a block come from blockDim
-// gemv1w_* copies a small lookup grid (Stage<QT>::USE_SM_TAB: IQ3_XXS, IQ3_S, IQ2_XXS) into
-// shared memory before its PDL wait (the grid does not depend on the kernel before), so the
-// decode's scattered lookups hit banks rather than L1 lines; 0: it reads the global grid
+// 1: gemv1w_* copies a small lookup grid (Stage<QT>::USE_SM_TAB: IQ3_XXS, IQ3_S, IQ2_XXS) into
+// shared memory before its PDL wait (the grid does not depend on the kernel before); 0 (the
+// default): the decode reads the global grid through L1. Measured on the H200 (session 17,
+// bench/results/session17-h200-20261201.md): the copy and barrier of each of attn_q's 1024
+// blocks cost 5-10% at the attention shapes; only the 151936-row lm_head gained (IQ3_S 6%)
 #ifndef STRATA_GEMV1_SMEM_GRID
-#define STRATA_GEMV1_SMEM_GRID 1
+#define STRATA_GEMV1_SMEM_GRID 0
 #endif
 
 // ---- decode (T = 1), rows split over warps: gemv1w_* ----
