@@ -17,10 +17,8 @@ import numpy as np
 
 from strata.bench import gpu_kernels as g
 from strata.gpu.device import primary_device
-from strata.gpu.gemv import DeviceWeight, dense_mma_nt, gemm_mma
-from strata.gpu.norm_quant import ActBuf, norm_quant
 from strata.gpu.rawmod import Kernels
-from strata.quant import fmt, random_quantized
+from strata.quant import fmt
 from strata.quant.formats import QT
 
 DEFAULT = "IQ4_XS,IQ1_M,IQ3_XXS,IQ3_S,IQ2_XXS,Q4_K"
@@ -39,25 +37,6 @@ arms = {
 t = g._Timer(cp)
 copy = max(g._copy_gbps(cp, t).values())
 print(f"copy {copy:.0f} GB/s", flush=True)
-
-
-def prompt_us(K, qt, rng, tokens=512, reps=20) -> float:
-    rows, cols = g.SHAPES["attn_q"]
-    w = DeviceWeight(cp, random_quantized(qt, (rows, cols), rng, 0.05), qt, rows, cols)
-    act = ActBuf(cp, cols, tokens, w.vec_dot)
-    x = cp.asarray(rng.standard_normal((tokens, cols)).astype(np.float32))
-    norm_quant(K, x, tokens, act=act)
-    out = cp.empty((tokens, rows), np.float32)
-    nt = dense_mma_nt()
-    for _ in range(3):
-        gemm_mma(K, w, act, out, tokens, nt=nt)
-    ev = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
-    for e0, e1 in ev:
-        e0.record()
-        gemm_mma(K, w, act, out, tokens, nt=nt)
-        e1.record()
-    e1.synchronize()
-    return float(np.median([1e3 * cp.cuda.get_elapsed_time(e0, e1) for e0, e1 in ev]))
 
 
 res: dict = {}
@@ -81,7 +60,7 @@ for name in list(arms) + list(arms)[::-1]:
             nbytes = r["moe_us"] * r["moe_gbps"] * 1e3  # moe_gbps = bytes / us / 1e3
             add(("moe T=1", q, "8 experts", "moe", r["timing"]), name, r["moe_us"], nbytes)
         if K.int8_mma:
-            us = prompt_us(K, QT[q], np.random.default_rng(0))
+            us = g.bench_prompt_gemm(cp, K, QT[q], "attn_q", np.random.default_rng(0))
             rows, cols = g.SHAPES["attn_q"]
             nbytes = fmt(QT[q]).row_bytes(cols) * rows
             add(("gemm T=512", q, "attn_q", "dense_mma", "events"), name, us, nbytes)

@@ -222,6 +222,31 @@ def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
     return rows_out
 
 
+def bench_prompt_gemm(cp, K, qt, shape: str, rng, tokens: int = 512, reps: int = 20) -> float:
+    """Median us of one prompt chunk's dense GEMM (gemv.py `gemm_mma`, the engine's tiles) of
+    `tokens` rows at `shape`, CUDA events, warm (random weights; where they fit, in L2)."""
+    from strata.gpu.gemv import DeviceWeight, dense_mma_nt, gemm_mma
+    from strata.gpu.norm_quant import ActBuf, norm_quant
+    from strata.quant import random_quantized
+
+    rows, cols = SHAPES[shape]
+    w = DeviceWeight(cp, random_quantized(qt, (rows, cols), rng, 0.05), qt, rows, cols)
+    act = ActBuf(cp, cols, tokens, w.vec_dot)
+    x = cp.asarray(rng.standard_normal((tokens, cols)).astype(np.float32))
+    norm_quant(K, x, tokens, act=act)
+    out = cp.empty((tokens, rows), np.float32)
+    nt = dense_mma_nt()
+    for _ in range(3):
+        gemm_mma(K, w, act, out, tokens, nt=nt)
+    ev = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
+    for e0, e1 in ev:
+        e0.record()
+        gemm_mma(K, w, act, out, tokens, nt=nt)
+        e1.record()
+    e1.synchronize()
+    return float(np.median([1e3 * cp.cuda.get_elapsed_time(e0, e1) for e0, e1 in ev]))
+
+
 def bench_launch_floor(cp, K, timer) -> list[dict]:
     """The time a launch costs with nothing to do: chains of `silu_mul` with n = 0 (every thread
     returns at once) replayed from a graph, one block and a decode GEMV's grid (attn_q's 4096

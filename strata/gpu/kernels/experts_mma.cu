@@ -31,6 +31,15 @@
 #else
 #define STRATA_MMA_S8 0
 #endif
+// 1: a block stages its tile's rows of x (and their scales) in shared memory, MMA_KC sub-blocks
+// at a time, by 16-byte loads shared by its warps; each lane then reads its B fragments (lo and
+// hi half of a sub-block) as one 8-byte load, conflict-free. 0: every warp reads its fragments
+// from global memory, 4 bytes a load (the A/B arm).
+#ifndef STRATA_MMA_XSTAGE
+#define STRATA_MMA_XSTAGE 1
+#endif
+#define MMA_KC 8                      // sub-blocks of x staged at a time (256 values)
+#define MMA_XS (MMA_KC * 8 + 8)       // ints per staged row: 72 = 8 mod 32 (LDS.64 conflict-free)
 
 #if STRATA_MMA_S8
 __device__ __forceinline__ void mma_s8_k16(int* c, int a0, int a1, int b) {
@@ -61,7 +70,17 @@ __device__ __forceinline__ void moe_tiles_mma(
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
     const int g = lane >> 2, t4 = lane & 3;
     const int r0 = (blockIdx.x * MMA_WARPS + wid) * 16;
+#if STRATA_MMA_XSTAGE
+    // x's rows of this tile, MMA_KC sub-blocks of them at a time: a sub-block's eight ints
+    // interleaved lo/hi (int 2i = its int i, 2i + 1 = its int 4 + i), so that lane (g, t4)
+    // reads its pair (t4, 4 + t4) as one 8-byte load; rows past the tile's n are zeros
+    __shared__ alignas(16) int xs[NB * 8][MMA_XS];
+    __shared__ float xds[NB * 8][MMA_KC];
+    const bool live = r0 < R;  // a warp past R still stages and meets the barriers
+#else
     if (r0 >= R) return;  // the whole warp (no block-wide barrier below)
+    const bool live = true;
+#endif
     MmaStage& st = stage[wid];
     const int tile = blockIdx.y;
     const int slot = tile_slot[tile], first = tile_first[tile], n = tile_n[tile];
@@ -72,6 +91,7 @@ __device__ __forceinline__ void moe_tiles_mma(
     const int drow = min(r0 + dr, R - 1);  // past R: a real row decoded, its results not kept
     const u8* dsrc = (GATE_UP && dh ? wb : wa) + slot * slot_stride + (i64)drow * row_bytes;
     const int div = GATE_UP ? K : 1;
+#if !STRATA_MMA_XSTAGE
     // per column block nb: B's column g, C's columns 2 t4 and 2 t4 + 1 (x rows, -1 = none)
     int xb[NB], xc[NB][2];
 #pragma unroll
@@ -81,6 +101,7 @@ __device__ __forceinline__ void moe_tiles_mma(
         xc[nb][0] = c0 < n ? pair_order[first + c0] / div : -1;
         xc[nb][1] = c0 + 1 < n ? pair_order[first + c0 + 1] / div : -1;
     }
+#endif
     const int nblk = (n + 7) / 8;  // column blocks in use (uniform across the warp)
     constexpr int NM = GATE_UP ? 2 : 1;
     float acc[NM][NB][4];
@@ -91,7 +112,35 @@ __device__ __forceinline__ void moe_tiles_mma(
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[m][nb][q] = 0.0f;
     const int step = GATE_UP ? 1 : 2;
+#if STRATA_MMA_XSTAGE
+    for (int k0 = 0; k0 < nsub; k0 += MMA_KC) {
+        const int kn = min(MMA_KC, nsub - k0);
+        __syncthreads();  // the last chunk's fragment reads are done
+        // 16-byte piece p of a row: sub-block p / 2, half p & 1 (ints 0-3 or 4-7)
+        for (int i = threadIdx.x; i < NB * 8 * 2 * MMA_KC; i += MMA_WARPS * 32) {
+            const int c = i / (2 * MMA_KC), p = i % (2 * MMA_KC), ks = p >> 1, hf = p & 1;
+            i32x4 v = {0, 0, 0, 0};
+            if (c < n && ks < kn)
+                v = *(const i32x4*)(xq + (i64)(pair_order[first + c] / div) * C +
+                                    (k0 + ks) * 32 + 16 * hf);
+            int* d = &xs[c][8 * ks + hf];
+            d[0] = v.x;
+            d[2] = v.y;
+            d[4] = v.z;
+            d[6] = v.w;
+        }
+        for (int i = threadIdx.x; i < NB * 8 * MMA_KC; i += MMA_WARPS * 32) {
+            const int c = i / MMA_KC, ks = i % MMA_KC;
+            xds[c][ks] = c < n && ks < kn
+                             ? xd[(i64)(pair_order[first + c] / div) * nxd + ((k0 + ks) >> xd_shift)]
+                             : 0.0f;
+        }
+        __syncthreads();
+        if (!live) continue;
+    for (int sb = k0; sb < k0 + kn; sb += step) {
+#else
     for (int sb = 0; sb < nsub; sb += step) {
+#endif
         const int dsb = GATE_UP ? sb : sb + dh;  // the sub-block this lane decodes
         int w[8];
         float s0 = 0.0f, s1 = 0.0f, mn = 0.0f;
@@ -122,12 +171,18 @@ __device__ __forceinline__ void moe_tiles_mma(
 #pragma unroll
             for (int nb = 0; nb < NB; ++nb) {
                 if (nb >= nblk) break;  // uniform
+#if STRATA_MMA_XSTAGE
+                const int ks = sub - k0;
+                const int2 xv = *(const int2*)&xs[nb * 8 + g][8 * ks + 2 * t4];
+                const int xlo = xv.x, xhi = xv.y;
+#else
                 int xlo = 0, xhi = 0;
                 if (xb[nb] >= 0) {
                     const int* xp = (const int*)(xq + (i64)xb[nb] * C + sub * 32);
                     xlo = xp[t4];
                     xhi = xp[4 + t4];
                 }
+#endif
                 int lo[4], hi[4];
                 mma_s8_k16(lo, alo0, alo1, xlo);
                 mma_s8_k16(hi, ahi0, ahi1, xhi);
@@ -139,8 +194,13 @@ __device__ __forceinline__ void moe_tiles_mma(
                     sx0 = __shfl_sync(0xffffffffu, s, 8 * t4);
                     sx1 = __shfl_sync(0xffffffffu, s, 8 * t4 + 4);
                 }
+#if STRATA_MMA_XSTAGE
+                const float dx0 = xds[nb * 8 + 2 * t4][ks], dx1 = xds[nb * 8 + 2 * t4 + 1][ks];
+                (void)xi;
+#else
                 const float dx0 = xc[nb][0] >= 0 ? xd[(i64)xc[nb][0] * nxd + xi] : 0.0f;
                 const float dx1 = xc[nb][1] >= 0 ? xd[(i64)xc[nb][1] * nxd + xi] : 0.0f;
+#endif
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
                     const bool top = q < 2;
@@ -151,6 +211,9 @@ __device__ __forceinline__ void moe_tiles_mma(
             }
         }
     }
+#if STRATA_MMA_XSTAGE
+    }  // the chunk
+#endif
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
