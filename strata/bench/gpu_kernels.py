@@ -222,9 +222,12 @@ def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
     return rows_out
 
 
-def bench_prompt_gemm(cp, K, qt, shape: str, rng, tokens: int = 512, reps: int = 20) -> float:
+def bench_prompt_gemm(
+    cp, K, qt, shape: str, rng, tokens: int = 512, reps: int = 20, outs: list | None = None
+) -> float:
     """Median us of one prompt chunk's dense GEMM (gemv.py `gemm_mma`, the engine's tiles) of
-    `tokens` rows at `shape`, CUDA events, warm (random weights; where they fit, in L2)."""
+    `tokens` rows at `shape`, CUDA events, warm (random weights; where they fit, in L2); the
+    product is appended to `outs` (host) when given."""
     from strata.gpu.gemv import DeviceWeight, dense_mma_nt, gemm_mma
     from strata.gpu.norm_quant import ActBuf, norm_quant
     from strata.quant import random_quantized
@@ -244,6 +247,8 @@ def bench_prompt_gemm(cp, K, qt, shape: str, rng, tokens: int = 512, reps: int =
         gemm_mma(K, w, act, out, tokens, nt=nt)
         e1.record()
     e1.synchronize()
+    if outs is not None:
+        outs.append(cp.asnumpy(out))
     return float(np.median([1e3 * cp.cuda.get_elapsed_time(e0, e1) for e0, e1 in ev]))
 
 

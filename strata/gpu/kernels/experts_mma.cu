@@ -38,6 +38,16 @@
 #ifndef STRATA_MMA_XSTAGE
 #define STRATA_MMA_XSTAGE 1
 #endif
+// 1 (an arm under test, off by default): formats whose 32-value sub-block has one scale take
+// one m16n8k32 a sub-block and s * (lo + hi) instead of two k16 and s0 * lo + s1 * hi (float
+// rounding differs; the integers do not)
+#ifndef STRATA_MMA_K32
+#define STRATA_MMA_K32 0
+#endif
+template <int QT>
+struct OneScale32 {  // s0 == s1 in every sub-block (Fmt<QT>::decode)
+    enum { V = QT != QT_Q6_K && QT != QT_IQ2_S && QT != QT_IQ1_M };
+};
 #define MMA_KC 8                      // sub-blocks of x staged at a time (256 values)
 #define MMA_XS (MMA_KC * 8 + 8)       // ints per staged row: 72 = 8 mod 32 (LDS.64 conflict-free)
 
@@ -48,6 +58,17 @@ __device__ __forceinline__ void mma_s8_k16(int* c, int a0, int a1, int b) {
         "{%7,%7,%7,%7};"
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
         : "r"(a0), "r"(a1), "r"(b), "r"(0));
+}
+
+// m16n8k32: A = rows g / g + 8 at k 4t..4t+3 (a0, a1) and 16+4t.. (a2, a3), B = k 4t.. and
+// 16+4t.. of column g: exactly a sub-block's lo and hi halves, summed in one int32
+__device__ __forceinline__ void mma_s8_k32(int* c, int a0, int a1, int a2, int a3, int b0,
+                                           int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
 
 struct alignas(16) MmaStage {  // one warp's decoded sub-blocks: [2][16 rows]
@@ -184,8 +205,13 @@ __device__ __forceinline__ void moe_tiles_mma(
                 }
 #endif
                 int lo[4], hi[4];
-                mma_s8_k16(lo, alo0, alo1, xlo);
-                mma_s8_k16(hi, ahi0, ahi1, xhi);
+                constexpr bool k32 = STRATA_MMA_K32 && OneScale32<QT>::V;
+                if (k32) {
+                    mma_s8_k32(lo, alo0, alo1, ahi0, ahi1, xlo, xhi);
+                } else {
+                    mma_s8_k16(lo, alo0, alo1, xlo);
+                    mma_s8_k16(hi, ahi0, ahi1, xhi);
+                }
                 int sx0 = 0, sx1 = 0;
                 if (Fmt<QT>::HAS_MIN) {  // sum of column g's 32 values, then columns 2t4, 2t4+1
                     int s = sum4(xhi, sum4(xlo, 0));
@@ -204,7 +230,8 @@ __device__ __forceinline__ void moe_tiles_mma(
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
                     const bool top = q < 2;
-                    float r = (top ? sa0 : sb0) * (float)lo[q] + (top ? sa1 : sb1) * (float)hi[q];
+                    float r = k32 ? (top ? sa0 : sb0) * (float)lo[q]
+                                  : (top ? sa0 : sb0) * (float)lo[q] + (top ? sa1 : sb1) * (float)hi[q];
                     if (Fmt<QT>::HAS_MIN) r -= (top ? sam : sbm) * (float)(q & 1 ? sx1 : sx0);
                     acc[m][nb][q] += (q & 1 ? dx1 : dx0) * r;
                 }
