@@ -17,9 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 EMU = ROOT / "tools" / "gpu_emu"
 # small, quick kernel tests touching the decode chain's kernels (router top-k and its pair list,
 # the norms and activation quantization, T = 1 GEMV of float and quantized weights, the resident
-# experts with and without the residual add)
+# experts with and without the residual add; IQ4_XS and IQ1_M for their register/SWAR decode)
 SUBSET = (
-    "router_topk or norm_quant or (gemv_matches and (F32 or F16 or BF16 or Q8_0 or IQ3_XXS))"
+    "router_topk or norm_quant"
+    " or (gemv_matches and (F32 or F16 or BF16 or Q8_0 or IQ3_XXS or IQ4_XS or IQ1_M))"
     " or (moe_experts_match_reference and IQ3_XXS-IQ3_XXS-IQ3_XXS and legacy)"
 )
 
