@@ -59,10 +59,9 @@ def _grid(cls, dtype) -> np.ndarray:
     return np.ascontiguousarray(out)
 
 
-def _words_define(prefix: str, values: np.ndarray) -> str:
-    """`#define <prefix>k 0x...u`: the bytes of `values` as little-endian 32-bit words (byte k
-    of the table is byte k % 4 of word k // 4), for lookups from registers (quant_blocks.cuh)."""
-    words = np.ascontiguousarray(values).view(np.uint8).view("<u4")
+def _words_define(prefix: str, words: np.ndarray) -> str:
+    """`#define <prefix>k 0x...u` for each packed 32-bit word: a table held in registers
+    (quant_blocks.cuh lut16_bytes)."""
     return "".join(f"#define {prefix}{k} 0x{int(w):08x}u\n" for k, w in enumerate(words))
 
 
@@ -83,7 +82,7 @@ def iq_tables() -> str:
         _c_array("iq1s_grid", "u64", pack(_grid(gq.IQ1_S, np.int8).view(np.uint8), "<u8"), 4),
         _c_array("ksigns_iq2xs", "u8", np.frombuffer(gq.IQ2_XXS.ksigns, np.uint8), 16),
         _c_array("kvalues_iq4nl", "i8", np.array(gq.IQ4_NL.kvalues, np.int8), 16),
-        _words_define("KVALUES_IQ4NL_W", np.array(gq.IQ4_NL.kvalues, np.int8)),
+        _words_define("KVALUES_IQ4NL_W", pack(np.array(gq.IQ4_NL.kvalues, np.int8), "<u4")),
     ]
     return "\n".join(parts)
 
