@@ -145,3 +145,58 @@ def test_mma_tiles_match_the_reference(device, qts, d, f, t):
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < 1e-5, err
     assert np.all(got[(slots < 0).all(axis=1)] == 0)
+
+
+@pytest.mark.parametrize(
+    "qts",
+    [(QT.IQ3_XXS,) * 3, (QT.Q4_K, QT.Q4_K, QT.Q6_K)],
+    ids=lambda q: "-".join(x.name for x in q),
+)
+@pytest.mark.parametrize("t", [9, 150])
+@pytest.mark.parametrize("mma", [False, True])
+def test_card_grouped_tiles_give_the_host_grouped_bits(device, qts, t, mma):
+    """The pairs grouped on the card (pairs_card.group_pairs: by expert id, the tile count read
+    by the kernels, a grid of the tile bound) against the host's grouping (by slot): each pair's
+    sums do not depend on its tile, so the intermediate and the output are the same bits; the
+    picks are expert ids through a slot table that leaves some experts out."""
+    from strata.gpu.experts import tile_pairs
+    from strata.gpu.pairs_card import group_pairs
+    from strata.gpu.rawmod import Kernels
+
+    K = Kernels(cp, device.warp_size, device.sm_count, arch=device.arch)
+    if mma and not K.int8_mma:
+        pytest.skip(f"no int8 mma on {device.arch}")
+    d, f, k = 256, 256, PICKS
+    _, stores, slots, w, _, hact = experts_case(K, qts, d, f, t)
+    g = np.random.default_rng()
+    ids = np.where(slots >= 0, g.permutation(N_EXP)[np.maximum(slots, 0)], -1)  # expert ids
+    slot_row = np.zeros(N_EXP, np.int32)
+    slot_row[ids[slots >= 0]] = slots[slots >= 0]  # the expert -> slot table the ids go through
+    gone = ids[slots >= 0][0]
+    slot_row[gone] = -1  # an expert not resident: its picks are skipped on both sides
+    host_slots = np.where(ids >= 0, slot_row[np.maximum(ids, 0)], -1).astype(np.int32)
+    res = []
+    for card in (False, True):
+        act = cp.zeros((t * k, f), np.float32)
+        aact = ActBuf(cp, f, t * k, fmt(qts[2]).vec_dot)
+        out = cp.full((t, d), np.nan, np.float32)
+        tiles = TileBufs(cp, t * k, d)
+        pw = cp.asarray(w.ravel())
+        if card:
+            ps = cp.full(t * k, -7, np.int32)
+            flat = cp.asarray(ids.ravel().astype(np.int32))
+            nt = tile_pairs(mma)
+            bound = group_pairs(K, flat, t * k, cp.asarray(slot_row), N_EXP, nt, ps, tiles)
+            moe_experts_grouped(K, qts, (d, f), stores, hact, None, ps, pw, tiles, act, aact,
+                                out, mma=mma, card=(t, k, bound))  # fmt: skip
+            np.testing.assert_array_equal(cp.asnumpy(ps), host_slots.ravel())
+        else:
+            ps = cp.asarray(host_slots.ravel())
+            moe_experts_grouped(K, qts, (d, f), stores, hact, host_slots, ps, pw, tiles, act,
+                                aact, out, mma=mma)  # fmt: skip
+        res.append((cp.asnumpy(act), cp.asnumpy(out)))
+    live = host_slots.ravel() >= 0
+    assert live.sum() < live.size  # some pairs skipped
+    np.testing.assert_array_equal(res[1][0][live], res[0][0][live])
+    np.testing.assert_array_equal(res[1][1], res[0][1])
+    assert np.all(np.isfinite(res[1][1]))

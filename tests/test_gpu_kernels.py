@@ -448,6 +448,41 @@ def test_router_topk_matches_route_topk(K, renorm):
         np.testing.assert_array_equal(cp.asnumpy(pair_w), cp.asnumpy(w).ravel())
 
 
+def test_group_pairs_on_card_matches_reference(K):
+    """group_pairs.cu against pairs_card.group_pairs_ref: the pair slots, the order (stable by
+    expert id), the tiles, their count and the counts added to a histogram, exactly; picks with
+    no slot (not resident, -1, past E) left out; one expert taking most pairs (runs of many
+    tiles), every expert once, a single pair, more experts than pairs."""
+    from strata.gpu.experts import TileBufs
+    from strata.gpu.pairs_card import group_pairs, group_pairs_ref, max_tiles
+
+    g = rng()
+    for p, e, nt in ((4096, 128, 32), (72, 128, 8), (1000, 60, 32), (1, 8, 32), (777, 512, 8),
+                     (2048, 20, 8)):  # fmt: skip
+        pop = g.dirichlet(np.full(e, 0.3))
+        ids = g.choice(e, p, p=pop).astype(np.int32)
+        ids[g.random(p) < 0.05] = -1
+        ids[g.random(p) < 0.01] = e + 3  # out of range: no pick
+        slot_row = g.permutation(4 * e)[:e].astype(np.int32)  # slots of another numbering
+        slot_row[g.random(e) < 0.1] = -1  # not resident
+        tiles = TileBufs(cp, p, 16)
+        tiles.dev.fill(-7)
+        pair_slot = cp.full(p, -7, np.int32)
+        hist0 = g.integers(0, 1000, e).astype(np.int32)
+        hist = cp.asarray(hist0)
+        bound = group_pairs(K, cp.asarray(ids), p, cp.asarray(slot_row), e, nt, pair_slot,
+                            tiles, hist)  # fmt: skip
+        want_ps, order, ts, tf, tn, counts = group_pairs_ref(ids, slot_row, nt)
+        n = int(cp.asnumpy(tiles.count)[0])
+        assert n == ts.size <= bound == max_tiles(p, e, nt)
+        np.testing.assert_array_equal(cp.asnumpy(pair_slot), want_ps)
+        np.testing.assert_array_equal(cp.asnumpy(tiles.order)[: order.size], order)
+        for got, want in ((tiles.slot, ts), (tiles.first, tf), (tiles.n, tn)):
+            np.testing.assert_array_equal(cp.asnumpy(got)[:n], want)
+        np.testing.assert_array_equal(cp.asnumpy(hist), hist0 + counts)
+        assert order.size == int((want_ps >= 0).sum()) and tn.max(initial=0) <= nt
+
+
 @pytest.mark.parametrize("v", [5000, 5001, 151936])  # 16-byte chunks (V % 4 == 0), or not
 def test_argmax_and_silu(K, v):
     g = rng()

@@ -97,6 +97,17 @@ def record_routing(tier) -> list[np.ndarray]:
             return h, ids, w
 
         tier.router_picks = recording_picks
+    card = getattr(tier, "moe_on_card", None)
+    if card is not None:  # a prompt whose picks stay on the card: the last chunk's, read here
+
+        def recording_card(i, x):
+            h, y = card(i, x)
+            t, k = x.shape[0], tier.model.args.n_expert_used
+            assert t <= tier.ptmax, "record prompts of one chunk"
+            log.append(cp.asnumpy(tier.picks_buf[: t * k]).reshape(t, k))
+            return h, y
+
+        tier.moe_on_card = recording_card
     return log
 
 
@@ -266,6 +277,44 @@ def test_a_prompt_with_staged_misses_gives_the_same_bits_in_either_order(
         assert 0 < eng.stats.offloaded < eng.stats.hits + eng.stats.misses
     np.testing.assert_array_equal(got["1"], got["0"])
     assert position_errors(got["1"], want).max() <= FLIP_BOUND
+
+
+@pytest.mark.parametrize("moe_tmax", ["512", "8"])
+def test_prompt_grouped_on_card_equals_the_host_grouping(
+    synth_model, device, monkeypatch, moe_tmax
+):
+    """Every expert resident: a prompt's picks grouped on the card (moe_on_card: nothing read
+    back between the layers) against the host's grouping after the per-layer read-back
+    (STRATA_PREFILL_GROUP_ON_CARD=0): the same logits bit for bit, the same expert histogram and
+    hit count; one read-back of the counts instead of one a layer. moe_tmax 8: several chunks."""
+    model = load_model(synth_model("tiny", "IQ3_XXS", seed=17))
+    a = model.args
+    monkeypatch.setenv("STRATA_GPU_MOE_TMAX", moe_tmax)
+    prompt = np.random.default_rng().integers(0, a.n_vocab, 37).tolist()
+    real = cp.asnumpy
+    got, stats, backs = {}, {}, {}
+    n = [0]
+
+    def counting(x, *args, **kw):
+        n[0] += 1
+        return real(x, *args, **kw)
+
+    for on in ("1", "0"):
+        monkeypatch.setenv("STRATA_PREFILL_GROUP_ON_CARD", on)
+        tier = CupyTier(model, n_ctx=64, budget=small_budget(), device=device, tmax=8)
+        assert tier.moe_on_card_ok() == (on == "1")
+        eng = Engine(model, tier=tier, graphs=False)
+        n[0] = 0
+        monkeypatch.setattr(cp, "asnumpy", counting)
+        got[on] = eng.forward(prompt)
+        monkeypatch.setattr(cp, "asnumpy", real)
+        backs[on] = n[0]
+        stats[on] = (eng.stats.expert_hist.copy(), eng.stats.hits, eng.stats.misses)
+        assert eng.stats.hits == a.n_layer * len(prompt) * a.n_expert_used
+    np.testing.assert_array_equal(got["1"], got["0"])
+    np.testing.assert_array_equal(stats["1"][0], stats["0"][0])
+    assert stats["1"][1:] == stats["0"][1:]
+    assert backs["0"] - backs["1"] == a.n_layer - 1  # a layer's picks each, against the counts
 
 
 def test_router_of_a_long_prompt_reads_back_once(synth_model, device, monkeypatch):

@@ -473,9 +473,14 @@ class Engine:
             and hasattr(tier, "router_picks")
             and tier.routes_on_device()
         )
+        # every expert resident: the picks are grouped on the card as well, nothing is read
+        # back between the layers (the host queues the whole prompt); the counts come at the end
+        grouped = on_card and hasattr(tier, "moe_on_card") and tier.moe_on_card_ok()
         for i in range(a.n_layer):
             x = tier.attention(i, x, self.pos)
-            if on_card:
+            if grouped:
+                h, y = tier.moe_on_card(i, x)  # [T, D], [T, D]
+            elif on_card:
                 h, pk, pw = tier.router_picks(i, x)  # [T, D], ids [T, K], weights [T, K]
                 y = self._moe(i, h, None, decode, picks=(pk, pw))
             else:
@@ -484,6 +489,10 @@ class Engine:
             if a.shared_ff:
                 y = y + tier.shared_expert(i, h)
             x = x + y
+        if grouped:
+            counts = tier.take_pick_counts()  # [L, E]
+            self.stats.expert_hist += counts
+            self.stats.hits += int(counts.sum())
         self.pos += ids.size
         self.stats.tokens += ids.size
         self.stats.decode_steps += decode

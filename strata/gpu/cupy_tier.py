@@ -56,10 +56,12 @@ from strata.gpu.experts import (
     TileBufs,
     moe_experts,
     moe_experts_grouped,
+    tile_pairs,
 )
 from strata.gpu.gemv import DeviceWeight, dense_mma_nt, gemm_mma, gemv
 from strata.gpu.host import EXPERT_MATS, check_kv_type, rope_inv_freq
 from strata.gpu.norm_quant import ActBuf, norm_quant
+from strata.gpu.pairs_card import GP_THREADS, group_pairs
 from strata.gpu.pairs_fast import distinct_experts
 from strata.gpu.rawmod import kernels_for
 from strata.gpu.rope_kv import qk_norm_rope_kv
@@ -269,6 +271,7 @@ class CupyTier:
         floats += pt * 2 * a.n_expert_used  # router_picks' ids and weights
         floats += self.moe_rows * (a.expert_ff + 3)  # moe_act, pair_slot/_w, moe_cnt
         nbytes += 4 * floats + 4 * tm + 4 + TileBufs.bytes_for(self.moe_rows, a.n_embd)
+        nbytes += 2 * 4 * a.n_layer * a.n_expert  # the card's slot table, its pick counts
         nbytes += GraphDecoder.device_bytes(a)  # built on the first graph decode step
         nbytes += SampleBufs.bytes_for(a.n_vocab)
         self.budget.reserve("workspace", nbytes)
@@ -290,6 +293,10 @@ class CupyTier:
         self.pair_w = cp.empty((self.moe_rows,), np.float32)
         self.moe_cnt = cp.zeros((self.moe_rows,), np.int32)  # fused-quant MoE counters (stay 0)
         self.tiles = TileBufs(cp, self.moe_rows, a.n_embd)
+        # a prompt's experts grouped on the card (moe_on_card): slot_of's copy, pick counts
+        self.slot_dev = cp.full((a.n_layer, a.n_expert), -1, np.int32)
+        self._slot_dev_version = -1
+        self.pick_hist = cp.zeros((a.n_layer, a.n_expert), np.int32)
         self.ids_buf = cp.empty((tm,), np.int32)
         self.pos_buf = cp.zeros((1,), np.int32)  # the decode position, read by the kernels
         self.sample_bufs = SampleBufs(cp, a.n_vocab)  # sampling on the card (eager and graphs)
@@ -647,6 +654,62 @@ class CupyTier:
         t, k = int(h.shape[0]), self.args.n_expert_used
         both = self.cp.asnumpy(flat[: 2 * t * k])  # one read-back a layer
         return h, both[: t * k].reshape(t, k), both[t * k :].view(np.float32).reshape(t, k)
+
+    def moe_on_card_ok(self) -> bool:
+        """Whether `moe_on_card` serves a prompt: every expert resident, few enough experts
+        for group_pairs.cu (STRATA_PREFILL_GROUP_ON_CARD=0: never, the A/B arm)."""
+        return (
+            self.args.n_expert <= GP_THREADS
+            and env_switch("STRATA_PREFILL_GROUP_ON_CARD")
+            and self.all_resident
+        )
+
+    def moe_on_card(self, layer: int, x) -> tuple[object, object]:
+        """A prompt's ffn norm, router, top-k and resident experts with nothing read back:
+        x [T, D] -> (h [T, D], the experts' weighted sum [T, D]) (the caller's array kind). Per
+        chunk of ptmax rows the picks stay on the card, are grouped there by expert
+        (pairs_card.group_pairs) and counted into `pick_hist` (`take_pick_counts`); the same
+        kernels and tiles as router_picks + experts, so the same bits. Every pick must have a
+        slot (`moe_on_card_ok`)."""
+        xd, host = self._in(x)
+        t = xd.shape[0]
+        a, L, K, k = self.args, self.layers[layer], self.K, self.args.n_expert_used
+        cp, pt = self.cp, self.ptmax
+        if self._slot_dev_version != self.slot_version:
+            self.slot_dev.set(self.slot_of)
+            self._slot_dev_version = self.slot_version
+        h = self.h_buf[:t] if t <= pt else cp.empty((t, a.n_embd), np.float32)
+        y = cp.empty((t, a.n_embd), np.float32)
+        ids = self.picks_buf[: pt * k]
+        w = self.picks_buf[pt * k : 2 * pt * k].view(np.float32)
+        gh = self.acts[(a.n_embd, int(fmt(L.exp_qt[0]).vec_dot), "moe_h")]
+        aact = self.acts[(a.expert_ff, int(fmt(L.exp_qt[2]).vec_dot), "moe")]
+        nt = tile_pairs(self.moe_mma)
+        self.await_uploads()
+        for c0, n in self._chunks(t, pt):
+            self._router_into(layer, xd[c0 : c0 + n], h[c0 : c0 + n], n)
+            router_topk(
+                K, self.rlogits_buf, n, a.n_expert, k, a.norm_topk, ids[: n * k].reshape(n, k),
+                w[: n * k].reshape(n, k),
+            )  # fmt: skip
+            bound = group_pairs(
+                K, ids, n * k, self.slot_dev[layer], a.n_expert, nt, self.pair_slot, self.tiles,
+                self.pick_hist[layer],
+            )  # fmt: skip
+            norm_quant(K, h[c0 : c0 + n], n, act=gh)
+            moe_experts_grouped(
+                K, L.exp_qt, (a.n_embd, a.expert_ff), self.stores, gh, None, self.pair_slot, w,
+                self.tiles, self.moe_act, aact, y[c0 : c0 + n], mma=self.moe_mma,
+                card=(n, k, bound),
+            )  # fmt: skip
+        self._last_h = None
+        return self._out(h, host), self._out(y, host)
+
+    def take_pick_counts(self) -> np.ndarray:
+        """The picks `moe_on_card` counted since the last call, [L, E] int64 (then zeroed)."""
+        counts = self.cp.asnumpy(self.pick_hist).astype(np.int64)
+        self.pick_hist.fill(0)
+        return counts
 
     def _router_chunks(self, layer: int, x, picks: bool):
         """h (the caller's array kind) and, on the device, the logits [T, E] or (picks) the flat

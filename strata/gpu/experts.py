@@ -165,6 +165,11 @@ MOE_NT = 8  # pairs per tile in experts_grouped.cu
 GROUPED_MIN_T = 8  # more tokens than this: the grouped (prefill) kernels
 
 
+def tile_pairs(mma: bool) -> int:
+    """Pairs a tile of the grouped kernels: MMA_NT (experts_mma.cu) or MOE_NT (dp4a)."""
+    return MMA_NT if mma else MOE_NT
+
+
 def group_pairs(slots: np.ndarray, nt: int = MOE_NT):
     """Tiles of up to `nt` pairs sharing an expert slot, from slots [T, K] (pair p = t*K + k;
     slot < 0 = skipped) -> (pair_order [P'], tile_slot, tile_first, tile_n [tiles]) int32, the
@@ -188,17 +193,19 @@ def group_pairs(slots: np.ndarray, nt: int = MOE_NT):
 class TileBufs:
     """Device buffers of the grouped kernels for up to `pairs` pairs: the sorted pair order,
     the tiles (rows of one [4, pairs] int32 array, filled on the host in `host` and copied at
-    once), and the per-pair down outputs y [pairs, D]."""
+    once, or on the card by pairs_card.group_pairs, which also writes the tile count), and the
+    per-pair down outputs y [pairs, D]."""
 
     def __init__(self, cp, pairs: int, d: int):
         self.host = np.zeros((4, pairs), np.int32)
         self.dev = cp.zeros((4, pairs), np.int32)
         self.order, self.slot, self.first, self.n = self.dev
+        self.count = cp.zeros((1,), np.int32)  # the tiles grouped on the card
         self.y = cp.zeros((pairs, d), np.float32)
 
     @staticmethod
     def bytes_for(pairs: int, d: int) -> int:
-        return 4 * pairs * (4 + d)
+        return 4 * pairs * (4 + d) + 4
 
 
 def moe_experts_grouped(
@@ -207,7 +214,7 @@ def moe_experts_grouped(
     dims: tuple[int, int],
     stores: tuple[SlotStore, SlotStore, SlotStore],
     hact: ActBuf,
-    slots: np.ndarray,
+    slots,
     pair_slot,
     pair_w,
     tiles: TileBufs,
@@ -215,17 +222,27 @@ def moe_experts_grouped(
     aact: ActBuf,
     out,
     mma: bool = False,
+    card: tuple[int, int, int] | None = None,
 ) -> None:
     """out[:T] = sum_k pair_w[t, k] * expert_{slots[t, k]}(h[t]) for slots [T, K] (host) with the
     pairs grouped by expert (kernels/experts_grouped.cu; with `mma`, tiles of MMA_NT pairs on
     the int8 tensor cores, kernels/experts_mma.cu: CUDA sm_80+, `Kernels.int8_mma`);
-    pair_slot/pair_w [T*K] on the device already hold the same slots and the weights."""
+    pair_slot/pair_w [T*K] on the device already hold the same slots and the weights.
+    card = (T, K, tile bound): the pairs are already grouped on the card into `tiles`
+    (pairs_card.group_pairs with nt = `tile_pairs(mma)`, which returns the bound; slots unused):
+    nothing goes between host and card, the kernels read the tile count there."""
     qg, qu, qd = (QT(int(q)) for q in qtypes)
     if qg != qu:
         raise ValueError(f"gate ({qg.name}) and up ({qu.name}) experts must share a type")
     d, f = dims
-    t, k = slots.shape
-    _, n_tiles = group_pairs_into(slots, MMA_NT if mma else MOE_NT, tiles.host)
+    if card is None:
+        t, k = slots.shape
+        _, n_tiles = group_pairs_into(slots, tile_pairs(mma), tiles.host)
+        if n_tiles:
+            tiles.dev.set(tiles.host)  # one copy (the rows' tails past m / n_tiles unused)
+        count = NULL
+    else:
+        (t, k, n_tiles), count = card, tiles.count
     gate, up, down = stores
     if mma:  # 16 weight rows a warp
         src, names = "experts_mma.cu", ("gate_up_mma", "down_mma")
@@ -235,7 +252,6 @@ def moe_experts_grouped(
         rows = K.warps_per_block(THREADS)
         block = (rows * K.warp,)
     if n_tiles:
-        tiles.dev.set(tiles.host)  # one copy (the rows' tails past m / n_tiles unused)
         tile_args = (tiles.slot, tiles.first, tiles.n, tiles.order)
         K.fn(src, f"moe_{names[0]}_{Q_NAMES[qg]}")(
             (-(-f // rows), n_tiles),
@@ -252,6 +268,7 @@ def moe_experts_grouped(
                 act,
                 i32(f),
                 i32(d),
+                count,
             ),
         )
         norm_quant(K, act, t * k, act=aact)  # the intermediate, Q8 as ggml quantizes it
@@ -269,6 +286,7 @@ def moe_experts_grouped(
                 i32(d),
                 i32(f),
                 *((NULL, NULL, i32(d)) if mma else ()),
+                count,
             ),
         )
     K.fn("experts_grouped.cu", "moe_sum_pairs")(

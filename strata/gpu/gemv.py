@@ -20,7 +20,7 @@ from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from strata.gpu.norm_quant import ActBuf, xd_shift
-from strata.gpu.rawmod import Kernels, i32, ptr
+from strata.gpu.rawmod import NULL, Kernels, i32, ptr
 from strata.quant import fmt
 from strata.quant.activation import roundtrip
 
@@ -203,6 +203,7 @@ def gemm_mma(
         (
             w.buf, np.int64(0), act.q, act.d, i32(xd_shift(act.mode)), slot, first, n, order,
             out, i32(w.rows), i32(w.cols), ptr(w.bias), ptr(resid), i32(ldo or w.rows),
+            *((NULL,) if kern == "moe_down_mma" else ()),
         ),
     )  # fmt: skip
 

@@ -27,6 +27,7 @@ SOURCES = (
     "experts.cu",
     "experts_grouped.cu",
     "experts_mma.cu",
+    "group_pairs.cu",
     "attention_mma.cu",
     "router_topk.cu",
     "route_car.cu",

@@ -7,6 +7,8 @@
 //                     in experts.cu's order (lane-strided sub-blocks, then a warp sum): the same
 //                     bits as moe_gate_up.
 //   moe_down_tiles    grid (D / warps, tiles): y[p, d] = down_slot(act_q[p])[d] per pair.
+//   ntiles (optional, last argument of both): the tile count on the card (group_pairs.cu); the
+//                     grid then holds a bound of it and the blocks past the count return.
 //   moe_sum_pairs     grid (D / threads, T): out[t, d] = sum_k w[t*K + k] * y[t*K + k, d] in k
 //                     order, skipping pairs with slot < 0 (deterministic, no atomics).
 #include "quant_blocks.cuh"
@@ -109,16 +111,18 @@ __device__ __forceinline__ void moe_down_tiles(
     extern "C" __global__ void moe_gate_up_tiles_##name(                                       \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* tile_slot, const i32* tile_first, const i32* tile_n,          \
-        const i32* pair_order, int K, float* act, int F, int D) {                              \
+        const i32* pair_order, int K, float* act, int F, int D, const i32* ntiles) {           \
         STRATA_PDL_ENTER();                                                                    \
+        if (ntiles && (int)blockIdx.y >= ntiles[0]) return; /* past the card-grouped tiles */  \
         moe_gate_up_tiles<QT>(gate, up, slot_stride, hq, hd, xd_shift, tile_slot, tile_first,  \
                               tile_n, pair_order, K, act, F, D);                               \
     }                                                                                          \
     extern "C" __global__ void moe_down_tiles_##name(                                          \
         const u8* down, i64 slot_stride, const i8* aq, const float* ad, int xd_shift,          \
         const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
-        float* y, int D, int F) {                                                              \
+        float* y, int D, int F, const i32* ntiles) {                                           \
         STRATA_PDL_ENTER();                                                                    \
+        if (ntiles && (int)blockIdx.y >= ntiles[0]) return;                                    \
         moe_down_tiles<QT>(down, slot_stride, aq, ad, xd_shift, tile_slot, tile_first, tile_n, \
                            pair_order, y, D, F);                                               \
     }

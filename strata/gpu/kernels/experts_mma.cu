@@ -14,6 +14,7 @@
 //   moe_down_mma    grid (D / (16 MMA_WARPS), tiles): y[p, d] = down_slot(act_q[p])[d] (lanes
 //                   0-15 decode sub-block sb, 16-31 sub-block sb + 1); (+ bias[d]) (+ resid[p, d]),
 //                   rows ldo apart.
+//   ntiles          (optional, the two MoE kernels' last argument) as in experts_grouped.cu.
 //   dense_mma       moe_down_mma with tiles of MMA_DENSE_NT rows of x: with one slot (stride 0)
 //                   and tiles of consecutive tokens, a prompt chunk's dense GEMM (gemv.py
 //                   gemm_mma: the attention projections, lm_head, the shared expert).
@@ -272,8 +273,9 @@ __device__ __forceinline__ void moe_tiles_mma(
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_gate_up_mma_##name(       \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* tile_slot, const i32* tile_first, const i32* tile_n,          \
-        const i32* pair_order, int K, float* act, int F, int D) {                              \
+        const i32* pair_order, int K, float* act, int F, int D, const i32* ntiles) {           \
         STRATA_PDL_ENTER();                                                                    \
+        if (ntiles && (int)blockIdx.y >= ntiles[0]) return; /* past the card-grouped tiles */  \
         MMA_BODY(QT, true, MMA_NT / 8)(gate, up, slot_stride, hq, hd, xd_shift, tile_slot,     \
                                        tile_first, tile_n, pair_order, K, act, F, D, nullptr,  \
                                        nullptr, F);                                            \
@@ -281,8 +283,10 @@ __device__ __forceinline__ void moe_tiles_mma(
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) moe_down_mma_##name(          \
         const u8* down, i64 slot_stride, const i8* aq, const float* ad, int xd_shift,          \
         const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
-        float* y, int D, int F, const float* bias, const float* resid, int ldo) {              \
+        float* y, int D, int F, const float* bias, const float* resid, int ldo,                \
+        const i32* ntiles) {                                                                   \
         STRATA_PDL_ENTER();                                                                    \
+        if (ntiles && (int)blockIdx.y >= ntiles[0]) return;                                    \
         MMA_BODY(QT, false, MMA_NT / 8)(down, down, slot_stride, aq, ad, xd_shift, tile_slot,  \
                                         tile_first, tile_n, pair_order, 1, y, D, F, bias,      \
                                         resid, ldo);                                           \
