@@ -6,8 +6,9 @@ process, arms interleaved (forward, then backward), best of the passes:
     lm_head included (a grid of 151936 rows: the decode's throughput, launch cost negligible);
   - one decode layer's MoE part (`bench_layer`: 8 experts at T = 1, graph + PDL);
   - a 512-row prompt chunk's dense GEMM (`gemm_mma`) at attn_q, CUDA events, median of 20.
-Usage: python3 bench/h200/decode_reg_ab.py [QUANTS]
-(default IQ4_XS,IQ1_M,IQ3_XXS,IQ3_S,IQ2_XXS,Q4_K)
+Usage: python3 bench/h200/decode_reg_ab.py [QUANTS] [OLD DEFINES]
+(default IQ4_XS,IQ1_M,IQ3_XXS,IQ3_S,IQ2_XXS,Q4_K; the "old" arm's compile defines, default
+"-DSTRATA_REG_DECODE=0 -DSTRATA_GEMV1_SMEM_GRID=0": any other knob's build against the default)
 """
 
 import sys
@@ -27,13 +28,13 @@ g.GEMV_QUANTS = tuple(QT[q] for q in quants)
 g.SHAPES = {k: v for k, v in g.SHAPES.items() if k in ("attn_q", "attn_o", "lm_head")}
 g.LEGACY_QUANTS, g.LEGACY_SHAPES = g.GEMV_QUANTS, ("lm_head",)  # lm_head only runs with legacy
 info = primary_device()
+old = "-DSTRATA_REG_DECODE=0 -DSTRATA_GEMV1_SMEM_GRID=0"
+old = tuple((sys.argv[2] if len(sys.argv) > 2 else old).split())
+print(f"old: {' '.join(old)}")
 arms = {
     "now": Kernels(cp, info.warp_size, info.sm_count, (), info.arch),
-    "old": Kernels(
-        cp, info.warp_size, info.sm_count,
-        ("-DSTRATA_REG_DECODE=0", "-DSTRATA_GEMV1_SMEM_GRID=0"), info.arch,
-    ),
-}  # fmt: skip
+    "old": Kernels(cp, info.warp_size, info.sm_count, old, info.arch),
+}
 t = g._Timer(cp)
 copy = max(g._copy_gbps(cp, t).values())
 print(f"copy {copy:.0f} GB/s", flush=True)
@@ -54,7 +55,7 @@ for name in list(arms) + list(arms)[::-1]:
             continue
         add(("gemv", r["qtype"], r["shape"], r["variant"], r["timing"]), name, r["us"], r["bytes"])
     for q in quants:
-        if QT[q] in (QT.IQ4_XS, QT.IQ1_M, QT.IQ3_XXS):
+        if QT[q] in (QT.IQ4_XS, QT.IQ1_M, QT.IQ3_XXS, QT.Q8_0):
             rng = np.random.default_rng(0)
             r = g.bench_layer(cp, K, t, rng, copy, QT[q], False, K.pdl_available)
             nbytes = r["moe_us"] * r["moe_gbps"] * 1e3  # moe_gbps = bytes / us / 1e3

@@ -209,6 +209,21 @@ __device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
 // 8-byte aligned in every row that starts so; their decoders check the block's address and
 // fall back to 2-byte loads (ncu at attn_q: Q4_K's sixteen 16-bit loads a sub-block queued on
 // the LSU, bench/results/session8-h200-20261130.md).
+// N consecutive words at a 2-byte aligned p from N + 1 aligned 4-byte loads (2N 16-bit loads
+// otherwise): words of p & ~3, each pair funnel-shifted by p's offset (0 or 16 bits). Where p is
+// 4-byte aligned the extra load re-reads the last word, so nothing past p + 4N is touched.
+template <int N>
+__device__ __forceinline__ void ld_words_a2(const u8* p, u32* w) {
+    const int off = (int)((u64)p & 3);  // 0 or 2
+    const u32* a = (const u32*)(p - off);
+    u32 v[N + 1];
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = a[k];
+    v[N] = a[off ? N : N - 1];
+#pragma unroll
+    for (int k = 0; k < N; ++k) w[k] = (u32)((((u64)v[k + 1] << 32) | v[k]) >> (8 * off));
+}
+
 __device__ __forceinline__ void ld_w4_a16(const u8* p, u32* w) {
     const uint4 v = *(const uint4*)p;
     w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;

@@ -55,6 +55,12 @@ __device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
 #ifndef STRATA_REG_DECODE
 #define STRATA_REG_DECODE 1
 #endif
+//   STRATA_WORD_LOADS  1: Q8_0's 32 quants (and IQ3_XXS's 8 grid indices) read as aligned words
+//                      funnel-shifted into place (ld_words_a2: 9 loads for Q8_0's 8 words, not
+//                      16); 0: two 16-bit loads a word. Same integers.
+#ifndef STRATA_WORD_LOADS
+#define STRATA_WORD_LOADS 1
+#endif
 
 // byte k of the result = byte (s >> 4k) & 7 of the pair (lo = bytes 0-3, hi = bytes 4-7);
 // every selector nibble here is below 8 (PTX prmt's default mode reads bit 3 as "replicate
@@ -130,8 +136,12 @@ struct Fmt<QT_Q8_0> {
                                                   float& s1, float& mn) {
         s0 = s1 = h2f(ld_u16(b));
         mn = 0.0f;
+#if STRATA_WORD_LOADS
+        ld_words_a2<8>(b + 2, (u32*)w);
+#else
 #pragma unroll
         for (int k = 0; k < 8; ++k) w[k] = (int)ld_u32_a2(b + 2 + 4 * k);
+#endif
     }
 };
 
@@ -341,7 +351,12 @@ struct Fmt<QT_IQ3_XXS> {
         mn = 0.0f;
         const u8* qs = b + 2 + 8 * j;
 #if STRATA_FAST_DECODE
+#if STRATA_WORD_LOADS
+        u32 qw[2];
+        ld_words_a2<2>(qs, qw);
+#else
         const u32 qw[2] = {ld_u32_a2(qs), ld_u32_a2(qs + 4)};
+#endif
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const u32 sg = iq_signs(aux >> (7 * l)), q = qw[l >> 1] >> (16 * (l & 1));
