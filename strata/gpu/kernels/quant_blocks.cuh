@@ -55,9 +55,12 @@ __device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
 #ifndef STRATA_REG_DECODE
 #define STRATA_REG_DECODE 1
 #endif
-//   STRATA_WORD_LOADS  1: Q8_0's 32 quants (and IQ3_XXS's 8 grid indices) read as aligned words
-//                      funnel-shifted into place (ld_words_a2: 9 loads for Q8_0's 8 words, not
-//                      16); 0: two 16-bit loads a word. Same integers.
+//   STRATA_WORD_LOADS  1: Q8_0's 32 quants read as aligned words funnel-shifted into place
+//                      (ld_words_a2: 9 loads for its 8 words, not 16); 2: IQ3_XXS's 8 grid
+//                      indices too; 0: two 16-bit loads a word. Same integers. On the H200
+//                      (bench/results/session18-h200-20261201.md) Q8_0's prompt GEMM took
+//                      0.79-0.81x the time, its attention GEMVs 0.82-0.89x; IQ3_XXS's GEMVs were
+//                      mixed (attention 0.97x, lm_head 1.08x), so 2 is an arm, not the default.
 #ifndef STRATA_WORD_LOADS
 #define STRATA_WORD_LOADS 1
 #endif
@@ -351,7 +354,7 @@ struct Fmt<QT_IQ3_XXS> {
         mn = 0.0f;
         const u8* qs = b + 2 + 8 * j;
 #if STRATA_FAST_DECODE
-#if STRATA_WORD_LOADS
+#if STRATA_WORD_LOADS >= 2
         u32 qw[2];
         ld_words_a2<2>(qs, qw);
 #else
