@@ -2,7 +2,10 @@
 configuration): CUPTI kernel records through torch.profiler (it sees CuPy's kernels in the same
 process), summed by kernel name, against the prefill's wall time.
 
-    python3 bench/h200/prefill_profile.py MODEL [T]
+    python3 bench/h200/prefill_profile.py MODEL [T] [--ncu]
+
+--ncu: after the warm prefills, one more between cudaProfilerStart/Stop and nothing else (for
+`ncu --profile-from-start off -k regex:moe_gate_up_mma -c 1 ...`; call LA).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from strata.config import resolve
 from strata.engine.builder import build_engine
 from strata.model.loader import load_model
 
-path, t = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 512
+ncu = "--ncu" in sys.argv[1:]
+args = [a for a in sys.argv[1:] if a != "--ncu"]
+path, t = args[0], int(args[1]) if len(args) > 1 else 512
 model = load_model(path)
 flags = dict(
     expert_cache="all", car_threshold=1.0, vram_budget_mib=40000, vram_budget_widen=True,
@@ -29,6 +34,16 @@ for _ in range(2):  # compile, warm
     engine.reset()
     engine.forward(prompt)
 import cupy as cp  # noqa: E402
+
+if ncu:
+    engine.reset()
+    cp.cuda.runtime.deviceSynchronize()
+    cp.cuda.runtime.profilerStart()
+    engine.forward(prompt)
+    cp.cuda.runtime.deviceSynchronize()
+    cp.cuda.runtime.profilerStop()
+    print(f"profiled one {t}-token prefill")
+    sys.exit(0)
 
 cp.cuda.Device().synchronize()
 engine.reset()
