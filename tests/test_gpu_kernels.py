@@ -58,6 +58,7 @@ QUANTS = [
     QT.IQ1_M,
 ]
 FLOATS = [QT.F32, QT.F16, QT.BF16]
+GRID_QUANTS = [QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S, QT.IQ1_M]  # quant_blocks.cuh FMT_GRID
 
 
 def rng() -> np.random.Generator:
@@ -217,6 +218,14 @@ def test_gemm_mma_matches_reference(device, qt, t, nt, monkeypatch):
     got = cp.asnumpy(out)
     assert rel(got[:t, :rows], gemv_ref(raw, qt, x, bias, resid[:, :rows])) < 1e-5
     assert np.isnan(got[:t, rows:]).all() and np.isnan(got[t:]).all()  # nothing else written
+    if qt in GRID_QUANTS and t == 40:
+        # the grid decoded from the grids' bytes in global memory, not the codes in shared
+        # memory (STRATA_GRID_CODES=0): the same integers, so the same bits
+        K0 = Kernels(cp, device.warp_size, device.sm_count, ("-DSTRATA_GRID_CODES=0",),
+                     arch=device.arch)  # fmt: skip
+        out0 = cp.full((140, ldo), np.nan, np.float32)
+        gemm_mma(K0, w, act, out0, t, resid=cp.asarray(resid), ldo=ldo, nt=nt)
+        np.testing.assert_array_equal(cp.asnumpy(out0), got)
 
 
 @pytest.mark.parametrize("qt", [QT.Q8_0, QT.IQ3_XXS, QT.F32], ids=lambda q: q.name)
@@ -631,7 +640,7 @@ def test_moe_experts_match_reference(K, qts, variant):
 @pytest.fixture(scope="module")
 def K_plain(K):
     """The original decode build (every decode knob off; the default build has them on)."""
-    knobs = ("FAST_DECODE", "SMEM_GRID", "REG_DECODE", "GEMV1_SMEM_GRID")
+    knobs = ("FAST_DECODE", "SMEM_GRID", "REG_DECODE", "GEMV1_SMEM_GRID", "GRID_CODES")
     return Kernels(cp, K.warp, K.sm_count, tuple(f"-DSTRATA_{k}=0" for k in knobs))
 
 

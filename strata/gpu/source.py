@@ -42,13 +42,17 @@ def _c_array(name: str, ctype: str, values: np.ndarray, per_line: int = 8) -> st
         items = [f"0x{int(v):016x}ull" for v in values]
     elif ctype == "u32":
         items = [f"0x{int(v):08x}u" for v in values]
+    elif ctype == "u16":
+        items = [f"0x{int(v):04x}" for v in values]
     else:
         items = [str(int(v)) for v in values]
     lines = [
         "    " + ", ".join(items[i : i + per_line]) + "," for i in range(0, len(items), per_line)
     ]
     return (
-        f"static __device__ const {ctype} {name}[{len(items)}] = {{\n" + "\n".join(lines) + "\n};\n"
+        f"alignas(8) static __device__ const {ctype} {name}[{len(items)}] = {{\n"
+        + "\n".join(lines)
+        + "\n};\n"
     )
 
 
@@ -58,6 +62,18 @@ def _grid(cls, dtype) -> np.ndarray:
     out = g.astype(dtype)
     assert np.array_equal(out.astype(np.float32), g), cls.__name__
     return np.ascontiguousarray(out)
+
+
+def _codes(g: np.ndarray, levels) -> np.ndarray:
+    """Each grid row as selector codes: nibble k = the index in `levels` of value k (byte_perm
+    selectors into the level bytes, quant_blocks.cuh STRATA_GRID_CODES); rows of 4 values give
+    16-bit codes, rows of 8 give 32-bit ones."""
+    lv = np.asarray(levels)
+    idx = np.searchsorted(lv, g)
+    assert np.array_equal(lv[idx], g), "a grid value outside its levels"
+    shifts = 4 * np.arange(g.shape[1], dtype=np.uint64)
+    codes = (idx.astype(np.uint64) << shifts).sum(axis=1)
+    return codes.astype(np.uint16 if g.shape[1] == 4 else np.uint32)
 
 
 def _words_define(prefix: str, words: np.ndarray) -> str:
@@ -85,6 +101,22 @@ def iq_tables() -> str:
         _c_array("kvalues_iq4nl", "i8", np.array(gq.IQ4_NL.kvalues, np.int8), 16),
         _words_define("KVALUES_IQ4NL_W", pack(np.array(gq.IQ4_NL.kvalues, np.int8), "<u4")),
     ]
+    # the same grids as selector codes into their level bytes (STRATA_GRID_CODES): IQ3's eight
+    # magnitudes in two words, IQ2's three in one, IQ1's -1/0/1 as 8 * g + delta in a word per
+    # delta sign (quant_blocks.cuh builds those two from the delta)
+    lv3xxs, lv3s, lv2 = (4, 12, 20, 28, 36, 44, 52, 62), tuple(range(1, 16, 2)), (8, 25, 43, 0)
+    for name, cls, dt, lv in (
+        ("iq3xxs_code", gq.IQ3_XXS, np.uint8, lv3xxs),
+        ("iq3s_code", gq.IQ3_S, np.uint8, lv3s),
+        ("iq2xxs_code", gq.IQ2_XXS, np.uint8, lv2[:3]),
+        ("iq2s_code", gq.IQ2_S, np.uint8, lv2[:3]),
+        ("iq1s_code", gq.IQ1_S, np.int8, (-1, 0, 1)),
+    ):
+        codes = _codes(_grid(cls, dt), lv)
+        parts.append(_c_array(name, "u16" if codes.dtype == np.uint16 else "u32", codes))
+    parts.append(_words_define("IQ3XXS_LV", pack(np.array(lv3xxs), "<u4")))
+    parts.append(_words_define("IQ3S_LV", pack(np.array(lv3s), "<u4")))
+    parts.append(_words_define("IQ2_LV", pack(np.array(lv2), "<u4")))
     return "\n".join(parts)
 
 

@@ -32,13 +32,13 @@
 #define MOE_KG 8        // pairs staged together by moe_down_st (fewer where 40 KiB is short)
 
 // one warp: silu(gate[f]) * up[f] of expert slot `slot` on token t (lane 0 holds the result)
-template <int QT>
+template <int QT, class G>
 __device__ __forceinline__ float moe_gate_up_row(const u8* __restrict__ gate,
                                                  const u8* __restrict__ up, int slot,
                                                  i64 slot_stride, const i8* __restrict__ hq,
                                                  const float* __restrict__ hd, int xd_shift,
                                                  i64 t, int f, int D, int lane,
-                                                 const typename Fmt<QT>::tab_t* __restrict__ tab) {
+                                                 const G tab) {
     const int nsub = D / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
     const i64 row_bytes = (i64)(D / Fmt<QT>::QK) * Fmt<QT>::BB;
     const u8* gr = gate + slot * slot_stride + f * row_bytes;
@@ -69,8 +69,8 @@ __device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u
                                             const float* __restrict__ hd, int xd_shift,
                                             const i32* __restrict__ pair_slot, int K,
                                             float* __restrict__ act, int F, int D) {
-    __shared__ typename Fmt<QT>::tab_t smt[Stage<QT>::SM_TAB];
-    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);  // every thread, before any return
+    __shared__ typename GridTab<QT>::Store smt;
+    const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int f = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
     const int p = blockIdx.y;
@@ -97,8 +97,8 @@ __device__ __forceinline__ void moe_gate_up_fq(const u8* __restrict__ gate,
                                                i8* __restrict__ aq, float* __restrict__ ad,
                                                int amode, i32* __restrict__ cnt) {
     __shared__ int last;
-    __shared__ typename Fmt<QT>::tab_t smt[Stage<QT>::SM_TAB];
-    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);  // every thread, before any return
+    __shared__ typename GridTab<QT>::Store smt;
+    const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int nw = blockDim.x / STRATA_WARP;
     const int f = blockIdx.x * nw + wid;
@@ -131,8 +131,8 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
                                          const float* __restrict__ pair_w, int K,
                                          float* __restrict__ out, int D, int F,
                                          const float* __restrict__ resid) {
-    __shared__ typename Fmt<QT>::tab_t smt[Stage<QT>::SM_TAB];
-    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);  // every thread, before any return
+    __shared__ typename GridTab<QT>::Store smt;
+    const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int d = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
     const i64 t = blockIdx.y;
@@ -170,12 +170,12 @@ __device__ __forceinline__ void moe_gate_up_st(const u8* __restrict__ gate,
                                                float* __restrict__ act, int F, int D) {
     typedef Stage<QT> S;
     __shared__ i32x4 sm[MOE_ST_WARPS][2 * R * S::BUF / 16];  // 16-byte aligned
-    __shared__ typename Fmt<QT>::tab_t smt[S::SM_TAB];
+    __shared__ typename GridTab<QT>::Store smt;
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int p = blockIdx.y;
     const int slot = pair_slot[p];
     if (slot < 0) return;  // the whole block: one pair
-    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);
+    const auto tab = stage_tab<QT>(smt.v);
     const int f0 = (blockIdx.x * MOE_ST_WARPS + wid) * R;
     if (f0 >= F) return;
     const i64 t = p / K;
@@ -215,9 +215,9 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
         KG = KGF < MOE_KG ? (KGF < 1 ? 1 : KGF) : MOE_KG  // pairs staged together
     };
     __shared__ i32x4 sm[MOE_ST_WARPS][KG * S::BUF / 16];  // 16-byte aligned
-    __shared__ typename Fmt<QT>::tab_t smt[S::SM_TAB];
+    __shared__ typename GridTab<QT>::Store smt;
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);
+    const auto tab = stage_tab<QT>(smt.v);
     const int d = blockIdx.x * MOE_ST_WARPS + wid;
     const i64 t = blockIdx.y;
     if (d >= D) return;

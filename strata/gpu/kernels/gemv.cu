@@ -165,10 +165,10 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
     const int row_bytes = (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
     const u8* wr = W + (i64)min(r, rows - 1) * row_bytes;
 #if STRATA_GEMV1_SMEM_GRID
-    __shared__ typename Fmt<QT>::tab_t smt[Stage<QT>::SM_TAB];
-    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);  // every thread, before any return
+    __shared__ typename GridTab<QT>::Store smt;
+    const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
 #else
-    const typename Fmt<QT>::tab_t* tab = Fmt<QT>::gtab();
+    const GridRef<typename Fmt<QT>::tab_t, 1> tab{Fmt<QT>::gtab()};
 #endif
 #if STRATA_GEMV_PDL_SPLIT
     // the weights do not depend on the kernel before: ask L2 for this warp's share of the row
@@ -238,10 +238,10 @@ __device__ __forceinline__ void gemv1_staged(const u8* __restrict__ W, const i8*
                                              int wpr) {
     typedef Stage<QT> S;
     __shared__ i32x4 sm[GEMV1_WARPS][S::BUF / 16];  // 16-byte aligned
-    __shared__ typename Fmt<QT>::tab_t smt[S::SM_TAB];
+    __shared__ typename GridTab<QT>::Store smt;
     __shared__ float part[GEMV1_WARPS];
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const typename Fmt<QT>::tab_t* tab = stage_tab<QT>(smt);
+    const auto tab = stage_tab<QT>(smt.v);
     const int r = blockIdx.x * (GEMV1_WARPS / wpr) + wid / wpr, ws = wid % wpr;
     float acc = 0.0f;
     if (r < rows) {

@@ -64,6 +64,43 @@ __device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
 #ifndef STRATA_WORD_LOADS
 #define STRATA_WORD_LOADS 1
 #endif
+//   STRATA_GRID_CODES  1: the grid formats (IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_S, IQ1_M) look up
+//                      selector codes (iq*_code: a nibble per value, its index among the
+//                      format's levels) and form the bytes by byte permutes of the level
+//                      words: tables of 0.5-8 KiB instead of 1-16 KiB, so kernels can hold
+//                      them, several copies deep, in shared memory; 0: the grids' bytes.
+//   STRATA_GRID_SMEM_BYTES  shared memory a kernel block spends on lane-banked copies of its
+//                      format's code table (GridRef below; codes on): as many copies (a power
+//                      of two, at most 32) as fit, a table past it stays in global memory.
+//                      STRATA_MMA_GRID_SMEM_BYTES: the same for the prompt's tensor-core tiles
+//                      (experts_mma.cu), whose blocks are long enough to amortize the fill.
+#ifndef STRATA_GRID_CODES
+#define STRATA_GRID_CODES 1
+#endif
+#ifndef STRATA_GRID_SMEM_BYTES
+#define STRATA_GRID_SMEM_BYTES 4096
+#endif
+#ifndef STRATA_MMA_GRID_SMEM_BYTES
+#define STRATA_MMA_GRID_SMEM_BYTES 16384
+#endif
+
+// A lookup table as a kernel reads it: entry i of copy (lane % C), copies interleaved so that
+// lane l's reads fall in bank l % 32 when C = 32 (C = 1: a plain array, as the global tables).
+// Words hold one u32 entry, two u16 entries (pairs stay together: a copy is a run of words) or
+// half of a u64 one. `p` points at the lane's copy (grid_ref).
+template <typename T, int C>
+struct GridRef {
+    const T* p;
+    __device__ __forceinline__ T operator[](u32 i) const {
+        if (sizeof(T) == 2) return p[(i & ~1u) * C + (i & 1u)];
+        return p[(u64)i * C];
+    }
+};
+template <int C, typename T>
+__device__ __forceinline__ GridRef<T, C> grid_ref(const T* base, int lane) {
+    const int unit = sizeof(T) == 2 ? 2 : 1;  // entries a copy takes of one interleave step
+    return GridRef<T, C>{base + (C > 1 ? (lane % C) * unit : 0)};
+}
 
 // byte k of the result = byte (s >> 4k) & 7 of the pair (lo = bytes 0-3, hi = bytes 4-7);
 // every selector nibble here is below 8 (PTX prmt's default mode reads bit 3 as "replicate
@@ -109,14 +146,15 @@ __device__ __forceinline__ u32 iq_signs(u32 i) {
 }
 
 // Fmt<QT>::decode(b, j, w, s0, s1, mn, tab) reads the format's lookup table (tab_t[TAB_N],
-// gtab() in global memory) through `tab`, so a kernel may pass a shared-memory copy; formats
-// without a table ignore it. The six-argument decode uses gtab().
+// gtab() in global memory) through `tab` (a GridRef), so a kernel may pass shared-memory copies;
+// formats without a table ignore it. The six-argument decode reads gtab().
 #define FMT_NO_TAB                                                                              \
     typedef u8 tab_t;                                                                           \
     enum { TAB_N = 0 };                                                                         \
     static __device__ __forceinline__ const tab_t* gtab() { return nullptr; }                   \
+    template <class G>                                                                          \
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,        \
-                                                  float& s1, float& mn, const tab_t*) {         \
+                                                  float& s1, float& mn, G) {                    \
         decode(b, j, w, s0, s1, mn);                                                            \
     }
 #define FMT_TAB(T, N, G)                                                                        \
@@ -125,8 +163,35 @@ __device__ __forceinline__ u32 iq_signs(u32 i) {
     static __device__ __forceinline__ const tab_t* gtab() { return G; }                         \
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,        \
                                                   float& s1, float& mn) {                       \
-        decode(b, j, w, s0, s1, mn, G);                                                         \
+        decode(b, j, w, s0, s1, mn, GridRef<tab_t, 1>{G});                                      \
     }
+// a grid format's table: the codes or the bytes (STRATA_GRID_CODES)
+#if STRATA_GRID_CODES
+#define FMT_GRID(CT, N, CODE, BT, GRID) FMT_TAB(CT, N, CODE)
+#else
+#define FMT_GRID(CT, N, CODE, BT, GRID) FMT_TAB(BT, N, GRID)
+#endif
+
+// the magnitudes of four grid values from a 16-bit code (bytes of lv0 | lv1 << 32) or, with the
+// grid's bytes, the entry itself
+__device__ __forceinline__ u32 grid4(u32 e, u32 lv0, u32 lv1) {
+#if STRATA_GRID_CODES
+    return perm_bytes(lv0, lv1, e);
+#else
+    return e;
+#endif
+}
+// ... of eight values (two words), a 32-bit code into one level word, or a u64 grid entry
+template <typename T>
+__device__ __forceinline__ void grid8(T e, u32 lv, u32& lo, u32& hi) {
+#if STRATA_GRID_CODES
+    lo = perm_bytes(lv, 0u, (u32)e & 0xFFFFu);
+    hi = perm_bytes(lv, 0u, (u32)e >> 16);
+#else
+    lo = (u32)e;
+    hi = (u32)((u64)e >> 32);
+#endif
+}
 
 template <int QT>
 struct Fmt;
@@ -293,9 +358,9 @@ struct Fmt<QT_IQ4_XS> {
                                                   float& s1, float& mn) {
 #else
     FMT_TAB(i8, 16, kvalues_iq4nl)
+    template <class G>
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
-                                                  float& s1, float& mn,
-                                                  const tab_t* __restrict__ grid) {
+                                                  float& s1, float& mn, G grid) {
 #endif
         const u8* qs = b + 8 + 16 * j;
         u32 hd[2], qw[4];
@@ -345,10 +410,10 @@ struct Fmt<QT_IQ4_XS> {
 template <>
 struct Fmt<QT_IQ3_XXS> {
     enum { QK = 256, BB = 98, HAS_MIN = 0 };
-    FMT_TAB(u32, 256, iq3xxs_grid)
+    FMT_GRID(u16, 256, iq3xxs_code, u32, iq3xxs_grid)
+    template <class G>
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
-                                                  float& s1, float& mn,
-                                                  const tab_t* __restrict__ grid) {
+                                                  float& s1, float& mn, G grid) {
         const u32 aux = ld_u32_a2(b + 66 + 4 * j);
         s0 = s1 = h2f(ld_u16(b)) * (0.5f + (float)(aux >> 28)) * 0.5f;
         mn = 0.0f;
@@ -363,15 +428,17 @@ struct Fmt<QT_IQ3_XXS> {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const u32 sg = iq_signs(aux >> (7 * l)), q = qw[l >> 1] >> (16 * (l & 1));
-            w[2 * l] = apply_signs4(grid[q & 0xFF], sg & 15);
-            w[2 * l + 1] = apply_signs4(grid[(q >> 8) & 0xFF], sg >> 4);
+            w[2 * l] = apply_signs4(grid4(grid[q & 0xFF], IQ3XXS_LV0, IQ3XXS_LV1), sg & 15);
+            w[2 * l + 1] =
+                apply_signs4(grid4(grid[(q >> 8) & 0xFF], IQ3XXS_LV0, IQ3XXS_LV1), sg >> 4);
         }
 #else
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const u32 sg = iq_signs(aux >> (7 * l));
-            w[2 * l] = apply_signs4(grid[qs[2 * l]], sg & 15);
-            w[2 * l + 1] = apply_signs4(grid[qs[2 * l + 1]], sg >> 4);
+            w[2 * l] = apply_signs4(grid4(grid[qs[2 * l]], IQ3XXS_LV0, IQ3XXS_LV1), sg & 15);
+            w[2 * l + 1] =
+                apply_signs4(grid4(grid[qs[2 * l + 1]], IQ3XXS_LV0, IQ3XXS_LV1), sg >> 4);
         }
 #endif
     }
@@ -380,19 +447,20 @@ struct Fmt<QT_IQ3_XXS> {
 template <>
 struct Fmt<QT_IQ2_XXS> {
     enum { QK = 256, BB = 66, HAS_MIN = 0 };
-    FMT_TAB(u64, 256, iq2xxs_grid)
+    FMT_GRID(u32, 256, iq2xxs_code, u64, iq2xxs_grid)
+    template <class G>
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
-                                                  float& s1, float& mn,
-                                                  const tab_t* __restrict__ grid) {
+                                                  float& s1, float& mn, G grid) {
         const u32 a0 = ld_u32_a2(b + 2 + 8 * j), a1 = ld_u32_a2(b + 6 + 8 * j);
         s0 = s1 = h2f(ld_u16(b)) * (0.5f + (float)(a1 >> 28)) * 0.25f;
         mn = 0.0f;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            const u64 g = grid[(a0 >> (8 * l)) & 255];
+            u32 lo, hi;
+            grid8(grid[(a0 >> (8 * l)) & 255], IQ2_LV0, lo, hi);
             const u32 sg = iq_signs(a1 >> (7 * l));
-            w[2 * l] = apply_signs4((u32)g, sg & 15);
-            w[2 * l + 1] = apply_signs4((u32)(g >> 32), sg >> 4);
+            w[2 * l] = apply_signs4(lo, sg & 15);
+            w[2 * l + 1] = apply_signs4(hi, sg >> 4);
         }
     }
 };
@@ -400,10 +468,10 @@ struct Fmt<QT_IQ2_XXS> {
 template <>
 struct Fmt<QT_IQ2_S> {
     enum { QK = 256, BB = 82, HAS_MIN = 0 };
-    FMT_TAB(u64, 1024, iq2s_grid)
+    FMT_GRID(u32, 1024, iq2s_code, u64, iq2s_grid)
+    template <class G>
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
-                                                  float& s1, float& mn,
-                                                  const tab_t* __restrict__ grid) {
+                                                  float& s1, float& mn, G grid) {
         const float d = h2f(ld_u16(b));
         const int sc = b[74 + j];
         s0 = d * (0.5f + (float)(sc & 0xF)) * 0.25f;
@@ -413,10 +481,11 @@ struct Fmt<QT_IQ2_S> {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const int g = 4 * j + l;
-            const u64 gr = grid[b[2 + g] | (((qh >> (2 * l)) & 3) << 8)];
+            u32 lo, hi;
+            grid8(grid[b[2 + g] | (((qh >> (2 * l)) & 3) << 8)], IQ2_LV0, lo, hi);
             const u32 sg = b[34 + g];
-            w[2 * l] = apply_signs4((u32)gr, sg & 15);
-            w[2 * l + 1] = apply_signs4((u32)(gr >> 32), sg >> 4);
+            w[2 * l] = apply_signs4(lo, sg & 15);
+            w[2 * l + 1] = apply_signs4(hi, sg >> 4);
         }
     }
 };
@@ -424,10 +493,10 @@ struct Fmt<QT_IQ2_S> {
 template <>
 struct Fmt<QT_IQ3_S> {
     enum { QK = 256, BB = 110, HAS_MIN = 0 };
-    FMT_TAB(u32, 512, iq3s_grid)
+    FMT_GRID(u16, 512, iq3s_code, u32, iq3s_grid)
+    template <class G>
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
-                                                  float& s1, float& mn,
-                                                  const tab_t* __restrict__ grid) {
+                                                  float& s1, float& mn, G grid) {
         const int sc = (b[106 + (j >> 1)] >> (4 * (j & 1))) & 0xF;
         s0 = s1 = h2f(ld_u16(b)) * (float)(1 + 2 * sc);
         mn = 0.0f;
@@ -435,8 +504,9 @@ struct Fmt<QT_IQ3_S> {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const int g = 8 * j + 2 * l;
-            const u32 g0 = grid[b[2 + g] | (((qh >> (2 * l)) & 1) << 8)];
-            const u32 g1 = grid[b[3 + g] | (((qh >> (2 * l + 1)) & 1) << 8)];
+            const u32 g0 = grid4(grid[b[2 + g] | (((qh >> (2 * l)) & 1) << 8)], IQ3S_LV0, IQ3S_LV1);
+            const u32 g1 =
+                grid4(grid[b[3 + g] | (((qh >> (2 * l + 1)) & 1) << 8)], IQ3S_LV0, IQ3S_LV1);
             const u32 sg = b[74 + 4 * j + l];
             w[2 * l] = apply_signs4(g0, sg & 15);
             w[2 * l + 1] = apply_signs4(g1, sg >> 4);
@@ -447,10 +517,10 @@ struct Fmt<QT_IQ3_S> {
 template <>
 struct Fmt<QT_IQ1_M> {
     enum { QK = 256, BB = 56, HAS_MIN = 0 };
-    FMT_TAB(u64, 2048, iq1s_grid)
+    FMT_GRID(u32, 2048, iq1s_code, u64, iq1s_grid)
+    template <class G>
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
-                                                  float& s1, float& mn,
-                                                  const tab_t* __restrict__ grid) {
+                                                  float& s1, float& mn, G grid) {
         const u16 sc0 = ld_u16(b + 48), sc1 = ld_u16(b + 50), sc2 = ld_u16(b + 52),
                   sc3 = ld_u16(b + 54);
         const u16 dbits = (u16)((sc0 >> 12) | ((sc1 >> 8) & 0x00F0) | ((sc2 >> 4) & 0x0F00) |
@@ -461,7 +531,20 @@ struct Fmt<QT_IQ1_M> {
         s0 = d * (float)(2 * ((word >> sh) & 7) + 1) * 0.125f;
         s1 = d * (float)(2 * ((word >> (sh + 3)) & 7) + 1) * 0.125f;
         mn = 0.0f;
-#if STRATA_REG_DECODE
+#if STRATA_GRID_CODES
+        // group l of sub-block j: grid index qs[4j + l] | (nibble l of qh & 7) << 8, the
+        // nibble's bit 3 the sign of its delta; the code's nibbles (grid + 1: 0, 1, 2) pick
+        // 8 * grid + delta from the bytes {delta - 8, delta, delta + 8}
+        const u32 qs4 = ld_u32_a2(b + 4 * j), qh = ld_u16(b + 32 + 2 * j);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u32 nib = (qh >> (4 * l)) & 0xFu;
+            const u32 e = grid[((qs4 >> (8 * l)) & 0xFFu) | ((nib & 7u) << 8)];
+            const u32 dw = (nib & 8u) ? 0x0007FFF7u : 0x000901F9u;  // delta -1 : +1
+            w[2 * l] = (int)perm_bytes(dw, 0u, e & 0xFFFFu);
+            w[2 * l + 1] = (int)perm_bytes(dw, 0u, e >> 16);
+        }
+#elif STRATA_REG_DECODE
         // group l of sub-block j: grid index qs[4j + l] | (nibble l of qh & 7) << 8, the
         // nibble's bit 3 the sign of its delta; the grid's bytes are -1, 0, 1, so 8 * grid is
         // (g << 3) masked to each byte's top five bits, and 8 * grid + delta one bytewise add
@@ -576,12 +659,6 @@ struct Stage {
         CB = (STRATA_WARP * 32 / Fmt<QT>::QK) * Fmt<QT>::BB,  // bytes of one chunk
         BUF = (CB + 30) / 16 * 16,                             // + up to 15 bytes of offset
         NV = (BUF / 16 + STRATA_WARP - 1) / STRATA_WARP,       // 16-byte loads per lane
-        // shared-memory copy of the lookup grid: small tables only (STRATA_SMEM_GRID)
-        SM_TAB = (STRATA_SMEM_GRID && Fmt<QT>::TAB_N > 0 &&
-                  Fmt<QT>::TAB_N * sizeof(typename Fmt<QT>::tab_t) <= 2048)
-                     ? (int)Fmt<QT>::TAB_N
-                     : 1,
-        USE_SM_TAB = SM_TAB > 1
     };
     // bytes of chunk c of a row of nsub sub-blocks (the last one may be short: whole blocks)
     static __device__ __forceinline__ int bytes(int nsub, int c) {
@@ -618,20 +695,60 @@ __device__ __forceinline__ const u8* stage_store(u8* sm, const i32x4* v, const u
     return sm + o;
 }
 
-// the table decode reads: a block's shared copy (filled by all its threads, then a barrier)
-// when Stage<QT>::USE_SM_TAB, else the global one; every thread of the block must call it
-template <int QT>
-__device__ __forceinline__ const typename Fmt<QT>::tab_t* stage_tab(
-    typename Fmt<QT>::tab_t* sm_tab) {
-#if STRATA_SMEM_GRID
-    if (Stage<QT>::USE_SM_TAB) {
-        for (int i = threadIdx.x; i < Stage<QT>::SM_TAB; i += blockDim.x)
-            sm_tab[i] = Fmt<QT>::gtab()[i];
+// How a block holds format QT's lookup table with BYTES of shared memory to spend
+// (STRATA_SMEM_GRID): C lane-banked copies (GridRef) of the code table (STRATA_GRID_CODES), or,
+// with the grids' bytes, one copy of a table of at most 2 KiB; C = 0: the global table.
+template <int QT, int BYTES = STRATA_GRID_SMEM_BYTES>
+struct GridTab {
+    typedef typename Fmt<QT>::tab_t T;
+    enum {
+        TB = Fmt<QT>::TAB_N * (int)sizeof(T),  // bytes of one copy
+        C = (!STRATA_SMEM_GRID || TB == 0)  ? 0
+            : !STRATA_GRID_CODES            ? (TB <= 2048 ? 1 : 0)
+            : TB * 32 <= BYTES              ? 32
+            : TB * 16 <= BYTES              ? 16
+            : TB * 8 <= BYTES               ? 8
+            : TB * 4 <= BYTES               ? 4
+            : TB * 2 <= BYTES               ? 2
+            : TB <= BYTES                   ? 1
+                                            : 0,
+        COPIES = C > 0 ? C : 1,
+        N = C > 0 ? Fmt<QT>::TAB_N * C : 1,  // entries of the kernel's shared array (1: unused)
+        USE = C > 0
+    };
+    typedef GridRef<T, COPIES> Ref;
+    struct alignas(16) Store {  // a kernel's __shared__ array for stage_tab
+        T v[N];
+    };
+};
+
+// the table decode reads: the block's shared copies (filled by all its threads, then a
+// barrier) where GridTab<QT, BYTES>::USE, else the global table; every thread of the block must
+// call it. `sm`: a GridTab::Store's entries.
+template <int QT, int BYTES = STRATA_GRID_SMEM_BYTES>
+__device__ __forceinline__ typename GridTab<QT, BYTES>::Ref stage_tab(
+    typename Fmt<QT>::tab_t* sm) {
+    typedef GridTab<QT, BYTES> GT;
+    typedef typename GT::T T;
+    if (GT::USE) {
+        // copy c of interleave unit e (U words: a u16 pair, a u32, a u64) at words
+        // (e * C + c) * U ..: four consecutive words are one unit's copies where C * U >= 4
+        enum { U = sizeof(T) == 8 ? 2 : 1, NW = GT::TB / 4 * GT::C, CU = GT::C * U };
+        const u32* src = (const u32*)Fmt<QT>::gtab();
+        u32* dst = (u32*)sm;
+        if (CU >= 4) {
+            for (int q = threadIdx.x; q < NW / 4; q += blockDim.x) {
+                const int d = 4 * q, e = d / CU;
+                const u32 v0 = src[e * U], v1 = src[e * U + (U - 1)];
+                ((i32x4*)dst)[q] = i32x4{(int)v0, (int)v1, (int)v0, (int)v1};  // U = 1: v1 == v0
+            }
+        } else {
+            for (int d = threadIdx.x; d < NW; d += blockDim.x) dst[d] = src[(d / CU) * U + d % U];
+        }
         __syncthreads();
-        return sm_tab;
+        return grid_ref<GT::COPIES>((const T*)sm, (int)(threadIdx.x % STRATA_WARP));
     }
-#endif
-    return Fmt<QT>::gtab();
+    return typename GT::Ref{Fmt<QT>::gtab()};
 }
 
 // acc[m] += sum over sub-blocks sb of dx(sb) * dot(row m, x) for M rows sharing one activation
@@ -639,11 +756,11 @@ __device__ __forceinline__ const typename Fmt<QT>::tab_t* stage_tab(
 // lane l takes sub-block c * STRATA_WARP + l, in the same order (and float operations) as a
 // one-warp-per-row loop over sb = lane, lane + STRATA_WARP, ... `sm` holds M * Stage::BUF bytes
 // of this warp. Chunk c + cstep is read into registers while chunk c is decoded.
-template <int QT, int M>
+template <int QT, int M, class G>
 __device__ __forceinline__ void staged_rows(u8* sm, const u8* const* rows, int nsub, int c0,
                                             int cstep, const i8* __restrict__ xq,
                                             const float* __restrict__ xd, int xd_shift,
-                                            const typename Fmt<QT>::tab_t* tab, float* acc) {
+                                            const G tab, float* acc) {
     typedef Stage<QT> S;
     const int lane = threadIdx.x % STRATA_WARP, spb = Fmt<QT>::QK / 32;
     const int nch = (nsub + STRATA_WARP - 1) / STRATA_WARP;
