@@ -219,10 +219,10 @@ def test_gemm_mma_matches_reference(device, qt, t, nt, monkeypatch):
     assert rel(got[:t, :rows], gemv_ref(raw, qt, x, bias, resid[:, :rows])) < 1e-5
     assert np.isnan(got[:t, rows:]).all() and np.isnan(got[t:]).all()  # nothing else written
     if qt in GRID_QUANTS and t == 40:
-        # the grid decoded from the grids' bytes in global memory, not the codes in shared
-        # memory (STRATA_GRID_CODES=0): the same integers, so the same bits
-        K0 = Kernels(cp, device.warp_size, device.sm_count, ("-DSTRATA_GRID_CODES=0",),
-                     arch=device.arch)  # fmt: skip
+        # the grid's bytes, not its codes, and the signs spread by shifts, not a multiply
+        # (STRATA_GRID_CODES=0, STRATA_SIGN_SPREAD=0): the same integers, so the same bits
+        K0 = Kernels(cp, device.warp_size, device.sm_count,
+                     ("-DSTRATA_GRID_CODES=0", "-DSTRATA_SIGN_SPREAD=0"), arch=device.arch)  # fmt: skip
         out0 = cp.full((140, ldo), np.nan, np.float32)
         gemm_mma(K0, w, act, out0, t, resid=cp.asarray(resid), ldo=ldo, nt=nt)
         np.testing.assert_array_equal(cp.asnumpy(out0), got)
@@ -640,7 +640,8 @@ def test_moe_experts_match_reference(K, qts, variant):
 @pytest.fixture(scope="module")
 def K_plain(K):
     """The original decode build (every decode knob off; the default build has them on)."""
-    knobs = ("FAST_DECODE", "SMEM_GRID", "REG_DECODE", "GEMV1_SMEM_GRID", "GRID_CODES")
+    knobs = ("FAST_DECODE", "SMEM_GRID", "REG_DECODE", "GEMV1_SMEM_GRID", "GRID_CODES",
+             "SIGN_SPREAD")
     return Kernels(cp, K.warp, K.sm_count, tuple(f"-DSTRATA_{k}=0" for k in knobs))
 
 

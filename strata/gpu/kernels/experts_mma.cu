@@ -89,9 +89,6 @@ __device__ __forceinline__ void moe_tiles_mma(
     float* __restrict__ out, int R, int C, const float* __restrict__ bias,
     const float* __restrict__ resid, int ldo) {
     __shared__ MmaStage stage[MMA_WARPS];
-    // the format's code table, lane-banked copies (quant_blocks.cuh GridTab): every thread
-    __shared__ typename GridTab<QT, STRATA_MMA_GRID_SMEM_BYTES>::Store smt;
-    const auto tab = stage_tab<QT, STRATA_MMA_GRID_SMEM_BYTES>(smt.v);
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
     const int g = lane >> 2, t4 = lane & 3;
     const int r0 = (blockIdx.x * MMA_WARPS + wid) * 16;
@@ -170,7 +167,7 @@ __device__ __forceinline__ void moe_tiles_mma(
         int w[8];
         float s0 = 0.0f, s1 = 0.0f, mn = 0.0f;
         if (dsb < nsub) {
-            Fmt<QT>::decode(dsrc + (i64)(dsb / spb) * Fmt<QT>::BB, dsb % spb, w, s0, s1, mn, tab);
+            Fmt<QT>::decode(dsrc + (i64)(dsb / spb) * Fmt<QT>::BB, dsb % spb, w, s0, s1, mn);
         } else {
 #pragma unroll
             for (int k = 0; k < 8; ++k) w[k] = 0;

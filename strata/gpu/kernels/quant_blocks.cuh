@@ -27,9 +27,13 @@
 
 // bytes b of `g` whose bit in the 4-bit `s` is set are negated (values are 1..127: no carries)
 __device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
+#if STRATA_SIGN_SPREAD  // bit k to bit 8k: s + s << 7 + s << 14 + s << 21, then bit 0 of each byte
+    const u32 t = ((s & 15u) * 0x00204081u) & 0x01010101u;
+#else
     const u32 t = (s & 1u) | ((s & 2u) << 7) | ((s & 4u) << 14) | ((s & 8u) << 21);
+#endif
     const u32 m = t * 0xffu;
-    return (int)((g ^ m) + (m & 0x01010101u));
+    return (int)((g ^ m) + t);
 }
 
 // Compile-time knobs of the decode (kernels are built with -D to compare; both default to 1: on
@@ -64,24 +68,32 @@ __device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
 #ifndef STRATA_WORD_LOADS
 #define STRATA_WORD_LOADS 1
 #endif
-//   STRATA_GRID_CODES  1: the grid formats (IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_S, IQ1_M) look up
-//                      selector codes (iq*_code: a nibble per value, its index among the
-//                      format's levels) and form the bytes by byte permutes of the level
-//                      words: tables of 0.5-8 KiB instead of 1-16 KiB, so kernels can hold
-//                      them, several copies deep, in shared memory; 0: the grids' bytes.
-//   STRATA_GRID_SMEM_BYTES  shared memory a kernel block spends on lane-banked copies of its
-//                      format's code table (GridRef below; codes on): as many copies (a power
-//                      of two, at most 32) as fit, a table past it stays in global memory.
-//                      STRATA_MMA_GRID_SMEM_BYTES: the same for the prompt's tensor-core tiles
-//                      (experts_mma.cu), whose blocks are long enough to amortize the fill.
+//   STRATA_GRID_CODES  a mask of formats (bit QT, as STRATA_FMT_MASK) whose grid is looked up
+//                      as selector codes (iq*_code: a nibble per value, its index among the
+//                      format's levels) and formed by byte permutes of the level words: tables
+//                      of 0.5-8 KiB instead of 1-16 KiB, one more permute per 4 values. On the
+//                      H200 (bench/results/session19-h200-20261201.md) that paid for IQ1_M only
+//                      (16 KiB of u64 rows -> 8 KiB: GEMVs 0.89-0.95x the time, the MoE layer
+//                      0.90x); the smaller grids' decode is bound by its arithmetic and lost
+//                      up to 14% at lm_head. Default: IQ1_M (1 << 29); 0: every grid's bytes.
+//   STRATA_GRID_SMEM_BYTES  shared memory a kernel block may spend on lane-banked copies of a
+//                      code table (GridRef, GridTab below): as many copies (a power of two, at
+//                      most 32) as fit, a table past it stays in global memory. Copies cost
+//                      their fill in every block: at 4096 bytes (8 copies of IQ3_XXS's codes)
+//                      the MoE layer took 1.16x the time of one copy of its bytes, at 16384
+//                      (IQ1_M's two copies) 1.63x; the default keeps IQ1_M's codes in global.
 #ifndef STRATA_GRID_CODES
-#define STRATA_GRID_CODES 1
+#define STRATA_GRID_CODES (1ull << 29)
 #endif
 #ifndef STRATA_GRID_SMEM_BYTES
 #define STRATA_GRID_SMEM_BYTES 4096
 #endif
-#ifndef STRATA_MMA_GRID_SMEM_BYTES
-#define STRATA_MMA_GRID_SMEM_BYTES 16384
+#define GRID_CODES_ON(QT) ((((unsigned long long)(STRATA_GRID_CODES)) >> (QT)) & 1ull)
+//   STRATA_SIGN_SPREAD 1: apply_signs4 spreads its four sign bits to the bytes with one
+//                      multiply (no carries: the shifted copies do not overlap); 0: four
+//                      shifts and masks. Same integers.
+#ifndef STRATA_SIGN_SPREAD
+#define STRATA_SIGN_SPREAD 1
 #endif
 
 // A lookup table as a kernel reads it: entry i of copy (lane % C), copies interleaved so that
@@ -165,32 +177,37 @@ __device__ __forceinline__ u32 iq_signs(u32 i) {
                                                   float& s1, float& mn) {                       \
         decode(b, j, w, s0, s1, mn, GridRef<tab_t, 1>{G});                                      \
     }
-// a grid format's table: the codes or the bytes (STRATA_GRID_CODES)
-#if STRATA_GRID_CODES
-#define FMT_GRID(CT, N, CODE, BT, GRID) FMT_TAB(CT, N, CODE)
-#else
-#define FMT_GRID(CT, N, CODE, BT, GRID) FMT_TAB(BT, N, GRID)
-#endif
+template <bool B, class X, class Y>
+struct Pick {
+    typedef X T;
+};
+template <class X, class Y>
+struct Pick<false, X, Y> {
+    typedef Y T;
+};
+// a grid format's table: its codes (type CT) or its bytes (BT), by STRATA_GRID_CODES
+#define FMT_GRID(QT, CT, N, CODE, BT, GRID)                                                     \
+    enum { CODES = (int)GRID_CODES_ON(QT) };                                                     \
+    typedef typename Pick<CODES != 0, CT, BT>::T grid_t;                                        \
+    FMT_TAB(grid_t, N, FMT_GRID_PTR(CODES, CODE, GRID))
+#define FMT_GRID_PTR(C, CODE, GRID) ((const tab_t*)((C) ? (const void*)CODE : (const void*)GRID))
 
 // the magnitudes of four grid values from a 16-bit code (bytes of lv0 | lv1 << 32) or, with the
-// grid's bytes, the entry itself
+// grid's bytes (C false), the entry itself
+template <bool C>
 __device__ __forceinline__ u32 grid4(u32 e, u32 lv0, u32 lv1) {
-#if STRATA_GRID_CODES
-    return perm_bytes(lv0, lv1, e);
-#else
-    return e;
-#endif
+    return C ? perm_bytes(lv0, lv1, e) : e;
 }
 // ... of eight values (two words), a 32-bit code into one level word, or a u64 grid entry
-template <typename T>
+template <bool C, typename T>
 __device__ __forceinline__ void grid8(T e, u32 lv, u32& lo, u32& hi) {
-#if STRATA_GRID_CODES
-    lo = perm_bytes(lv, 0u, (u32)e & 0xFFFFu);
-    hi = perm_bytes(lv, 0u, (u32)e >> 16);
-#else
-    lo = (u32)e;
-    hi = (u32)((u64)e >> 32);
-#endif
+    if (C) {
+        lo = perm_bytes(lv, 0u, (u32)e & 0xFFFFu);
+        hi = perm_bytes(lv, 0u, (u32)e >> 16);
+    } else {
+        lo = (u32)e;
+        hi = (u32)((u64)e >> 32);
+    }
 }
 
 template <int QT>
@@ -410,7 +427,7 @@ struct Fmt<QT_IQ4_XS> {
 template <>
 struct Fmt<QT_IQ3_XXS> {
     enum { QK = 256, BB = 98, HAS_MIN = 0 };
-    FMT_GRID(u16, 256, iq3xxs_code, u32, iq3xxs_grid)
+    FMT_GRID(QT_IQ3_XXS, u16, 256, iq3xxs_code, u32, iq3xxs_grid)
     template <class G>
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn, G grid) {
@@ -428,17 +445,17 @@ struct Fmt<QT_IQ3_XXS> {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const u32 sg = iq_signs(aux >> (7 * l)), q = qw[l >> 1] >> (16 * (l & 1));
-            w[2 * l] = apply_signs4(grid4(grid[q & 0xFF], IQ3XXS_LV0, IQ3XXS_LV1), sg & 15);
+            w[2 * l] = apply_signs4(grid4<CODES>(grid[q & 0xFF], IQ3XXS_LV0, IQ3XXS_LV1), sg & 15);
             w[2 * l + 1] =
-                apply_signs4(grid4(grid[(q >> 8) & 0xFF], IQ3XXS_LV0, IQ3XXS_LV1), sg >> 4);
+                apply_signs4(grid4<CODES>(grid[(q >> 8) & 0xFF], IQ3XXS_LV0, IQ3XXS_LV1), sg >> 4);
         }
 #else
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const u32 sg = iq_signs(aux >> (7 * l));
-            w[2 * l] = apply_signs4(grid4(grid[qs[2 * l]], IQ3XXS_LV0, IQ3XXS_LV1), sg & 15);
+            w[2 * l] = apply_signs4(grid4<CODES>(grid[qs[2 * l]], IQ3XXS_LV0, IQ3XXS_LV1), sg & 15);
             w[2 * l + 1] =
-                apply_signs4(grid4(grid[qs[2 * l + 1]], IQ3XXS_LV0, IQ3XXS_LV1), sg >> 4);
+                apply_signs4(grid4<CODES>(grid[qs[2 * l + 1]], IQ3XXS_LV0, IQ3XXS_LV1), sg >> 4);
         }
 #endif
     }
@@ -447,7 +464,7 @@ struct Fmt<QT_IQ3_XXS> {
 template <>
 struct Fmt<QT_IQ2_XXS> {
     enum { QK = 256, BB = 66, HAS_MIN = 0 };
-    FMT_GRID(u32, 256, iq2xxs_code, u64, iq2xxs_grid)
+    FMT_GRID(QT_IQ2_XXS, u32, 256, iq2xxs_code, u64, iq2xxs_grid)
     template <class G>
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn, G grid) {
@@ -457,7 +474,7 @@ struct Fmt<QT_IQ2_XXS> {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             u32 lo, hi;
-            grid8(grid[(a0 >> (8 * l)) & 255], IQ2_LV0, lo, hi);
+            grid8<CODES>(grid[(a0 >> (8 * l)) & 255], IQ2_LV0, lo, hi);
             const u32 sg = iq_signs(a1 >> (7 * l));
             w[2 * l] = apply_signs4(lo, sg & 15);
             w[2 * l + 1] = apply_signs4(hi, sg >> 4);
@@ -468,7 +485,7 @@ struct Fmt<QT_IQ2_XXS> {
 template <>
 struct Fmt<QT_IQ2_S> {
     enum { QK = 256, BB = 82, HAS_MIN = 0 };
-    FMT_GRID(u32, 1024, iq2s_code, u64, iq2s_grid)
+    FMT_GRID(QT_IQ2_S, u32, 1024, iq2s_code, u64, iq2s_grid)
     template <class G>
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn, G grid) {
@@ -482,7 +499,7 @@ struct Fmt<QT_IQ2_S> {
         for (int l = 0; l < 4; ++l) {
             const int g = 4 * j + l;
             u32 lo, hi;
-            grid8(grid[b[2 + g] | (((qh >> (2 * l)) & 3) << 8)], IQ2_LV0, lo, hi);
+            grid8<CODES>(grid[b[2 + g] | (((qh >> (2 * l)) & 3) << 8)], IQ2_LV0, lo, hi);
             const u32 sg = b[34 + g];
             w[2 * l] = apply_signs4(lo, sg & 15);
             w[2 * l + 1] = apply_signs4(hi, sg >> 4);
@@ -493,7 +510,7 @@ struct Fmt<QT_IQ2_S> {
 template <>
 struct Fmt<QT_IQ3_S> {
     enum { QK = 256, BB = 110, HAS_MIN = 0 };
-    FMT_GRID(u16, 512, iq3s_code, u32, iq3s_grid)
+    FMT_GRID(QT_IQ3_S, u16, 512, iq3s_code, u32, iq3s_grid)
     template <class G>
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn, G grid) {
@@ -504,9 +521,9 @@ struct Fmt<QT_IQ3_S> {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const int g = 8 * j + 2 * l;
-            const u32 g0 = grid4(grid[b[2 + g] | (((qh >> (2 * l)) & 1) << 8)], IQ3S_LV0, IQ3S_LV1);
+            const u32 g0 = grid4<CODES>(grid[b[2 + g] | (((qh >> (2 * l)) & 1) << 8)], IQ3S_LV0, IQ3S_LV1);
             const u32 g1 =
-                grid4(grid[b[3 + g] | (((qh >> (2 * l + 1)) & 1) << 8)], IQ3S_LV0, IQ3S_LV1);
+                grid4<CODES>(grid[b[3 + g] | (((qh >> (2 * l + 1)) & 1) << 8)], IQ3S_LV0, IQ3S_LV1);
             const u32 sg = b[74 + 4 * j + l];
             w[2 * l] = apply_signs4(g0, sg & 15);
             w[2 * l + 1] = apply_signs4(g1, sg >> 4);
@@ -517,7 +534,7 @@ struct Fmt<QT_IQ3_S> {
 template <>
 struct Fmt<QT_IQ1_M> {
     enum { QK = 256, BB = 56, HAS_MIN = 0 };
-    FMT_GRID(u32, 2048, iq1s_code, u64, iq1s_grid)
+    FMT_GRID(QT_IQ1_M, u32, 2048, iq1s_code, u64, iq1s_grid)
     template <class G>
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn, G grid) {
@@ -531,49 +548,51 @@ struct Fmt<QT_IQ1_M> {
         s0 = d * (float)(2 * ((word >> sh) & 7) + 1) * 0.125f;
         s1 = d * (float)(2 * ((word >> (sh + 3)) & 7) + 1) * 0.125f;
         mn = 0.0f;
-#if STRATA_GRID_CODES
-        // group l of sub-block j: grid index qs[4j + l] | (nibble l of qh & 7) << 8, the
-        // nibble's bit 3 the sign of its delta; the code's nibbles (grid + 1: 0, 1, 2) pick
-        // 8 * grid + delta from the bytes {delta - 8, delta, delta + 8}
-        const u32 qs4 = ld_u32_a2(b + 4 * j), qh = ld_u16(b + 32 + 2 * j);
+        if (CODES) {
+            // group l of sub-block j: grid index qs[4j + l] | (nibble l of qh & 7) << 8, the
+            // nibble's bit 3 the sign of its delta; the code's nibbles (grid + 1: 0, 1, 2) pick
+            // 8 * grid + delta from the bytes {delta - 8, delta, delta + 8}
+            const u32 qs4 = ld_u32_a2(b + 4 * j), qh = ld_u16(b + 32 + 2 * j);
 #pragma unroll
-        for (int l = 0; l < 4; ++l) {
-            const u32 nib = (qh >> (4 * l)) & 0xFu;
-            const u32 e = grid[((qs4 >> (8 * l)) & 0xFFu) | ((nib & 7u) << 8)];
-            const u32 dw = (nib & 8u) ? 0x0007FFF7u : 0x000901F9u;  // delta -1 : +1
-            w[2 * l] = (int)perm_bytes(dw, 0u, e & 0xFFFFu);
-            w[2 * l + 1] = (int)perm_bytes(dw, 0u, e >> 16);
-        }
-#elif STRATA_REG_DECODE
-        // group l of sub-block j: grid index qs[4j + l] | (nibble l of qh & 7) << 8, the
-        // nibble's bit 3 the sign of its delta; the grid's bytes are -1, 0, 1, so 8 * grid is
-        // (g << 3) masked to each byte's top five bits, and 8 * grid + delta one bytewise add
-        const u32 qs4 = ld_u32_a2(b + 4 * j), qh = ld_u16(b + 32 + 2 * j);
+            for (int l = 0; l < 4; ++l) {
+                const u32 nib = (qh >> (4 * l)) & 0xFu;
+                const u32 e = grid[((qs4 >> (8 * l)) & 0xFFu) | ((nib & 7u) << 8)];
+                const u32 dw = (nib & 8u) ? 0x0007FFF7u : 0x000901F9u;  // delta -1 : +1
+                w[2 * l] = (int)perm_bytes(dw, 0u, e & 0xFFFFu);
+                w[2 * l + 1] = (int)perm_bytes(dw, 0u, e >> 16);
+            }
+        } else {
+#if STRATA_REG_DECODE
+            // group l of sub-block j: grid index qs[4j + l] | (nibble l of qh & 7) << 8, the
+            // nibble's bit 3 the sign of its delta; the grid's bytes are -1, 0, 1, so 8 * grid is
+            // (g << 3) masked to each byte's top five bits, and 8 * grid + delta one bytewise add
+            const u32 qs4 = ld_u32_a2(b + 4 * j), qh = ld_u16(b + 32 + 2 * j);
 #pragma unroll
-        for (int l = 0; l < 4; ++l) {
-            const u32 nib = (qh >> (4 * l)) & 0xFu;
-            const u64 gr = grid[((qs4 >> (8 * l)) & 0xFFu) | ((nib & 7u) << 8)];
-            const u32 dl = (nib & 8u) ? 0xFFFFFFFFu : 0x01010101u;
-            w[2 * l] = (int)add_bytes(((u32)gr << 3) & 0xF8F8F8F8u, dl);
-            w[2 * l + 1] = (int)add_bytes(((u32)(gr >> 32) << 3) & 0xF8F8F8F8u, dl);
-        }
+            for (int l = 0; l < 4; ++l) {
+                const u32 nib = (qh >> (4 * l)) & 0xFu;
+                const u64 gr = grid[((qs4 >> (8 * l)) & 0xFFu) | ((nib & 7u) << 8)];
+                const u32 dl = (nib & 8u) ? 0xFFFFFFFFu : 0x01010101u;
+                w[2 * l] = (int)add_bytes(((u32)gr << 3) & 0xF8F8F8F8u, dl);
+                w[2 * l + 1] = (int)add_bytes(((u32)(gr >> 32) << 3) & 0xF8F8F8F8u, dl);
+            }
 #else
 #pragma unroll
-        for (int l = 0; l < 4; ++l) {
-            const int g = 4 * j + l;
-            const int nib = (b[32 + (g >> 1)] >> (4 * (g & 1))) & 0xF;
-            const u64 gr = grid[b[g] | ((nib & 7) << 8)];
-            const int delta = (nib & 8) ? -1 : 1;
-            u32 lo = 0, hi = 0;
+            for (int l = 0; l < 4; ++l) {
+                const int g = 4 * j + l;
+                const int nib = (b[32 + (g >> 1)] >> (4 * (g & 1))) & 0xF;
+                const u64 gr = grid[b[g] | ((nib & 7) << 8)];
+                const int delta = (nib & 8) ? -1 : 1;
+                u32 lo = 0, hi = 0;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                lo |= (u32)(u8)(8 * (int)(i8)(gr >> (8 * i)) + delta) << (8 * i);
-                hi |= (u32)(u8)(8 * (int)(i8)(gr >> (8 * i + 32)) + delta) << (8 * i);
+                for (int i = 0; i < 4; ++i) {
+                    lo |= (u32)(u8)(8 * (int)(i8)(gr >> (8 * i)) + delta) << (8 * i);
+                    hi |= (u32)(u8)(8 * (int)(i8)(gr >> (8 * i + 32)) + delta) << (8 * i);
+                }
+                w[2 * l] = (int)lo;
+                w[2 * l + 1] = (int)hi;
             }
-            w[2 * l] = (int)lo;
-            w[2 * l + 1] = (int)hi;
-        }
 #endif
+        }
     }
 };
 
@@ -704,7 +723,7 @@ struct GridTab {
     enum {
         TB = Fmt<QT>::TAB_N * (int)sizeof(T),  // bytes of one copy
         C = (!STRATA_SMEM_GRID || TB == 0)  ? 0
-            : !STRATA_GRID_CODES            ? (TB <= 2048 ? 1 : 0)
+            : !GRID_CODES_ON(QT)            ? (TB <= 2048 ? 1 : 0)
             : TB * 32 <= BYTES              ? 32
             : TB * 16 <= BYTES              ? 16
             : TB * 8 <= BYTES               ? 8
