@@ -221,8 +221,8 @@ def test_gemm_mma_matches_reference(device, qt, t, nt, monkeypatch):
     if qt in GRID_QUANTS and t == 40:
         # the grid's bytes, not its codes, and the signs spread by shifts, not a multiply
         # (STRATA_GRID_CODES=0, STRATA_SIGN_SPREAD=0): the same integers, so the same bits
-        K0 = Kernels(cp, device.warp_size, device.sm_count,
-                     ("-DSTRATA_GRID_CODES=0", "-DSTRATA_SIGN_SPREAD=0"), arch=device.arch)  # fmt: skip
+        off = ("-DSTRATA_GRID_CODES=0", "-DSTRATA_SIGN_SPREAD=0")
+        K0 = Kernels(cp, device.warp_size, device.sm_count, off, arch=device.arch)
         out0 = cp.full((140, ldo), np.nan, np.float32)
         gemm_mma(K0, w, act, out0, t, resid=cp.asarray(resid), ldo=ldo, nt=nt)
         np.testing.assert_array_equal(cp.asnumpy(out0), got)
