@@ -58,7 +58,6 @@ QUANTS = [
     QT.IQ1_M,
 ]
 FLOATS = [QT.F32, QT.F16, QT.BF16]
-GRID_QUANTS = [QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S, QT.IQ1_M]  # quant_blocks.cuh FMT_GRID
 
 
 def rng() -> np.random.Generator:
@@ -218,10 +217,11 @@ def test_gemm_mma_matches_reference(device, qt, t, nt, monkeypatch):
     got = cp.asnumpy(out)
     assert rel(got[:t, :rows], gemv_ref(raw, qt, x, bias, resid[:, :rows])) < 1e-5
     assert np.isnan(got[:t, rows:]).all() and np.isnan(got[t:]).all()  # nothing else written
-    if qt in GRID_QUANTS and t == 40:
-        # the grid's bytes, not its codes, and the signs spread by shifts, not a multiply
-        # (STRATA_GRID_CODES=0, STRATA_SIGN_SPREAD=0): the same integers, so the same bits
-        off = ("-DSTRATA_GRID_CODES=0", "-DSTRATA_SIGN_SPREAD=0")
+    if t == 40:
+        # the grid's bytes, not its codes, the signs spread by shifts, not a multiply, and each
+        # lane decoding from global memory, not its warp's staged rows (STRATA_GRID_CODES=0,
+        # STRATA_SIGN_SPREAD=0, STRATA_MMA_WSTAGE=0): the same integers, so the same bits
+        off = ("-DSTRATA_GRID_CODES=0", "-DSTRATA_SIGN_SPREAD=0", "-DSTRATA_MMA_WSTAGE=0")
         K0 = Kernels(cp, device.warp_size, device.sm_count, off, arch=device.arch)
         out0 = cp.full((140, ldo), np.nan, np.float32)
         gemm_mma(K0, w, act, out0, t, resid=cp.asarray(resid), ldo=ldo, nt=nt)

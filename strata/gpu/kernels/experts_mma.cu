@@ -32,7 +32,7 @@
 #else
 #define STRATA_MMA_S8 0
 #endif
-// 1: a block stages its tile's rows of x (and their scales) in shared memory, MMA_KC sub-blocks
+// 1: a block stages its tile's rows of x (and their scales) in shared memory, KC sub-blocks
 // at a time, by 16-byte loads shared by its warps; each lane then reads its B fragments (lo and
 // hi half of a sub-block) as one 8-byte load, conflict-free. 0: every warp reads its fragments
 // from global memory, 4 bytes a load (the A/B arm).
@@ -49,8 +49,14 @@ template <int QT>
 struct OneScale32 {  // s0 == s1 in every sub-block (Fmt<QT>::decode)
     enum { V = QT != QT_Q6_K && QT != QT_IQ2_S && QT != QT_IQ1_M };
 };
-#define MMA_KC 8                      // sub-blocks of x staged at a time (256 values)
-#define MMA_XS (MMA_KC * 8 + 8)       // ints per staged row: 72 = 8 mod 32 (LDS.64 conflict-free)
+#define MMA_KC 8  // sub-blocks of x staged at a time (256 values; 128 for QK = 32 with WSTAGE)
+// 1: each warp also stages its weight rows' bytes of the chunk in shared memory, by 16-byte loads
+// that run along the rows (a source block keeps its offset mod 16), and decodes from there; 0:
+// each lane decodes straight from global memory, the warp's 16 or 32 lanes then reading as many
+// rows a load (the A/B arm; ncu found the tiles L1-bound, bench/results/session18-h200-20261201.md)
+#ifndef STRATA_MMA_WSTAGE
+#define STRATA_MMA_WSTAGE 1
+#endif
 
 #if STRATA_MMA_S8
 __device__ __forceinline__ void mma_s8_k16(int* c, int a0, int a1, int b) {
@@ -88,16 +94,29 @@ __device__ __forceinline__ void moe_tiles_mma(
     const i32* __restrict__ tile_n, const i32* __restrict__ pair_order, int K,
     float* __restrict__ out, int R, int C, const float* __restrict__ bias,
     const float* __restrict__ resid, int ldo) {
+    enum {
+        WSTAGE = STRATA_MMA_XSTAGE && STRATA_MMA_WSTAGE,
+        KC = WSTAGE && Fmt<QT>::QK == 32 ? MMA_KC / 2 : MMA_KC,  // sub-blocks a chunk
+        XS = KC * 8 + 8,  // ints per staged x row: 8 mod 32 (LDS.64 conflict-free)
+        NR = GATE_UP ? 32 : 16,                      // weight rows a warp decodes
+        CHB = KC * 32 / Fmt<QT>::QK * Fmt<QT>::BB,   // bytes of a row's chunk
+        WB = WSTAGE ? (CHB + 30) / 16 * 16 : 16      // its 16-byte span (+ the row's offset)
+    };
     __shared__ MmaStage stage[MMA_WARPS];
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
     const int g = lane >> 2, t4 = lane & 3;
     const int r0 = (blockIdx.x * MMA_WARPS + wid) * 16;
 #if STRATA_MMA_XSTAGE
-    // x's rows of this tile, MMA_KC sub-blocks of them at a time: a sub-block's eight ints
+    // x's rows of this tile, KC sub-blocks of them at a time: a sub-block's eight ints
     // interleaved lo/hi (int 2i = its int i, 2i + 1 = its int 4 + i), so that lane (g, t4)
     // reads its pair (t4, 4 + t4) as one 8-byte load; rows past the tile's n are zeros
-    __shared__ alignas(16) int xs[NB * 8][MMA_XS];
-    __shared__ float xds[NB * 8][MMA_KC];
+    __shared__ alignas(16) int xs[NB * 8][XS];
+    __shared__ float xds[NB * 8][KC];
+#if STRATA_MMA_WSTAGE
+    // a warp's weight rows, the chunk's bytes of each: rows 0-15 its rows of wa, 16-31 (gate/up)
+    // the same rows of wb
+    __shared__ alignas(16) u8 wst[MMA_WARPS][NR * WB];
+#endif
     const bool live = r0 < R;  // a warp past R still stages and meets the barriers
 #else
     if (r0 >= R) return;  // the whole warp (no block-wide barrier below)
@@ -135,12 +154,12 @@ __device__ __forceinline__ void moe_tiles_mma(
             for (int q = 0; q < 4; ++q) acc[m][nb][q] = 0.0f;
     const int step = GATE_UP ? 1 : 2;
 #if STRATA_MMA_XSTAGE
-    for (int k0 = 0; k0 < nsub; k0 += MMA_KC) {
-        const int kn = min(MMA_KC, nsub - k0);
+    for (int k0 = 0; k0 < nsub; k0 += KC) {
+        const int kn = min((int)KC, nsub - k0);
         __syncthreads();  // the last chunk's fragment reads are done
         // 16-byte piece p of a row: sub-block p / 2, half p & 1 (ints 0-3 or 4-7)
-        for (int i = threadIdx.x; i < NB * 8 * 2 * MMA_KC; i += MMA_WARPS * 32) {
-            const int c = i / (2 * MMA_KC), p = i % (2 * MMA_KC), ks = p >> 1, hf = p & 1;
+        for (int i = threadIdx.x; i < NB * 8 * 2 * KC; i += MMA_WARPS * 32) {
+            const int c = i / (2 * KC), p = i % (2 * KC), ks = p >> 1, hf = p & 1;
             i32x4 v = {0, 0, 0, 0};
             if (c < n && ks < kn)
                 v = *(const i32x4*)(xq + (i64)(pair_order[first + c] / div) * C +
@@ -151,12 +170,29 @@ __device__ __forceinline__ void moe_tiles_mma(
             d[4] = v.z;
             d[6] = v.w;
         }
-        for (int i = threadIdx.x; i < NB * 8 * MMA_KC; i += MMA_WARPS * 32) {
-            const int c = i / MMA_KC, ks = i % MMA_KC;
+        for (int i = threadIdx.x; i < NB * 8 * KC; i += MMA_WARPS * 32) {
+            const int c = i / KC, ks = i % KC;
             xds[c][ks] = c < n && ks < kn
                              ? xd[(i64)(pair_order[first + c] / div) * nxd + ((k0 + ks) >> xd_shift)]
                              : 0.0f;
         }
+        // the chunk's bytes of row i start at (row i) + cbo; lane l decodes from its row's copy
+        const i64 cbo = (i64)(k0 * 32 / Fmt<QT>::QK) * Fmt<QT>::BB;
+#if STRATA_MMA_WSTAGE
+        if (live) {
+            const int cb = kn * 32 / Fmt<QT>::QK * Fmt<QT>::BB;
+            for (int p = lane; p < NR * (WB / 16); p += 32) {
+                const int i = p / (WB / 16), k = p % (WB / 16);
+                const u8* src = (GATE_UP && i >= 16 ? wb : wa) + slot * slot_stride +
+                                (i64)min(r0 + (i & 15), R - 1) * row_bytes + cbo;
+                const int o = (int)((u64)src & 15u);
+                if (k < ((o + cb + 15) >> 4))
+                    ((i32x4*)&wst[wid][i * WB])[k] = ((const i32x4*)(src - o))[k];
+            }
+        }
+        const u8* drow_st = &wst[wid][((GATE_UP ? dh * 16 : 0) + dr) * WB] +
+                            ((u64)(dsrc + cbo) & 15u);  // this lane's row, the chunk's first block
+#endif
         __syncthreads();
         if (!live) continue;
     for (int sb = k0; sb < k0 + kn; sb += step) {
@@ -167,7 +203,12 @@ __device__ __forceinline__ void moe_tiles_mma(
         int w[8];
         float s0 = 0.0f, s1 = 0.0f, mn = 0.0f;
         if (dsb < nsub) {
-            Fmt<QT>::decode(dsrc + (i64)(dsb / spb) * Fmt<QT>::BB, dsb % spb, w, s0, s1, mn);
+#if STRATA_MMA_XSTAGE && STRATA_MMA_WSTAGE
+            const u8* blk = drow_st + ((dsb - k0) / spb) * Fmt<QT>::BB;  // k0: whole blocks
+#else
+            const u8* blk = dsrc + (i64)(dsb / spb) * Fmt<QT>::BB;
+#endif
+            Fmt<QT>::decode(blk, dsb % spb, w, s0, s1, mn);
         } else {
 #pragma unroll
             for (int k = 0; k < 8; ++k) w[k] = 0;
