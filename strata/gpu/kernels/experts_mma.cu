@@ -50,13 +50,24 @@ struct OneScale32 {  // s0 == s1 in every sub-block (Fmt<QT>::decode)
     enum { V = QT != QT_Q6_K && QT != QT_IQ2_S && QT != QT_IQ1_M };
 };
 #define MMA_KC 8  // sub-blocks of x staged at a time (256 values; 128 for QK = 32 with WSTAGE)
-// 1: each warp also stages its weight rows' bytes of the chunk in shared memory, by 16-byte loads
-// that run along the rows (a source block keeps its offset mod 16), and decodes from there; 0:
-// each lane decodes straight from global memory, the warp's 16 or 32 lanes then reading as many
-// rows a load (the A/B arm; ncu found the tiles L1-bound, bench/results/session18-h200-20261201.md)
+// Format masks (bit QT, as STRATA_FMT_MASK) of the formats whose warps also stage their weight
+// rows' bytes of the chunk in shared memory, by 16-byte loads that run along the rows (a source
+// block keeps its offset mod 16), and decode from there; elsewhere each lane decodes straight
+// from global memory, the warp's 16 or 32 lanes reading as many rows a load (ncu found the tiles
+// L1-bound: bench/results/session18-h200-20261201.md). STRATA_MMA_WSTAGE: dense_mma, default
+// Q8_0, Q4_K, Q6_K, IQ1_M; STRATA_MMA_WSTAGE_MOE: the MoE tiles, default none. Measured on the
+// H200 (bench/results/session19-h200-20261201.md): the 512-row dense GEMM 0.80-0.96x the time
+// for those four, but IQ3_XXS 1.14-1.20x, and IQ3_XXS's MoE gate/up 1.7x (its few bytes a chunk
+// leave the staging's load latency exposed: nothing is in flight while a chunk is decoded).
 #ifndef STRATA_MMA_WSTAGE
-#define STRATA_MMA_WSTAGE 1
+#define STRATA_MMA_WSTAGE ((1ull << 8) | (1ull << 12) | (1ull << 14) | (1ull << 29))
 #endif
+#ifndef STRATA_MMA_WSTAGE_MOE
+#define STRATA_MMA_WSTAGE_MOE 0
+#endif
+#define MMA_WS_ON(MASK, QT) ((((unsigned long long)(MASK)) >> (QT)) & 1ull)
+#define MMA_WS_MOE(QT) MMA_WS_ON(STRATA_MMA_WSTAGE_MOE, QT)
+#define MMA_WS_DENSE(QT) MMA_WS_ON(STRATA_MMA_WSTAGE, QT)
 
 #if STRATA_MMA_S8
 __device__ __forceinline__ void mma_s8_k16(int* c, int a0, int a1, int b) {
@@ -86,7 +97,7 @@ struct alignas(16) MmaStage {  // one warp's decoded sub-blocks: [2][16 rows]
 // GATE_UP: rows of x are tokens (pair / K), two matrices (wa gate, wb up) -> silu(g) * u;
 // else rows of x are pairs (K = 1), one matrix (wa down). NB: mma column blocks of 8 a tile (a
 // tile holds up to 8 NB rows of x; each decoded sub-block meets them all).
-template <int QT, bool GATE_UP, int NB>
+template <int QT, bool GATE_UP, int NB, bool WS>
 __device__ __forceinline__ void moe_tiles_mma(
     const u8* __restrict__ wa, const u8* __restrict__ wb, i64 slot_stride,
     const i8* __restrict__ xq, const float* __restrict__ xd, int xd_shift,
@@ -95,7 +106,7 @@ __device__ __forceinline__ void moe_tiles_mma(
     float* __restrict__ out, int R, int C, const float* __restrict__ bias,
     const float* __restrict__ resid, int ldo) {
     enum {
-        WSTAGE = STRATA_MMA_XSTAGE && STRATA_MMA_WSTAGE,
+        WSTAGE = STRATA_MMA_XSTAGE && WS,
         KC = WSTAGE && Fmt<QT>::QK == 32 ? MMA_KC / 2 : MMA_KC,  // sub-blocks a chunk
         XS = KC * 8 + 8,  // ints per staged x row: 8 mod 32 (LDS.64 conflict-free)
         NR = GATE_UP ? 32 : 16,                      // weight rows a warp decodes
@@ -112,10 +123,10 @@ __device__ __forceinline__ void moe_tiles_mma(
     // reads its pair (t4, 4 + t4) as one 8-byte load; rows past the tile's n are zeros
     __shared__ alignas(16) int xs[NB * 8][XS];
     __shared__ float xds[NB * 8][KC];
-#if STRATA_MMA_WSTAGE
+#if STRATA_MMA_XSTAGE
     // a warp's weight rows, the chunk's bytes of each: rows 0-15 its rows of wa, 16-31 (gate/up)
     // the same rows of wb
-    __shared__ alignas(16) u8 wst[MMA_WARPS][NR * WB];
+    __shared__ alignas(16) u8 wst[MMA_WARPS][WSTAGE ? NR * WB : 16];
 #endif
     const bool live = r0 < R;  // a warp past R still stages and meets the barriers
 #else
@@ -178,8 +189,7 @@ __device__ __forceinline__ void moe_tiles_mma(
         }
         // the chunk's bytes of row i start at (row i) + cbo; lane l decodes from its row's copy
         const i64 cbo = (i64)(k0 * 32 / Fmt<QT>::QK) * Fmt<QT>::BB;
-#if STRATA_MMA_WSTAGE
-        if (live) {
+        if (WSTAGE && live) {
             const int cb = kn * 32 / Fmt<QT>::QK * Fmt<QT>::BB;
             for (int p = lane; p < NR * (WB / 16); p += 32) {
                 const int i = p / (WB / 16), k = p % (WB / 16);
@@ -192,7 +202,6 @@ __device__ __forceinline__ void moe_tiles_mma(
         }
         const u8* drow_st = &wst[wid][((GATE_UP ? dh * 16 : 0) + dr) * WB] +
                             ((u64)(dsrc + cbo) & 15u);  // this lane's row, the chunk's first block
-#endif
         __syncthreads();
         if (!live) continue;
     for (int sb = k0; sb < k0 + kn; sb += step) {
@@ -203,8 +212,9 @@ __device__ __forceinline__ void moe_tiles_mma(
         int w[8];
         float s0 = 0.0f, s1 = 0.0f, mn = 0.0f;
         if (dsb < nsub) {
-#if STRATA_MMA_XSTAGE && STRATA_MMA_WSTAGE
-            const u8* blk = drow_st + ((dsb - k0) / spb) * Fmt<QT>::BB;  // k0: whole blocks
+#if STRATA_MMA_XSTAGE
+            const u8* blk = WSTAGE ? drow_st + ((dsb - k0) / spb) * Fmt<QT>::BB  // k0: whole blocks
+                                   : dsrc + (i64)(dsb / spb) * Fmt<QT>::BB;
 #else
             const u8* blk = dsrc + (i64)(dsb / spb) * Fmt<QT>::BB;
 #endif
@@ -317,7 +327,8 @@ __device__ __forceinline__ void moe_tiles_mma(
         const i32* pair_order, int K, float* act, int F, int D, const i32* ntiles) {           \
         STRATA_PDL_ENTER();                                                                    \
         if (ntiles && (int)blockIdx.y >= ntiles[0]) return; /* past the card-grouped tiles */  \
-        MMA_BODY(QT, true, MMA_NT / 8)(gate, up, slot_stride, hq, hd, xd_shift, tile_slot,     \
+        MMA_BODY(QT, true, MMA_NT / 8, MMA_WS_MOE(QT))(gate, up, slot_stride, hq, hd,          \
+                                                       xd_shift, tile_slot,                    \
                                        tile_first, tile_n, pair_order, K, act, F, D, nullptr,  \
                                        nullptr, F);                                            \
     }                                                                                          \
@@ -328,7 +339,8 @@ __device__ __forceinline__ void moe_tiles_mma(
         const i32* ntiles) {                                                                   \
         STRATA_PDL_ENTER();                                                                    \
         if (ntiles && (int)blockIdx.y >= ntiles[0]) return;                                    \
-        MMA_BODY(QT, false, MMA_NT / 8)(down, down, slot_stride, aq, ad, xd_shift, tile_slot,  \
+        MMA_BODY(QT, false, MMA_NT / 8, MMA_WS_MOE(QT))(down, down, slot_stride, aq, ad,       \
+                                                        xd_shift, tile_slot,                   \
                                         tile_first, tile_n, pair_order, 1, y, D, F, bias,      \
                                         resid, ldo);                                           \
     }                                                                                          \
@@ -337,7 +349,8 @@ __device__ __forceinline__ void moe_tiles_mma(
         const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
         float* y, int D, int F, const float* bias, const float* resid, int ldo) {              \
         STRATA_PDL_ENTER();                                                                    \
-        MMA_BODY(QT, false, MMA_DENSE_NT / 8)(w, w, slot_stride, aq, ad, xd_shift, tile_slot,  \
+        MMA_BODY(QT, false, MMA_DENSE_NT / 8, MMA_WS_DENSE(QT))(w, w, slot_stride, aq, ad,     \
+                                                                xd_shift, tile_slot,           \
                                               tile_first, tile_n, pair_order, 1, y, D, F,      \
                                               bias, resid, ldo);                               \
     }
