@@ -645,9 +645,17 @@ def K_plain(K):
     return Kernels(cp, K.warp, K.sm_count, tuple(f"-DSTRATA_{k}=0" for k in knobs))
 
 
+@pytest.fixture(scope="module")
+def K_codes(K):
+    """The grid-code arm (off by default but for IQ1_M): every grid format's codes, and up to
+    16 KiB of lane-banked shared-memory copies of them a block (quant_blocks.cuh GridTab)."""
+    arm = ("-DSTRATA_GRID_CODES=4294967295", "-DSTRATA_GRID_SMEM_BYTES=16384")
+    return Kernels(cp, K.warp, K.sm_count, arm)
+
+
 @pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
 @pytest.mark.parametrize("cols_blocks", [3, 10])  # one chunk; several with a short last one
-def test_gemv1_staged_and_plain_decode_equal_split(K, K_plain, qt, cols_blocks):
+def test_gemv1_staged_and_plain_decode_equal_split(K, K_plain, K_codes, qt, cols_blocks):
     g = rng()
     rows, cols = 67, cols_blocks * fmt(qt).block_elems * (8 if fmt(qt).block_elems == 32 else 1)
     raw = random_quantized(qt, (rows, cols), g, 1 / np.sqrt(cols))
@@ -657,7 +665,7 @@ def test_gemv1_staged_and_plain_decode_equal_split(K, K_plain, qt, cols_blocks):
     act = ActBuf(cp, cols, 1, w.vec_dot)
     norm_quant(K, cp.asarray(x), 1, act=act)
     outs = {}
-    for name, kk in (("base", K), ("plain", K_plain)):
+    for name, kk in (("base", K), ("plain", K_plain), ("codes", K_codes)):
         for variant in ("split", "staged"):
             out = cp.zeros((1, rows), np.float32)
             gemv(kk, w, act, out, 1, variant=variant)
@@ -687,7 +695,7 @@ def _expert_slots(g, qt, n_exp: int, d: int, f: int) -> list:
 
 
 @pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
-def test_moe_decode_variants_equal_legacy(K, K_plain, qt):
+def test_moe_decode_variants_equal_legacy(K, K_plain, K_codes, qt):
     """Every decode kernel pair, either build, gives the legacy kernels' bits (K = 8, T = 2)."""
     g = rng()
     d, f, n_exp, t, k = 1024, 768, 9, 2, 8  # f = 768: the Qwen3 down row, one short chunk
@@ -699,7 +707,7 @@ def test_moe_decode_variants_equal_legacy(K, K_plain, qt):
     hact = ActBuf(cp, d, t, vd)
     norm_quant(K, cp.asarray(act_input(g, t, d)), t, act=hact)
     outs = {}
-    for name, kk in (("base", K), ("plain", K_plain)):
+    for name, kk in (("base", K), ("plain", K_plain), ("codes", K_codes)):
         for variant in ("legacy+legacy", "st1+st", "st2+st", "st2+legacy", "legacy+st", "fq+legacy",
                         "fq+st"):  # fmt: skip
             act = cp.zeros((t * k, f), np.float32)
