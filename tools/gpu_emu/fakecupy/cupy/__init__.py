@@ -204,8 +204,13 @@ class RawModule:
                 f"dim3(bx, by, bz), [=]() {{ {name}({args}); }}); }}"
             )
         src = code + "\n" + "\n".join(wrappers) + "\n"
+        # a kernel's __shared__ arrays are function-local statics here, and g++ makes those of
+        # inline functions and templates process-wide (STB_GNU_UNIQUE): two builds of one source
+        # with different -D knobs (and so different array sizes) would share one array, sized by
+        # whichever loaded first. Each build keeps its own.
+        link = ["-fno-gnu-unique", "-Wl,-Bsymbolic"]
         h = _hl.sha1(
-            (src + repr(defs) + open(_os.path.join(_EMU_DIR, "emu.h")).read()).encode()
+            (src + repr(defs) + repr(link) + open(_os.path.join(_EMU_DIR, "emu.h")).read()).encode()
         ).hexdigest()[:16]
         so = _os.path.join(_BUILD, f"k_{h}.so")
         if not _os.path.exists(so):
@@ -220,6 +225,7 @@ class RawModule:
                 "-shared",
                 "-fPIC",
                 "-w",
+                *link,
                 f"-DEMU_WARP={warp}",
                 "-include",
                 _os.path.join(_EMU_DIR, "emu.h"),
