@@ -56,7 +56,7 @@ struct OneScale32 {  // s0 == s1 in every sub-block (Fmt<QT>::decode)
 // from global memory, the warp's 16 or 32 lanes reading as many rows a load (ncu found the tiles
 // L1-bound: bench/results/session18-h200-20261201.md). STRATA_MMA_WSTAGE: dense_mma, default
 // Q8_0, Q4_K, Q6_K, IQ1_M; STRATA_MMA_WSTAGE_MOE: the MoE tiles, default none. Measured on the
-// H200 (bench/results/session19-h200-20261201.md): the 512-row dense GEMM 0.80-0.96x the time
+// H200 (bench/results/session19-h200-20261201.md): the 512-row dense GEMM 0.80-1.00x the time
 // for those four, but IQ3_XXS 1.14-1.20x, and IQ3_XXS's MoE gate/up 1.7x (its few bytes a chunk
 // leave the staging's load latency exposed: nothing is in flight while a chunk is decoded).
 #ifndef STRATA_MMA_WSTAGE

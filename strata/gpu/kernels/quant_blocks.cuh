@@ -73,7 +73,7 @@ __device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
 //                      format's levels) and formed by byte permutes of the level words: tables
 //                      of 0.5-8 KiB instead of 1-16 KiB, one more permute per 4 values. On the
 //                      H200 (bench/results/session19-h200-20261201.md) that paid for IQ1_M only
-//                      (16 KiB of u64 rows -> 8 KiB: GEMVs 0.89-0.95x the time, the MoE layer
+//                      (16 KiB of u64 rows -> 8 KiB: GEMVs 0.89-0.94x the time, the MoE layer
 //                      0.90x); the smaller grids' decode is bound by its arithmetic and lost
 //                      up to 14% at lm_head. Default: IQ1_M (1 << 29); 0: every grid's bytes.
 //   STRATA_GRID_SMEM_BYTES  shared memory a kernel block may spend on lane-banked copies of a
