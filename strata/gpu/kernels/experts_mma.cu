@@ -123,11 +123,9 @@ __device__ __forceinline__ void moe_tiles_mma(
     // reads its pair (t4, 4 + t4) as one 8-byte load; rows past the tile's n are zeros
     __shared__ alignas(16) int xs[NB * 8][XS];
     __shared__ float xds[NB * 8][KC];
-#if STRATA_MMA_XSTAGE
     // a warp's weight rows, the chunk's bytes of each: rows 0-15 its rows of wa, 16-31 (gate/up)
     // the same rows of wb
     __shared__ alignas(16) u8 wst[MMA_WARPS][WSTAGE ? NR * WB : 16];
-#endif
     const bool live = r0 < R;  // a warp past R still stages and meets the barriers
 #else
     if (r0 >= R) return;  // the whole warp (no block-wide barrier below)
