@@ -111,7 +111,7 @@ struct GridRef {
 template <int C, typename T>
 __device__ __forceinline__ GridRef<T, C> grid_ref(const T* base, int lane) {
     const int unit = sizeof(T) == 2 ? 2 : 1;  // entries a copy takes of one interleave step
-    return GridRef<T, C>{base + (C > 1 ? (lane % C) * unit : 0)};
+    return GridRef<T, C>{base + (lane % C) * unit};
 }
 
 // byte k of the result = byte (s >> 4k) & 7 of the pair (lo = bytes 0-3, hi = bytes 4-7);
@@ -548,10 +548,11 @@ struct Fmt<QT_IQ1_M> {
         s0 = d * (float)(2 * ((word >> sh) & 7) + 1) * 0.125f;
         s1 = d * (float)(2 * ((word >> (sh + 3)) & 7) + 1) * 0.125f;
         mn = 0.0f;
+        // group l of sub-block j: grid index qs[4j + l] | (nibble l of qh & 7) << 8, the
+        // nibble's bit 3 the sign of its delta
         if (CODES) {
-            // group l of sub-block j: grid index qs[4j + l] | (nibble l of qh & 7) << 8, the
-            // nibble's bit 3 the sign of its delta; the code's nibbles (grid + 1: 0, 1, 2) pick
-            // 8 * grid + delta from the bytes {delta - 8, delta, delta + 8}
+            // the code's nibbles (grid + 1: 0, 1, 2) pick 8 * grid + delta from the bytes
+            // {delta - 8, delta, delta + 8}
             const u32 qs4 = ld_u32_a2(b + 4 * j), qh = ld_u16(b + 32 + 2 * j);
 #pragma unroll
             for (int l = 0; l < 4; ++l) {
@@ -563,9 +564,8 @@ struct Fmt<QT_IQ1_M> {
             }
         } else {
 #if STRATA_REG_DECODE
-            // group l of sub-block j: grid index qs[4j + l] | (nibble l of qh & 7) << 8, the
-            // nibble's bit 3 the sign of its delta; the grid's bytes are -1, 0, 1, so 8 * grid is
-            // (g << 3) masked to each byte's top five bits, and 8 * grid + delta one bytewise add
+            // the grid's bytes are -1, 0, 1, so 8 * grid is (g << 3) masked to each byte's top
+            // five bits, and 8 * grid + delta one bytewise add
             const u32 qs4 = ld_u32_a2(b + 4 * j), qh = ld_u16(b + 32 + 2 * j);
 #pragma unroll
             for (int l = 0; l < 4; ++l) {
