@@ -25,17 +25,6 @@
 #define QT_IQ1_M 29
 #define QT_BF16 30
 
-// bytes b of `g` whose bit in the 4-bit `s` is set are negated (values are 1..127: no carries)
-__device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
-#if STRATA_SIGN_SPREAD  // bit k to bit 8k: s + s << 7 + s << 14 + s << 21, then bit 0 of each byte
-    const u32 t = ((s & 15u) * 0x00204081u) & 0x01010101u;
-#else
-    const u32 t = (s & 1u) | ((s & 2u) << 7) | ((s & 4u) << 14) | ((s & 8u) << 21);
-#endif
-    const u32 m = t * 0xffu;
-    return (int)((g ^ m) + t);
-}
-
 // Compile-time knobs of the decode (kernels are built with -D to compare; both default to 1: on
 // the H200 the all-resident decode went 298.4-307.9 -> 310.7-310.9 tok/s with both,
 // bench/results/session6-h200-20261130.md; the tests hold both builds' outputs bit-identical):
@@ -89,12 +78,89 @@ __device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
 #define STRATA_GRID_SMEM_BYTES 4096
 #endif
 #define GRID_CODES_ON(QT) ((((unsigned long long)(STRATA_GRID_CODES)) >> (QT)) & 1ull)
-//   STRATA_SIGN_SPREAD 1: apply_signs4 spreads its four sign bits to the bytes with one
-//                      multiply (no carries: the shifted copies do not overlap); 0: four
-//                      shifts and masks. Same integers.
+//   STRATA_SIGN_SPREAD how the IQ2/IQ3 signs negate bytes (same integers): 2: the 7 or 8 sign
+//                      bits of 8 values become two byte masks by two multiplies and two prmt
+//                      (sign_masks); 1: apply_signs4 spreads each nibble with one multiply; 0:
+//                      four shifts and masks a nibble. (Before session 20 the default 1 was
+//                      read before it was defined, so default builds took 0.)
 #ifndef STRATA_SIGN_SPREAD
-#define STRATA_SIGN_SPREAD 1
+#define STRATA_SIGN_SPREAD 2
 #endif
+
+__device__ __forceinline__ u32 popc32(u32 v) {
+#if defined(__HIP__) || defined(STRATA_EMU) || !defined(__CUDA_ARCH__)
+    return (u32)__builtin_popcount(v);
+#else
+    return (u32)__popc(v);
+#endif
+}
+
+// ksigns_iq2xs[i & 127]: the 7 sign bits and an 8th making the count of set bits even
+__device__ __forceinline__ u32 iq_signs(u32 i) {
+#if STRATA_FAST_DECODE
+    const u32 par = popc32(i & 127u) & 1u;
+    return (i & 127u) | (par << 7);
+#else
+    return ksigns_iq2xs[i & 127u];
+#endif
+}
+
+// bytes b of `g` whose bit in the 4-bit `s` is set are negated (values are 1..127: no carries)
+__device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
+#if STRATA_SIGN_SPREAD  // bit k to bit 8k: s + s << 7 + s << 14 + s << 21, then bit 0 of each byte
+    const u32 t = ((s & 15u) * 0x00204081u) & 0x01010101u;
+#else
+    const u32 t = (s & 1u) | ((s & 2u) << 7) | ((s & 4u) << 14) | ((s & 8u) << 21);
+#endif
+    const u32 m = t * 0xffu;
+    return (int)((g ^ m) + t);
+}
+
+// the sign masks of 8 values: byte k of m0 (k < 4) / of m1 (byte k - 4) is 0xFF where value k
+// is negative. Signs 0-6 are bits 0-6 of s7 (bits above ignored); sign 7 is bit 7 of s8hi
+// (apply_signs8) or bit 0 of par (apply_signs7p: the parity, IQ2_XXS / IQ3_XXS).
+// s7 * 0x10204080 puts copies of the 7 bits at 7, 14, 21, 28 (7 wide: no overlap, no carry), so
+// bit 8k + 7 holds sign k; s7 * 0x01020408 (copies at 3, 10, 17, 24) holds sign k + 4 there. Each
+// byte is then filled with its bit 7: prmt's sign mode on CUDA.
+__device__ __forceinline__ void sign_masks(u32 s7, u32 s8hi, u32& m0, u32& m1) {
+    const u32 v = s7 & 0x7Fu, h0 = v * 0x10204080u, h1 = v * 0x01020408u;
+#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__)
+    asm("prmt.b32 %0, %1, 0, 0xBA98;" : "=r"(m0) : "r"(h0));
+    asm("prmt.b32 %0, %1, %2, 0xCA98;" : "=r"(m1) : "r"(h1), "r"(s8hi));  // byte 3: s8hi's bit 7
+#else
+    m0 = ((h0 >> 7) & 0x01010101u) * 0xFFu;
+    m1 = (((h1 >> 7) & 0x00010101u) | ((s8hi << 17) & 0x01000000u)) * 0xFFu;
+#endif
+}
+
+__device__ __forceinline__ void negate_by(u32 g0, u32 g1, u32 m0, u32 m1, int& w0, int& w1) {
+    w0 = (int)((g0 ^ m0) + (m0 & 0x01010101u));  // ~g + 1 where negative (g 1..127: no carries)
+    w1 = (int)((g1 ^ m1) + (m1 & 0x01010101u));
+}
+
+// w0 = g0 with the bytes negated whose bit in s (bits 0-3) is set, w1 = g1 by bits 4-7
+// (values 1..127). STRATA_SIGN_SPREAD 2: sign_masks; else apply_signs4 on each half.
+__device__ __forceinline__ void apply_signs8(u32 g0, u32 g1, u32 s, int& w0, int& w1) {
+#if STRATA_SIGN_SPREAD >= 2
+    u32 m0, m1;
+    sign_masks(s, s, m0, m1);
+    negate_by(g0, g1, m0, m1, w0, w1);
+#else
+    w0 = apply_signs4(g0, s & 15u);
+    w1 = apply_signs4(g1, (s >> 4) & 15u);
+#endif
+}
+
+// apply_signs8 with the signs ksigns_iq2xs[s7 & 127] (iq_signs: 7 bits and their parity)
+__device__ __forceinline__ void apply_signs7p(u32 g0, u32 g1, u32 s7, int& w0, int& w1) {
+#if STRATA_SIGN_SPREAD >= 2 && STRATA_FAST_DECODE
+    u32 m0, m1;
+    sign_masks(s7, popc32(s7 & 0x7Fu) << 7, m0, m1);
+    negate_by(g0, g1, m0, m1, w0, w1);
+#else
+    apply_signs8(g0, g1, iq_signs(s7), w0, w1);
+#endif
+}
 
 // A lookup table as a kernel reads it: entry i of copy (lane % C), copies interleaved so that
 // lane l's reads fall in bank l % 32 when C = 32 (C = 1: a plain array, as the global tables).
@@ -128,6 +194,10 @@ __device__ __forceinline__ u32 perm_bytes(u32 lo, u32 hi, u32 s) {
 #endif
 }
 
+// byte k (0-3, a compile-time constant) of q, zero-extended: one byte permute, which the
+// compiler then scales into a table address in one multiply-add (a shift and mask take three)
+__device__ __forceinline__ u32 byte_of(u32 q, int k) { return perm_bytes(q, 0, 0x4440 + k); }
+
 // four entries of a 16-byte table held in four words (t0: bytes 0-3 .. t3: bytes 12-15),
 // looked up by the four indices in the bytes of v (each 0..15): two permutes (the halves of the
 // table) and a bytewise select by each index's bit 3
@@ -143,19 +213,6 @@ __device__ __forceinline__ u32 add_bytes(u32 a, u32 b) {
     return ((a & 0x7F7F7F7Fu) + (b & 0x7F7F7F7Fu)) ^ ((a ^ b) & 0x80808080u);
 }
 
-// ksigns_iq2xs[i & 127]: the 7 sign bits and an 8th making the count of set bits even
-__device__ __forceinline__ u32 iq_signs(u32 i) {
-#if STRATA_FAST_DECODE
-#if defined(__HIP__) || defined(STRATA_EMU) || !defined(__CUDA_ARCH__)
-    const u32 par = (u32)__builtin_popcount(i & 127u) & 1u;
-#else
-    const u32 par = (u32)__popc(i & 127u) & 1u;
-#endif
-    return (i & 127u) | (par << 7);
-#else
-    return ksigns_iq2xs[i & 127u];
-#endif
-}
 
 // Fmt<QT>::decode(b, j, w, s0, s1, mn, tab) reads the format's lookup table (tab_t[TAB_N],
 // gtab() in global memory) through `tab` (a GridRef), so a kernel may pass shared-memory copies;
@@ -444,18 +501,17 @@ struct Fmt<QT_IQ3_XXS> {
 #endif
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            const u32 sg = iq_signs(aux >> (7 * l)), q = qw[l >> 1] >> (16 * (l & 1));
-            w[2 * l] = apply_signs4(grid4<CODES>(grid[q & 0xFF], IQ3XXS_LV0, IQ3XXS_LV1), sg & 15);
-            w[2 * l + 1] =
-                apply_signs4(grid4<CODES>(grid[(q >> 8) & 0xFF], IQ3XXS_LV0, IQ3XXS_LV1), sg >> 4);
+            const u32 q = qw[l >> 1], k = 2 * (l & 1);  // this group's 2 index bytes: k, k + 1
+            apply_signs7p(grid4<CODES>(grid[byte_of(q, k)], IQ3XXS_LV0, IQ3XXS_LV1),
+                          grid4<CODES>(grid[byte_of(q, k + 1)], IQ3XXS_LV0, IQ3XXS_LV1),
+                          aux >> (7 * l), w[2 * l], w[2 * l + 1]);
         }
 #else
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            const u32 sg = iq_signs(aux >> (7 * l));
-            w[2 * l] = apply_signs4(grid4<CODES>(grid[qs[2 * l]], IQ3XXS_LV0, IQ3XXS_LV1), sg & 15);
-            w[2 * l + 1] =
-                apply_signs4(grid4<CODES>(grid[qs[2 * l + 1]], IQ3XXS_LV0, IQ3XXS_LV1), sg >> 4);
+            apply_signs7p(grid4<CODES>(grid[qs[2 * l]], IQ3XXS_LV0, IQ3XXS_LV1),
+                          grid4<CODES>(grid[qs[2 * l + 1]], IQ3XXS_LV0, IQ3XXS_LV1),
+                          aux >> (7 * l), w[2 * l], w[2 * l + 1]);
         }
 #endif
     }
@@ -474,10 +530,8 @@ struct Fmt<QT_IQ2_XXS> {
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             u32 lo, hi;
-            grid8<CODES>(grid[(a0 >> (8 * l)) & 255], IQ2_LV0, lo, hi);
-            const u32 sg = iq_signs(a1 >> (7 * l));
-            w[2 * l] = apply_signs4(lo, sg & 15);
-            w[2 * l + 1] = apply_signs4(hi, sg >> 4);
+            grid8<CODES>(grid[byte_of(a0, l)], IQ2_LV0, lo, hi);
+            apply_signs7p(lo, hi, a1 >> (7 * l), w[2 * l], w[2 * l + 1]);
         }
     }
 };
@@ -501,8 +555,7 @@ struct Fmt<QT_IQ2_S> {
             u32 lo, hi;
             grid8<CODES>(grid[b[2 + g] | (((qh >> (2 * l)) & 3) << 8)], IQ2_LV0, lo, hi);
             const u32 sg = b[34 + g];
-            w[2 * l] = apply_signs4(lo, sg & 15);
-            w[2 * l + 1] = apply_signs4(hi, sg >> 4);
+            apply_signs8(lo, hi, sg, w[2 * l], w[2 * l + 1]);
         }
     }
 };
@@ -525,8 +578,7 @@ struct Fmt<QT_IQ3_S> {
             const u32 g1 =
                 grid4<CODES>(grid[b[3 + g] | (((qh >> (2 * l + 1)) & 1) << 8)], IQ3S_LV0, IQ3S_LV1);
             const u32 sg = b[74 + 4 * j + l];
-            w[2 * l] = apply_signs4(g0, sg & 15);
-            w[2 * l + 1] = apply_signs4(g1, sg >> 4);
+            apply_signs8(g0, g1, sg, w[2 * l], w[2 * l + 1]);
         }
     }
 };
