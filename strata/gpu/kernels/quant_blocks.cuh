@@ -117,19 +117,22 @@ __device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
 }
 
 // the sign masks of 8 values: byte k of m0 (k < 4) / of m1 (byte k - 4) is 0xFF where value k
-// is negative. Signs 0-6 are bits 0-6 of s7 (bits above ignored); sign 7 is bit 7 of s8hi
-// (apply_signs8) or bit 0 of par (apply_signs7p: the parity, IQ2_XXS / IQ3_XXS).
+// is negative. Signs 0-6 are bits 0-6 of s7 (bits above ignored); sign 7 is bit 7 of byte KB of
+// s8w (apply_signs8: the sign byte itself, or byte KB of a word of them; apply_signs7p: the
+// parity shifted to bit 7, IQ2_XXS / IQ3_XXS).
 // s7 * 0x10204080 puts copies of the 7 bits at 7, 14, 21, 28 (7 wide: no overlap, no carry), so
 // bit 8k + 7 holds sign k; s7 * 0x01020408 (copies at 3, 10, 17, 24) holds sign k + 4 there. Each
 // byte is then filled with its bit 7: prmt's sign mode on CUDA.
-__device__ __forceinline__ void sign_masks(u32 s7, u32 s8hi, u32& m0, u32& m1) {
+template <int KB = 0>
+__device__ __forceinline__ void sign_masks(u32 s7, u32 s8w, u32& m0, u32& m1) {
     const u32 v = s7 & 0x7Fu, h0 = v * 0x10204080u, h1 = v * 0x01020408u;
 #if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__)
     asm("prmt.b32 %0, %1, 0, 0xBA98;" : "=r"(m0) : "r"(h0));
-    asm("prmt.b32 %0, %1, %2, 0xCA98;" : "=r"(m1) : "r"(h1), "r"(s8hi));  // byte 3: s8hi's bit 7
+    // byte 3: the sign of byte KB of s8w (selector 0xC + KB: prmt's byte 4 + KB, sign mode)
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m1) : "r"(h1), "r"(s8w), "n"(0xCA98 + (KB << 12)));
 #else
     m0 = ((h0 >> 7) & 0x01010101u) * 0xFFu;
-    m1 = (((h1 >> 7) & 0x00010101u) | ((s8hi << 17) & 0x01000000u)) * 0xFFu;
+    m1 = (((h1 >> 7) & 0x00010101u) | (((s8w >> (8 * KB)) << 17) & 0x01000000u)) * 0xFFu;
 #endif
 }
 
@@ -139,11 +142,13 @@ __device__ __forceinline__ void negate_by(u32 g0, u32 g1, u32 m0, u32 m1, int& w
 }
 
 // w0 = g0 with the bytes negated whose bit in s (bits 0-3) is set, w1 = g1 by bits 4-7
-// (values 1..127). STRATA_SIGN_SPREAD 2: sign_masks; else apply_signs4 on each half.
-__device__ __forceinline__ void apply_signs8(u32 g0, u32 g1, u32 s, int& w0, int& w1) {
+// (values 1..127), s = byte KB of sw. STRATA_SIGN_SPREAD 2: sign_masks; else apply_signs4.
+template <int KB = 0>
+__device__ __forceinline__ void apply_signs8(u32 g0, u32 g1, u32 sw, int& w0, int& w1) {
+    const u32 s = sw >> (8 * KB);
 #if STRATA_SIGN_SPREAD >= 2
     u32 m0, m1;
-    sign_masks(s, s, m0, m1);
+    sign_masks<KB>(s, sw, m0, m1);
     negate_by(g0, g1, m0, m1, w0, w1);
 #else
     w0 = apply_signs4(g0, s & 15u);
@@ -197,6 +202,19 @@ __device__ __forceinline__ u32 perm_bytes(u32 lo, u32 hi, u32 s) {
 // byte k (0-3, a compile-time constant) of q, zero-extended: one byte permute, which the
 // compiler then scales into a table address in one multiply-add (a shift and mask take three)
 __device__ __forceinline__ u32 byte_of(u32 q, int k) { return perm_bytes(q, 0, 0x4440 + k); }
+
+// byte C of q | byte C of h << 8 (h's bytes below 128): a 9- or 10-bit index by one permute
+// (bytes 2-3 from prmt's sign mode on h's byte 0, which is 0)
+template <int C>
+__device__ __forceinline__ u32 idx_join(u32 q, u32 h) {
+#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__)
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(q), "r"(h), "n"(0xCC00 | ((4 + C) << 4) | C));
+    return r;
+#else
+    return ((q >> (8 * C)) & 0xFFu) | (((h >> (8 * C)) & 0xFFu) << 8);
+#endif
+}
 
 // four entries of a 16-byte table held in four words (t0: bytes 0-3 .. t3: bytes 12-15),
 // looked up by the four indices in the bytes of v (each 0..15): two permutes (the halves of the
@@ -548,15 +566,22 @@ struct Fmt<QT_IQ2_S> {
         s0 = d * (0.5f + (float)(sc & 0xF)) * 0.25f;
         s1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
         mn = 0.0f;
-        const int qh = b[66 + j];
-#pragma unroll
-        for (int l = 0; l < 4; ++l) {
-            const int g = 4 * j + l;
-            u32 lo, hi;
-            grid8<CODES>(grid[b[2 + g] | (((qh >> (2 * l)) & 3) << 8)], IQ2_LV0, lo, hi);
-            const u32 sg = b[34 + g];
-            apply_signs8(lo, hi, sg, w[2 * l], w[2 * l + 1]);
-        }
+        // the 4 indices' low bytes, their 2 high bits (qh's field l to bits 0-1 of byte l of h:
+        // fields 0 and 2 by one multiply, 1 and 3 by another, so no copies overlap), the 4 sign
+        // bytes (index l: byte l)
+        const u32 q = ld_u32_a2(b + 2 + 4 * j), sw = ld_u32_a2(b + 34 + 4 * j), qh = b[66 + j];
+        const u32 h = (((qh & 0x33u) * 0x1001u) & 0x00030003u) |
+                      (((qh & 0xCCu) * 0x40040u) & 0x03000300u);
+        group<0>(q, h, sw, grid, w);
+        group<1>(q, h, sw, grid, w);
+        group<2>(q, h, sw, grid, w);
+        group<3>(q, h, sw, grid, w);
+    }
+    template <int L, class G>
+    static __device__ __forceinline__ void group(u32 q, u32 h, u32 sw, G grid, int* w) {
+        u32 lo, hi;
+        grid8<CODES>(grid[idx_join<L>(q, h)], IQ2_LV0, lo, hi);
+        apply_signs8<L>(lo, hi, sw, w[2 * L], w[2 * L + 1]);
     }
 };
 
@@ -570,16 +595,25 @@ struct Fmt<QT_IQ3_S> {
         const int sc = (b[106 + (j >> 1)] >> (4 * (j & 1))) & 0xF;
         s0 = s1 = h2f(ld_u16(b)) * (float)(1 + 2 * sc);
         mn = 0.0f;
-        const int qh = b[66 + j];
-#pragma unroll
-        for (int l = 0; l < 4; ++l) {
-            const int g = 8 * j + 2 * l;
-            const u32 g0 = grid4<CODES>(grid[b[2 + g] | (((qh >> (2 * l)) & 1) << 8)], IQ3S_LV0, IQ3S_LV1);
-            const u32 g1 =
-                grid4<CODES>(grid[b[3 + g] | (((qh >> (2 * l + 1)) & 1) << 8)], IQ3S_LV0, IQ3S_LV1);
-            const u32 sg = b[74 + 4 * j + l];
-            apply_signs8(g0, g1, sg, w[2 * l], w[2 * l + 1]);
-        }
+        // the 8 indices' low bytes (two words), their 9th bits spread to bit 0 of the bytes of
+        // h[0] (values 0-3) and h[1] (4-7), the 4 sign bytes (value pair l: byte l)
+        const u32 q[2] = {ld_u32_a2(b + 2 + 8 * j), ld_u32_a2(b + 6 + 8 * j)};
+        const u32 sw = ld_u32_a2(b + 74 + 4 * j), qh = b[66 + j];
+        const u32 h[2] = {((qh & 15u) * 0x00204081u) & 0x01010101u,
+                          ((qh >> 4) * 0x00204081u) & 0x01010101u};
+        group<0>(q, h, sw, grid, w);
+        group<1>(q, h, sw, grid, w);
+        group<2>(q, h, sw, grid, w);
+        group<3>(q, h, sw, grid, w);
+    }
+    // values 8 L .. 8 L + 7 of the sub-block: indices 2 L and 2 L + 1
+    template <int L, class G>
+    static __device__ __forceinline__ void group(const u32 (&q)[2], const u32 (&h)[2], u32 sw,
+                                                 G grid, int* w) {
+        constexpr int c = 2 * (L & 1);
+        const u32 g0 = grid4<CODES>(grid[idx_join<c>(q[L >> 1], h[L >> 1])], IQ3S_LV0, IQ3S_LV1);
+        const u32 g1 = grid4<CODES>(grid[idx_join<c + 1>(q[L >> 1], h[L >> 1])], IQ3S_LV0, IQ3S_LV1);
+        apply_signs8<L>(g0, g1, sw, w[2 * L], w[2 * L + 1]);
     }
 };
 
