@@ -641,7 +641,7 @@ def test_moe_experts_match_reference(K, qts, variant):
 def K_plain(K):
     """The original decode build (every decode knob off; the default build has them on)."""
     knobs = ("FAST_DECODE", "SMEM_GRID", "REG_DECODE", "GEMV1_SMEM_GRID", "GRID_CODES")
-    knobs += ("SIGN_SPREAD",)
+    knobs += ("SIGN_SPREAD", "GEMV1_STEP")
     return Kernels(cp, K.warp, K.sm_count, tuple(f"-DSTRATA_{k}=0" for k in knobs))
 
 
