@@ -145,10 +145,13 @@ GEMV_F_KERNEL(bf16, QT_BF16)
 #endif
 // a format mask (bit QT, as STRATA_FMT_MASK): gemv1w_*'s loop advances its block and activation
 // pointers by constants instead of computing them from the sub-block index (same loads, same
-// integers; sm_90 SASS of the loop 7-13% fewer instructions for the K- and i-quants, 1% for
-// Q8_0, but 7% more for IQ4_XS, which the default leaves out)
+// integers; the loop's sm_90 SASS 7-13% shorter for most K- and i-quants, 7% longer for
+// IQ4_XS). Measured on the H200 (bench/results/session20-h200-20261202.md): IQ3_XXS / IQ2_XXS
+// attention GEMVs 0.95-0.98x / 0.96x the time, their lm_head 1.01x / 1.03x (192 attention
+// GEMVs a token to one lm_head); Q6_K 1.03-1.05x everywhere, IQ1_M 0.99-1.06x: the default
+// is IQ3_XXS and IQ2_XXS.
 #ifndef STRATA_GEMV1_STEP
-#define STRATA_GEMV1_STEP (~(1ull << 23))
+#define STRATA_GEMV1_STEP ((1ull << 16) | (1ull << 18))
 #endif
 #define GEMV1_STEP_ON(QT) ((((unsigned long long)(STRATA_GEMV1_STEP)) >> (QT)) & 1ull)
 
