@@ -17,6 +17,8 @@ and its launches depend only on S_cap and the workspace, so one capture serves e
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from strata.gpu.rawmod import Kernels, f32, i32
@@ -190,7 +192,11 @@ def attention_mma(
 
 
 DEC_THREADS = 128  # attention.cu's DEC_THREADS
-DEC_MIN_CHUNK = 64  # keys a split takes at least (short contexts: fewer splits to combine)
+# keys a split takes at least (short contexts: fewer splits to combine); STRATA_GPU_DEC_MIN_CHUNK
+# (a multiple of 32) for sweeps (bench/h200/attn_dec_sweep.py)
+DEC_MIN_CHUNK = int(os.environ.get("STRATA_GPU_DEC_MIN_CHUNK", "64"))
+if DEC_MIN_CHUNK < 32 or DEC_MIN_CHUNK % 32:
+    raise ValueError(f"STRATA_GPU_DEC_MIN_CHUNK={DEC_MIN_CHUNK}: a multiple of 32 expected")
 DEC_BLOCKS_PER_SM = 4  # at long contexts: nsplit * G blocks, this many per SM
 DEC_TEAM = 8  # attention.cu's DEC_TEAM: splits summed together first
 
