@@ -231,7 +231,6 @@ __device__ __forceinline__ u32 add_bytes(u32 a, u32 b) {
     return ((a & 0x7F7F7F7Fu) + (b & 0x7F7F7F7Fu)) ^ ((a ^ b) & 0x80808080u);
 }
 
-
 // Fmt<QT>::decode(b, j, w, s0, s1, mn, tab) reads the format's lookup table (tab_t[TAB_N],
 // gtab() in global memory) through `tab` (a GridRef), so a kernel may pass shared-memory copies;
 // formats without a table ignore it. The six-argument decode reads gtab().
