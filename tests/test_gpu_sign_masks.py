@@ -55,6 +55,19 @@ def test_sign_masks_with_parity_are_ksigns(device):
             assert _masks(field, (par << 7) & M32, device) == _expected(int(ksigns[s7])), s7
 
 
+def test_the_kernels_use_these_constants():
+    """The multipliers, selectors and fallback masks above are quant_blocks.cuh sign_masks'."""
+    from strata.gpu.source import expand
+
+    src = expand("gemv.cu")
+    body = src[src.index("void sign_masks(") :]
+    body = body[: body.index("\n}\n")]
+    for text in ("v * 0x10204080u", "v * 0x01020408u", "0xBA98", "0xCA98 + (KB << 12)",
+                 "((h0 >> 7) & 0x01010101u) * 0xFFu", "((h1 >> 7) & 0x00010101u)",
+                 "<< 17) & 0x01000000u"):  # fmt: skip
+        assert text in body, text
+
+
 def test_negation_by_the_masks_has_no_carries():
     g = np.random.default_rng(1)
     for _ in range(2000):
