@@ -145,9 +145,10 @@ GEMV_F_KERNEL(bf16, QT_BF16)
 #endif
 // a format mask (bit QT, as STRATA_FMT_MASK): gemv1w_*'s loop advances its block and activation
 // pointers by constants instead of computing them from the sub-block index (same loads, same
-// integers; the loop's sm_90 SASS 7-13% shorter for most K- and i-quants, 7% longer for
-// IQ4_XS). Measured on the H200 (bench/results/session20-h200-20261202.md): IQ3_XXS / IQ2_XXS
-// attention GEMVs 0.95-0.98x / 0.96x the time, their lm_head 1.01x / 1.03x (192 attention
+// integers; the loop's sm_90 SASS 7-13% shorter for Q6_K, IQ1_M and the IQ2/IQ3 formats, 1-4%
+// for Q8_0, Q4_K, Q5_K, 7% longer for IQ4_XS: bench/results/sass-gemv1w-dev-20261202.md).
+// Measured on the H200 (bench/results/session20-h200-20261202.md): IQ3_XXS / IQ2_XXS attention
+// GEMVs 0.95-0.98x / 0.96x the time, their lm_head 1.01x / 1.03x (192 attention
 // GEMVs a token to one lm_head); Q6_K 1.03-1.05x everywhere, IQ1_M 0.99-1.06x: the default
 // is IQ3_XXS and IQ2_XXS.
 #ifndef STRATA_GEMV1_STEP
