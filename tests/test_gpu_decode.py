@@ -23,6 +23,7 @@ from strata.gpu.attention import (  # noqa: E402
     AttnWorkspace,
     attention_decode,
     attention_ref,
+    dec_grid_for,
     dec_splits,
 )
 from strata.gpu.gemv import (  # noqa: E402
@@ -131,6 +132,41 @@ def test_attention_decode_launch_does_not_depend_on_the_position(K):
             graph.launch(stream)
             stream.synchronize()
             c.check(out, s)
+
+
+@pytest.mark.parametrize("gk,rep,dh", [(4, 8, 128), (2, 16, 64), (4, 6, 128)], ids=str)
+def test_attention_decode_smaller_grids_give_the_full_grids_bits(K, gk, rep, dh):
+    """Every grid dec_grid_for may pick for a position gives the full grid's output bit for bit
+    (the graph decoder captures one graph per grid), in a grid replayed at several positions."""
+    g = np.random.default_rng()
+    c = Case(g, gk, rep, dh, S_CAP)
+    ws = AttnWorkspace(cp, K, c.h, gk, S_CAP, dh, 1)
+    full = ws.dec_nsplit
+    q = cp.asarray(c.q)
+    pos = cp.zeros(1, np.int32)
+    mc = ws.dec_min_chunk
+    picked = set()
+    for s in (1, 31, mc, mc + 1, 8 * mc - 1, 8 * mc, 8 * mc + 1, 32 * mc, 32 * mc + 5, S_CAP):
+        pos[...] = s - 1
+        ws.dec_nsplit = full
+        want = cp.full((1, c.h * dh), np.nan, np.float32)
+        attention_decode(K, ws, q, c.kc, c.vc, pos, c.dims, c.scale, want)
+        c.check(want, s)
+        n = dec_grid_for(ws, s - 1)
+        picked.add(n)
+        assert n in ws.dec_grids and (n == full or n * mc >= s)
+        for m in ws.dec_grids:
+            if m * mc < s and m != full:
+                continue  # a grid too small for s: never picked
+            ws.dec_nsplit = m
+            out = cp.full((1, c.h * dh), np.nan, np.float32)
+            attention_decode(K, ws, q, c.kc, c.vc, pos, c.dims, c.scale, out)
+            np.testing.assert_array_equal(
+                cp.asnumpy(out).view(np.uint32),
+                cp.asnumpy(want).view(np.uint32),
+                err_msg=f"{s} {m}",
+            )
+    assert len(picked) == len(ws.dec_grids)  # every grid was picked by some position
 
 
 def test_attention_decode_refuses_a_small_workspace(K):

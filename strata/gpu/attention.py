@@ -51,6 +51,10 @@ class AttnWorkspace:
         # splits done per KV head, then per team of splits: each set back to 0 by its last block
         self.dec_cnt = cp.zeros((n_kv * (1 + nteam),), np.int32)
         self.dec_min_chunk = DEC_MIN_CHUNK
+        # the decode grids (split counts) dec_grid_for picks from, the full one last; launches
+        # use dec_nsplit, which a graph decoder sets per step (each grid its own graphs)
+        full = self.dec_nsplit
+        self.dec_grids = tuple(sorted({n for n in DEC_GRIDS if 0 < n < full})) + (full,)
 
     @staticmethod
     def bytes_for(K: Kernels, n_head: int, n_kv: int, s_cap: int, dv: int, tmax: int) -> int:
@@ -198,6 +202,16 @@ DEC_MIN_CHUNK = int(os.environ.get("STRATA_GPU_DEC_MIN_CHUNK", "64"))
 if DEC_MIN_CHUNK < 32 or DEC_MIN_CHUNK % 32:
     raise ValueError(f"STRATA_GPU_DEC_MIN_CHUNK={DEC_MIN_CHUNK}: a multiple of 32 expected")
 DEC_BLOCKS_PER_SM = 4  # at long contexts: nsplit * G blocks, this many per SM
+# The split counts of the smaller decode grids (`dec_grid_for`) the graph decoder captures for
+# short positions, comma-separated (STRATA_GPU_DEC_GRIDS; "0": the one full grid). A grid's
+# blocks past the live splits only read the position and leave, yet cost: at 4096 keys the
+# same 64 live splits took 19.1 us on 66 blocks a KV head and 22.0 on 132 (H200,
+# bench/results/session20-h200-20261202.md).
+DEC_GRIDS = tuple(
+    int(v) for v in os.environ.get("STRATA_GPU_DEC_GRIDS", "8,32").split(",") if v.strip()
+)
+if any(n < 0 for n in DEC_GRIDS):
+    raise ValueError(f"STRATA_GPU_DEC_GRIDS={DEC_GRIDS}: split counts (0 = none) expected")
 DEC_TEAM = 8  # attention.cu's DEC_TEAM: splits summed together first
 
 
@@ -205,6 +219,18 @@ def dec_splits(K: Kernels, s_cap: int, g: int, per_sm: int = DEC_BLOCKS_PER_SM) 
     """attention_decode's fixed split count: `per_sm` blocks per SM over the G KV heads."""
     want = -(-per_sm * K.sm_count // max(1, g))
     return int(max(1, min(-(-s_cap // 32), want)))
+
+
+def dec_grid_for(ws: AttnWorkspace, pos: int) -> int:
+    """The smallest of ws.dec_grids that splits keys 0..pos as the full grid does: dec_split
+    (attention.cu) cuts S keys into min(nsplit, ceil(S / min_chunk)) splits, so every grid of
+    n >= ceil(S / min_chunk) splits gives the same chunks, the same sums in the same order:
+    the same bits, from fewer blocks."""
+    need = -(-(pos + 1) // ws.dec_min_chunk)
+    for n in ws.dec_grids:
+        if n >= need:
+            return n
+    return ws.dec_grids[-1]
 
 
 def rep_bucket(rep: int) -> int:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from strata.gpu.attention import dec_grid_for
 from strata.gpu.device import env_switch
 from strata.gpu.elementwise import argmax_rows
 from strata.gpu.embed import embed
@@ -143,6 +144,7 @@ class GraphDecoder:
         if self.ahead:
             wait_word(self.ready_h.a, 0, -1, 1)  # compiled now, not inside the first step
         self.graphs: dict[object, object] = {}
+        self.dec_grid = tier.attn_ws.dec_nsplit  # the decode attention grid of the step (_begin)
         self._ran_eagerly: set = set()  # keys of deferred captures (`_run`)
         self._warm: set = set()  # picks of finished per-layer routed steps (`ahead_ok`)
         self.replay = True  # False: the same launches, eagerly every step (tests, debugging)
@@ -271,6 +273,7 @@ class GraphDecoder:
         """Replay the graph of `key`, or run fn eagerly and capture it for the next token: right
         after the eager launches (which may still run), or with `defer_capture` at the next
         call, on an idle card (a queued-ahead step's joins wait for the host meanwhile)."""
+        key = (key, self.dec_grid)  # each decode attention grid its own graphs
         g = self.graphs.get(key)
         if g is None and defer_capture and key in self._ran_eagerly:
             g = self._capture(key, fn)
@@ -304,6 +307,10 @@ class GraphDecoder:
             self.ready_h.a[:] = 0
             self.release_h.a[0] = 0
         self.tokpos_h.a[:] = token, pos, self.step
+        # the smallest decode attention grid that splits this position's keys as the full one
+        # does (same bits, fewer idle blocks); the step's launches read it from the workspace
+        ws = self.t.attn_ws
+        self.dec_grid = ws.dec_nsplit = dec_grid_for(ws, pos)
         # order after whatever the tier ran on the legacy stream (prefill, uploads)
         self.stream.wait_event(self.cp.cuda.Stream.null.record())
 
