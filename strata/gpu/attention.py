@@ -258,7 +258,12 @@ def attention_decode(
     pos = pos_dev[0] read on the device (its K/V row already appended). Two launches whose
     grids and arguments depend only on S_cap and `ws`: capturable once, replayable at any pos.
     Roundings as `attention` (probabilities rounded to f16 after normalizing); deterministic.
-    An int8 cache comes with k_scale/v_scale [G, S_cap]."""
+    An int8 cache comes with k_scale/v_scale [G, S_cap].
+
+    Under programmatic dependent launch (a graph captured in `Kernels.pdl_scope`) both kernels
+    read pos_dev *before* waiting on the kernel ahead of them (to ask L2 for their split's rows
+    early: attention.cu dec_enter), so pos_dev must be written before the launch ahead of this
+    call's first one: the graph decoder uploads it at the step's start."""
     h, g, dh, dv = dims
     if h // g > MAX_REP or dh > MAX_DH or dv > MAX_DH or h % g or dh % 8 or dv % 8:
         raise ValueError(f"attention shape H={h} G={g} Dh={dh} Dv={dv} is not supported")

@@ -318,12 +318,48 @@ extern "C" __global__ void attn_combine(const float* __restrict__ o_part, int ns
 #define DEC_PV_BOUNDS
 #endif
 
+#ifndef STRATA_DEC_PREFETCH
+#define STRATA_DEC_PREFETCH 64  // keys of its split a decode block asks of L2 before the PDL wait
+#endif
+#ifndef STRATA_DEC_PV_AHEAD
+#define STRATA_DEC_PV_AHEAD 1  // attn_dec_pv issues a tile's loads before the tile ahead's math
+#endif
+
 __device__ __forceinline__ void dec_split(const int* __restrict__ pos_dev, int S_cap, int nsplit,
                                           int min_chunk, int& S, int& chunk, int& nlive) {
     S = min(max(pos_dev[0] + 1, 1), S_cap);  // a position past the cache reads no further
     const int want = min(nsplit, (S + min_chunk - 1) / min_chunk);
     chunk = ((S + want - 1) / want + 31) & ~31;
     nlive = (S + chunk - 1) / chunk;
+}
+
+// A decode kernel's entry: the split of this position, then the PDL wait (common.cuh). With
+// STRATA_DEC_PREFETCH > 0 the position is read and the first STRATA_DEC_PREFETCH rows of the
+// block's split of `cache` (a [S_cap, D] slice of KV head blockIdx.y) are asked of L2 *before*
+// the wait, so their DRAM latency overlaps the kernel before (under PDL; without it the wait is
+// a no-op). Both are safe there: the position is written at the step's start, many launches
+// back (the caller's contract: attention_decode's docstring), and a prefetch only warms L2, the
+// coherent level (the row rope_kv appends may still be in flight: its load comes after the wait).
+// Every thread waits before any store or return.
+template <typename KV>
+__device__ __forceinline__ void dec_enter(const int* __restrict__ pos_dev, int S_cap, int nsplit,
+                                          int min_chunk, const typename KV::T* __restrict__ cache,
+                                          int D, int& S, int& chunk, int& nlive) {
+#if STRATA_DEC_PREFETCH > 0
+    dec_split(pos_dev, S_cap, nsplit, min_chunk, S, chunk, nlive);
+    const int k0 = blockIdx.x * chunk;
+    if ((int)blockIdx.x < nlive) {
+        const int n = min(min(chunk, STRATA_DEC_PREFETCH), S - k0);
+        const char* rows = (const char*)(cache + ((i64)blockIdx.y * S_cap + k0) * D);
+        const int lines = (int)(((i64)n * D * (i64)sizeof(typename KV::T) + 127) / 128);
+        for (int i = threadIdx.x; i < lines; i += blockDim.x) STRATA_PREFETCH_L2(rows + (i64)i * 128);
+    }
+    STRATA_PDL_WAIT();
+    STRATA_PDL_TRIGGER();
+#else
+    STRATA_PDL_ENTER();
+    dec_split(pos_dev, S_cap, nsplit, min_chunk, S, chunk, nlive);
+#endif
 }
 
 // Sums v[0..N) over the 8 lanes of an aligned lane group, halving the values each step (a lane
@@ -405,7 +441,7 @@ __device__ __forceinline__ void dec_scores(const float* __restrict__ q,
     __shared__ f32x4 qs4[R * ATT_MAX_DH / 4];
     __shared__ float gm[NGRP * R], gl[NGRP * R];
     int S, chunk, nlive;
-    dec_split(pos_dev, S_cap, nsplit, min_chunk, S, chunk, nlive);
+    dec_enter<KV>(pos_dev, S_cap, nsplit, min_chunk, k_cache, Dh, S, chunk, nlive);
     const int split = blockIdx.x, g = blockIdx.y, tid = threadIdx.x;
     if (split >= nlive) return;  // the whole block: nothing to do at this position
     const int rep = H / G, nch = Dh / 8;
@@ -555,6 +591,35 @@ __device__ __forceinline__ f32x4 dec_sum_rows(const float* src, int n, i64 strid
     return o;
 }
 
+// One tile of attn_dec_pv: the V rows this thread multiplies (rows slot + j * rpi of the tile,
+// 8 dims at d8 each) and the scores it turns into probabilities (k = tid + j * DEC_THREADS over
+// [rep, n]: coalesced over keys), with an int8 cache's V scales.
+template <typename KV, int MAXRPT, int SCN>
+__device__ __forceinline__ void dec_pv_load(typename KV::Chunk (&vv)[MAXRPT], float (&sc)[SCN],
+                                            float (&vd)[SCN], const typename KV::T* __restrict__ vg,
+                                            const float* __restrict__ srow, int ss,
+                                            const float* __restrict__ v_scale, i64 vrow0,
+                                            int base, int n, int rep, int Dv, int slot, int rpi,
+                                            int d8, bool active) {
+#pragma unroll
+    for (int j = 0; j < MAXRPT; ++j) {
+        const int i = slot + j * rpi;
+        if (active && i < n)
+            vv[j] = *(const typename KV::Chunk*)(vg + (i64)(base + i) * Dv + d8 * 8);
+        else
+            vv[j] = KV::zero();
+    }
+#pragma unroll
+    for (int j = 0; j < SCN; ++j) {
+        const int k = threadIdx.x + j * DEC_THREADS;
+        if (k < rep * n) {
+            const int r = k / n, i = k - r * n;
+            sc[j] = srow[(i64)r * ss + base + i];
+            vd[j] = KV::scale_at(v_scale, vrow0 + base + i);  // int8: V's d
+        }
+    }
+}
+
 template <int R, typename KV>
 __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
                                        const float* __restrict__ pm, const float* __restrict__ pl,
@@ -569,17 +634,18 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
     // rows of a tile a thread holds: Dv/8 threads a row, so at least DEC_THREADS/16 rows a step
     constexpr int MAXRPT = DEC_TILE / (DEC_THREADS / (ATT_MAX_DH / 8));
     constexpr int SCN = (R * DEC_TILE + DEC_THREADS - 1) / DEC_THREADS;  // scores a thread loads
+    // the global (max, sum): DEC_THREADS / R threads a head (at most 32: a warp's aligned group)
+    constexpr int TPH = DEC_THREADS / R < 32 ? DEC_THREADS / R : 32;
     __shared__ float Ms[R], Ls[R];
     __shared__ f32x4 p4[DEC_TILE * RP / 4];       // p[i * RP + r]
     __shared__ f32x4 red4[2 * DEC_THREADS * RC];  // [slot][RC][Dv/4]: slots * Dv <= 8 * 128
     __shared__ int last;
     float* p = (float*)p4;
     int S, chunk, nlive;
-    dec_split(pos_dev, S_cap, nsplit, min_chunk, S, chunk, nlive);
+    dec_enter<KV>(pos_dev, S_cap, nsplit, min_chunk, v_cache, Dv, S, chunk, nlive);
     const int split = blockIdx.x, g = blockIdx.y, tid = threadIdx.x;
     if (split >= nlive) return;
     const int rep = H / G;
-    const int lane = tid % STRATA_WARP, wid = tid / STRATA_WARP, nw = blockDim.x / STRATA_WARP;
     // V rows: Dv/8 threads each (16-byte loads, 8 dims), rpi rows per step
     const int tpr = Dv / 8, rpi = DEC_THREADS / tpr;
     const int slot = tid / tpr, d8 = tid % tpr;
@@ -591,44 +657,52 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         for (int e = 0; e < 8; ++e) acc[r][e] = 0.0f;
     const int k0 = split * chunk, k1 = min(S, k0 + chunk);
     const typename KV::T* vg = v_cache + (i64)g * S_cap * Dv;
+    const float* srow = scores + (i64)g * rep * ss;
+    const i64 vrow0 = (i64)g * S_cap;
+    typename KV::Chunk vv[MAXRPT];  // the first tile's V rows and scores: in flight together,
+    float sc[SCN], vd[SCN];         // and with the split partials read below
+    dec_pv_load<KV>(vv, sc, vd, vg, srow, ss, v_scale, vrow0, k0, min(DEC_TILE, k1 - k0), rep,
+                    Dv, slot, rpi, d8, active);
+    {  // global max and sum per head, every head at once, every block in the same order
+        const int r = tid / TPH, j0 = tid % TPH;
+        const bool mine = tid < R * TPH && r < rep;
+        const float* pmr = pm + (i64)(g * rep + r) * nsplit;
+        const float* plr = pl + (i64)(g * rep + r) * nsplit;
+        float m = NEG_INF;
+        if (mine) {
+#pragma unroll 4
+            for (int j = j0; j < nlive; j += TPH) m = fmaxf(m, pmr[j]);
+        }
+#pragma unroll
+        for (int o = TPH / 2; o > 0; o >>= 1) m = fmaxf(m, SHFL_XOR(m, o));
+        float l = 0.0f;
+        if (mine) {
+#pragma unroll 4
+            for (int j = j0; j < nlive; j += TPH) l += plr[j] * expf(pmr[j] - m);
+        }
+#pragma unroll
+        for (int o = TPH / 2; o > 0; o >>= 1) l += SHFL_XOR(l, o);
+        if (mine && j0 == 0) {
+            Ms[r] = m;
+            Ls[r] = l;
+        }
+    }
+    __syncthreads();
     for (int base = k0; base < k1; base += DEC_TILE) {
         const int n = min(DEC_TILE, k1 - base);
-        typename KV::Chunk vv[MAXRPT];  // the tile's V rows and scores first: in flight together
-#pragma unroll
-        for (int j = 0; j < MAXRPT; ++j) {
-            const int i = slot + j * rpi;
-            if (active && i < n)
-                vv[j] = *(const typename KV::Chunk*)(vg + (i64)(base + i) * Dv + d8 * 8);
-            else
-                vv[j] = KV::zero();
-        }
-        float sc[SCN], vd[SCN];  // k = tid + j * threads over [rep, n]: coalesced over keys
-#pragma unroll
-        for (int j = 0; j < SCN; ++j) {
-            const int k = tid + j * DEC_THREADS;
-            if (k < rep * n) {
-                const int r = k / n, i = k - r * n;
-                sc[j] = scores[(i64)(g * rep + r) * ss + base + i];
-                vd[j] = KV::scale_at(v_scale, (i64)g * S_cap + base + i);  // int8: V's d
-            }
-        }
-        if (base == k0) {  // global max and sum per head, every block in the same order
-            for (int r = wid; r < rep; r += nw) {
-                const float* pmr = pm + (i64)(g * rep + r) * nsplit;
-                const float* plr = pl + (i64)(g * rep + r) * nsplit;
-                float m = NEG_INF;
-                for (int j = lane; j < nlive; j += STRATA_WARP) m = fmaxf(m, pmr[j]);
-                m = warp_max(m);
-                float l = 0.0f;
-                for (int j = lane; j < nlive; j += STRATA_WARP) l += plr[j] * expf(pmr[j] - m);
-                l = warp_sum(l);
-                if (lane == 0) {
-                    Ms[r] = m;
-                    Ls[r] = l;
-                }
-            }
-            __syncthreads();
-        }
+#if STRATA_DEC_PV_AHEAD
+        // the next tile's loads go out before this tile's math (block-uniform condition)
+        const int nn = min(DEC_TILE, k1 - base - DEC_TILE);
+        typename KV::Chunk vn[MAXRPT];
+        float scn[SCN], vdn[SCN];
+        if (nn > 0)
+            dec_pv_load<KV>(vn, scn, vdn, vg, srow, ss, v_scale, vrow0, base + DEC_TILE, nn, rep,
+                            Dv, slot, rpi, d8, active);
+#else
+        if (base != k0)
+            dec_pv_load<KV>(vv, sc, vd, vg, srow, ss, v_scale, vrow0, base, n, rep, Dv, slot,
+                            rpi, d8, active);
+#endif
 #pragma unroll
         for (int j = 0; j < SCN; ++j) {
             const int k = tid + j * DEC_THREADS;
@@ -663,6 +737,17 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
             }
         }
         __syncthreads();
+#if STRATA_DEC_PV_AHEAD
+        if (nn > 0) {
+#pragma unroll
+            for (int j = 0; j < MAXRPT; ++j) vv[j] = vn[j];
+#pragma unroll
+            for (int j = 0; j < SCN; ++j) {
+                sc[j] = scn[j];
+                vd[j] = vdn[j];
+            }
+        }
+#endif
     }
     // the row slots' partial sums, added in a fixed order, RC heads a round (32 KB of smem)
     const int t4 = Dv / 4;
@@ -740,7 +825,6 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         const float* q, const u16* k_cache, const int* pos_dev, int S_cap, int Dh, int H,       \
         int G, float scale, float* scores, int ss, float* pm, float* pl, int nsplit,            \
         int min_chunk) {                                                                        \
-        STRATA_PDL_ENTER();                                                                     \
         dec_scores<R, KvF16>(q, k_cache, nullptr, pos_dev, S_cap, Dh, H, G, scale, scores, ss,  \
                              pm, pl, nsplit, min_chunk);                                        \
     }                                                                                           \
@@ -748,7 +832,6 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         const float* scores, int ss, const float* pm, const float* pl, const u16* v_cache,      \
         const int* pos_dev, int S_cap, int Dv, int H, int G, float* o_part, int nsplit,         \
         int min_chunk, int* cnt, float* tpart, float* out) {                                    \
-        STRATA_PDL_ENTER();                                                                     \
         dec_pv<R, KvF16>(scores, ss, pm, pl, v_cache, nullptr, pos_dev, S_cap, Dv, H, G,        \
                          o_part, nsplit, min_chunk, cnt, tpart, out);                           \
     }                                                                                           \
@@ -756,7 +839,6 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         const float* q, const i8* k_cache, const float* k_scale, const int* pos_dev, int S_cap, \
         int Dh, int H, int G, float scale, float* scores, int ss, float* pm, float* pl,         \
         int nsplit, int min_chunk) {                                                            \
-        STRATA_PDL_ENTER();                                                                     \
         dec_scores<R, KvI8>(q, k_cache, k_scale, pos_dev, S_cap, Dh, H, G, scale, scores, ss,   \
                             pm, pl, nsplit, min_chunk);                                         \
     }                                                                                           \
@@ -764,7 +846,6 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         const float* scores, int ss, const float* pm, const float* pl, const i8* v_cache,       \
         const float* v_scale, const int* pos_dev, int S_cap, int Dv, int H, int G,              \
         float* o_part, int nsplit, int min_chunk, int* cnt, float* tpart, float* out) {         \
-        STRATA_PDL_ENTER();                                                                     \
         dec_pv<R, KvI8>(scores, ss, pm, pl, v_cache, v_scale, pos_dev, S_cap, Dv, H, G, o_part, \
                         nsplit, min_chunk, cnt, tpart, out);                                    \
     }
