@@ -20,6 +20,8 @@ from gguf.constants import GGMLQuantizationType
 cp = pytest.importorskip("cupy")
 
 from strata.gpu.attention import (  # noqa: E402
+    DEC_SHORT_GRID,
+    DEC_SHORT_MAX,
     AttnWorkspace,
     attention_decode,
     attention_ref,
@@ -141,6 +143,7 @@ def test_attention_decode_smaller_grids_give_the_full_grids_bits(K, gk, rep, dh)
     g = np.random.default_rng()
     c = Case(g, gk, rep, dh, S_CAP)
     ws = AttnWorkspace(cp, K, c.h, gk, S_CAP, dh, 1)
+    ws.dec_short = 0  # the split grids alone (the short kernel's sums are its own)
     full = ws.dec_nsplit
     q = cp.asarray(c.q)
     pos = cp.zeros(1, np.int32)
@@ -167,6 +170,48 @@ def test_attention_decode_smaller_grids_give_the_full_grids_bits(K, gk, rep, dh)
                 err_msg=f"{s} {m}",
             )
     assert len(picked) == len(ws.dec_grids)  # every grid was picked by some position
+
+
+SHORT_SIZES = [1, 2, 31, 63, 64, 65, 255, 513, 1024, DEC_SHORT_MAX - 1, DEC_SHORT_MAX]
+
+
+@pytest.mark.parametrize("gk,rep,dh", SHAPES, ids=lambda v: str(v))
+def test_attention_decode_short_kernel_matches_reference(K, gk, rep, dh):
+    """attn_dec_short (one launch, a block per query head) at key counts around its lane and
+    row steps, up to the most it holds."""
+    c = Case(np.random.default_rng(), gk, rep, dh, S_CAP)
+    ws = AttnWorkspace(cp, K, c.h, gk, S_CAP, dh, 1)
+    ws.dec_nsplit = DEC_SHORT_GRID
+    out = cp.full((1, c.h * dh), np.nan, np.float32)
+    pos = cp.zeros(1, np.int32)
+    for s in SHORT_SIZES:
+        pos[...] = s - 1
+        attention_decode(K, ws, cp.asarray(c.q), c.kc, c.vc, pos, c.dims, c.scale, out)
+        c.check(out, s)
+
+
+def test_attention_decode_short_kernel_is_deterministic_and_replays_in_a_graph(K):
+    c = Case(np.random.default_rng(), 4, 8, 128, S_CAP)
+    ws = AttnWorkspace(cp, K, c.h, 4, S_CAP, 128, 1)
+    ws.dec_nsplit = DEC_SHORT_GRID
+    q, out = cp.asarray(c.q), cp.empty((1, c.h * 128), np.float32)
+    pos = cp.asarray(np.array([1500], np.int32))
+    outs = []
+    for _ in range(3):
+        attention_decode(K, ws, q, c.kc, c.vc, pos, c.dims, c.scale, out)
+        outs.append(cp.asnumpy(out).view(np.uint32))
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        attention_decode(K, ws, q, c.kc, c.vc, pos, c.dims, c.scale, out)
+        graph = stream.end_capture()
+        for s in (700, 65, 1, DEC_SHORT_MAX, 1024):
+            pos.set(np.array([s - 1], np.int32), stream=stream)
+            out.fill(np.nan)
+            graph.launch(stream)
+            stream.synchronize()
+            c.check(out, s)
 
 
 def test_attention_decode_refuses_a_small_workspace(K):

@@ -23,6 +23,8 @@ cp = pytest.importorskip("cupy")
 
 from strata.engine.forward import Engine  # noqa: E402
 from strata.gpu.attention import (  # noqa: E402
+    DEC_SHORT_GRID,
+    DEC_SHORT_MAX,
     AttnWorkspace,
     attention,
     attention_decode,
@@ -204,6 +206,19 @@ def test_attention_decode_int8_matches_reference(K, gk, rep, dh):
     out = cp.full((1, c.h * dh), np.nan, np.float32)
     pos = cp.zeros(1, np.int32)
     for s in SIZES:
+        pos[...] = s - 1
+        c.run(K, ws, pos, out)
+        c.check(out, s)
+
+
+@pytest.mark.parametrize("gk,rep,dh", [(4, 8, 128), (2, 16, 64), (4, 6, 128)], ids=str)
+def test_attention_decode_int8_short_kernel_matches_reference(K, gk, rep, dh):
+    c = Case(np.random.default_rng(), gk, rep, dh, S_CAP)
+    ws = AttnWorkspace(cp, K, c.h, gk, S_CAP, dh, 1)
+    ws.dec_nsplit = DEC_SHORT_GRID
+    out = cp.full((1, c.h * dh), np.nan, np.float32)
+    pos = cp.zeros(1, np.int32)
+    for s in (1, 63, 65, 700, DEC_SHORT_MAX):
         pos[...] = s - 1
         c.run(K, ws, pos, out)
         c.check(out, s)

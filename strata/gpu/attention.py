@@ -55,6 +55,8 @@ class AttnWorkspace:
         # use dec_nsplit, which a graph decoder sets per step (each grid its own graphs)
         full = self.dec_nsplit
         self.dec_grids = tuple(sorted({n for n in DEC_GRIDS if 0 < n < full})) + (full,)
+        # positions whose keys (at most this many) the one-launch kernel takes (DEC_SHORT_GRID)
+        self.dec_short = DEC_SHORT_KEYS
 
     @staticmethod
     def bytes_for(K: Kernels, n_head: int, n_kv: int, s_cap: int, dv: int, tmax: int) -> int:
@@ -213,6 +215,15 @@ DEC_GRIDS = tuple(
 if any(n < 0 for n in DEC_GRIDS):
     raise ValueError(f"STRATA_GPU_DEC_GRIDS={DEC_GRIDS}: split counts (0 = none) expected")
 DEC_TEAM = 8  # attention.cu's DEC_TEAM: splits summed together first
+# The one-launch decode kernel (attn_dec_short: a block per query head over every key) for
+# positions of at most STRATA_GPU_DEC_SHORT keys (0: never); a workspace's dec_nsplit of
+# DEC_SHORT_GRID launches it. DEC_SHORT_MAX: attention.cu's (the keys its shared memory holds).
+DEC_SHORT_MAX = 2048
+DEC_SHORT_GRID = 0
+DEC_SHORT_KEYS = int(os.environ.get("STRATA_GPU_DEC_SHORT", "1024"))
+if not 0 <= DEC_SHORT_KEYS <= DEC_SHORT_MAX:
+    raise ValueError(f"STRATA_GPU_DEC_SHORT={DEC_SHORT_KEYS}: 0..{DEC_SHORT_MAX} keys expected")
+DS_THREADS = 256  # attention.cu's DS_THREADS
 
 
 def dec_splits(K: Kernels, s_cap: int, g: int, per_sm: int = DEC_BLOCKS_PER_SM) -> int:
@@ -222,10 +233,13 @@ def dec_splits(K: Kernels, s_cap: int, g: int, per_sm: int = DEC_BLOCKS_PER_SM) 
 
 
 def dec_grid_for(ws: AttnWorkspace, pos: int) -> int:
-    """The smallest of ws.dec_grids that splits keys 0..pos as the full grid does: dec_split
+    """DEC_SHORT_GRID (the one-launch kernel) for a position of at most ws.dec_short keys, else
+    the smallest of ws.dec_grids that splits keys 0..pos as the full grid does: dec_split
     (attention.cu) cuts S keys into min(nsplit, ceil(S / min_chunk)) splits, so every grid of
     n >= ceil(S / min_chunk) splits gives the same chunks, the same sums in the same order:
     the same bits, from fewer blocks."""
+    if pos + 1 <= ws.dec_short:
+        return DEC_SHORT_GRID
     need = -(-(pos + 1) // ws.dec_min_chunk)
     for n in ws.dec_grids:
         if n >= need:
@@ -255,7 +269,7 @@ def attention_decode(
     v_scale=None,
 ) -> None:
     """out [1, H*Dv] = softmax(q k^T * scale) v over keys 0..pos for q [1, H, Dh] (f16 values),
-    pos = pos_dev[0] read on the device (its K/V row already appended). Two launches whose
+    pos = pos_dev[0] read on the device (its K/V row already appended). Launches whose
     grids and arguments depend only on S_cap and `ws`: capturable once, replayable at any pos.
     Roundings as `attention` (probabilities rounded to f16 after normalizing); deterministic.
     An int8 cache comes with k_scale/v_scale [G, S_cap].
@@ -299,8 +313,10 @@ def decode_launches(
     k_scale=None,
     v_scale=None,
 ):
-    """attention_decode's two launches as (kernel, grid, block, args), for benchmarks to time
-    one by one."""
+    """attention_decode's launches as (kernel, grid, block, args), for benchmarks to time one by
+    one: two (scores, then p.V and the splits' sum), or with ws.dec_nsplit == DEC_SHORT_GRID the
+    one of attn_dec_short (keys 0..pos, pos + 1 <= DEC_SHORT_MAX: the caller's to ensure, as
+    dec_grid_for does)."""
     h, g, dh, dv = dims
     s_cap = k_cache.shape[1]
     r = rep_bucket(h // g)
@@ -308,6 +324,19 @@ def decode_launches(
     i8 = kv_is_int8(k_cache, v_cache, k_scale, v_scale)
     sfx = "_i8" if i8 else ""
     ks, vs = ((k_scale,), (v_scale,)) if i8 else ((), ())
+    if nsplit == DEC_SHORT_GRID:
+        short = K.fn("attention.cu", f"attn_dec_short{sfx}")
+        return [
+            (
+                short,
+                (h,),
+                (DS_THREADS,),
+                (
+                    q, k_cache, *ks, v_cache, *vs, pos_dev, i32(s_cap), i32(dh), i32(dv), i32(h),
+                    i32(g), f32(scale), out,
+                ),
+            )
+        ]  # fmt: skip
     scores = K.fn("attention.cu", f"attn_dec_scores{sfx}_r{r}")
     pv = K.fn("attention.cu", f"attn_dec_pv{sfx}_r{r}")
     return [

@@ -854,3 +854,171 @@ ATTN_DEC_KERNELS(2)
 ATTN_DEC_KERNELS(4)
 ATTN_DEC_KERNELS(8)
 ATTN_DEC_KERNELS(16)
+
+// ---- decode at short positions: one block per query head, every key, one launch ----
+//
+// attn_dec_short<KV>  grid (H), DS_THREADS: block h takes all S <= DEC_SHORT_MAX keys of its KV
+// head (h / rep) for query head h alone: the scores into shared memory (Dh/8 lanes a key, their
+// partial dots summed by a shuffle tree), the block's max and sum exp (block reductions), then
+// p = f16(exp(s - M) / L) in place and o = sum_i p_i v_i (Dv/8 lanes a row, row slots summed in
+// a fixed order) straight into out: no split partials, no counters, no second launch. The
+// blocks of a KV head read its rows from L2 (one of them from DRAM): at short positions the
+// split kernels' chain of launches and partial round trips costs more than those reads.
+// Rows go out DS_U a lane at a time, the next DS_U in flight while one is used; with
+// STRATA_DEC_PREFETCH > 0 all S rows of K and V are asked of L2 before the PDL wait (shared out
+// over the head's rep blocks). Same roundings as attn_dec_*; deterministic.
+#define DS_THREADS 256
+#ifndef DEC_SHORT_MAX
+#define DEC_SHORT_MAX 2048  // keys attn_dec_short holds (its scores: 8 KiB of shared memory)
+#endif
+#define DS_U 4
+
+template <typename KV>
+__device__ __forceinline__ void ds_load(typename KV::Chunk (&c)[DS_U], float (&d)[DS_U],
+                                        const typename KV::T* __restrict__ base,
+                                        const float* __restrict__ scl, i64 row0, int r0, int step,
+                                        int S, int D, int col, bool colok) {
+#pragma unroll
+    for (int u = 0; u < DS_U; ++u) {
+        const int r = r0 + u * step;
+        const bool ok = colok && r < S;
+        c[u] = ok ? *(const typename KV::Chunk*)(base + (i64)r * D + col * 8) : KV::zero();
+        d[u] = ok ? KV::scale_at(scl, row0 + r) : 0.0f;
+    }
+}
+
+template <typename KV>
+__device__ __forceinline__ void dec_short(const float* __restrict__ q,
+                                          const typename KV::T* __restrict__ k_cache,
+                                          const float* __restrict__ k_scale,
+                                          const typename KV::T* __restrict__ v_cache,
+                                          const float* __restrict__ v_scale,
+                                          const int* __restrict__ pos_dev, int S_cap, int Dh,
+                                          int Dv, int H, int G, float scale,
+                                          float* __restrict__ out) {
+    __shared__ float ps[DEC_SHORT_MAX];
+    __shared__ float red[DS_THREADS * 8];  // PV row slots: slots * Dv <= DS_THREADS * 8
+    __shared__ float wred[1024 / STRATA_WARP];
+    const int h = blockIdx.x, rep = H / G, g = h / rep, tid = threadIdx.x;
+    const int S = min(min(max(pos_dev[0] + 1, 1), S_cap), DEC_SHORT_MAX);
+    const typename KV::T* kg = k_cache + (i64)g * S_cap * Dh;
+    const typename KV::T* vg = v_cache + (i64)g * S_cap * Dv;
+    const i64 row0 = (i64)g * S_cap;
+#if STRATA_DEC_PREFETCH > 0
+    {  // see dec_enter: the position is old, a prefetch only warms L2
+        const int kl = (int)(((i64)S * Dh * (i64)sizeof(typename KV::T) + 127) / 128);
+        const int vl = (int)(((i64)S * Dv * (i64)sizeof(typename KV::T) + 127) / 128);
+        for (int i = (h % rep) * DS_THREADS + tid; i < kl + vl; i += rep * DS_THREADS)
+            STRATA_PREFETCH_L2(i < kl ? (const char*)kg + (i64)i * 128
+                                      : (const char*)vg + (i64)(i - kl) * 128);
+    }
+    STRATA_PDL_WAIT();
+    STRATA_PDL_TRIGGER();
+#else
+    STRATA_PDL_ENTER();
+#endif
+    // scores: lpk lanes a key (a power of two >= Dh / 8), kstep keys a block step
+    int lpk = 1;
+    while (lpk * 8 < Dh) lpk <<= 1;
+    const int li = tid % lpk, kstep = DS_THREADS / lpk, kr = tid / lpk;
+    const bool kcol = li * 8 < Dh;
+    float qv[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) qv[e] = kcol ? q[(i64)h * Dh + li * 8 + e] : 0.0f;
+    typename KV::Chunk kc[DS_U];
+    float kd[DS_U];
+    ds_load<KV>(kc, kd, kg, k_scale, row0, kr, kstep, S, Dh, li, kcol);
+    float mloc = NEG_INF;
+    for (int base = 0; base < S; base += kstep * DS_U) {  // block-uniform: shuffles below
+        typename KV::Chunk kn[DS_U];
+        float kdn[DS_U];
+        const int nb = base + kstep * DS_U;
+        if (nb < S) ds_load<KV>(kn, kdn, kg, k_scale, row0, nb + kr, kstep, S, Dh, li, kcol);
+#pragma unroll
+        for (int u = 0; u < DS_U; ++u) {
+            float kf[8];
+            KV::unpack8(kc[u], kf);
+            float dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) dot += qv[e] * kf[e];
+            for (int o = lpk / 2; o > 0; o >>= 1) dot += SHFL_XOR(dot, o);
+            const int key = base + kr + u * kstep;
+            if (li == 0 && key < S) {
+                const float s = KV::scaled(dot, kd[u]) * scale;
+                ps[key] = s;
+                mloc = fmaxf(mloc, s);
+            }
+        }
+        if (nb < S) {
+#pragma unroll
+            for (int u = 0; u < DS_U; ++u) {
+                kc[u] = kn[u];
+                kd[u] = kdn[u];
+            }
+        }
+    }
+    // the first V rows go out before the softmax (they do not depend on it)
+    const int tpr = Dv / 8, rstep = DS_THREADS / tpr, slot = tid / tpr, d8 = tid % tpr;
+    const bool vact = slot < rstep;
+    typename KV::Chunk vc[DS_U];
+    float vd[DS_U];
+    ds_load<KV>(vc, vd, vg, v_scale, row0, slot, rstep, S, Dv, d8, vact);
+    const float M = block_max_f32(mloc, wred);  // its barriers order the ps stores before
+    float lloc = 0.0f;
+    for (int i = tid; i < S; i += DS_THREADS) lloc += expf(ps[i] - M);
+    const float L = block_sum_f32(lloc, wred);
+    for (int i = tid; i < S; i += DS_THREADS) ps[i] = round_f16(expf(ps[i] - M) / L);
+    __syncthreads();
+    float acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+    for (int base = 0; base < S; base += rstep * DS_U) {
+        typename KV::Chunk vn[DS_U];
+        float vdn[DS_U];
+        const int nb = base + rstep * DS_U;
+        if (nb < S) ds_load<KV>(vn, vdn, vg, v_scale, row0, nb + slot, rstep, S, Dv, d8, vact);
+#pragma unroll
+        for (int u = 0; u < DS_U; ++u) {
+            const int row = base + slot + u * rstep;
+            if (vact && row < S) {
+                const float pr = KV::scaled(ps[row], vd[u]);  // int8: V's d after the rounding
+                float v[8];
+                KV::unpack8(vc[u], v);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[e] += pr * v[e];
+            }
+        }
+        if (nb < S) {
+#pragma unroll
+            for (int u = 0; u < DS_U; ++u) {
+                vc[u] = vn[u];
+                vd[u] = vdn[u];
+            }
+        }
+    }
+    if (vact) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) red[slot * Dv + d8 * 8 + e] = acc[e];
+    }
+    __syncthreads();
+    for (int d = tid; d < Dv; d += DS_THREADS) {
+        float o = red[d];
+        for (int sl = 1; sl < rstep; ++sl) o += red[sl * Dv + d];
+        out[(i64)h * Dv + d] = o;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DS_THREADS)
+    attn_dec_short(const float* q, const u16* k_cache, const u16* v_cache, const int* pos_dev,
+                   int S_cap, int Dh, int Dv, int H, int G, float scale, float* out) {
+    dec_short<KvF16>(q, k_cache, nullptr, v_cache, nullptr, pos_dev, S_cap, Dh, Dv, H, G, scale,
+                     out);
+}
+
+extern "C" __global__ void __launch_bounds__(DS_THREADS)
+    attn_dec_short_i8(const float* q, const i8* k_cache, const float* k_scale, const i8* v_cache,
+                      const float* v_scale, const int* pos_dev, int S_cap, int Dh, int Dv, int H,
+                      int G, float scale, float* out) {
+    dec_short<KvI8>(q, k_cache, k_scale, v_cache, v_scale, pos_dev, S_cap, Dh, Dv, H, G, scale,
+                    out);
+}
