@@ -223,7 +223,7 @@ DEC_SHORT_GRID = 0
 DEC_SHORT_KEYS = int(os.environ.get("STRATA_GPU_DEC_SHORT", "1024"))
 if not 0 <= DEC_SHORT_KEYS <= DEC_SHORT_MAX:
     raise ValueError(f"STRATA_GPU_DEC_SHORT={DEC_SHORT_KEYS}: 0..{DEC_SHORT_MAX} keys expected")
-DS_THREADS = 256  # attention.cu's DS_THREADS
+DS_THREADS = 512  # attention.cu's DS_THREADS
 
 
 def dec_splits(K: Kernels, s_cap: int, g: int, per_sm: int = DEC_BLOCKS_PER_SM) -> int:

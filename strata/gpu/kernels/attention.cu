@@ -864,14 +864,17 @@ ATTN_DEC_KERNELS(16)
 // a fixed order) straight into out: no split partials, no counters, no second launch. The
 // blocks of a KV head read its rows from L2 (one of them from DRAM): at short positions the
 // split kernels' chain of launches and partial round trips costs more than those reads.
-// Rows go out DS_U a lane at a time, the next DS_U in flight while one is used; with
+// Rows go out DS_U a lane at a time, the next DS_U in flight while these are used; with
 // STRATA_DEC_PREFETCH > 0 all S rows of K and V are asked of L2 before the PDL wait (shared out
 // over the head's rep blocks). Same roundings as attn_dec_*; deterministic.
-#define DS_THREADS 256
+#define DS_THREADS 512
 #ifndef DEC_SHORT_MAX
 #define DEC_SHORT_MAX 2048  // keys attn_dec_short holds (its scores: 8 KiB of shared memory)
 #endif
-#define DS_U 4
+#ifndef STRATA_DS_U
+#define STRATA_DS_U 8  // rows a lane has in flight (twice: the next ones load while these are used)
+#endif
+#define DS_U STRATA_DS_U
 
 template <typename KV>
 __device__ __forceinline__ void ds_load(typename KV::Chunk (&c)[DS_U], float (&d)[DS_U],
