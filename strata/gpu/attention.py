@@ -218,9 +218,12 @@ DEC_TEAM = 8  # attention.cu's DEC_TEAM: splits summed together first
 # The one-launch decode kernel (attn_dec_short: a block per query head over every key) for
 # positions of at most STRATA_GPU_DEC_SHORT keys (0: never); a workspace's dec_nsplit of
 # DEC_SHORT_GRID launches it. DEC_SHORT_MAX: attention.cu's (the keys its shared memory holds).
+# H200, Qwen3-30B-A3B heads, graph + PDL: 5.6 / 7.2 / 10.3 / 13.4 / 16.5 us at 64 / 256 / 512 /
+# 768 / 1024 keys against the best split grid's 12.0 / 12.5 / 12.9 / 16.0 / 16.5 (past 1024 the
+# splits win): default 768 (bench/results/session21-h200-20261202.md).
 DEC_SHORT_MAX = 2048
 DEC_SHORT_GRID = 0
-DEC_SHORT_KEYS = int(os.environ.get("STRATA_GPU_DEC_SHORT", "1024"))
+DEC_SHORT_KEYS = int(os.environ.get("STRATA_GPU_DEC_SHORT", "768"))
 if not 0 <= DEC_SHORT_KEYS <= DEC_SHORT_MAX:
     raise ValueError(f"STRATA_GPU_DEC_SHORT={DEC_SHORT_KEYS}: 0..{DEC_SHORT_MAX} keys expected")
 DS_THREADS = 512  # attention.cu's DS_THREADS

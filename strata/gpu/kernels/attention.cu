@@ -872,7 +872,8 @@ ATTN_DEC_KERNELS(16)
 #define DEC_SHORT_MAX 2048  // keys attn_dec_short holds (its scores: 8 KiB of shared memory)
 #endif
 #ifndef STRATA_DS_U
-#define STRATA_DS_U 8  // rows a lane has in flight (twice: the next ones load while these are used)
+#define STRATA_DS_U 4  // rows a lane has in flight (twice: the next ones load while these are used;
+                       // 4 beat 8 at 64-1024 keys on the H200: session21-h200-20261202.md)
 #endif
 #define DS_U STRATA_DS_U
 
