@@ -86,14 +86,22 @@ SHAPES = [  # (G, H/G, Dh): rep 1/4/8 as asked, 6 (not a power of two) and 16 (t
 ]
 
 
+SHORT_SIZES = [1, 2, 31, 63, 64, 65, 255, 513, 1024, DEC_SHORT_MAX - 1, DEC_SHORT_MAX]
+
+
+@pytest.mark.parametrize("short", [False, True], ids=["splits", "short"])
 @pytest.mark.parametrize("gk,rep,dh", SHAPES, ids=lambda v: str(v))
-def test_attention_decode_matches_reference(K, gk, rep, dh):
+def test_attention_decode_matches_reference(K, gk, rep, dh, short):
+    """The split kernels (the workspace's full grid) and attn_dec_short (one launch, a block per
+    query head: key counts around its lane and row steps, up to the most it holds)."""
     g = np.random.default_rng()
     c = Case(g, gk, rep, dh, S_CAP)
     ws = AttnWorkspace(cp, K, c.h, gk, S_CAP, dh, 1)
+    if short:
+        ws.dec_nsplit = DEC_SHORT_GRID
     out = cp.full((1, c.h * dh), np.nan, np.float32)
     pos = cp.zeros(1, np.int32)
-    for s in SIZES:
+    for s in SHORT_SIZES if short else SIZES:
         pos[...] = s - 1
         attention_decode(K, ws, cp.asarray(c.q), c.kc, c.vc, pos, c.dims, c.scale, out)
         c.check(out, s)
@@ -170,24 +178,6 @@ def test_attention_decode_smaller_grids_give_the_full_grids_bits(K, gk, rep, dh)
                 err_msg=f"{s} {m}",
             )
     assert len(picked) == len(ws.dec_grids)  # every grid was picked by some position
-
-
-SHORT_SIZES = [1, 2, 31, 63, 64, 65, 255, 513, 1024, DEC_SHORT_MAX - 1, DEC_SHORT_MAX]
-
-
-@pytest.mark.parametrize("gk,rep,dh", SHAPES, ids=lambda v: str(v))
-def test_attention_decode_short_kernel_matches_reference(K, gk, rep, dh):
-    """attn_dec_short (one launch, a block per query head) at key counts around its lane and
-    row steps, up to the most it holds."""
-    c = Case(np.random.default_rng(), gk, rep, dh, S_CAP)
-    ws = AttnWorkspace(cp, K, c.h, gk, S_CAP, dh, 1)
-    ws.dec_nsplit = DEC_SHORT_GRID
-    out = cp.full((1, c.h * dh), np.nan, np.float32)
-    pos = cp.zeros(1, np.int32)
-    for s in SHORT_SIZES:
-        pos[...] = s - 1
-        attention_decode(K, ws, cp.asarray(c.q), c.kc, c.vc, pos, c.dims, c.scale, out)
-        c.check(out, s)
 
 
 def test_attention_decode_short_kernel_is_deterministic_and_replays_in_a_graph(K):

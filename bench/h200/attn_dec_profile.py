@@ -10,14 +10,12 @@ import sys
 
 import cupy as cp
 import numpy as np
+from attn_cache import S_CAP, setup
 from torch.profiler import ProfilerActivity, profile
 
-from strata.bench import gpu_kernels as gk
-from strata.gpu.attention import DEC_SHORT_GRID, DEC_SHORT_MAX, AttnWorkspace, attention_decode
-from strata.gpu.device import primary_device
-from strata.gpu.rawmod import Kernels
+from strata.gpu.attention import DEC_SHORT_GRID, DEC_SHORT_MAX, attention_decode
 
-H, G, DH, S_CAP, LAYERS, REPS = 32, 4, 128, 32768, 4, 10
+LAYERS, REPS = 4, 10
 
 
 def _ints(i: int, default: str) -> list[int]:
@@ -26,17 +24,8 @@ def _ints(i: int, default: str) -> list[int]:
 
 ctxs = _ints(1, "512,4096,32768")
 nss = (sys.argv[2] if len(sys.argv) > 2 else "0").split(",")
-info = primary_device()
-K = Kernels(cp, info.warp_size, info.sm_count, (), info.arch)
-rng = np.random.default_rng(0)
-kc = cp.asarray(rng.standard_normal((LAYERS, G, S_CAP, DH)).astype(np.float16)).view(np.uint16)
-vc = cp.asarray(rng.standard_normal((LAYERS, G, S_CAP, DH)).astype(np.float16)).view(np.uint16)
-q = cp.asarray(rng.standard_normal((1, H, DH)).astype(np.float16).astype(np.float32))
-ws = AttnWorkspace(cp, K, H, G, S_CAP, DH, 1)
-full = ws.dec_nsplit
-o = cp.empty((1, H * DH), np.float32)
-scale = float(np.float32(1 / np.sqrt(DH)))
-t = gk._Timer(cp)
+c = setup(LAYERS)
+K, ws, full, t = c.K, c.ws, c.full, c.timer
 print(f"S_cap {S_CAP}, workspace nsplit {full}, min_chunk {ws.dec_min_chunk}")
 for ctx in ctxs:
     pos = cp.asarray(np.array([ctx - 1], np.int32))
@@ -46,7 +35,7 @@ for ctx in ctxs:
         ws.dec_nsplit = DEC_SHORT_GRID if ns == "s" else int(ns) or full
 
         def call(i, pos=pos):
-            attention_decode(K, ws, q, kc[i], vc[i], pos, (H, G, DH, DH), scale, o)
+            attention_decode(K, ws, c.q, c.kc[i], c.vc[i], pos, c.dims, c.scale, c.o)
 
         for i in range(LAYERS):
             call(i)

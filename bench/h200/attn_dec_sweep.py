@@ -9,13 +9,9 @@ import sys
 
 import cupy as cp
 import numpy as np
+from attn_cache import S_CAP, setup
 
-from strata.bench import gpu_kernels as gk
-from strata.gpu.attention import AttnWorkspace, attention_decode
-from strata.gpu.device import primary_device
-from strata.gpu.rawmod import Kernels
-
-H, G, DH, S_CAP = 32, 4, 128, 32768
+from strata.gpu.attention import attention_decode
 
 
 def _ints(i: int, default: str) -> list[int]:
@@ -25,18 +21,8 @@ def _ints(i: int, default: str) -> list[int]:
 ctxs = _ints(1, "512,2048,4096,8192,16384,32768")
 mcs = _ints(2, "64,128,256,512,1024")
 nss = _ints(3, "0,66")
-info = primary_device()
-K = Kernels(cp, info.warp_size, info.sm_count, (), info.arch)
-rng = np.random.default_rng(0)
-layers = 4  # 4 x 2 x 32 MiB of cache: more than the L2 holds
-kc = cp.asarray(rng.standard_normal((layers, G, S_CAP, DH)).astype(np.float16)).view(np.uint16)
-vc = cp.asarray(rng.standard_normal((layers, G, S_CAP, DH)).astype(np.float16)).view(np.uint16)
-q = cp.asarray(rng.standard_normal((1, H, DH)).astype(np.float16).astype(np.float32))
-ws = AttnWorkspace(cp, K, H, G, S_CAP, DH, 1)
-full = ws.dec_nsplit
-o = cp.empty((1, H * DH), np.float32)
-scale = float(np.float32(1 / np.sqrt(DH)))
-t = gk._Timer(cp)
+c = setup(4)
+K, ws, full, t, layers = c.K, c.ws, c.full, c.timer, c.layers
 print(f"S_cap {S_CAP}, workspace nsplit {full}; us per attention_decode (graph)")
 print(f"{'ctx':>6} {'nsplit':>6}" + "".join(f" {'mc ' + str(m):>8}" for m in mcs))
 for ctx in ctxs:
@@ -49,7 +35,7 @@ for ctx in ctxs:
             ws.dec_min_chunk = mc
 
             def call(i, pos=pos):
-                attention_decode(K, ws, q, kc[i], vc[i], pos, (H, G, DH, DH), scale, o)
+                attention_decode(K, ws, c.q, c.kc[i], c.vc[i], pos, c.dims, c.scale, c.o)
 
             us, _ = t.graph_us([lambda i=i: call(i) for i in range(layers)])
             row.append(us)

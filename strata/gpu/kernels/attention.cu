@@ -891,6 +891,18 @@ __device__ __forceinline__ void ds_load(typename KV::Chunk (&c)[DS_U], float (&d
     }
 }
 
+// the rows loaded ahead become the current ones (the double buffer's swap)
+template <typename KV>
+__device__ __forceinline__ void ds_take(typename KV::Chunk (&c)[DS_U], float (&d)[DS_U],
+                                        const typename KV::Chunk (&cn)[DS_U],
+                                        const float (&dn)[DS_U]) {
+#pragma unroll
+    for (int u = 0; u < DS_U; ++u) {
+        c[u] = cn[u];
+        d[u] = dn[u];
+    }
+}
+
 template <typename KV>
 __device__ __forceinline__ void dec_short(const float* __restrict__ q,
                                           const typename KV::T* __restrict__ k_cache,
@@ -953,13 +965,7 @@ __device__ __forceinline__ void dec_short(const float* __restrict__ q,
                 mloc = fmaxf(mloc, s);
             }
         }
-        if (nb < S) {
-#pragma unroll
-            for (int u = 0; u < DS_U; ++u) {
-                kc[u] = kn[u];
-                kd[u] = kdn[u];
-            }
-        }
+        if (nb < S) ds_take<KV>(kc, kd, kn, kdn);
     }
     // the first V rows go out before the softmax (they do not depend on it)
     const int tpr = Dv / 8, rstep = DS_THREADS / tpr, slot = tid / tpr, d8 = tid % tpr;
@@ -992,13 +998,7 @@ __device__ __forceinline__ void dec_short(const float* __restrict__ q,
                 for (int e = 0; e < 8; ++e) acc[e] += pr * v[e];
             }
         }
-        if (nb < S) {
-#pragma unroll
-            for (int u = 0; u < DS_U; ++u) {
-                vc[u] = vn[u];
-                vd[u] = vdn[u];
-            }
-        }
+        if (nb < S) ds_take<KV>(vc, vd, vn, vdn);
     }
     if (vact) {
 #pragma unroll
