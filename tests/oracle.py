@@ -88,3 +88,24 @@ def assert_logits_match(
     )
     worst = float(same.max())
     assert worst <= FLIP_BOUND, f"a position is off by {worst:.3g}, more than a Q8 flip"
+
+
+def plain_llama(llama_cpp, **kwargs):
+    """llama_cpp.Llama(**kwargs) with llama.cpp's extra weight buffer types off
+    (`llama_model_params.use_extra_bufts`, which llama-cpp-python does not expose): the oracle's
+    matmuls are then ggml's plain vec_dot kernels, the roundings our kernels copy, not a CPU's
+    repacked or AMX forms. On a guest with amx_int8 (Intel Xeon, 2026-12-02) the AMX buffer
+    type made llama_decode crash (SIGSEGV) in every eval."""
+    lib = llama_cpp.llama.llama_cpp
+    default = lib.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    lib.llama_model_default_params = params
+    try:
+        return llama_cpp.Llama(**kwargs)
+    finally:
+        lib.llama_model_default_params = default

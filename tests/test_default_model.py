@@ -15,6 +15,7 @@ from gguf.constants import Keys
 from strata.cli import DEFAULT_MODEL, main
 from strata.engine.forward import Engine
 from strata.model.loader import load_model
+from tests.oracle import plain_llama
 from tests.test_llama_oracle import llama_greedy
 
 HELDOUT = DEFAULT_MODEL.parent / "heldout.txt"  # the opening of a held-out stdlib module
@@ -44,7 +45,8 @@ def ours(model, heldout) -> tuple[np.ndarray, np.ndarray]:
 
 
 def open_llama(llama_cpp, n_ctx=512):
-    return llama_cpp.Llama(
+    return plain_llama(
+        llama_cpp,
         model_path=str(DEFAULT_MODEL),
         n_ctx=n_ctx,
         n_batch=n_ctx,

@@ -16,6 +16,7 @@ from tests.oracle import (
     assert_logits_match,
     float_matmuls_copied,
     near_tie_onward,
+    plain_llama,
     position_errors,
     simd_lanes,
 )
@@ -45,7 +46,8 @@ def llama_logits(llm, tokens) -> np.ndarray:
 
 
 def open_llama(llama_cpp, path, n_ctx=256):
-    return llama_cpp.Llama(
+    return plain_llama(
+        llama_cpp,
         model_path=str(path),
         n_ctx=n_ctx,
         n_batch=n_ctx,
