@@ -307,8 +307,9 @@ class GraphDecoder:
             self.ready_h.a[:] = 0
             self.release_h.a[0] = 0
         self.tokpos_h.a[:] = token, pos, self.step
-        # the smallest decode attention grid that splits this position's keys as the full one
-        # does (same bits, fewer idle blocks); the step's launches read it from the workspace
+        # the decode attention for this position (attention.dec_grid_for): the one-launch short
+        # kernel, or the smallest grid that splits its keys as the full one does (same bits,
+        # fewer idle blocks); the step's launches read it from the workspace
         ws = self.t.attn_ws
         self.dec_grid = ws.dec_nsplit = dec_grid_for(ws, pos)
         # order after whatever the tier ran on the legacy stream (prefill, uploads)
