@@ -92,20 +92,9 @@ def assert_logits_match(
 
 def plain_llama(llama_cpp, **kwargs):
     """llama_cpp.Llama(**kwargs) with llama.cpp's extra weight buffer types off
-    (`llama_model_params.use_extra_bufts`, which llama-cpp-python does not expose): the oracle's
-    matmuls are then ggml's plain vec_dot kernels, the roundings our kernels copy, not a CPU's
-    repacked or AMX forms. On a guest with amx_int8 (Intel Xeon, 2026-12-02) the AMX buffer
-    type made llama_decode crash (SIGSEGV) in every eval."""
-    lib = llama_cpp.llama.llama_cpp
-    default = lib.llama_model_default_params
+    (strata/bench/llama_open.py): the oracle's matmuls are ggml's plain vec_dot kernels, the
+    roundings our kernels copy, not a CPU's repacked or AMX forms (which crashed llama_decode
+    on an AMX guest)."""
+    from strata.bench.llama_open import open_llama
 
-    def params():
-        p = default()
-        p.use_extra_bufts = False
-        return p
-
-    lib.llama_model_default_params = params
-    try:
-        return llama_cpp.Llama(**kwargs)
-    finally:
-        lib.llama_model_default_params = default
+    return open_llama(llama_cpp, False, **kwargs)

@@ -21,6 +21,9 @@ def _argmax_last(llm, n_vocab: int) -> int:
     return int(np.argmax(logits))
 
 
+NO_EXTRA = "llama.cpp without its extra weight buffer types (STRATA_PEER_EXTRA_BUFTS)"
+
+
 def run_llama_cpp_arm(
     model_path, prompt_tokens: int, gen_tokens: int, repeats: int, threads: int = 0
 ) -> dict[str, Any]:
@@ -30,8 +33,13 @@ def run_llama_cpp_arm(
         raise ImportError(
             "the llama-cpp arm needs llama-cpp-python (pip install 'strata[test]')"
         ) from None
+    from strata.bench.llama_open import open_llama, peer_extra_bufts
+
     threads = threads or os.cpu_count() or 1
-    llm = llama_cpp.Llama(
+    extra = peer_extra_bufts()
+    llm = open_llama(
+        llama_cpp,
+        extra,
         model_path=str(model_path),
         n_ctx=prompt_tokens + gen_tokens + 8,
         n_batch=max(prompt_tokens, 8),
@@ -73,5 +81,6 @@ def run_llama_cpp_arm(
         "car_substitution_rate": 0.0,
         "miss_expert_gbps": 0.0,
         "threads": threads,
-        "notices": [],
+        "extra_bufts": extra,
+        "notices": [] if extra else [NO_EXTRA],
     }

@@ -1,0 +1,51 @@
+"""strata.bench.llama_open: the AMX check and STRATA_PEER_EXTRA_BUFTS, on written cpuinfo files."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata.bench.llama_open import host_has_amx, peer_extra_bufts
+
+AMX = "processor\t: 0\nflags\t\t: fpu sse avx512f avx512_vnni amx_bf16 amx_tile amx_int8\n"
+PLAIN = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_vnni\n"
+
+
+@pytest.mark.parametrize("text,amx", [(AMX, True), (PLAIN, False), ("", False)])
+def test_host_has_amx_reads_the_flags(tmp_path, text, amx):
+    f = tmp_path / "cpuinfo"
+    f.write_text(text)
+    assert host_has_amx(f) is amx
+
+
+def test_host_has_amx_is_false_where_cpuinfo_cannot_be_read(tmp_path):
+    assert host_has_amx(tmp_path / "missing") is False
+
+
+@pytest.mark.parametrize(
+    "value,text,want",
+    [("auto", AMX, False), ("auto", PLAIN, True), (None, AMX, False), ("1", AMX, True),
+     ("0", PLAIN, False)],
+)  # fmt: skip
+def test_peer_extra_bufts(tmp_path, value, text, want):
+    f = tmp_path / "cpuinfo"
+    f.write_text(text)
+    env = {} if value is None else {"STRATA_PEER_EXTRA_BUFTS": value}
+    assert peer_extra_bufts(env, f) is want
+
+
+def test_peer_extra_bufts_refuses_other_values(tmp_path):
+    with pytest.raises(ValueError, match="STRATA_PEER_EXTRA_BUFTS"):
+        peer_extra_bufts({"STRATA_PEER_EXTRA_BUFTS": "yes"}, tmp_path / "x")
+
+
+@pytest.mark.llama
+def test_llama_cpp_arm_runs_on_this_host(llama_cpp):
+    """The bench's llama.cpp arm on the embedded model (with the extra buffer types as auto picks
+    for this CPU): it runs to the end and says which it used."""
+    from strata.bench.peer import NO_EXTRA, run_llama_cpp_arm
+    from strata.cli import DEFAULT_MODEL
+
+    r = run_llama_cpp_arm(DEFAULT_MODEL, 8, 4, 1, 2)
+    assert r["extra_bufts"] is peer_extra_bufts()
+    assert r["decode_tps"] > 0 and r["prefill_tps"] > 0
+    assert (NO_EXTRA in r["notices"]) is not r["extra_bufts"]
