@@ -22,15 +22,30 @@ def test_host_has_amx_is_false_where_cpuinfo_cannot_be_read(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "value,text,want",
-    [("auto", AMX, False), ("auto", PLAIN, True), (None, AMX, False), ("1", AMX, True),
-     ("0", PLAIN, False)],
+    "value,text,survive,want",
+    [("auto", AMX, False, False), ("auto", AMX, True, True), ("auto", PLAIN, False, True),
+     (None, AMX, False, False), ("1", AMX, False, True), ("0", PLAIN, True, False)],
 )  # fmt: skip
-def test_peer_extra_bufts(tmp_path, value, text, want):
+def test_peer_extra_bufts(tmp_path, value, text, survive, want):
+    """auto probes only on an AMX CPU; 1 and 0 never probe."""
     f = tmp_path / "cpuinfo"
     f.write_text(text)
     env = {} if value is None else {"STRATA_PEER_EXTRA_BUFTS": value}
-    assert peer_extra_bufts(env, f) is want
+    probed = []
+    assert peer_extra_bufts(env, f, lambda: probed.append(1) or survive) is want
+    assert bool(probed) == (value in ("auto", None) and text == AMX)
+
+
+@pytest.mark.llama
+def test_the_probe_matches_an_eval_in_a_child(llama_cpp):
+    """extra_bufts_survive on this host: True where the AMX buffers work or the CPU has none."""
+    import subprocess
+    import sys
+
+    from strata.bench.llama_open import _PROBE, extra_bufts_survive
+
+    r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, check=False)
+    assert extra_bufts_survive() is (r.returncode == 0)
 
 
 def test_peer_extra_bufts_refuses_other_values(tmp_path):
