@@ -144,7 +144,6 @@ class GraphDecoder:
         if self.ahead:
             wait_word(self.ready_h.a, 0, -1, 1)  # compiled now, not inside the first step
         self.graphs: dict[object, object] = {}
-        self.dec_grid = tier.attn_ws.dec_nsplit  # the decode attention grid of the step (_begin)
         self._ran_eagerly: set = set()  # keys of deferred captures (`_run`)
         self._warm: set = set()  # picks of finished per-layer routed steps (`ahead_ok`)
         self.replay = True  # False: the same launches, eagerly every step (tests, debugging)
@@ -273,7 +272,7 @@ class GraphDecoder:
         """Replay the graph of `key`, or run fn eagerly and capture it for the next token: right
         after the eager launches (which may still run), or with `defer_capture` at the next
         call, on an idle card (a queued-ahead step's joins wait for the host meanwhile)."""
-        key = (key, self.dec_grid)  # each decode attention grid its own graphs
+        key = (key, self.t.attn_ws.dec_nsplit)  # each decode attention grid its own graphs (_begin)
         g = self.graphs.get(key)
         if g is None and defer_capture and key in self._ran_eagerly:
             g = self._capture(key, fn)
@@ -311,7 +310,7 @@ class GraphDecoder:
         # kernel, or the smallest grid that splits its keys as the full one does (same bits,
         # fewer idle blocks); the step's launches read it from the workspace
         ws = self.t.attn_ws
-        self.dec_grid = ws.dec_nsplit = dec_grid_for(ws, pos)
+        ws.dec_nsplit = dec_grid_for(ws, pos)
         # order after whatever the tier ran on the legacy stream (prefill, uploads)
         self.stream.wait_event(self.cp.cuda.Stream.null.record())
 

@@ -868,9 +868,7 @@ ATTN_DEC_KERNELS(16)
 // STRATA_DEC_PREFETCH > 0 all S rows of K and V are asked of L2 before the PDL wait (shared out
 // over the head's rep blocks). Same roundings as attn_dec_*; deterministic.
 #define DS_THREADS 512
-#ifndef DEC_SHORT_MAX
-#define DEC_SHORT_MAX 2048  // keys attn_dec_short holds (its scores: 8 KiB of shared memory)
-#endif
+#define DEC_SHORT_MAX 2048  // keys attn_dec_short holds (its scores: 8 KiB; attention.py's too)
 #ifndef STRATA_DS_U
 #define STRATA_DS_U 4  // rows a lane has in flight (twice: the next ones load while these are used;
                        // 4 beat 8 at 64-1024 keys on the H200: session21-h200-20261202.md)
