@@ -6,7 +6,7 @@
 . bench/h200/lib.sh
 O=/tmp/pbout; rm -rf $O && mkdir -p $O
 el "lockstep repeats"
-timeout 300 python3 bench/h200/lockstep_repeat.py 8 > $O/lockstep-repeat.txt 2>&1
+timeout 330 python3 bench/h200/lockstep_repeat.py 14 > $O/lockstep-repeat.txt 2>&1
 echo "rc=$?"; grep -v Warning $O/lockstep-repeat.txt | tail -8
 el "cpu pool"
 timeout 200 python3 bench/cpu_pool_sweep.py --quant IQ3_XXS,Q4_K,IQ1_M --threads 16 --tokens 1 \
