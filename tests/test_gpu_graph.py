@@ -17,6 +17,7 @@ cp = pytest.importorskip("cupy")
 
 from strata.config import resolve  # noqa: E402
 from strata.engine.builder import build_engine  # noqa: E402
+from strata.gpu.attention import DEC_SHORT_GRID, dec_grid_for  # noqa: E402
 from strata.model.loader import load_model  # noqa: E402
 from tests.oracle import position_errors  # noqa: E402
 
@@ -89,6 +90,25 @@ def test_hybrid_graph_steps_equal_eager(synth_model, device, arch, car):
     w = g.stats.window_ms()
     assert g.stats.window_layers == 32 * model.args.n_layer
     assert 0 < w["pool"] < w["window"] and 0 < w["wait"] < w["window"]
+
+
+def test_eager_decode_takes_the_graph_steps_decode_attention(synth_model, device):
+    """Eager decode (no graphs) picks the decode attention the graph step picks for the same
+    position (attention.dec_grid_for, as GraphDecoder._begin): the short kernel's sums are its
+    own (rare last-bit differences from the split kernels'), so an eager engine on the full
+    split grid drifted from the replayed steps now and then (a flaky lockstep, session 22)."""
+    model = load_model(synth_model("tiny", "Q4_K", seed=25))
+    e = engine(model, False, expert_cache="6")
+    ws = e.tier.attn_ws
+    rng = np.random.default_rng()
+    logits = e.forward(rng.integers(0, model.args.n_vocab, 5).tolist())
+    for short in (ws.dec_short, 0):  # the default (short positions), then the split grids
+        ws.dec_short = short
+        for _ in range(3):
+            pos = e.pos
+            logits = e.forward([int(np.argmax(logits))])
+            assert ws.dec_nsplit == dec_grid_for(ws, pos)
+            assert (ws.dec_nsplit == DEC_SHORT_GRID) == (short > 0)
 
 
 def test_traced_all_resident_model_runs_the_hybrid_shape(synth_model, device, tmp_path):

@@ -44,6 +44,7 @@ from strata.gpu.attention import (
     attention_decode,
     attention_mma,
     attention_mma_shape_ok,
+    dec_grid_for,
 )
 from strata.gpu.budget import MIB, DeviceBudget
 from strata.gpu.decode_graph import GraphDecoder, Pinned
@@ -595,6 +596,10 @@ class CupyTier:
         if t == 1 and pos_dev is None:  # eager decode: the same kernels as the graph step
             pos_dev = self.pos_buf
             pos_dev.set(np.array([pos0], np.int32))
+            # and the decode attention the graph step picks for this position (GraphDecoder's
+            # _begin): the short kernel's sums are its own, so eager and replayed steps agree
+            # bit for bit only if both take it at the same positions
+            self.attn_ws.dec_nsplit = dec_grid_for(self.attn_ws, pos0)
         act = self.act(a.n_embd, L.qkv[0][0].vec_dot)
         norm_quant(K, x, t, L.attn_norm, self.eps, act=act)
         flat = self.qkv_buf.reshape(-1)
