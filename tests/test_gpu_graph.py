@@ -19,7 +19,7 @@ from strata.config import resolve  # noqa: E402
 from strata.engine.builder import build_engine  # noqa: E402
 from strata.gpu.attention import DEC_SHORT_GRID, dec_grid_for  # noqa: E402
 from strata.model.loader import load_model  # noqa: E402
-from tests.oracle import FLIP_BOUND, position_errors  # noqa: E402
+from tests.oracle import position_errors  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -226,9 +226,7 @@ def test_adaptive_cache_on_the_routed_step(synth_model, device):
     assert np.array_equal(g.resident, tier.slot_of >= 0)
     assert expert_bytes_in_slots(tier, table)
     assert same >= 32, f"greedy tokens agree at only {same} of 40 steps"
-    # the pool's misses against the card's experts: Q8 roundings that flip apart (PE: 0.0107
-    # once, ~0.007-0.01 typical); the bound of such flips is the oracle's (tests/oracle.py)
-    assert max(errs) <= FLIP_BOUND, max(errs)
+    assert max(errs) < 1e-2, max(errs)
 
 
 @pytest.mark.parametrize("car", [1.0, 0.35])

@@ -16,17 +16,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from strata.config import resolve  # noqa: E402
-from strata.engine.builder import build_engine  # noqa: E402
 from strata.model.loader import load_model  # noqa: E402
 from strata.model.synth import SynthSpec, make_args, write_synthetic  # noqa: E402
 from strata.quant import fmt  # noqa: E402
-
-
-def engine(model, graphs: bool, **flags):
-    base = dict(device="gpu", n_ctx=96, adapt_swaps=0, threads=2, cuda_graphs=graphs)
-    base.update(flags)
-    return build_engine(model, resolve(base, env={}))
+from tests.test_gpu_graph import engine  # noqa: E402  (the tests' engine settings)
 
 
 def run(eng, prompt, steps, toks=None):
@@ -66,8 +59,8 @@ def main() -> None:
         bad = {"g-e": [], "g-g2": [], "e-e2": []}
         for i in range(n):
             engs = [engine(model, gr, **flags) for gr in (True, True, False, False)]
-            if short is not None:
-                for x in engs[:2]:
+            if short is not None:  # every engine: eager decode picks as the graph step does
+                for x in engs:
                     x.tier.attn_ws.dec_short = short
             prompt = rng.integers(0, model.args.n_vocab, 6).tolist()
             le, toks = run(engs[2], prompt, 40)
