@@ -225,6 +225,7 @@ def test_adaptive_cache_on_the_routed_step(synth_model, device):
     np.testing.assert_array_equal(table, tier.slot_of)  # settled after the copies
     assert np.array_equal(g.resident, tier.slot_of >= 0)
     assert expert_bytes_in_slots(tier, table)
+    print(f"logit errors over 40 steps: max {max(errs):.4g}, median {np.median(errs):.4g}")
     assert same >= 32, f"greedy tokens agree at only {same} of 40 steps"
     assert max(errs) < 1e-2, max(errs)
 
