@@ -12,7 +12,7 @@ el "cpu facts"
 grep -E "gather|Model name|Thread|Core|Socket|NUMA node0" $O/cpu-facts.txt | head -12
 el "attention ablations"
 cp strata/gpu/kernels/attention.cu /tmp/attention.cu.keep
-patch -p1 < bench/h200/ablate_dec_pv.patch > /dev/null || { echo "patch failed"; exit 1; }
+{ patch -p1 < bench/h200/ablate_dec_pv.patch || git apply bench/h200/ablate_dec_pv.patch; } > /dev/null || { echo "patch failed"; exit 1; }
 for a in 0 1 2 4 8; do
   echo "== STRATA_DEC_ABLATE=$a" >> $O/ablate.txt
   STRATA_KERNEL_DEFINES="-DSTRATA_DEC_ABLATE=$a" timeout 100 python3 bench/h200/attn_dec_profile.py \
