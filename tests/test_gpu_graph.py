@@ -19,7 +19,7 @@ from strata.config import resolve  # noqa: E402
 from strata.engine.builder import build_engine  # noqa: E402
 from strata.gpu.attention import DEC_SHORT_GRID, dec_grid_for  # noqa: E402
 from strata.model.loader import load_model  # noqa: E402
-from tests.oracle import position_errors  # noqa: E402
+from tests.oracle import FLIP_BOUND, position_errors  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -178,7 +178,7 @@ def test_adaptive_cache_on_the_routed_step(synth_model, device):
     table at once, the admitted ones stay out of it (misses, for the pool) and every slot the
     table names holds its expert's bytes; once the copies land the table takes them in. The
     decoded tokens are those of an engine with every expert resident (CAR off: the picks do not
-    depend on the cache), the logits within float noise."""
+    depend on the cache), the logits within float noise or the flip bound."""
     model = load_model(synth_model("tiny", "Q4_K", seed=24, skew=2.0))
     g = engine(model, True, expert_cache="6", adapt_swaps=4, car_threshold=1.0)  # 4 a window
     h = engine(model, True, expert_cache="all")
@@ -227,7 +227,12 @@ def test_adaptive_cache_on_the_routed_step(synth_model, device):
     assert expert_bytes_in_slots(tier, table)
     print(f"logit errors over 40 steps: max {max(errs):.4g}, median {np.median(errs):.4g}")
     assert same >= 32, f"greedy tokens agree at only {same} of 40 steps"
-    assert max(errs) < 1e-2, max(errs)
+    # The pool's misses join the card's sums in another float order: the logits are mostly the
+    # same bits (session 23 on the H200: 0 at all 40 steps in 4 of 4 runs), but a Q8 rounding
+    # flipped by that noise is carried by the KV cache to every later step (session 22: 0.0107
+    # once, past the 1e-2 this test held then): the oracle's flip bound, as the card-against-host
+    # decode tests (test_gpu_tier.py) hold theirs.
+    assert max(errs) <= FLIP_BOUND, max(errs)
 
 
 @pytest.mark.parametrize("car", [1.0, 0.35])

@@ -570,25 +570,91 @@ __device__ __forceinline__ f32x4 ld_cg4(const float* p) {
 #endif
 }
 
-// sum of n rows `stride` floats apart, in row order; loads 8 at a time (in flight together)
-__device__ __forceinline__ f32x4 dec_sum_rows(const float* src, int n, i64 stride) {
-    f32x4 o = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
-    for (int j0 = 0; j0 < n; j0 += 8) {
-        f32x4 a[8];
+// The split sums of attn_dec_pv: for each of the block's rep * t4 items (head r, 4 dims d),
+// dst[r * dst_h + 4 d] = the sum of rows 0..n) of src[r * src_h + 4 d + j * row] (floats), added
+// in row order (the same bits however the rows are fetched). CUDA (sm_80+): the rows go to shared
+// memory (`stage`, NS f32x4: the slot reduction's buffer, free by then) by cp.async, as many rows
+// of every item at once as it holds (8 at 8 heads of 128 dims), all in flight together: one L2
+// round trip for a team of 8 splits, three for 17 teams, where a thread loading its items one at
+// a time, 8 rows each (the portable form: HIP, the emulator, -DSTRATA_DEC_SUM_REGS=1), took two
+// and six; no registers held for the rows. A thread adds the items k = tid + i * blockDim.x.
+#ifndef STRATA_DEC_SUM_REGS
+#define STRATA_DEC_SUM_REGS 0
+#endif
+#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && !STRATA_DEC_SUM_REGS
+#define DEC_SUM_ASYNC 1
+#else
+#define DEC_SUM_ASYNC 0
+#endif
+template <int NI, int NS>
+__device__ __forceinline__ void dec_sum_rows(const float* src, i64 src_h, i64 row, int n, int rep,
+                                             int t4, float* dst, i64 dst_h, f32x4* stage) {
+    const int items = rep * t4, tid = threadIdx.x, nt = blockDim.x;
+#if DEC_SUM_ASYNC
+    f32x4 o[NI];
 #pragma unroll
-        for (int u = 0; u < 8; ++u)
-            if (j0 + u < n) a[u] = ld_cg4(src + (i64)(j0 + u) * stride);
+    for (int i = 0; i < NI; ++i) o[i] = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
+    const int rb = NS / items;  // rows a round
+    for (int j0 = 0; j0 < n; j0 += rb) {
+        const int nr = min(rb, n - j0);
+        for (int c = tid; c < nr * items; c += nt) {
+            const int j = c / items, k = c - j * items, r = k / t4, d = k - r * t4;
+            const float* g = src + r * src_h + 4 * d + (i64)(j0 + j) * row;
+            asm volatile(
+                "{\n\t.reg .u64 sa;\n\tcvta.to.shared.u64 sa, %0;\n\t"
+                "cp.async.cg.shared.global [sa], [%1], 16;\n\t}" ::"l"(stage + c),
+                "l"(g)
+                : "memory");
+        }
+        asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+        __syncthreads();
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            if (j0 + u < n) {
-                o.x += a[u].x;
-                o.y += a[u].y;
-                o.z += a[u].z;
-                o.w += a[u].w;
+        for (int i = 0; i < NI; ++i) {
+            const int k = tid + i * nt;
+            if (k < items) {
+                for (int j = 0; j < nr; ++j) {
+                    const f32x4 a = stage[j * items + k];
+                    o[i].x += a.x;
+                    o[i].y += a.y;
+                    o[i].z += a.z;
+                    o[i].w += a.w;
+                }
             }
         }
+        __syncthreads();  // the stage is refilled next round
     }
-    return o;
+#pragma unroll
+    for (int i = 0; i < NI; ++i) {
+        const int k = tid + i * nt;
+        if (k < items) {
+            const int r = k / t4, d = k - r * t4;
+            *(f32x4*)(dst + r * dst_h + 4 * d) = o[i];
+        }
+    }
+#else
+    (void)stage;
+    for (int k = tid; k < items; k += nt) {
+        const int r = k / t4, d = k - r * t4;
+        const float* s = src + r * src_h + 4 * d;
+        f32x4 o = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
+        for (int j0 = 0; j0 < n; j0 += 8) {
+            f32x4 a[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u)
+                if (j0 + u < n) a[u] = ld_cg4(s + (i64)(j0 + u) * row);
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                if (j0 + u < n) {
+                    o.x += a[u].x;
+                    o.y += a[u].y;
+                    o.z += a[u].z;
+                    o.w += a[u].w;
+                }
+            }
+        }
+        *(f32x4*)(dst + r * dst_h + 4 * d) = o;
+    }
+#endif
 }
 
 // One tile of attn_dec_pv: the V rows this thread multiplies (rows slot + j * rpi of the tile,
@@ -789,34 +855,23 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
     const int ntm = (nsplit + DEC_TEAM - 1) / DEC_TEAM, nteam = (nlive + DEC_TEAM - 1) / DEC_TEAM;
     const int team = split / DEC_TEAM, t0 = team * DEC_TEAM, tn = min(DEC_TEAM, nlive - t0);
     int* tcnt = cnt + G + g * ntm + team;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(tcnt, 1) == tn - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!block_arrive_last(tcnt, tn, last)) return;
     // one team (nlive <= DEC_TEAM): its sum is the output. The second level would add it to 0
-    // (a sum that started at 0 is never -0: the same bits), after one more fence and counter.
-    for (int k = tid; k < rep * t4; k += blockDim.x) {
-        const int r = k / t4, d = k - r * t4;
-        const i64 h = g * rep + r;
-        const f32x4 o = dec_sum_rows(o_part + (h * nsplit + t0) * Dv + 4 * d, tn, Dv);
-        const i64 row = nteam == 1 ? h : h * ntm + team;
-        *(f32x4*)((nteam == 1 ? out : tpart) + row * Dv + 4 * d) = o;
-    }
+    // (a sum that started at 0 is never -0: the same bits), after one more counter.
+    constexpr int NI = (R * ATT_MAX_DH / 4 + DEC_THREADS - 1) / DEC_THREADS;  // items a thread
+    constexpr int NS = 2 * DEC_THREADS * RC;                                  // red4's f32x4
+    const i64 h0 = (i64)g * rep;
+    const float* team_rows = o_part + (h0 * nsplit + t0) * Dv;
+    if (nteam == 1)
+        dec_sum_rows<NI, NS>(team_rows, nsplit * Dv, Dv, tn, rep, t4, out + h0 * Dv, Dv, red4);
+    else
+        dec_sum_rows<NI, NS>(team_rows, nsplit * Dv, Dv, tn, rep, t4,
+                             tpart + (h0 * ntm + team) * Dv, ntm * Dv, red4);
     if (tid == 0) *tcnt = 0;
     if (nteam == 1) return;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(cnt + g, 1) == nteam - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int k = tid; k < rep * t4; k += blockDim.x) {
-        const int r = k / t4, d = k - r * t4;
-        const i64 h = g * rep + r;
-        *(f32x4*)(out + h * Dv + 4 * d) = dec_sum_rows(tpart + h * ntm * Dv + 4 * d, nteam, Dv);
-    }
+    if (!block_arrive_last(cnt + g, nteam, last)) return;
+    dec_sum_rows<NI, NS>(tpart + h0 * ntm * Dv, ntm * Dv, Dv, nteam, rep, t4, out + h0 * Dv, Dv,
+                         red4);
     if (tid == 0) cnt[g] = 0;
 }
 

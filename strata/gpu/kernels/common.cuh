@@ -68,6 +68,42 @@ struct alignas(16) f32x4 {
 #define STRATA_FENCE_SYSTEM() __threadfence_system()
 #endif
 
+// ---- the last of n blocks at a counter: `block_arrive_last(cnt, n, flag)` is true in every
+// thread of the block that is the n-th to add 1 to *cnt; the global writes of every arriving
+// block's threads before the call are visible to the last block's reads after it (reads that skip
+// L1: ld.cg or volatile). Every thread of the block calls it; `flag` is a __shared__ int.
+// CUDA (sm_70+): bar.sync, one atom.add.acq_rel.gpu by thread 0 (its release cumulative over the
+// block's writes ordered before it by the barrier, its acquire over the earlier arrivals' through
+// the counter's chain of read-modify-writes), bar.sync: CUTLASS's semaphore pattern, without the
+// two sequentially consistent fences (fence.sc.gpu) of the portable form. HIP, the emulator and
+// -DSTRATA_ARRIVE_FENCES=1 (the A/B arm): __threadfence(), a relaxed atomicAdd, __threadfence().
+#ifndef STRATA_ARRIVE_FENCES
+#define STRATA_ARRIVE_FENCES 0
+#endif
+__device__ __forceinline__ bool block_arrive_last(int* cnt, int n, int& flag) {
+#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && !STRATA_ARRIVE_FENCES
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int old;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;"
+                     : "=r"(old)
+                     : "l"(cnt)
+                     : "memory");
+        flag = old == n - 1;
+    }
+    __syncthreads();
+    return flag != 0;
+#else
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) flag = atomicAdd(cnt, 1) == n - 1;
+    __syncthreads();
+    const bool last = flag != 0;
+    if (last) __threadfence();
+    return last;
+#endif
+}
+
 // ---- warp shuffles (full warp; `width` keeps CDNA's wave64 honest) ----
 #if defined(STRATA_EMU)
 #define SHFL_XOR(v, m) emu::shfl_xor((v), (m))

@@ -110,12 +110,7 @@ __device__ __forceinline__ void moe_gate_up_fq(const u8* __restrict__ gate,
                                             f, D, lane, tab);
         if (lane == 0) act[(i64)p * F + f] = a;
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt + p, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!block_arrive_last(cnt + p, (int)gridDim.x, last)) return;
     const VolatileRow y{act + (i64)p * F};
     if (amode == MODE_Q8_K)
         q8k_row(y, F, aq + (i64)p * F, ad + (i64)p * (F / 256), wid, nw, lane);
