@@ -29,7 +29,7 @@ from strata.bench.gpu_kernels import (
     _Timer,
     _weights,
 )
-from strata.gpu.attention import DEC_TEAM, AttnWorkspace, dec_splits, decode_launches
+from strata.gpu.attention import DEC_TEAM_MIN, AttnWorkspace, dec_splits, decode_launches
 from strata.gpu.gemv import GEMV1_WARPS, kernel_name
 from strata.gpu.norm_quant import ActBuf, norm_quant, xd_shift
 from strata.gpu.rawmod import Kernels, i32
@@ -66,7 +66,7 @@ def sweep_attention(cp, K0, timer, rng, copy: float) -> list[dict]:
             ws.dec_pm = cp.empty((H, ws.dec_nsplit), np.float32)
             ws.dec_pl = cp.empty((H, ws.dec_nsplit), np.float32)
             ws.dec_opart = cp.empty((H, ws.dec_nsplit, DH), np.float32)
-            nteam = -(-ws.dec_nsplit // DEC_TEAM)
+            nteam = -(-ws.dec_nsplit // DEC_TEAM_MIN)
             ws.dec_tpart = cp.empty((H, nteam, DH), np.float32)
             ws.dec_cnt = cp.zeros((G * (1 + nteam),), np.int32)
             ws.dec_min_chunk = mc

@@ -46,7 +46,7 @@ class AttnWorkspace:
         self.dec_pm = cp.empty((n_head, self.dec_nsplit), np.float32)
         self.dec_pl = cp.empty((n_head, self.dec_nsplit), np.float32)
         self.dec_opart = cp.empty((n_head, self.dec_nsplit, dv), np.float32)
-        nteam = -(-self.dec_nsplit // DEC_TEAM)
+        nteam = -(-self.dec_nsplit // DEC_TEAM_MIN)
         self.dec_tpart = cp.empty((n_head, nteam, dv), np.float32)
         # splits done per KV head, then per team of splits: each set back to 0 by its last block
         self.dec_cnt = cp.zeros((n_kv * (1 + nteam),), np.int32)
@@ -63,7 +63,7 @@ class AttnWorkspace:
         ntc = -(-s_cap // TILE)
         cap = max(t * n_splits(K, s_cap, n_kv, t, MAX_SPLIT) for t in range(1, tmax + 1))
         nsplit = dec_splits(K, s_cap, n_kv)
-        nteam = -(-nsplit // DEC_TEAM)
+        nteam = -(-nsplit // DEC_TEAM_MIN)
         dec = n_head * nsplit * (2 + dv) + n_head * nteam * dv + n_kv * (1 + nteam)
         return 4 * (tmax * n_head * (s_cap + 2 * ntc) + cap * n_head * dv + dec)
 
@@ -214,7 +214,9 @@ DEC_GRIDS = tuple(
 )
 if any(n < 0 for n in DEC_GRIDS):
     raise ValueError(f"STRATA_GPU_DEC_GRIDS={DEC_GRIDS}: split counts (0 = none) expected")
-DEC_TEAM = 8  # attention.cu's DEC_TEAM: splits summed together first
+# attention.cu's STRATA_DEC_TEAM (splits summed together first; default 16) is at least this:
+# the decode workspace holds the team partials and counters of teams this small
+DEC_TEAM_MIN = 8
 # The one-launch decode kernel (attn_dec_short: a block per query head over every key) for
 # positions of at most STRATA_GPU_DEC_SHORT keys (0: never); a workspace's dec_nsplit of
 # DEC_SHORT_GRID launches it. DEC_SHORT_MAX: attention.cu's (the keys its shared memory holds).

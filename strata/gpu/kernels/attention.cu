@@ -311,7 +311,11 @@ extern "C" __global__ void attn_combine(const float* __restrict__ o_part, int ns
 #ifndef DEC_U
 #define DEC_U 4  // keys a lane group of attn_dec_scores takes per step (halved for R = 16)
 #endif
-#define DEC_TEAM 8  // splits summed by the last of them to finish (then the teams, per head)
+#ifndef STRATA_DEC_TEAM
+#define STRATA_DEC_TEAM 16  // splits summed by the last of them to finish (then the teams)
+#endif
+#define DEC_TEAM STRATA_DEC_TEAM
+static_assert(DEC_TEAM >= 8, "the decode workspace holds teams of 8 (attention.py DEC_TEAM_MIN)");
 #ifdef DEC_PV_MINB  // a register bound for attn_dec_pv (benchmark sweeps)
 #define DEC_PV_BOUNDS __launch_bounds__(DEC_THREADS, DEC_PV_MINB)
 #else
@@ -572,78 +576,28 @@ __device__ __forceinline__ f32x4 ld_cg4(const float* p) {
 
 // The split sums of attn_dec_pv: for each of the block's rep * t4 items (head r, 4 dims d),
 // dst[r * dst_h + 4 d] = the sum of rows 0..n) of src[r * src_h + 4 d + j * row] (floats), added
-// in row order (the same bits however the rows are fetched). CUDA (sm_80+): the rows go to shared
-// memory (`stage`, NS f32x4: the slot reduction's buffer, free by then) by cp.async, as many rows
-// of every item at once as it holds (8 at 8 heads of 128 dims), all in flight together: one L2
-// round trip for a team of 8 splits, three for 17 teams, where a thread loading its items one at
-// a time, 8 rows each (the portable form: HIP, the emulator, -DSTRATA_DEC_SUM_REGS=1), took two
-// and six; no registers held for the rows. A thread adds the items k = tid + i * blockDim.x.
-#ifndef STRATA_DEC_SUM_REGS
-#define STRATA_DEC_SUM_REGS 0
+// in row order; a thread takes the items k = tid + i * blockDim.x one at a time, STRATA_DEC_SUM_U
+// of an item's rows loaded together (ceil(n / STRATA_DEC_SUM_U) L2 round trips an item). 16
+// (64 registers of loads; the tile loop's accumulators are dead by then) with teams of 16: at the
+// full grid's 132 splits one round trip a level, where 8 rows with teams of 8 (17 teams) took one
+// and three. (Staging the rows in shared memory by cp.async instead, every item at once, slowed
+// the whole kernel on the H200: 48.7 against 29.7 us at 32K keys, session 23's QB.)
+#ifndef STRATA_DEC_SUM_U
+#define STRATA_DEC_SUM_U 16
 #endif
-#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && !STRATA_DEC_SUM_REGS
-#define DEC_SUM_ASYNC 1
-#else
-#define DEC_SUM_ASYNC 0
-#endif
-template <int NI, int NS>
 __device__ __forceinline__ void dec_sum_rows(const float* src, i64 src_h, i64 row, int n, int rep,
-                                             int t4, float* dst, i64 dst_h, f32x4* stage) {
-    const int items = rep * t4, tid = threadIdx.x, nt = blockDim.x;
-#if DEC_SUM_ASYNC
-    f32x4 o[NI];
-#pragma unroll
-    for (int i = 0; i < NI; ++i) o[i] = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
-    const int rb = NS / items;  // rows a round
-    for (int j0 = 0; j0 < n; j0 += rb) {
-        const int nr = min(rb, n - j0);
-        for (int c = tid; c < nr * items; c += nt) {
-            const int j = c / items, k = c - j * items, r = k / t4, d = k - r * t4;
-            const float* g = src + r * src_h + 4 * d + (i64)(j0 + j) * row;
-            asm volatile(
-                "{\n\t.reg .u64 sa;\n\tcvta.to.shared.u64 sa, %0;\n\t"
-                "cp.async.cg.shared.global [sa], [%1], 16;\n\t}" ::"l"(stage + c),
-                "l"(g)
-                : "memory");
-        }
-        asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < NI; ++i) {
-            const int k = tid + i * nt;
-            if (k < items) {
-                for (int j = 0; j < nr; ++j) {
-                    const f32x4 a = stage[j * items + k];
-                    o[i].x += a.x;
-                    o[i].y += a.y;
-                    o[i].z += a.z;
-                    o[i].w += a.w;
-                }
-            }
-        }
-        __syncthreads();  // the stage is refilled next round
-    }
-#pragma unroll
-    for (int i = 0; i < NI; ++i) {
-        const int k = tid + i * nt;
-        if (k < items) {
-            const int r = k / t4, d = k - r * t4;
-            *(f32x4*)(dst + r * dst_h + 4 * d) = o[i];
-        }
-    }
-#else
-    (void)stage;
-    for (int k = tid; k < items; k += nt) {
+                                             int t4, float* dst, i64 dst_h) {
+    for (int k = threadIdx.x; k < rep * t4; k += blockDim.x) {
         const int r = k / t4, d = k - r * t4;
         const float* s = src + r * src_h + 4 * d;
         f32x4 o = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
-        for (int j0 = 0; j0 < n; j0 += 8) {
-            f32x4 a[8];
+        for (int j0 = 0; j0 < n; j0 += STRATA_DEC_SUM_U) {
+            f32x4 a[STRATA_DEC_SUM_U];
 #pragma unroll
-            for (int u = 0; u < 8; ++u)
+            for (int u = 0; u < STRATA_DEC_SUM_U; ++u)
                 if (j0 + u < n) a[u] = ld_cg4(s + (i64)(j0 + u) * row);
 #pragma unroll
-            for (int u = 0; u < 8; ++u) {
+            for (int u = 0; u < STRATA_DEC_SUM_U; ++u) {
                 if (j0 + u < n) {
                     o.x += a[u].x;
                     o.y += a[u].y;
@@ -654,7 +608,6 @@ __device__ __forceinline__ void dec_sum_rows(const float* src, i64 src_h, i64 ro
         }
         *(f32x4*)(dst + r * dst_h + 4 * d) = o;
     }
-#endif
 }
 
 // One tile of attn_dec_pv: the V rows this thread multiplies (rows slot + j * rpi of the tile,
@@ -858,20 +811,17 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
     if (!block_arrive_last(tcnt, tn, last)) return;
     // one team (nlive <= DEC_TEAM): its sum is the output. The second level would add it to 0
     // (a sum that started at 0 is never -0: the same bits), after one more counter.
-    constexpr int NI = (R * ATT_MAX_DH / 4 + DEC_THREADS - 1) / DEC_THREADS;  // items a thread
-    constexpr int NS = 2 * DEC_THREADS * RC;                                  // red4's f32x4
     const i64 h0 = (i64)g * rep;
     const float* team_rows = o_part + (h0 * nsplit + t0) * Dv;
     if (nteam == 1)
-        dec_sum_rows<NI, NS>(team_rows, nsplit * Dv, Dv, tn, rep, t4, out + h0 * Dv, Dv, red4);
+        dec_sum_rows(team_rows, nsplit * Dv, Dv, tn, rep, t4, out + h0 * Dv, Dv);
     else
-        dec_sum_rows<NI, NS>(team_rows, nsplit * Dv, Dv, tn, rep, t4,
-                             tpart + (h0 * ntm + team) * Dv, ntm * Dv, red4);
+        dec_sum_rows(team_rows, nsplit * Dv, Dv, tn, rep, t4, tpart + (h0 * ntm + team) * Dv,
+                     ntm * Dv);
     if (tid == 0) *tcnt = 0;
     if (nteam == 1) return;
     if (!block_arrive_last(cnt + g, nteam, last)) return;
-    dec_sum_rows<NI, NS>(tpart + h0 * ntm * Dv, ntm * Dv, Dv, nteam, rep, t4, out + h0 * Dv, Dv,
-                         red4);
+    dec_sum_rows(tpart + h0 * ntm * Dv, ntm * Dv, Dv, nteam, rep, t4, out + h0 * Dv, Dv);
     if (tid == 0) cnt[g] = 0;
 }
 
