@@ -8,7 +8,7 @@ O=/tmp/qcout; rm -rf $O && mkdir -p $O
 start_model
 OLD="-DSTRATA_ARRIVE_FENCES=1 -DSTRATA_DEC_TEAM=8 -DSTRATA_DEC_SUM_U=8"
 el "attention arms"
-for d in "" "-DSTRATA_DEC_SUM_U=8" "-DSTRATA_DEC_SUM_U=12" "-DSTRATA_DEC_TEAM=8 -DSTRATA_DEC_SUM_U=8" "$OLD" ""; do
+for d in "" "-DSTRATA_DEC_SUM_U=8" "-DSTRATA_DEC_TEAM=8 -DSTRATA_DEC_SUM_U=8" "$OLD"; do
   echo "== defines: ${d:-none}" >> $O/attn-arms.txt
   STRATA_KERNEL_DEFINES="$d" timeout 60 python3 bench/h200/attn_dec_profile.py 1024,4096,16384,32768 \
     >> $O/attn-arms.txt 2>&1
