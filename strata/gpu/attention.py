@@ -214,7 +214,7 @@ DEC_GRIDS = tuple(
 )
 if any(n < 0 for n in DEC_GRIDS):
     raise ValueError(f"STRATA_GPU_DEC_GRIDS={DEC_GRIDS}: split counts (0 = none) expected")
-# attention.cu's STRATA_DEC_TEAM (splits summed together first; default 16) is at least this:
+# attention.cu's STRATA_DEC_TEAM (splits summed together first; default 8) is at least this:
 # the decode workspace holds the team partials and counters of teams this small
 DEC_TEAM_MIN = 8
 # The one-launch decode kernel (attn_dec_short: a block per query head over every key) for

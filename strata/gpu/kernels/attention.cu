@@ -312,7 +312,7 @@ extern "C" __global__ void attn_combine(const float* __restrict__ o_part, int ns
 #define DEC_U 4  // keys a lane group of attn_dec_scores takes per step (halved for R = 16)
 #endif
 #ifndef STRATA_DEC_TEAM
-#define STRATA_DEC_TEAM 16  // splits summed by the last of them to finish (then the teams)
+#define STRATA_DEC_TEAM 8  // splits summed by the last of them to finish (then the teams)
 #endif
 #define DEC_TEAM STRATA_DEC_TEAM
 static_assert(DEC_TEAM >= 8, "the decode workspace holds teams of 8 (attention.py DEC_TEAM_MIN)");
@@ -577,13 +577,15 @@ __device__ __forceinline__ f32x4 ld_cg4(const float* p) {
 // The split sums of attn_dec_pv: for each of the block's rep * t4 items (head r, 4 dims d),
 // dst[r * dst_h + 4 d] = the sum of rows 0..n) of src[r * src_h + 4 d + j * row] (floats), added
 // in row order; a thread takes the items k = tid + i * blockDim.x one at a time, STRATA_DEC_SUM_U
-// of an item's rows loaded together (ceil(n / STRATA_DEC_SUM_U) L2 round trips an item). 16
-// (64 registers of loads; the tile loop's accumulators are dead by then) with teams of 16: at the
-// full grid's 132 splits one round trip a level, where 8 rows with teams of 8 (17 teams) took one
-// and three. (Staging the rows in shared memory by cp.async instead, every item at once, slowed
-// the whole kernel on the H200: 48.7 against 29.7 us at 32K keys, session 23's QB.)
+// of an item's rows loaded together (ceil(n / STRATA_DEC_SUM_U) L2 round trips an item).
+// Measured on the H200 (bench/results/session23-h200-20261202.md, QB and QC; graph + PDL, 132
+// splits): 8 rows with teams of 8 (the defaults) against 16 rows with teams of 16 (one round trip a
+// level, but 150 registers against 131: fewer blocks a SM, 62.1 against 46.6 us a call at 32K)
+// and 8 rows with teams of 16 (a round trip more at 4K: 20.9 against 19.1 us); staging the rows
+// in shared memory by cp.async, every item at once, slowed the whole kernel (48.7 against 29.7 us
+// of attn_dec_pv at 32K).
 #ifndef STRATA_DEC_SUM_U
-#define STRATA_DEC_SUM_U 16
+#define STRATA_DEC_SUM_U 8
 #endif
 __device__ __forceinline__ void dec_sum_rows(const float* src, i64 src_h, i64 row, int n, int rep,
                                              int t4, float* dst, i64 dst_h) {
