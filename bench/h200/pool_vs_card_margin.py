@@ -53,8 +53,9 @@ def main() -> None:
             errs.append(position_errors(la[None], lb[None])[0])
         errs = np.array(errs)
         worst.append(errs.max())
+        p90 = np.quantile(errs, 0.9)
         print(f"trial {trial}: max {errs.max():.5f} median {np.median(errs):.5f} "
-              f"p90 {np.quantile(errs, 0.9):.5f} greedy same {same}/{a.steps}", flush=True)  # fmt: skip
+              f"p90 {p90:.5f} greedy same {same}/{a.steps}", flush=True)  # fmt: skip
     w = np.array(worst)
     print(f"over {a.trials} trials: worst {w.max():.5f}, median of worsts {np.median(w):.5f}, "
           f"trials above 1e-2: {(w > 1e-2).sum()}")  # fmt: skip
