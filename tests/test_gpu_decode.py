@@ -20,6 +20,7 @@ from gguf.constants import GGMLQuantizationType
 cp = pytest.importorskip("cupy")
 
 from strata.gpu.attention import (  # noqa: E402
+    DEC_CL_GRID,
     DEC_SHORT_GRID,
     DEC_SHORT_MAX,
     AttnWorkspace,
@@ -89,19 +90,31 @@ SHAPES = [  # (G, H/G, Dh): rep 1/4/8 as asked, 6 (not a power of two) and 16 (t
 SHORT_SIZES = [1, 2, 31, 63, 64, 65, 255, 513, 1024, DEC_SHORT_MAX - 1, DEC_SHORT_MAX]
 
 
-@pytest.mark.parametrize("short", [False, True], ids=["splits", "short"])
+def cluster_ws(K, c: Case, n: int | None = None) -> AttnWorkspace:
+    """A workspace set to launch the cluster kernel (n blocks a KV head; None: the default), or
+    a skip where the card or the head shape has none (attention.AttnWorkspace dec_cl)."""
+    ws = AttnWorkspace(cp, K, c.h, c.gk, S_CAP, c.dh, 1)
+    if not ws.dec_cl:
+        pytest.skip(f"no cluster decode kernel here (clusters {K.clusters}, H/G {c.h // c.gk})")
+    ws.dec_nsplit = DEC_CL_GRID
+    ws.dec_cl = n or ws.dec_cl
+    return ws
+
+
+@pytest.mark.parametrize("kernel", ["splits", "short", "cluster"])
 @pytest.mark.parametrize("gk,rep,dh", SHAPES, ids=lambda v: str(v))
-def test_attention_decode_matches_reference(K, gk, rep, dh, short):
-    """The split kernels (the workspace's full grid) and attn_dec_short (one launch, a block per
-    query head: key counts around its lane and row steps, up to the most it holds)."""
+def test_attention_decode_matches_reference(K, gk, rep, dh, kernel):
+    """The split kernels (the workspace's full grid), attn_dec_short (one launch, a block per
+    query head: key counts around its lane and row steps, up to the most it holds) and
+    attn_dec_cl (one launch, a cluster of blocks a KV head; sm_90+, H/G <= 8)."""
     g = np.random.default_rng()
     c = Case(g, gk, rep, dh, S_CAP)
-    ws = AttnWorkspace(cp, K, c.h, gk, S_CAP, dh, 1)
-    if short:
+    ws = cluster_ws(K, c) if kernel == "cluster" else AttnWorkspace(cp, K, c.h, gk, S_CAP, dh, 1)
+    if kernel == "short":
         ws.dec_nsplit = DEC_SHORT_GRID
     out = cp.full((1, c.h * dh), np.nan, np.float32)
     pos = cp.zeros(1, np.int32)
-    for s in SHORT_SIZES if short else SIZES:
+    for s in SHORT_SIZES if kernel == "short" else SIZES + [769, 2049] * (kernel == "cluster"):
         pos[...] = s - 1
         attention_decode(K, ws, cp.asarray(c.q), c.kc, c.vc, pos, c.dims, c.scale, out)
         c.check(out, s)
@@ -202,6 +215,49 @@ def test_attention_decode_short_kernel_is_deterministic_and_replays_in_a_graph(K
             graph.launch(stream)
             stream.synchronize()
             c.check(out, s)
+
+
+@pytest.mark.parametrize("n", [2, 8, 16])
+def test_attention_decode_cluster_sizes_match_reference(K, n):
+    """attn_dec_cl at 2, 8 (the portable most) and 16 blocks a cluster (the opt-in size): key
+    counts that leave some of the cluster's blocks without keys (S < 32 n) and uneven chunks."""
+    c = Case(np.random.default_rng(), 4, 8, 128, S_CAP)
+    ws = cluster_ws(K, c, n)
+    out = cp.full((1, c.h * 128), np.nan, np.float32)
+    pos = cp.zeros(1, np.int32)
+    for s in (1, 33, 32 * n - 1, 32 * n + 1, 1000, 4096 + 17, S_CAP):
+        pos[...] = s - 1
+        out.fill(np.nan)
+        attention_decode(K, ws, cp.asarray(c.q), c.kc, c.vc, pos, c.dims, c.scale, out)
+        c.check(out, s)
+
+
+def test_attention_decode_cluster_kernel_is_deterministic_and_replays_in_a_graph(K):
+    """Repeated calls give the same bits; one capture (with PDL where the card has it, as the
+    graph decoder captures: both launch attributes at once) replays at other positions."""
+    c = Case(np.random.default_rng(), 4, 8, 128, S_CAP)
+    ws = cluster_ws(K, c)
+    q, out = cp.asarray(c.q), cp.empty((1, c.h * 128), np.float32)
+    pos = cp.asarray(np.array([3000], np.int32))
+    outs = []
+    for _ in range(3):
+        attention_decode(K, ws, q, c.kc, c.vc, pos, c.dims, c.scale, out)
+        outs.append(cp.asnumpy(out).view(np.uint32))
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        with K.pdl_scope():
+            attention_decode(K, ws, q, c.kc, c.vc, pos, c.dims, c.scale, out)
+        graph = stream.end_capture()
+        for s in (3001, 700, 65, 1, 4096, S_CAP):
+            pos.set(np.array([s - 1], np.int32), stream=stream)
+            out.fill(np.nan)
+            graph.launch(stream)
+            stream.synchronize()
+            c.check(out, s)
+            if s == 3001:
+                np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), outs[0])
 
 
 def test_attention_decode_refuses_a_small_workspace(K):

@@ -1,4 +1,5 @@
-"""The PDL launcher's host side without a GPU: argument bytes as CuPy passes them, the switch."""
+"""The PDL launcher's host side without a GPU: argument bytes as CuPy passes them, the launch
+attributes of each (PDL, cluster) form, the switch."""
 
 from __future__ import annotations
 
@@ -61,3 +62,17 @@ def test_env_switch(monkeypatch):
     monkeypatch.setenv("STRATA_GPU_ROUTED_AHEAD", "yes please")
     with pytest.raises(ValueError, match="STRATA_GPU_ROUTED_AHEAD='yes please'"):
         env_switch("STRATA_GPU_ROUTED_AHEAD")
+
+
+@pytest.mark.parametrize("use_pdl,cluster", [(True, None), (False, (8, 1, 1)), (True, (16, 1, 1))])
+def test_launch_attributes_of_each_form(use_pdl, cluster):
+    """cuLaunchKernelEx's attribute list: the programmatic-serialization flag and/or the cluster
+    shape (CUlaunchAttributeID 6 / 4, cuda.h), one array per form, reused by later launches."""
+    la = pdl.Launcher.__new__(pdl.Launcher)  # no driver: only the host-side tables
+    la._attrs = {}
+    arr, n = la._attr_array(use_pdl, cluster)
+    got = [(arr[i].id, tuple(arr[i].value[:3])) for i in range(n)]
+    want = [(6, (1, 0, 0))] if use_pdl else []
+    want += [(4, cluster)] if cluster else []
+    assert got == want
+    assert la._attr_array(use_pdl, cluster)[0] is arr

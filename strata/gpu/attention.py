@@ -57,6 +57,11 @@ class AttnWorkspace:
         self.dec_grids = tuple(sorted({n for n in DEC_GRIDS if 0 < n < full})) + (full,)
         # positions whose keys (at most this many) the one-launch kernel takes (DEC_SHORT_GRID)
         self.dec_short = DEC_SHORT_KEYS
+        # the cluster kernel's blocks a KV head (0: not on this device or head shape) and the
+        # positions it takes (past dec_short keys, at most dec_cl_keys): DEC_CL_GRID
+        rep_ok = rep_bucket(n_head // max(1, n_kv)) <= DEC_CL_MAX_REP
+        self.dec_cl = DEC_CL if K.clusters and rep_ok else 0
+        self.dec_cl_keys = DEC_CL_KEYS if self.dec_cl else 0
 
     @staticmethod
     def bytes_for(K: Kernels, n_head: int, n_kv: int, s_cap: int, dv: int, tmax: int) -> int:
@@ -229,6 +234,19 @@ DEC_SHORT_KEYS = int(os.environ.get("STRATA_GPU_DEC_SHORT", "768"))
 if not 0 <= DEC_SHORT_KEYS <= DEC_SHORT_MAX:
     raise ValueError(f"STRATA_GPU_DEC_SHORT={DEC_SHORT_KEYS}: 0..{DEC_SHORT_MAX} keys expected")
 DS_THREADS = 512  # attention.cu's DS_THREADS
+# The one-launch cluster kernel (attn_dec_cl: STRATA_GPU_DEC_CL blocks a KV head in one
+# thread-block cluster, their (max, sum) and p.V sums exchanged through distributed shared
+# memory; CUDA sm_90+ and H/G <= 8 only) for positions past STRATA_GPU_DEC_SHORT keys up to
+# STRATA_GPU_DEC_CL_KEYS keys; a workspace's dec_nsplit of DEC_CL_GRID launches it. 0 turns it off.
+DEC_CL_GRID = -1
+DEC_CL_MAX = 16  # attention.cu's DEC_CL_MAX (8 is the portable cluster size; 16 needs the opt-in)
+DEC_CL_MAX_REP = 8  # attn_dec_cl's R (its shared memory)
+DEC_CL = int(os.environ.get("STRATA_GPU_DEC_CL", "8"))
+if not 0 <= DEC_CL <= DEC_CL_MAX:
+    raise ValueError(f"STRATA_GPU_DEC_CL={DEC_CL}: 0..{DEC_CL_MAX} blocks expected")
+DEC_CL_KEYS = int(os.environ.get("STRATA_GPU_DEC_CL_KEYS", "4096"))
+if DEC_CL_KEYS < 0:
+    raise ValueError(f"STRATA_GPU_DEC_CL_KEYS={DEC_CL_KEYS}: a key count (0: never) expected")
 
 
 def dec_splits(K: Kernels, s_cap: int, g: int, per_sm: int = DEC_BLOCKS_PER_SM) -> int:
@@ -238,13 +256,16 @@ def dec_splits(K: Kernels, s_cap: int, g: int, per_sm: int = DEC_BLOCKS_PER_SM) 
 
 
 def dec_grid_for(ws: AttnWorkspace, pos: int) -> int:
-    """DEC_SHORT_GRID (the one-launch kernel) for a position of at most ws.dec_short keys, else
-    the smallest of ws.dec_grids that splits keys 0..pos as the full grid does: dec_split
+    """DEC_SHORT_GRID (the one-launch kernel) for a position of at most ws.dec_short keys,
+    DEC_CL_GRID (the cluster kernel) for one of at most ws.dec_cl_keys, else the smallest of
+    ws.dec_grids that splits keys 0..pos as the full grid does: dec_split
     (attention.cu) cuts S keys into min(nsplit, ceil(S / min_chunk)) splits, so every grid of
     n >= ceil(S / min_chunk) splits gives the same chunks, the same sums in the same order:
     the same bits, from fewer blocks."""
     if pos + 1 <= ws.dec_short:
         return DEC_SHORT_GRID
+    if pos + 1 <= ws.dec_cl_keys:
+        return DEC_CL_GRID
     need = -(-(pos + 1) // ws.dec_min_chunk)
     for n in ws.dec_grids:
         if n >= need:
@@ -321,7 +342,8 @@ def decode_launches(
     """attention_decode's launches as (kernel, grid, block, args), for benchmarks to time one by
     one: two (scores, then p.V and the splits' sum), or with ws.dec_nsplit == DEC_SHORT_GRID the
     one of attn_dec_short (keys 0..pos, pos + 1 <= DEC_SHORT_MAX: the caller's to ensure, as
-    dec_grid_for does)."""
+    dec_grid_for does), or with DEC_CL_GRID the one of attn_dec_cl (ws.dec_cl blocks a KV head
+    in a cluster: a workspace with dec_cl > 0)."""
     h, g, dh, dv = dims
     s_cap = k_cache.shape[1]
     r = rep_bucket(h // g)
@@ -339,6 +361,22 @@ def decode_launches(
                 (
                     q, k_cache, *ks, v_cache, *vs, pos_dev, i32(s_cap), i32(dh), i32(dv), i32(h),
                     i32(g), f32(scale), out,
+                ),
+            )
+        ]  # fmt: skip
+    if nsplit == DEC_CL_GRID:
+        c = ws.dec_cl
+        if c <= 0:
+            raise ValueError("the cluster decode kernel is off for this workspace (dec_cl 0)")
+        cl = K.fn_cluster("attention.cu", f"attn_dec_cl{sfx}_r{r}", (c, 1, 1))
+        return [
+            (
+                cl,
+                (c, g),
+                (DEC_THREADS,),
+                (
+                    q, k_cache, *ks, v_cache, *vs, pos_dev, i32(s_cap), i32(dh), i32(dv), i32(h),
+                    i32(g), f32(scale), ws.scores, i32(ws.s_cap), out,
                 ),
             )
         ]  # fmt: skip

@@ -42,16 +42,21 @@ def host_ptr(a: np.ndarray) -> np.uint64:
 
 class Kernel:
     """One kernel of a module, called as CuPy's: `k(grid, block, args)`. Inside the owner's
-    `pdl_scope()` it goes out with programmatic dependent launch (pdl.py)."""
+    `pdl_scope()` it goes out with programmatic dependent launch (pdl.py); with `cluster` (x, y,
+    z) every launch asks for thread-block clusters of that shape (`Kernels.fn_cluster`)."""
 
-    __slots__ = ("f", "owner")
+    __slots__ = ("f", "owner", "cluster")
 
-    def __init__(self, f, owner: Kernels):
-        self.f, self.owner = f, owner
+    def __init__(self, f, owner: Kernels, cluster: tuple[int, int, int] | None = None):
+        self.f, self.owner, self.cluster = f, owner, cluster
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
-        if self.owner.pdl is not None:
-            self.owner.pdl(self.f, grid, block, args, shared_mem)
+        o = self.owner
+        if self.cluster is not None:
+            o.cluster_launcher()(self.f, grid, block, args, shared_mem, o.pdl is not None,
+                                 self.cluster)  # fmt: skip
+        elif o.pdl is not None:
+            o.pdl(self.f, grid, block, args, shared_mem)
         else:
             self.f(grid, block, args, shared_mem=shared_mem)
 
@@ -78,11 +83,12 @@ class Kernels:
             raise ValueError(f"STRATA_KERNEL_DEFINES: {' '.join(bad)} is not -DSTRATA_NAME[=N]")
         self.extra = tuple(extra) + tuple(env)
         self._mods: dict[str, object] = {}
-        self._fns: dict[tuple[str, str], Kernel] = {}
+        self._fns: dict[tuple, Kernel] = {}
         self._token_tiles: dict[tuple[int, int], tuple] = {}
         self.arch = arch
         self.pdl = None  # the PDL launcher while a pdl_scope is open
         self._pdl_launcher = None
+        self._cl_launcher = None
         if arch:
             from strata.gpu import pdl
 
@@ -112,6 +118,35 @@ class Kernels:
             return False
         a = self.arch
         return a.startswith("sm_") and a[3:].isdigit() and int(a[3:]) >= 80
+
+    @property
+    def clusters(self) -> bool:
+        """Whether kernels may run in thread-block clusters (`fn_cluster`): CUDA sm_90 or newer
+        (not HIP, not the emulator: common.cuh STRATA_CLUSTERS builds their kernels there only)."""
+        cp = self.cp
+        if getattr(cp, "__emulated__", False) or getattr(cp.cuda.runtime, "is_hip", False):
+            return False
+        a = self.arch
+        return a.startswith("sm_") and a[3:].isdigit() and int(a[3:]) >= 90
+
+    def cluster_launcher(self):
+        """The cuLaunchKernelEx launcher that cluster launches go through (made on first use)."""
+        if self._cl_launcher is None:
+            from strata.gpu import pdl
+
+            self._cl_launcher = self._pdl_launcher or pdl.Launcher(self.cp)
+        return self._cl_launcher
+
+    def fn_cluster(self, source: str, name: str, cluster: tuple[int, int, int]) -> Kernel:
+        """`fn`'s kernel, launched in clusters of `cluster` blocks (the grid a multiple of it)."""
+        if not self.clusters:
+            raise RuntimeError(f"{name}: thread-block clusters need CUDA sm_90+ ({self.arch})")
+        key = (source, name, tuple(cluster))
+        f = self._fns.get(key)
+        if f is None:
+            f = Kernel(self.module(source).get_function(name), self, tuple(cluster))
+            self._fns[key] = f
+        return f
 
     @property
     def pdl_available(self) -> bool:

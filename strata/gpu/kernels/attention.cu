@@ -431,25 +431,23 @@ __device__ __forceinline__ void dec_load_kd(float (&kd)[U], const float* __restr
         kd[u] = base + u < k1 ? KV::scale_at(k_scale, row0 + base + u) : 0.0f;
 }
 
+// The scores of keys [k0, k1) of KV head blockIdx.y for its rep query heads into scores
+// [H, ss], and their (max, sum exp) per head h: m_dst[h * mstride], l_dst[h * mstride] (a split
+// of attn_dec_scores, or a block of attn_dec_cl). Every thread of the block calls it.
 template <int R, typename KV>
-__device__ __forceinline__ void dec_scores(const float* __restrict__ q,
-                                           const typename KV::T* __restrict__ k_cache,
-                                           const float* __restrict__ k_scale,
-                                           const int* __restrict__ pos_dev, int S_cap, int Dh,
-                                           int H, int G, float scale, float* __restrict__ scores,
-                                           int ss, float* __restrict__ pm, float* __restrict__ pl,
-                                           int nsplit, int min_chunk) {
+__device__ __forceinline__ void dec_scores_run(const float* __restrict__ q,
+                                               const typename KV::T* __restrict__ k_cache,
+                                               const float* __restrict__ k_scale, int S_cap,
+                                               int Dh, int H, int G, float scale,
+                                               float* __restrict__ scores, int ss, int k0, int k1,
+                                               float* m_dst, float* l_dst, int mstride) {
     constexpr int U = R >= 16 ? (DEC_U + 1) / 2 : DEC_U;  // keys a group takes per step
     constexpr int NV = R >= 8 ? R / 8 : 1;
     constexpr int NGRP = DEC_THREADS / 8;
     __shared__ f32x4 qs4[R * ATT_MAX_DH / 4];
     __shared__ float gm[NGRP * R], gl[NGRP * R];
-    int S, chunk, nlive;
-    dec_enter<KV>(pos_dev, S_cap, nsplit, min_chunk, k_cache, Dh, S, chunk, nlive);
-    const int split = blockIdx.x, g = blockIdx.y, tid = threadIdx.x;
-    if (split >= nlive) return;  // the whole block: nothing to do at this position
+    const int g = blockIdx.y, tid = threadIdx.x;
     const int rep = H / G, nch = Dh / 8;
-    const int k0 = split * chunk, k1 = min(S, k0 + chunk);
     const int grp = tid >> 3, li = tid & 7;
     const typename KV::T* kg = k_cache + (i64)g * S_cap * Dh;
     typename KV::Chunk kv[U][2];
@@ -555,9 +553,27 @@ __device__ __forceinline__ void dec_scores(const float* __restrict__ q,
         float l = 0.0f;
         for (int k = 0; k < NGRP; ++k)
             if (gm[k * R + tid] != NEG_INF) l += gl[k * R + tid] * expf(gm[k * R + tid] - m);
-        pm[(i64)(g * rep + tid) * nsplit + split] = m;
-        pl[(i64)(g * rep + tid) * nsplit + split] = l;
+        m_dst[(i64)tid * mstride] = m;
+        l_dst[(i64)tid * mstride] = l;
     }
+}
+
+template <int R, typename KV>
+__device__ __forceinline__ void dec_scores(const float* __restrict__ q,
+                                           const typename KV::T* __restrict__ k_cache,
+                                           const float* __restrict__ k_scale,
+                                           const int* __restrict__ pos_dev, int S_cap, int Dh,
+                                           int H, int G, float scale, float* __restrict__ scores,
+                                           int ss, float* __restrict__ pm, float* __restrict__ pl,
+                                           int nsplit, int min_chunk) {
+    int S, chunk, nlive;
+    dec_enter<KV>(pos_dev, S_cap, nsplit, min_chunk, k_cache, Dh, S, chunk, nlive);
+    const int split = blockIdx.x;
+    if (split >= nlive) return;  // the whole block: nothing to do at this position
+    const int k0 = split * chunk, k1 = min(S, k0 + chunk);
+    const i64 m0 = (i64)blockIdx.y * (H / G) * nsplit + split;  // head g * rep's (max, sum)
+    dec_scores_run<R, KV>(q, k_cache, k_scale, S_cap, Dh, H, G, scale, scores, ss, k0, k1,
+                          pm + m0, pl + m0, nsplit);
 }
 
 // a load that skips the (non-coherent) L1: other blocks' partials, read by a finishing block
@@ -641,51 +657,17 @@ __device__ __forceinline__ void dec_pv_load(typename KV::Chunk (&vv)[MAXRPT], fl
     }
 }
 
-template <int R, typename KV>
-__device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
-                                       const float* __restrict__ pm, const float* __restrict__ pl,
-                                       const typename KV::T* __restrict__ v_cache,
-                                       const float* __restrict__ v_scale,
-                                       const int* __restrict__ pos_dev, int S_cap, int Dv, int H,
-                                       int G, float* o_part, int nsplit, int min_chunk,
-                                       int* __restrict__ cnt, float* tpart,
-                                       float* __restrict__ out) {
-    constexpr int RP = R < 4 ? 4 : R;  // p row stride: f32x4 reads of 4 heads
-    constexpr int RC = R < 8 ? R : 8;  // heads per round of the slot reduction
-    // rows of a tile a thread holds: Dv/8 threads a row, so at least DEC_THREADS/16 rows a step
-    constexpr int MAXRPT = DEC_TILE / (DEC_THREADS / (ATT_MAX_DH / 8));
-    constexpr int SCN = (R * DEC_TILE + DEC_THREADS - 1) / DEC_THREADS;  // scores a thread loads
-    // the global (max, sum): DEC_THREADS / R threads a head (at most 32: a warp's aligned group)
-    constexpr int TPH = DEC_THREADS / R < 32 ? DEC_THREADS / R : 32;
-    __shared__ float Ms[R], Ls[R];
-    __shared__ f32x4 p4[DEC_TILE * RP / 4];       // p[i * RP + r]
-    __shared__ f32x4 red4[2 * DEC_THREADS * RC];  // [slot][RC][Dv/4]: slots * Dv <= 8 * 128
-    __shared__ int last;
-    float* p = (float*)p4;
-    int S, chunk, nlive;
-    dec_enter<KV>(pos_dev, S_cap, nsplit, min_chunk, v_cache, Dv, S, chunk, nlive);
-    const int split = blockIdx.x, g = blockIdx.y, tid = threadIdx.x;
-    if (split >= nlive) return;
-    const int rep = H / G;
-    // V rows: Dv/8 threads each (16-byte loads, 8 dims), rpi rows per step
-    const int tpr = Dv / 8, rpi = DEC_THREADS / tpr;
-    const int slot = tid / tpr, d8 = tid % tpr;
-    const bool active = slot < rpi;
-    float acc[R][8];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[r][e] = 0.0f;
-    const int k0 = split * chunk, k1 = min(S, k0 + chunk);
-    const typename KV::T* vg = v_cache + (i64)g * S_cap * Dv;
-    const float* srow = scores + (i64)g * rep * ss;
-    const i64 vrow0 = (i64)g * S_cap;
-    typename KV::Chunk vv[MAXRPT];  // the first tile's V rows and scores: in flight together,
-    float sc[SCN], vd[SCN];         // and with the split partials read below
-    dec_pv_load<KV>(vv, sc, vd, vg, srow, ss, v_scale, vrow0, k0, min(DEC_TILE, k1 - k0), rep,
-                    Dv, slot, rpi, d8, active);
-    {  // global max and sum per head, every head at once, every block in the same order
-        const int r = tid / TPH, j0 = tid % TPH;
+// attn_dec_pv's global (max, sum) of each head: from the live splits' partials [H, nsplit], every
+// head at once (DEC_THREADS / R threads a head, at most 32: a warp's aligned group), every block
+// in the same order
+struct SplitStats {
+    const float* pm;
+    const float* pl;
+    int nsplit, nlive;
+    template <int R>
+    __device__ __forceinline__ void run(float* Ms, float* Ls, int g, int rep) const {
+        constexpr int TPH = DEC_THREADS / R < 32 ? DEC_THREADS / R : 32;
+        const int tid = threadIdx.x, r = tid / TPH, j0 = tid % TPH;
         const bool mine = tid < R * TPH && r < rep;
         const float* pmr = pm + (i64)(g * rep + r) * nsplit;
         const float* plr = pl + (i64)(g * rep + r) * nsplit;
@@ -708,6 +690,46 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
             Ls[r] = l;
         }
     }
+};
+
+// p.V over keys [k0, k1) of KV head blockIdx.y, the (max, sum) of every head from `stats`
+// (Stats::run<R>: the split partials of attn_dec_scores, or a cluster's blocks), into o_dst:
+// head r's Dv sums at o_dst + o_off + r * o_stride. Every thread of the block calls it.
+template <int R, typename KV, typename Stats>
+__device__ __forceinline__ void dec_pv_run(const float* __restrict__ scores, int ss,
+                                           const Stats stats,
+                                           const typename KV::T* __restrict__ v_cache,
+                                           const float* __restrict__ v_scale, int S_cap, int Dv,
+                                           int H, int G, int k0, int k1, float* o_dst,
+                                           int o_off, int o_stride) {
+    constexpr int RP = R < 4 ? 4 : R;  // p row stride: f32x4 reads of 4 heads
+    constexpr int RC = R < 8 ? R : 8;  // heads per round of the slot reduction
+    // rows of a tile a thread holds: Dv/8 threads a row, so at least DEC_THREADS/16 rows a step
+    constexpr int MAXRPT = DEC_TILE / (DEC_THREADS / (ATT_MAX_DH / 8));
+    constexpr int SCN = (R * DEC_TILE + DEC_THREADS - 1) / DEC_THREADS;  // scores a thread loads
+    __shared__ float Ms[R], Ls[R];
+    __shared__ f32x4 p4[DEC_TILE * RP / 4];       // p[i * RP + r]
+    __shared__ f32x4 red4[2 * DEC_THREADS * RC];  // [slot][RC][Dv/4]: slots * Dv <= 8 * 128
+    float* p = (float*)p4;
+    const int g = blockIdx.y, tid = threadIdx.x;
+    const int rep = H / G;
+    // V rows: Dv/8 threads each (16-byte loads, 8 dims), rpi rows per step
+    const int tpr = Dv / 8, rpi = DEC_THREADS / tpr;
+    const int slot = tid / tpr, d8 = tid % tpr;
+    const bool active = slot < rpi;
+    float acc[R][8];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[r][e] = 0.0f;
+    const typename KV::T* vg = v_cache + (i64)g * S_cap * Dv;
+    const float* srow = scores + (i64)g * rep * ss;
+    const i64 vrow0 = (i64)g * S_cap;
+    typename KV::Chunk vv[MAXRPT];  // the first tile's V rows and scores: in flight together,
+    float sc[SCN], vd[SCN];         // and with the (max, sum) partials read below
+    dec_pv_load<KV>(vv, sc, vd, vg, srow, ss, v_scale, vrow0, k0, min(DEC_TILE, k1 - k0), rep,
+                    Dv, slot, rpi, d8, active);
+    stats.template run<R>(Ms, Ls, g, rep);  // the global (max, sum) per head
     __syncthreads();
     for (int base = k0; base < k1; base += DEC_TILE) {
         const int n = min(DEC_TILE, k1 - base);
@@ -798,15 +820,36 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
                     o.z += a.z;
                     o.w += a.w;
                 }
-                *(f32x4*)(o_part + ((i64)(g * rep + r) * nsplit + split) * Dv + 4 * d) = o;
+                *(f32x4*)(o_dst + o_off + r * o_stride + 4 * d) = o;
             }
         }
         __syncthreads();
     }
+}
+
+template <int R, typename KV>
+__device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
+                                       const float* __restrict__ pm, const float* __restrict__ pl,
+                                       const typename KV::T* __restrict__ v_cache,
+                                       const float* __restrict__ v_scale,
+                                       const int* __restrict__ pos_dev, int S_cap, int Dv, int H,
+                                       int G, float* o_part, int nsplit, int min_chunk,
+                                       int* __restrict__ cnt, float* tpart,
+                                       float* __restrict__ out) {
+    __shared__ int last;
+    int S, chunk, nlive;
+    dec_enter<KV>(pos_dev, S_cap, nsplit, min_chunk, v_cache, Dv, S, chunk, nlive);
+    const int split = blockIdx.x, g = blockIdx.y, tid = threadIdx.x;
+    if (split >= nlive) return;
+    const int rep = H / G;
+    const int k0 = split * chunk, k1 = min(S, k0 + chunk);
+    dec_pv_run<R, KV>(scores, ss, SplitStats{pm, pl, nsplit, nlive}, v_cache, v_scale, S_cap, Dv,
+                      H, G, k0, k1, o_part, (g * rep * nsplit + split) * Dv, nsplit * Dv);
     // Splits are added in two levels, both in a fixed order (deterministic): the last block of
     // a team of DEC_TEAM splits to finish sums the team's partials, the last team of the KV
     // head sums the teams' into out. Counters: cnt[g] per head, then [G][nteam max] per team;
     // each is set back to 0 by the block that found itself last (ready for a graph replay).
+    const int t4 = Dv / 4;
     const int ntm = (nsplit + DEC_TEAM - 1) / DEC_TEAM, nteam = (nlive + DEC_TEAM - 1) / DEC_TEAM;
     const int team = split / DEC_TEAM, t0 = team * DEC_TEAM, tn = min(DEC_TEAM, nlive - t0);
     int* tcnt = cnt + G + g * ntm + team;
@@ -861,6 +904,138 @@ ATTN_DEC_KERNELS(2)
 ATTN_DEC_KERNELS(4)
 ATTN_DEC_KERNELS(8)
 ATTN_DEC_KERNELS(16)
+
+// ---- decode over one thread-block cluster per KV head (CUDA sm_90+), one launch ----
+//
+// attn_dec_cl_r<R>  grid (C, G) in clusters of C blocks (the launch asks for that shape:
+//   attention.py DEC_CL; C <= 8 is portable, 16 where the device allows it), DEC_THREADS, R <= 8
+//   (the shared memory of both phases and the block's p.V sums fit 48 KiB). Block c takes keys
+//   [c * chunk, ..) of KV head g (chunk = ceil(S / C) rounded up to 32): it asks L2 for all of
+//   its K and V rows before the PDL wait, computes its scores (dec_scores_run, into the
+//   workspace's scores as the split kernels do) and keeps its (max, sum exp) per head in shared
+//   memory; after a cluster barrier every block reads all the blocks' pairs through distributed
+//   shared memory (in rank order: every block gets the same M and L), then p.V (dec_pv_run)
+//   into its shared memory; after a second barrier block c sums its slice of the rep * Dv
+//   outputs over the blocks in rank order into out; a third barrier keeps each block's shared
+//   memory until the others have read it. No split partials in global memory, no counters, no
+//   second launch. Same roundings as attn_dec_* (p = f16(exp(s - M) / L)); deterministic.
+#if STRATA_CLUSTERS
+#define DEC_CL_MAX 16  // blocks a cluster may have (attention.py DEC_CL_MAX)
+
+// the (max, sum) of each head from the cluster's live blocks' pairs, read before any is used
+struct ClusterStats {
+    const float* cm;  // this block's pair per head: the same offsets in every block's memory
+    const float* cl;
+    int nlive;
+    template <int R>
+    __device__ __forceinline__ void run(float* Ms, float* Ls, int, int rep) const {
+        const int r = threadIdx.x;
+        if (r >= rep) return;
+        float mj[DEC_CL_MAX], lj[DEC_CL_MAX];
+#pragma unroll
+        for (int j = 0; j < DEC_CL_MAX; ++j) {
+            if (j < nlive) {
+                mj[j] = ld_cluster(cluster_addr(cm + r, j));
+                lj[j] = ld_cluster(cluster_addr(cl + r, j));
+            }
+        }
+        float m = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < DEC_CL_MAX; ++j)
+            if (j < nlive) m = fmaxf(m, mj[j]);
+        float l = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DEC_CL_MAX; ++j)
+            if (j < nlive) l += lj[j] * expf(mj[j] - m);
+        Ms[r] = m;
+        Ls[r] = l;
+    }
+};
+
+template <int R, typename KV>
+__device__ __forceinline__ void dec_cl(const float* __restrict__ q,
+                                       const typename KV::T* __restrict__ k_cache,
+                                       const float* __restrict__ k_scale,
+                                       const typename KV::T* __restrict__ v_cache,
+                                       const float* __restrict__ v_scale,
+                                       const int* __restrict__ pos_dev, int S_cap, int Dh, int Dv,
+                                       int H, int G, float scale, float* __restrict__ scores,
+                                       int ss, float* __restrict__ out) {
+    static_assert(R <= 8, "attn_dec_cl: R <= 8 (its shared memory)");
+    __shared__ float cm[R], cl[R];
+    __shared__ f32x4 os4[R * ATT_MAX_DH / 4];  // the block's p.V sums, head r at r * Dv
+    const int C = gridDim.x, c = blockIdx.x, g = blockIdx.y, tid = threadIdx.x;
+    const int rep = H / G;
+    const int S = min(max(pos_dev[0] + 1, 1), S_cap);
+    const int chunk = ((S + C - 1) / C + 31) & ~31;
+    const int nlive = (S + chunk - 1) / chunk;
+    const int k0 = c * chunk, k1 = min(S, k0 + chunk);
+    const bool live = c < nlive;
+#if STRATA_DEC_PREFETCH > 0
+    if (live) {  // see dec_enter: the position is old, a prefetch only warms L2
+        const i64 row = (i64)g * S_cap + k0;
+        const i64 tb = (i64)sizeof(typename KV::T) * (k1 - k0);
+        const int kl = (int)((tb * Dh + 127) / 128), vl = (int)((tb * Dv + 127) / 128);
+        const char* kb = (const char*)(k_cache + row * Dh);
+        const char* vb = (const char*)(v_cache + row * Dv);
+        for (int i = tid; i < kl + vl; i += blockDim.x)
+            STRATA_PREFETCH_L2(i < kl ? kb + (i64)i * 128 : vb + (i64)(i - kl) * 128);
+    }
+    STRATA_PDL_WAIT();
+    STRATA_PDL_TRIGGER();
+#else
+    STRATA_PDL_ENTER();
+#endif
+    if (live)
+        dec_scores_run<R, KV>(q, k_cache, k_scale, S_cap, Dh, H, G, scale, scores, ss, k0, k1,
+                              cm, cl, 1);
+    cluster_sync();
+    if (live)
+        dec_pv_run<R, KV>(scores, ss, ClusterStats{cm, cl, nlive}, v_cache, v_scale, S_cap, Dv,
+                          H, G, k0, k1, (float*)os4, 0, Dv);
+    cluster_sync();
+    const int t4 = Dv / 4, items = rep * t4, per = (items + C - 1) / C;
+    const int i1 = min(items, (c + 1) * per);
+    for (int k = c * per + tid; k < i1; k += blockDim.x) {
+        const int r = k / t4, d = k - r * t4;
+        f32x4 a[DEC_CL_MAX];
+#pragma unroll
+        for (int j = 0; j < DEC_CL_MAX; ++j)
+            if (j < nlive) a[j] = ld_cluster4(cluster_addr(os4 + r * t4 + d, j));
+        f32x4 o = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < DEC_CL_MAX; ++j) {
+            if (j < nlive) {
+                o.x += a[j].x;
+                o.y += a[j].y;
+                o.z += a[j].z;
+                o.w += a[j].w;
+            }
+        }
+        *(f32x4*)(out + ((i64)g * rep + r) * Dv + 4 * d) = o;
+    }
+    cluster_sync();
+}
+
+#define ATTN_DEC_CL_KERNELS(R)                                                                  \
+    extern "C" __global__ void attn_dec_cl_r##R(                                                \
+        const float* q, const u16* k_cache, const u16* v_cache, const int* pos_dev, int S_cap,  \
+        int Dh, int Dv, int H, int G, float scale, float* scores, int ss, float* out) {         \
+        dec_cl<R, KvF16>(q, k_cache, nullptr, v_cache, nullptr, pos_dev, S_cap, Dh, Dv, H, G,   \
+                         scale, scores, ss, out);                                               \
+    }                                                                                           \
+    extern "C" __global__ void attn_dec_cl_i8_r##R(                                             \
+        const float* q, const i8* k_cache, const float* k_scale, const i8* v_cache,             \
+        const float* v_scale, const int* pos_dev, int S_cap, int Dh, int Dv, int H, int G,      \
+        float scale, float* scores, int ss, float* out) {                                       \
+        dec_cl<R, KvI8>(q, k_cache, k_scale, v_cache, v_scale, pos_dev, S_cap, Dh, Dv, H, G,    \
+                        scale, scores, ss, out);                                                \
+    }
+ATTN_DEC_CL_KERNELS(1)
+ATTN_DEC_CL_KERNELS(2)
+ATTN_DEC_CL_KERNELS(4)
+ATTN_DEC_CL_KERNELS(8)
+#endif  // STRATA_CLUSTERS
 
 // ---- decode at short positions: one block per query head, every key, one launch ----
 //
