@@ -64,9 +64,10 @@ def device():
 
 @pytest.fixture(scope="session")
 def K(device):
-    """The kernel loader for the primary GPU."""
+    """The kernel loader for the primary GPU, as the engine makes it (its arch: PDL inside
+    pdl_scope and thread-block clusters where the card has them)."""
     import cupy as cp
 
     from strata.gpu.rawmod import Kernels
 
-    return Kernels(cp, device.warp_size, device.sm_count)
+    return Kernels(cp, device.warp_size, device.sm_count, arch=device.arch)

@@ -241,10 +241,10 @@ DS_THREADS = 512  # attention.cu's DS_THREADS
 DEC_CL_GRID = -1
 DEC_CL_MAX = 16  # attention.cu's DEC_CL_MAX (8 is the portable cluster size; 16 needs the opt-in)
 DEC_CL_MAX_REP = 8  # attn_dec_cl's R (its shared memory)
-DEC_CL = int(os.environ.get("STRATA_GPU_DEC_CL", "8"))
+DEC_CL = int(os.environ.get("STRATA_GPU_DEC_CL", "16"))
 if not 0 <= DEC_CL <= DEC_CL_MAX:
     raise ValueError(f"STRATA_GPU_DEC_CL={DEC_CL}: 0..{DEC_CL_MAX} blocks expected")
-DEC_CL_KEYS = int(os.environ.get("STRATA_GPU_DEC_CL_KEYS", "4096"))
+DEC_CL_KEYS = int(os.environ.get("STRATA_GPU_DEC_CL_KEYS", "2560"))
 if DEC_CL_KEYS < 0:
     raise ValueError(f"STRATA_GPU_DEC_CL_KEYS={DEC_CL_KEYS}: a key count (0: never) expected")
 

@@ -134,7 +134,7 @@ class Kernels:
         if self._cl_launcher is None:
             from strata.gpu import pdl
 
-            self._cl_launcher = self._pdl_launcher or pdl.Launcher(self.cp)
+            self._cl_launcher = pdl.Launcher(self.cp)
         return self._cl_launcher
 
     def fn_cluster(self, source: str, name: str, cluster: tuple[int, int, int]) -> Kernel:
