@@ -164,7 +164,8 @@ def test_attention_decode_smaller_grids_give_the_full_grids_bits(K, gk, rep, dh)
     g = np.random.default_rng()
     c = Case(g, gk, rep, dh, S_CAP)
     ws = AttnWorkspace(cp, K, c.h, gk, S_CAP, dh, 1)
-    ws.dec_short = 0  # the split grids alone (the short kernel's sums are its own)
+    ws.dec_short = ws.dec_cl_keys = 0  # the split grids alone (the one-launch kernels' sums
+    # are their own)
     full = ws.dec_nsplit
     q = cp.asarray(c.q)
     pos = cp.zeros(1, np.int32)

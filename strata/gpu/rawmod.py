@@ -15,6 +15,9 @@ import numpy as np
 from strata.gpu.source import expand
 
 NULL = np.uint64(0)  # a null pointer argument
+# cluster launches inside a pdl_scope carry the PDL attribute too (STRATA_GPU_CLUSTER_PDL=0: they
+# wait for the kernel before them as plain launches do; the A/B arm)
+CLUSTER_PDL = os.environ.get("STRATA_GPU_CLUSTER_PDL", "1") != "0"
 
 
 def i32(v) -> np.int32:
@@ -53,8 +56,8 @@ class Kernel:
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
         o = self.owner
         if self.cluster is not None:
-            o.cluster_launcher()(self.f, grid, block, args, shared_mem, o.pdl is not None,
-                                 self.cluster)  # fmt: skip
+            pdl_on = o.pdl is not None and CLUSTER_PDL
+            o.cluster_launcher()(self.f, grid, block, args, shared_mem, pdl_on, self.cluster)
         elif o.pdl is not None:
             o.pdl(self.f, grid, block, args, shared_mem)
         else:
