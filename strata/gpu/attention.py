@@ -237,14 +237,19 @@ DS_THREADS = 512  # attention.cu's DS_THREADS
 # The one-launch cluster kernel (attn_dec_cl: STRATA_GPU_DEC_CL blocks a KV head in one
 # thread-block cluster, their (max, sum) and p.V sums exchanged through distributed shared
 # memory; CUDA sm_90+ and H/G <= 8 only) for positions past STRATA_GPU_DEC_SHORT keys up to
-# STRATA_GPU_DEC_CL_KEYS keys; a workspace's dec_nsplit of DEC_CL_GRID launches it. 0 turns it off.
+# STRATA_GPU_DEC_CL_KEYS keys; a workspace's dec_nsplit of DEC_CL_GRID launches it. Off by
+# default (0 keys): alone it is faster at 512-2560 keys (H200, 16 blocks, graph + PDL: 11.3 against
+# the split grid's 16.4 us at 1024 keys, 15.5 against 18.0 at 2048), but in the engine's chain of
+# launches it was not (48 layers at positions 1024-1152: 314-317 against 333 tok/s; 2048-2176:
+# 287-294 against 319; launched without PDL level with the splits):
+# bench/results/session24-h200-20261203.md.
 DEC_CL_GRID = -1
 DEC_CL_MAX = 16  # attention.cu's DEC_CL_MAX (8 is the portable cluster size; 16 needs the opt-in)
 DEC_CL_MAX_REP = 8  # attn_dec_cl's R (its shared memory)
 DEC_CL = int(os.environ.get("STRATA_GPU_DEC_CL", "16"))
 if not 0 <= DEC_CL <= DEC_CL_MAX:
     raise ValueError(f"STRATA_GPU_DEC_CL={DEC_CL}: 0..{DEC_CL_MAX} blocks expected")
-DEC_CL_KEYS = int(os.environ.get("STRATA_GPU_DEC_CL_KEYS", "2560"))
+DEC_CL_KEYS = int(os.environ.get("STRATA_GPU_DEC_CL_KEYS", "0"))
 if DEC_CL_KEYS < 0:
     raise ValueError(f"STRATA_GPU_DEC_CL_KEYS={DEC_CL_KEYS}: a key count (0: never) expected")
 
