@@ -194,12 +194,21 @@ def test_attention_decode_smaller_grids_give_the_full_grids_bits(K, gk, rep, dh)
     assert len(picked) == len(ws.dec_grids)  # every grid was picked by some position
 
 
-def test_attention_decode_short_kernel_is_deterministic_and_replays_in_a_graph(K):
+@pytest.mark.parametrize("kernel", ["short", "cluster"])
+def test_attention_decode_one_launch_kernels_are_deterministic_and_replay_in_a_graph(K, kernel):
+    """attn_dec_short and attn_dec_cl: repeated calls give the same bits; one capture (with PDL
+    where the card has it, as the graph decoder captures: a cluster launch then carries both
+    launch attributes) replays at other positions."""
     c = Case(np.random.default_rng(), 4, 8, 128, S_CAP)
-    ws = AttnWorkspace(cp, K, c.h, 4, S_CAP, 128, 1)
-    ws.dec_nsplit = DEC_SHORT_GRID
+    if kernel == "short":
+        ws = AttnWorkspace(cp, K, c.h, 4, S_CAP, 128, 1)
+        ws.dec_nsplit = DEC_SHORT_GRID
+        s0, sizes = 1500, (700, 65, 1, DEC_SHORT_MAX, 1024)
+    else:
+        ws = cluster_ws(K, c)
+        s0, sizes = 3000, (700, 65, 1, 4096, S_CAP)
     q, out = cp.asarray(c.q), cp.empty((1, c.h * 128), np.float32)
-    pos = cp.asarray(np.array([1500], np.int32))
+    pos = cp.asarray(np.array([s0], np.int32))
     outs = []
     for _ in range(3):
         attention_decode(K, ws, q, c.kc, c.vc, pos, c.dims, c.scale, out)
@@ -208,14 +217,17 @@ def test_attention_decode_short_kernel_is_deterministic_and_replays_in_a_graph(K
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
-        attention_decode(K, ws, q, c.kc, c.vc, pos, c.dims, c.scale, out)
+        with K.pdl_scope():
+            attention_decode(K, ws, q, c.kc, c.vc, pos, c.dims, c.scale, out)
         graph = stream.end_capture()
-        for s in (700, 65, 1, DEC_SHORT_MAX, 1024):
+        for s in (s0 + 1, *sizes):
             pos.set(np.array([s - 1], np.int32), stream=stream)
             out.fill(np.nan)
             graph.launch(stream)
             stream.synchronize()
             c.check(out, s)
+            if s == s0 + 1:  # the eager calls' position: the replay gives their bits
+                np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), outs[0])
 
 
 @pytest.mark.parametrize("n", [2, 8, 16])
@@ -231,34 +243,6 @@ def test_attention_decode_cluster_sizes_match_reference(K, n):
         out.fill(np.nan)
         attention_decode(K, ws, cp.asarray(c.q), c.kc, c.vc, pos, c.dims, c.scale, out)
         c.check(out, s)
-
-
-def test_attention_decode_cluster_kernel_is_deterministic_and_replays_in_a_graph(K):
-    """Repeated calls give the same bits; one capture (with PDL where the card has it, as the
-    graph decoder captures: both launch attributes at once) replays at other positions."""
-    c = Case(np.random.default_rng(), 4, 8, 128, S_CAP)
-    ws = cluster_ws(K, c)
-    q, out = cp.asarray(c.q), cp.empty((1, c.h * 128), np.float32)
-    pos = cp.asarray(np.array([3000], np.int32))
-    outs = []
-    for _ in range(3):
-        attention_decode(K, ws, q, c.kc, c.vc, pos, c.dims, c.scale, out)
-        outs.append(cp.asnumpy(out).view(np.uint32))
-    assert all(np.array_equal(outs[0], o) for o in outs[1:])
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        stream.begin_capture()
-        with K.pdl_scope():
-            attention_decode(K, ws, q, c.kc, c.vc, pos, c.dims, c.scale, out)
-        graph = stream.end_capture()
-        for s in (3001, 700, 65, 1, 4096, S_CAP):
-            pos.set(np.array([s - 1], np.int32), stream=stream)
-            out.fill(np.nan)
-            graph.launch(stream)
-            stream.synchronize()
-            c.check(out, s)
-            if s == 3001:
-                np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), outs[0])
 
 
 def test_attention_decode_refuses_a_small_workspace(K):
