@@ -6,15 +6,46 @@ Numba has no float16 scalar on the CPU; these intrinsics emit plain (target-inde
 
 from __future__ import annotations
 
+import os
+import platform
+
 import numpy as np
+from llvmlite import binding as llb
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
+
+from strata.cpu.kernels.simd import FEATURES
 
 F32 = ir.FloatType()
 HALF = ir.HalfType()
 I16 = ir.IntType(16)
 I32 = ir.IntType(32)
+
+
+# x86 with F16C: a scalar half -> float as `fpext` lowers to vpinsrw into whatever register LLVM
+# picks for the undefined lanes (often a loop's float accumulator), then vcvtph2ps: a false
+# dependency that chains every block's scale onto the previous block's sums (Q8_0's AVX2 kernel
+# ran at a third of its issue rate). vmovd from a general register zeroes the rest of the vector.
+# STRATA_CPU_F16_ASM=0 keeps the plain fpext (the A/B arm; a Numba cache holds either form: give
+# each arm its own NUMBA_CACHE_DIR)
+X86_F16C = (
+    "f16c" in FEATURES
+    and platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+    and os.environ.get("STRATA_CPU_F16_ASM", "1") != "0"
+)
+if X86_F16C:
+    llb.initialize_native_asmparser()  # the JIT's streamer parses inline asm only with it
+
+
+def f16_to_f32_ir(builder: ir.IRBuilder, h16: ir.Value) -> ir.Value:
+    """float32 of the f16 bits h16 (an i16): exact, as `fpext half` (vmovd + vcvtph2ps on
+    x86 hosts with F16C, without the false dependency; the generic cast elsewhere)."""
+    if X86_F16C:
+        fty = ir.FunctionType(F32, [I32])
+        asm = "vmovd $1, $0\n\tvcvtph2ps $0, $0"
+        return builder.asm(fty, asm, "=x,r", [builder.zext(h16, I32)], False)
+    return builder.fpext(builder.bitcast(h16, HALF), F32)
 
 
 @intrinsic
@@ -26,7 +57,7 @@ def f16_bits_to_f32(typingctx, bits):
         v = builder.trunc(args[0], I16) if args[0].type.width > 16 else args[0]
         if v.type.width < 16:
             v = builder.zext(v, I16)
-        return builder.fpext(builder.bitcast(v, HALF), F32)
+        return f16_to_f32_ir(builder, v)
 
     return sig, codegen
 

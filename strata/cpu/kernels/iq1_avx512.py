@@ -52,6 +52,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from strata.cpu.kernels.common import f16_to_f32_ir
 from strata.cpu.kernels.simd import FEATURES, HAS_AVX512_VBMI, I8, I16, I32, I64, Emit, const_table
 from strata.cpu.kernels.tables import IQ1S_GRID
 
@@ -233,8 +234,7 @@ def _iq1m_d_pext(typingctx, w, r, o):
             return ir.Constant(ir.FloatType(), 0.0)
         pw = e.ptr(sg.args[0], args[0], args[1], args[2])
         _fence(e, pw)  # a load of its own, not the block's broadcast moved through vpbroadcastq
-        h = d_bits(e, pw)
-        return builder.fpext(builder.bitcast(h, ir.HalfType()), ir.FloatType())
+        return f16_to_f32_ir(builder, d_bits(e, pw))
 
     return sig, codegen
 

@@ -16,7 +16,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from strata.cpu.kernels.common import f16_at
+from strata.cpu.kernels.common import f16_at, f16_to_f32_ir
 from strata.cpu.kernels.iq4 import BB as IQ4_BB
 from strata.cpu.kernels.q8_0 import BB as Q8_BB
 from strata.cpu.kernels.simd import (
@@ -112,7 +112,7 @@ def _blk_q8_0x8(typingctx, w, r, o, xq, a, xo, xd, bo):
         for k in range(8):
             wv = e.load(pw, V32I8, Q8_BB * k + 2)
             s = e.madd(_sdot(e, wv, e.load(px, V32I8, 32 * k)), ones)  # 8 partial int32 sums
-            dw = b.fpext(b.bitcast(e.load(pw, I16, Q8_BB * k), ir.HalfType()), f32)
+            dw = f16_to_f32_ir(b, e.load(pw, I16, Q8_BB * k))
             d = b.fmul(dw, e.load(pd, f32, 4 * k))
             acc = b.fadd(acc, b.fmul(b.sitofp(s, v8f), e.bcast(d, v8f)))
         # lanes summed pairwise (a fixed order: results do not depend on the row)

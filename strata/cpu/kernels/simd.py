@@ -170,8 +170,9 @@ def const_table(e: Emit, name: str, ty, values):
 
 def f16_load(e: Emit, p):
     """float32 from the f16 at i8* p."""
-    h = e.load(p, I16)
-    return e.b.fpext(e.b.bitcast(h, ir.HalfType()), ir.FloatType())
+    from strata.cpu.kernels.common import f16_to_f32_ir  # common imports this module
+
+    return f16_to_f32_ir(e.b, e.load(p, I16))
 
 
 def _prefetch_row_codegen(locality: int):
