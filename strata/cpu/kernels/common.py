@@ -25,8 +25,10 @@ I32 = ir.IntType(32)
 
 # x86 with F16C: a scalar half -> float as `fpext` lowers to vpinsrw into whatever register LLVM
 # picks for the undefined lanes (often a loop's float accumulator), then vcvtph2ps: a false
-# dependency that chains every block's scale onto the previous block's sums (Q8_0's AVX2 kernel
-# ran at a third of its issue rate). vmovd from a general register zeroes the rest of the vector.
+# dependency that chains every block's scale onto the previous block's sums (the Q4_K, Q5_K,
+# Q6_K and IQ4_XS AVX2 kernels 5-14% slower on one EPYC core:
+# bench/results/cpu-f16-asm-2core-epyc-avx2-20261203.md). vmovd from a general register zeroes
+# the rest of the vector.
 # STRATA_CPU_F16_ASM=0 keeps the plain fpext (the A/B arm; a Numba cache holds either form: give
 # each arm its own NUMBA_CACHE_DIR)
 X86_F16C = (
