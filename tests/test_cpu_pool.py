@@ -134,6 +134,9 @@ def test_pool_is_deterministic_across_calls_threads_region_modes_and_quant_arms(
         ExpertPool(2, team=True),  # the resident team (the default from 4 threads)
         ExpertPool(2, eager_quant=True, team=True),  # the intermediate quantized inside gate/up
         ExpertPool(2, eager_quant=True, team=False),  # ... in a parallel region
+        ExpertPool(2, pipeline=True, team=True),  # no barrier between gate/up, quant, down
+        ExpertPool(2, pipeline=True, team=False),
+        ExpertPool(2, pipeline=True, units=300),  # one-row units: many chunk completions
     ):
         for _ in range(3):
             assert np.array_equal(pool.run_layer(x, *args, lw), first)
@@ -262,7 +265,9 @@ def test_pool_knobs_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("STRATA_POOL_WAIT_PREFETCH", "0")
     monkeypatch.setenv("STRATA_POOL_DOWN_BY_EXPERT", "0")
     monkeypatch.setenv("STRATA_POOL_EAGER_QUANT", "1")
+    monkeypatch.setenv("STRATA_POOL_PIPELINE", "1")
     pool = ExpertPool(1)
+    assert pool.pipeline and not ExpertPool(1, pipeline=False).pipeline
     assert pool.eager_quant and not ExpertPool(1, eager_quant=False).eager_quant
     assert (pool.units, pool.down_units, pool.wait_prefetch) == (0, 2, False)
     assert not pool.down_by_expert and ExpertPool(1, down_by_expert=True).down_by_expert
@@ -341,6 +346,7 @@ def test_layout_ab_arms_carry_pool_prefetch_options():
     assert arm_spec("gguf@wp=0") == ("gguf", {"wait_prefetch": False})
     assert arm_spec("gguf@dx=0") == ("gguf", {"down_by_expert": False})
     assert arm_spec("pm@eq=0") == ("pm", {"eager_quant": False})
+    assert arm_spec("pm@pl=1") == ("pm", {"pipeline": True})
     with pytest.raises(ValueError, match="unknown pool option 'x'"):
         arm_spec("gguf@x")
     rows = run_layout_ab("tiny", "IQ1_M", ("gguf", "gguf@l2@pf=8192"), tokens=1, threads=1,
@@ -391,3 +397,24 @@ def test_bench_routes_at_t1_bring_no_expert_back_within_a_pass():
     tok, _, w = routes[0]
     assert tok.tolist() == [0] * 8 and w.dtype == np.float32 and abs(w.sum() - 1) < 1e-6
     assert len(_route_seq(np.random.default_rng(), 3, 4, 128, 8)[0][0]) == 32  # T > 1: random
+
+
+@pytest.mark.parametrize("team", [False, True])
+def test_pipelined_pool_runs_without_the_barriers_after_gate_up(team):
+    """With `pipeline` a decode layer's down starts expert by expert as intermediates are
+    quantized and each chunk of outputs is summed by the thread that completes it: the phases
+    between gate/up and down (barrier2, quant_h, barrier3, barrier4, reduce) take no time on any
+    thread, where the barriered pool spends time quantizing; the same bits."""
+    rng = np.random.default_rng()
+    lw = prepare_layer(*_layer(rng, ("IQ3_XXS",) * 3))
+    x = rng.standard_normal((1, D)).astype(np.float32)
+    args = _flat(*_routes(rng, 1, 8))
+    gone = ("barrier2", "quant_h", "barrier3", "barrier4", "reduce")
+    barriered, piped = ExpertPool(2, team=team), ExpertPool(2, team=team, pipeline=True)
+    for _ in range(2):  # (a region pool learns its threading layer on its first call)
+        want = barriered.run_layer(x, *args, lw).copy()
+        got = piped.run_layer(x, *args, lw)
+    assert np.array_equal(got, want)
+    ph = piped.last_phases()
+    assert all(np.all(ph[k] == 0) for k in gone) and np.all(ph["down"] > 0)
+    assert np.any(barriered.last_phases()["quant_h"] > 0)

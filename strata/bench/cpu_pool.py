@@ -385,7 +385,9 @@ def arm_spec(spec: str) -> tuple[str, dict]:
     ahead; u=N / d=N: N gate/up / down work units a thread in the dynamic schedule, 0 the
     static split; wp=0 / wp=1: barriers that only wait / prefetch the next phase's first rows;
     dx=0 / dx=1: down in runs of rows of every expert / expert-major, then summed; eq=0 / eq=1:
-    the intermediate quantized after a barrier / by the thread completing each block) or
+    the intermediate quantized after a barrier / by the thread completing each block; pl=0 /
+    pl=1: barriers between gate/up, the intermediate's quantization and down / the three
+    pipelined, no barrier) or
     k=CODE, a kernel code of strata.cpu.kernels.dispatch that reads that layout (returned as
     "kernel"; the pool itself never takes it)."""
     lay, *opts = spec.split("@")
@@ -405,6 +407,8 @@ def arm_spec(spec: str) -> tuple[str, dict]:
             kw["down_by_expert"] = o == "dx=1"
         elif o in ("eq=0", "eq=1"):
             kw["eager_quant"] = o == "eq=1"
+        elif o in ("pl=0", "pl=1"):
+            kw["pipeline"] = o == "pl=1"
         elif o.startswith("k=") and o[2:].isdigit():
             kw["kernel"] = int(o[2:])
         else:
@@ -510,6 +514,7 @@ def run_layout_ab(
                 "wait_prefetch": pools[lay].wait_prefetch,
                 "down_by_expert": pools[lay].down_by_expert,
                 "eager_quant": pools[lay].eager_quant,
+                "pipeline": pools[lay].pipeline,
                 "team": pools[lay].team,
                 "prefetch_l2": pools[lay].prefetch_l2,
                 "kernels": [lw.gate.kernel, lw.up.kernel, lw.down.kernel],

@@ -23,6 +23,10 @@ weights' vec_dot type. Phases inside the one jitted function:
        4a. each expert's D rows in units like phase 2's, every task's      parallel
            result into yb [N, D]; a barrier;
        4b. out summed from yb by expert, D rows split evenly               parallel
+       (or, STRATA_POOL_PIPELINE=1, phases 3-4 with no barrier: the
+       intermediate quantized as with EAGER_QUANT, each down unit started
+       once its expert's blocks are, each chunk of output rows summed by
+       the thread whose unit completes it, `_down_pipe`)
 
 The fused mode (default) runs phases 1-4 as one parallel region, one iteration per thread, with
 a spin barrier (an atomic counter) between phases: a Numba parallel region costs ~3 us to launch
@@ -136,6 +140,9 @@ MIN_GATE_WORK = 16
 YB_BYTES = 1 << 20
 GU_CTR, DN_CTR = 8, 16  # bar[] slots of the units' counters (cache lines of their own)
 HB0 = 24  # bar[HB0 + ia * nblk + b]: rows of block b of active expert ia's h done (eager quant)
+# ... then (the pipelined down) bar[HB0 + na nblk + ia]: expert slot ia's quantized blocks, and
+# bar[HB0 + na (nblk + 1) + c]: (task, row) results done in output rows c RCHUNK.. (c + 1) RCHUNK
+RCHUNK = 128
 SPIN_BEFORE_YIELD = 256  # pause spins (~5-20 us) before a barrier yields its core
 SPIN_LIMIT = 1 << 24  # barrier checks before giving up (seconds of yields): then fall back
 # threading layers whose prange(nt) over nt threads runs one iteration on each thread, all at
@@ -145,6 +152,12 @@ FUSED_LAYERS = ("omp", "workqueue")
 # 1-9% less on it than on regions (median 5%); on the 2-vCPU dev VM, where a region starts in
 # ~1 us and a layer takes ~1.5 ms, 1.4-1.9% more (bench/results/session12-h200-20261130.md)
 TEAM_MIN_THREADS = 4
+
+
+@njit(cache=True)
+def _chunks(dim):
+    """How many RCHUNK-row chunks D output rows make (the pipeline's reduce counters)."""
+    return (dim + RCHUNK - 1) // RCHUNK
 
 
 @njit(cache=True)
@@ -297,7 +310,7 @@ def _this_and_next(u, nxt, ia, ufirst, urows, rows, na, active):
 @njit(cache=True)
 def _gate_up_dyn(
     tid, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-    gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth,
+    gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth, rdy,
 ):  # fmt: skip
     """Phase 2 scheduled dynamically: units of `urows[ia]` rows of expert slot ia (unit ids
     ufirst[ia].., about `units` of them a thread), thread tid's first unit tid, then each next
@@ -317,16 +330,18 @@ def _gate_up_dyn(
             h, ahead, pfl2,
         )  # fmt: skip
         if eq:
-            _eager_quant(ia, active[ia], r0, r1, f, start, cnt, bar, h, ad, acth)
+            _eager_quant(ia, active[ia], r0, r1, f, start, cnt, bar, h, ad, acth, rdy)
         u = nxt
 
 
 @njit(cache=True)
-def _eager_quant(ia, e, r0, r1, f, start, cnt, bar, h, ad, acth):
+def _eager_quant(ia, e, r0, r1, f, start, cnt, bar, h, ad, acth, rdy):
     """Rows r0..r1 of expert e's h are done: count them into the blocks (quantization units)
     they fall in; the thread that completes a block quantizes it for every task of e (phase 3
     done inside phase 2: no barrier and no phase of its own; the same units, the same bytes as
-    `_quant_share`). The completing thread resets the block's counter for the next call."""
+    `_quant_share`). The completing thread resets the block's counter for the next call and,
+    with rdy >= 0 (the pipelined down), counts the block into bar[rdy + ia], expert slot ia's
+    quantized blocks (all nblk of them: its down units may run)."""
     unit = act_unit(ad)
     nblk = f // unit
     b = r0 // unit
@@ -337,6 +352,8 @@ def _eager_quant(ia, e, r0, r1, f, start, cnt, bar, h, ad, acth):
             bar[slot] = 0
             for p in range(start[e], cnt[e]):
                 quantize_units(h[p], ad, p, acth[0], acth[1], acth[2], acth[3], acth[4], b, b + 1)
+            if rdy >= 0:  # (seq_cst: the quantized bytes are visible before the count)
+                atomic_add(bar, rdy + ia, 1)
         b += 1
 
 
@@ -422,6 +439,20 @@ def _unit_table(n, na, rows, units, nt, start, cnt, active, ufirst, urows):
         ufirst[ia + 1] = ufirst[ia] + (rows + urows[ia] - 1) // urows[ia]
 
 
+@njit(cache=True, inline="always")
+def _down_unit(e, r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead, pfl2):
+    """yb[p, r] for rows r0..r1 of expert e, every task p of e: the down row r on the task's
+    quantized intermediate; rows prefetched `ahead` rows on (past r1: expert ne's n0..n1)."""
+    hq, hd, hb, h8, hf = acth
+    for r in range(r0, r1):
+        wr = e * dim + r
+        pr = _ahead_row(e, r, r1, ne, n0, n1, dim, ahead)
+        if pr >= 0:
+            _prefetch(dw, pr, pfl2)
+        for p in range(start[e], cnt[e]):
+            yb[p, r] = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
+
+
 @njit(cache=True)
 def _down_expert_dyn(
     tid, na, dim, start, cnt, active, dfirst, drows, bar, dk, dw, acth, yb, pf, pfl2
@@ -430,7 +461,6 @@ def _down_expert_dyn(
     taken as `_gate_up_dyn` takes its units, from bar[DN_CTR]); yb[p, r] = the down row r of
     task p's expert on its quantized intermediate. Each expert's rows stream in long runs, as
     gate/up's do (phase 4 proper reads a run of rows of every active expert at once)."""
-    hq, hd, hb, h8, hf = acth
     ahead = max(PREFETCH_ROWS, pf // dw.shape[1])
     nu = dfirst[na]
     u = np.int64(tid)
@@ -438,24 +468,71 @@ def _down_expert_dyn(
     while u < nu:
         nxt = atomic_add(bar, DN_CTR, 1)
         ia, r0, r1, ne, n0, n1 = _this_and_next(u, nxt, ia, dfirst, drows, dim, na, active)
-        e = active[ia]
-        for r in range(r0, r1):
-            wr = e * dim + r
-            pr = _ahead_row(e, r, r1, ne, n0, n1, dim, ahead)
-            if pr >= 0:
-                _prefetch(dw, pr, pfl2)
-            for p in range(start[e], cnt[e]):
-                yb[p, r] = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
+        _down_unit(active[ia], r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead, pfl2)
         u = nxt
 
 
 @njit(cache=True)
-def _down_reduce(tid, nt, na, dim, tok, wt, order, start, cnt, active, yb, out):
-    """Phase 4b: thread tid's share of the D output rows summed from yb, tasks by expert
-    ascending as `_down_rows` adds them: the same float additions in the same order."""
-    tid, nt = np.int64(tid), np.int64(nt)
-    lo = tid * dim // nt
-    hi = (tid + 1) * dim // nt
+def _wait_count(bar, i, want, w, row, m):
+    """Wait until bar[i] >= want, asking L2 meanwhile for rows row..row+m of w (the rows read
+    next); False after SPIN_LIMIT checks (some thread never came, as `_barrier`)."""
+    k = 0
+    spins = 0
+    while atomic_load(bar, i) < want:
+        if k < m:
+            prefetch_row_l2(w, row + k, w.shape[1])
+            k += 1
+            continue
+        if spins < SPIN_BEFORE_YIELD:
+            cpu_relax()
+        else:
+            os_yield()
+        spins += 1
+        if spins > SPIN_LIMIT:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _down_pipe(
+    tid, na, n, dim, rdy, nblk, tok, wt, order, start, cnt, active, dfirst, drows, bar, dk, dw,
+    acth, yb, out, pf, pfl2,
+):  # fmt: skip
+    """Phases 3-4 pipelined (no barrier): the expert-major down's units (`_down_expert_dyn`'s),
+    each started once its expert's intermediate is quantized (bar[rdy + ia] == nblk, counted by
+    `_eager_quant`), so threads done with gate/up run the down of the experts that are ready
+    while the last gate/up units finish. Each finished unit counts its (task, row) results into
+    its rows' chunks of RCHUNK output rows (bar[rdy + na + c]); the thread that completes a
+    chunk sums it (`_reduce_rows`: the same additions in the same order as `_down_reduce`, by
+    one thread). False: a wait timed out."""
+    ahead = max(PREFETCH_ROWS, pf // dw.shape[1])
+    rc = rdy + na
+    nu = dfirst[na]
+    u = np.int64(tid)
+    ia = 0
+    while u < nu:
+        nxt = atomic_add(bar, DN_CTR, 1)
+        ia, r0, r1, ne, n0, n1 = _this_and_next(u, nxt, ia, dfirst, drows, dim, na, active)
+        e = active[ia]
+        if not _wait_count(bar, rdy + ia, nblk, dw, e * dim + r0, min(r1 - r0, ahead)):
+            return False
+        _down_unit(e, r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead, pfl2)
+        n_e = cnt[e] - start[e]
+        c = r0 // RCHUNK
+        while c * RCHUNK < r1:
+            c0, c1 = c * RCHUNK, min(dim, (c + 1) * RCHUNK)
+            done = n_e * (min(r1, c1) - max(r0, c0))
+            if atomic_add(bar, rc + c, done) + done == n * (c1 - c0):
+                _reduce_rows(c0, c1, na, tok, wt, order, start, cnt, active, yb, out)
+            c += 1
+        u = nxt
+    return True
+
+
+@njit(cache=True, inline="always")
+def _reduce_rows(lo, hi, na, tok, wt, order, start, cnt, active, yb, out):
+    """Output rows lo..hi summed from yb: zeroed, then every task's weighted rows, experts
+    ascending (the additions `_down_rows` makes, in its order)."""
     for t in range(out.shape[0]):
         for r in range(lo, hi):
             out[t, r] = 0
@@ -469,14 +546,22 @@ def _down_reduce(tid, nt, na, dim, tok, wt, order, start, cnt, active, yb, out):
 
 
 @njit(cache=True)
+def _down_reduce(tid, nt, na, dim, tok, wt, order, start, cnt, active, yb, out):
+    """Phase 4b: thread tid's share of the D output rows summed from yb (`_reduce_rows`)."""
+    tid, nt = np.int64(tid), np.int64(nt)
+    _reduce_rows(tid * dim // nt, (tid + 1) * dim // nt, na, tok, wt, order, start, cnt, active,
+                 yb, out)  # fmt: skip
+
+
+@njit(cache=True)
 def _gate_up_phase(
     tid, nt, dyn, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-    gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth,
+    gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth, rdy,
 ):  # fmt: skip
     if dyn:
         _gate_up_dyn(
             tid, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-            gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth,
+            gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth, rdy,
         )  # fmt: skip
     else:
         _gate_up_share(
@@ -515,7 +600,8 @@ def _fused_share(
     """All four phases for thread tid in one parallel region, a spin barrier between phases.
 
     Phases 1 and 3 run on thread 0 alone when their quantization is not parallel (q1, q3).
-    eq (with q3 and dyn_g): phase 3 inside phase 2 (`_eager_quant`), one barrier fewer.
+    eq >= 1 (with q3 and dyn_g): phase 3 inside phase 2 (`_eager_quant`), one barrier fewer;
+    eq == 2 (with bx too): phases 2-4 pipelined, no barrier after phase 1 (`_down_pipe`).
     bx: phase 4 expert-major (`_down_expert_dyn` into yb, a barrier, `_down_reduce`).
     trace[tid] gets the cycle counter at entry and at the end of each phase and barrier
     (TRACE_STAMPS; a timestamp costs ~10 ns; without bx the last two equal "down")."""
@@ -543,19 +629,32 @@ def _fused_share(
         stats[2] = 1
         return
     tr[2] = cycle_counter()
-    eq = eq and q3 and dyn_g
+    pl = eq == 2 and q3 and dyn_g and bx
+    eager = eq >= 1 and q3 and dyn_g
+    nblk = f // act_unit(ad)
+    rdy = HB0 + na * nblk if pl else -1  # the pipeline's counters (see `_group`)
     _gate_up_phase(
         tid, nt, dyn_g, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-        gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth,
+        gk, gw, actg, uk, uw, actu, h, pf, pfl2, eager, ad, acth, rdy,
     )  # fmt: skip
     tr[3] = cycle_counter()
+    if pl:
+        ok = _down_pipe(
+            tid, na, n, dim, rdy, nblk, tok, wt, order, start, cnt, active, dfirst, drows, bar,
+            dk, dw, acth, yb, out, pf, pfl2,
+        )  # fmt: skip
+        if not ok:
+            stats[2] = 1
+        tr[4] = tr[5] = tr[6] = tr[3]  # (no barriers, no quantization phase: inside down)
+        tr[7] = tr[8] = tr[9] = cycle_counter()
+        return
     k = _barrier(bar, 2 * nt, dw, none, active, ja, dn, d0, d1 - d0, dim, 0)
     if k < 0:
         stats[2] = 1
         return
     tr[4] = cycle_counter()
     nb = 2  # barriers passed
-    if not eq:
+    if not eager:
         if q3 or tid == 0:
             _quant_share(tid if q3 else np.int64(0), nt if q3 else 1, h, n, ad, acth)
         tr[5] = cycle_counter()
@@ -630,8 +729,10 @@ def _group(
     bar[GU_CTR] = nt  # units 0..nt-1 are the threads' first, taken without the counter
     bar[DN_CTR] = nt
     bar[0] = 0
-    nblk = f // act_unit(ad)  # the eager quantization's block counters (a call cut short by a
-    for i in range(HB0, min(bar.shape[0], HB0 + na * nblk)):  # barrier timeout leaves some)
+    # the eager quantization's block counters (a call cut short by a barrier timeout leaves
+    # some), then the pipeline's: each active expert's quantized blocks, each RCHUNK rows' results
+    nblk = f // act_unit(ad)
+    for i in range(HB0, min(bar.shape[0], HB0 + na * (nblk + 1) + _chunks(dim))):
         bar[i] = 0
     return na, q1, q3, run, dyn_g, dyn_d, bx
 
@@ -661,7 +762,7 @@ def _run_layer(
         _fused_share(
             0, 1, False, False, n, f, dim, run, False, False, False, False, pf, pfl2, x, tok, wt,
             order, start, cnt, active, na, ufirst, urows, dfirst, drows, yb,
-            gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace, False,
+            gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace, 0,
         )  # fmt: skip
         trace[nt, 1] = cycle_counter()
         return na
@@ -687,7 +788,7 @@ def _run_layer(
     for tid in prange(nt):
         _gate_up_phase(
             tid, nt, dyn_g, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-            gk, gw, actg, uk, uw, actu, h, pf, pfl2, False, ad, acth,
+            gk, gw, actg, uk, uw, actu, h, pf, pfl2, False, ad, acth, -1,
         )  # fmt: skip
     # ---- 3. quantize the intermediate rows (one per task, in grouped order)
     if q3:
@@ -775,7 +876,7 @@ def _team_share(tid, nt, jaddr, gk, uk, dk):
         _j2(job, A_GW + 6, np.uint8), dk, job[J_AG], _jact(job, A_ACTG), job[J_AU],
         _jact(job, A_ACTU), job[J_AD], _jact(job, A_ACTH), _j2(job, A_H, np.float32),
         _j2(job, A_OUT, np.float32), _j1(job, A_BAR, np.int64), _j1(job, A_STATS, np.int64),
-        _j2(job, A_TRACE, np.int64), job[J_EQ] != 0,
+        _j2(job, A_TRACE, np.int64), job[J_EQ],
     )  # fmt: skip
     return 0
 
@@ -900,6 +1001,7 @@ class ExpertPool:
         down_by_expert: bool | None = None,
         team: bool | None = None,
         eager_quant: bool | None = None,
+        pipeline: bool | None = None,
     ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
@@ -948,6 +1050,9 @@ class ExpertPool:
             # on the H200's host equal at T = 1, 1% faster at 64, 2% slower at 512: off)
             eager_quant = _env_flag("STRATA_POOL_EAGER_QUANT", False)
         self.eager_quant = bool(eager_quant)
+        if pipeline is None:  # STRATA_POOL_PIPELINE=0/1: barriers between phases 2-4 / none
+            pipeline = _env_flag("STRATA_POOL_PIPELINE", False)
+        self.pipeline = bool(pipeline)
         if team is None:  # STRATA_POOL_TEAM=0/1: Numba's parallel regions / the team
             team = _env_flag("STRATA_POOL_TEAM", n >= TEAM_MIN_THREADS)
         self.team = bool(team) and TEAM_SUPPORTED
@@ -1055,8 +1160,8 @@ class ExpertPool:
                 yb=np.zeros((min(n_cap, max(1, YB_BYTES // (4 * dim))), dim), np.float32),
                 out=np.zeros((t_cap, dim), np.float32),
             )
-            # barrier and unit counters, then the eager quantization's block counters
-            self._bar = np.zeros(HB0 + n_expert * max(1, f // 32), np.int64)
+            # barrier and unit counters, the eager quantization's block counters, the pipeline's
+            self._bar = np.zeros(HB0 + n_expert * (max(1, f // 32) + 1) + _chunks(dim), np.int64)
             names = ("actg", "actu", "acth", "h", "order", "cnt", "start", "active")
             names += ("ufirst", "urows", "dfirst", "drows", "yb")
             self._ws_args = (*(ws[k] for k in names), self._bar, self._stats, self._trace)
@@ -1102,7 +1207,7 @@ class ExpertPool:
             self.down_units,
             self.wait_prefetch,
             self.down_by_expert,
-            self.eager_quant,
+            2 if self.pipeline else int(self.eager_quant),  # `_fused_share`'s eq
         )
 
     # ---- where the last call's time went
