@@ -16,7 +16,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from strata.cpu.kernels.common import f16_at, f16_to_f32_ir
+from strata.cpu.kernels.common import f16_at
 from strata.cpu.kernels.iq4 import BB as IQ4_BB
 from strata.cpu.kernels.q8_0 import BB as Q8_BB
 from strata.cpu.kernels.simd import (
@@ -91,10 +91,20 @@ def dot_iq4_xs_avx2(w, r, xq, xd, xb, x8, xf, a):
     return acc
 
 
+def _phadd(e, a, b):
+    """vphaddd: per 128-bit lane, [a0+a1, a2+a3, b0+b1, b2+b3] (int32, exact here)."""
+    return e._call("llvm.x86.avx2.phadd.d", V8I32, [a, b])
+
+
 @intrinsic
-def _blk_q8_0x8(typingctx, w, r, o, xq, a, xo, xd, bo):
-    """sum over 8 Q8_0 blocks at w[r, o:o+272] of d_w d_x sum(w x), as float32."""
-    sig = types.float32(w, types.intp, types.intp, xq, types.intp, types.intp, xd, types.intp)
+def _blk_q8_0x8(typingctx, acc, w, r, o, xq, a, xo, xd, bo):
+    """acc + the 8 Q8_0 blocks at w[r, o:o+272], added one at a time in block order: each block
+    as the portable kernel takes it, float32(sum w x) * (d_w d_x), so the same bits. The eight
+    integer sums come out of one tree of vphaddd (a vector of the 8 blocks' sums), the eight
+    scales out of one vcvtph2ps and one multiply; only the adds into acc stay scalar."""
+    sig = types.float32(
+        types.float32, w, types.intp, types.intp, xq, types.intp, types.intp, xd, types.intp
+    )
 
     def codegen(context, builder, sg, args):
         e = Emit(context, builder)
@@ -104,23 +114,30 @@ def _blk_q8_0x8(typingctx, w, r, o, xq, a, xo, xd, bo):
         if not HAS_AVX2:
             e.trap()
             return ir.Constant(f32, 0)
-        pw = e.ptr(sg.args[0], args[0], args[1], args[2])
-        px = e.ptr(sg.args[3], args[3], args[4], args[5])
-        pd = e.ptr(sg.args[6], args[6], args[4], args[7])
+        acc, args, tys = args[0], args[1:], sg.args[1:]
+        pw = e.ptr(tys[0], args[0], args[1], args[2])
+        px = e.ptr(tys[3], args[3], args[4], args[5])
+        pd = e.ptr(tys[6], args[6], args[4], args[7])
         ones = e.splat(V16I16, 1)
-        acc = ir.Constant(v8f, [0.0] * 8)
+        s = []
+        hv = ir.Constant(_V8I16, None)
         for k in range(8):
             wv = e.load(pw, V32I8, Q8_BB * k + 2)
-            s = e.madd(_sdot(e, wv, e.load(px, V32I8, 32 * k)), ones)  # 8 partial int32 sums
-            dw = f16_to_f32_ir(b, e.load(pw, I16, Q8_BB * k))
-            d = b.fmul(dw, e.load(pd, f32, 4 * k))
-            acc = b.fadd(acc, b.fmul(b.sitofp(s, v8f), e.bcast(d, v8f)))
-        # lanes summed pairwise (a fixed order: results do not depend on the row)
-        r4 = b.fadd(e.shuffle(acc, range(4)), e.shuffle(acc, range(4, 8)))
-        r2 = b.fadd(e.shuffle(r4, range(2)), e.shuffle(r4, range(2, 4)))
-        return b.fadd(
-            b.extract_element(r2, ir.Constant(I32, 0)), b.extract_element(r2, ir.Constant(I32, 1))
-        )
+            s.append(e.madd(_sdot(e, wv, e.load(px, V32I8, 32 * k)), ones))  # 8 int32 partials
+            hv = b.insert_element(hv, e.load(pw, I16, Q8_BB * k), ir.Constant(I32, k))
+        # two vphaddd levels: q0 holds blocks 0-3's low-lane sums then their high-lane sums,
+        # q1 blocks 4-7's; the halves added give the 8 blocks' sums in order
+        q0 = _phadd(e, _phadd(e, s[0], s[1]), _phadd(e, s[2], s[3]))
+        q1 = _phadd(e, _phadd(e, s[4], s[5]), _phadd(e, s[6], s[7]))
+        mask = ir.VectorType(I32, 8)
+        lo = b.shuffle_vector(q0, q1, ir.Constant(mask, [0, 1, 2, 3, 8, 9, 10, 11]))
+        hi = b.shuffle_vector(q0, q1, ir.Constant(mask, [4, 5, 6, 7, 12, 13, 14, 15]))
+        sums = b.sitofp(b.add(lo, hi), v8f)
+        dw = b.fpext(b.bitcast(hv, ir.VectorType(ir.HalfType(), 8)), v8f)  # vcvtph2ps ymm
+        p = b.fmul(sums, b.fmul(dw, e.load(pd, v8f)))
+        for k in range(8):
+            acc = b.fadd(acc, b.extract_element(p, ir.Constant(I32, k)))
+        return acc
 
     return sig, codegen
 
@@ -130,7 +147,7 @@ def dot_q8_0_avx2(w, r, xq, xd, xb, x8, xf, a):
     nb = w.shape[1] // Q8_BB
     acc = np.float32(0.0)
     for b in range(0, nb - 7, 8):  # eight blocks (256 weights) per step
-        acc += _blk_q8_0x8(w, r, b * Q8_BB, xq, a, 32 * b, xd, b)
+        acc = _blk_q8_0x8(acc, w, r, b * Q8_BB, xq, a, 32 * b, xd, b)
     for b in range(nb - nb % 8, nb):  # rows that are not a multiple of 256
         s = 0
         for i in range(32):
