@@ -29,8 +29,9 @@ I32 = ir.IntType(32)
 # Q6_K and IQ4_XS AVX2 kernels 5-14% slower on one EPYC core:
 # bench/results/cpu-f16-asm-2core-epyc-avx2-20261203.md). vmovd from a general register zeroes
 # the rest of the vector.
-# STRATA_CPU_F16_ASM=0 keeps the plain fpext (the A/B arm; a Numba cache holds either form: give
-# each arm its own NUMBA_CACHE_DIR)
+# STRATA_CPU_F16_ASM=0 keeps the plain fpext (the A/B arm; a Numba cache holds either form, so
+# switching arms drops strata's cache, strata/jitcache.py: give each arm its own NUMBA_CACHE_DIR
+# to keep both)
 X86_F16C = (
     "f16c" in FEATURES
     and platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
