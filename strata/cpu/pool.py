@@ -163,20 +163,26 @@ def _chunks(dim):
 @njit(cache=True)
 def _barrier(bar, target, w, w2, active, ia0, n_e, r0, m, stride, k):
     """Arrive, then wait until `target` arrivals in total (bar[0] counts up through the call);
-    returns the prefetch cursor (below), -1 after SPIN_LIMIT checks: some thread never came
-    (see FUSED_LAYERS).
+    returns the prefetch cursor (`_wait_at`), -1 after SPIN_LIMIT checks: some thread never came
+    (see FUSED_LAYERS)."""
+    atomic_add(bar, 0, 1)
+    return _wait_at(bar, 0, target, w, w2, active, ia0, n_e, r0, m, stride, k)
+
+
+@njit(cache=True)
+def _wait_at(bar, i, target, w, w2, active, ia0, n_e, r0, m, stride, k):
+    """Wait until bar[i] >= target; returns the prefetch cursor, -1 after SPIN_LIMIT checks.
 
     While it waits the thread prefetches, one row a check, the rows it will read first after
-    the barrier: k = k.. of rows active[ia0 + k // m] * stride + r0 + k % m (k < n_e m) of w
+    the wait: k = k.. of rows active[ia0 + k // m] * stride + r0 + k % m (k < n_e m) of w
     and w2, into L2 (the memory would idle while threads wait: the first unit streams in
-    during it). Arriving is never delayed; once every row is asked for it spins
-    SPIN_BEFORE_YIELD times (a phase's usual imbalance), then yields the core on every check:
-    on a shared machine the thread it waits for may be waiting for a core (a pure spin
-    measured 20 ms per call on the busy 2-vCPU box)."""
-    atomic_add(bar, 0, 1)
+    during it). Once every row is asked for it spins SPIN_BEFORE_YIELD times (a phase's usual
+    imbalance), then yields the core on every check: on a shared machine the thread it waits
+    for may be waiting for a core (a pure spin measured 20 ms per call on the busy 2-vCPU
+    box)."""
     spins = 0
     nk = n_e * m
-    while atomic_load(bar, 0) < target:
+    while atomic_load(bar, i) < target:
         if k < nk:
             row = active[ia0 + k // m] * stride + r0 + k % m
             prefetch_row_l2(w, row, w.shape[1])
@@ -473,27 +479,6 @@ def _down_expert_dyn(
 
 
 @njit(cache=True)
-def _wait_count(bar, i, want, w, row, m):
-    """Wait until bar[i] >= want, asking L2 meanwhile for rows row..row+m of w (the rows read
-    next); False after SPIN_LIMIT checks (some thread never came, as `_barrier`)."""
-    k = 0
-    spins = 0
-    while atomic_load(bar, i) < want:
-        if k < m:
-            prefetch_row_l2(w, row + k, w.shape[1])
-            k += 1
-            continue
-        if spins < SPIN_BEFORE_YIELD:
-            cpu_relax()
-        else:
-            os_yield()
-        spins += 1
-        if spins > SPIN_LIMIT:
-            return False
-    return True
-
-
-@njit(cache=True)
 def _down_pipe(
     tid, na, n, dim, rdy, nblk, tok, wt, order, start, cnt, active, dfirst, drows, bar, dk, dw,
     acth, yb, out, pf, pfl2,
@@ -514,7 +499,9 @@ def _down_pipe(
         nxt = atomic_add(bar, DN_CTR, 1)
         ia, r0, r1, ne, n0, n1 = _this_and_next(u, nxt, ia, dfirst, drows, dim, na, active)
         e = active[ia]
-        if not _wait_count(bar, rdy + ia, nblk, dw, e * dim + r0, min(r1 - r0, ahead)):
+        # its expert's intermediate quantized (its first rows asked of L2 while it waits)
+        if _wait_at(bar, rdy + ia, nblk, dw, dw[:0], active, ia, 1, r0, min(r1 - r0, ahead),
+                    dim, 0) < 0:  # fmt: skip
             return False
         _down_unit(e, r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead, pfl2)
         n_e = cnt[e] - start[e]
