@@ -13,6 +13,8 @@ place (a view into the mmap) unless a repacked layout makes the SIMD kernel chea
                with AVX-512 VBMI + VNNI the iq2s_avx512.py kernel instead, `gguf_kernel`)
     IQ3_XXS -> PM instead of LUT4 on hosts with AVX-512 VBMI + VNNI (position-major, 1.04x the
                bytes; iq3_pm.py; `AVX512_REPACK_LAYOUT`); either by name: "IQ3_XXS=lut4", "pm"
+    IQ1_M   -> T7 by name ("IQ1_M=t7": 7-bit ternary quads, 1.21x the bytes; iq1_t7.py, and on
+               AVX-512 VBMI + VNNI hosts iq1_t7_avx512.py), or T2 by name ("IQ1_M=t2")
     F16, BF16, F32 -> portable @njit kernels only (not yet SIMD)
 
 IQ3_XXS, IQ2_XXS and IQ1_M also have AVX2 gather kernels on the GGUF bytes (gather.py): more
@@ -36,7 +38,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from strata.cpu.kernels import dispatch as K
-from strata.cpu.kernels import iq1_t2, iq3_pm, lut4
+from strata.cpu.kernels import iq1_t2, iq1_t7, iq3_pm, lut4
 from strata.cpu.kernels.simd import avx512_enabled, simd_enabled
 from strata.cpu.quantize import act_code
 from strata.quant.formats import QT, fmt
@@ -50,11 +52,23 @@ def _lut4_kernel(simd: bool) -> int:
     return K.K_IQ3_XXS_LUT4_AVX2 if simd else K.K_IQ3_XXS_LUT4
 
 
+def _t7_kernel(simd: bool) -> int:
+    return K.K_IQ1_M_T7_AVX512 if avx512_enabled(simd) else K.K_IQ1_M_T7
+
+
+def _t2_kernel(simd: bool) -> int:
+    if avx512_enabled(simd) and avx512_repack_on():
+        return K.K_IQ1_M_T2_AVX512
+    return K.K_IQ1_M_T2_AVX2 if simd else K.K_IQ1_M_T2
+
+
 # layouts a spec may name ("IQ3_XXS=pm"; a bare name applies to the formats that have it, the
 # others take "auto"): (repack, the kernel that reads it given `simd`)
 NAMED = {
     (QT.IQ3_XXS, "pm"): (iq3_pm.repack, _pm_kernel),
     (QT.IQ3_XXS, "lut4"): (lut4.repack, _lut4_kernel),
+    (QT.IQ1_M, "t2"): (iq1_t2.repack, _t2_kernel),
+    (QT.IQ1_M, "t7"): (iq1_t7.repack, _t7_kernel),
 }
 # "repack" on hosts with AVX-512 VBMI + VNNI (`avx512_enabled`): IQ3_XXS takes pm, whose kernel
 # computes 1.3x (one core) to 1.7-1.9x (16 busy cores) as fast as the VBMI kernel on the GGUF
@@ -132,7 +146,7 @@ class ExpertMatrix:
     data: np.ndarray  # uint8 [E * R, row_bytes]
     kernel: int  # dispatch code
     act: int  # activation code (the weight's vec_dot type)
-    layout: str  # "gguf", "lut4" or "t2"
+    layout: str  # "gguf" or a repack's name ("lut4", "t2", "t7", "pm")
     nbytes: int = 0  # bytes the kernel reads for the whole tensor (set by __post_init__)
     gguf_bytes: int = 0  # bytes of the tensor in the GGUF's own encoding
 
@@ -163,6 +177,8 @@ class ExpertMatrix:
             return unpack(self.data)
         if self.layout == "t2":
             return iq1_t2.unpack(self.data)
+        if self.layout == "t7":
+            return iq1_t7.unpack(self.data)
         if self.layout == "pm":
             return iq3_pm.unpack(self.data)
         return self.data

@@ -19,6 +19,8 @@ from strata.cpu.kernels.iq1 import dot_iq1_m
 from strata.cpu.kernels.iq1_avx512 import dot_iq1_m_avx512
 from strata.cpu.kernels.iq1_t2 import dot_t2_avx2, dot_t2_portable
 from strata.cpu.kernels.iq1_t2_avx512 import dot_t2_avx512
+from strata.cpu.kernels.iq1_t7 import dot_t7_portable
+from strata.cpu.kernels.iq1_t7_avx512 import dot_t7_avx512
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
 from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2
 from strata.cpu.kernels.iq2s_avx512 import dot_iq2_s_avx512
@@ -74,6 +76,8 @@ K_IQ1_M_T2_AVX512 = 41
 # IQ3_XXS repacked position-major (iq3_pm.py): portable, AVX-512 VBMI + VNNI (42 was an A/B arm)
 K_IQ3_XXS_PM, K_IQ3_XXS_PM_AVX512 = 43, 44
 AVX512_REPACK = {K_IQ1_M_T2_AVX2: K_IQ1_M_T2_AVX512}
+# IQ1_M repacked as 7-bit ternary quads (iq1_t7.py): portable, AVX-512 VBMI + VNNI
+K_IQ1_M_T7, K_IQ1_M_T7_AVX512 = 46, 47
 
 PORTABLE = {
     QT.F32: K_F32,
@@ -129,6 +133,8 @@ KERNELS = {
     K_IQ3_XXS_PM: dot_pm_portable,
     K_IQ3_XXS_PM_AVX512: dot_pm_avx512,
     K_IQ2_S_AVX512: dot_iq2_s_avx512,
+    K_IQ1_M_T7: dot_t7_portable,
+    K_IQ1_M_T7_AVX512: dot_t7_avx512,
 }
 
 

@@ -35,7 +35,7 @@ _V16I32 = ir.VectorType(I32, 16)
 # ---------------------------------------------------------------- layout transform (NumPy)
 
 
-_U = (IQ1S_GRID.astype(np.int16) + 1).astype(np.uint8)  # [2048, 8] codes u = g + 1
+UCODE = (IQ1S_GRID.astype(np.int16) + 1).astype(np.uint8)  # [2048, 8] codes u = g + 1
 
 
 def repack(w: np.ndarray) -> np.ndarray:
@@ -43,7 +43,7 @@ def repack(w: np.ndarray) -> np.ndarray:
     w = np.ascontiguousarray(w).view(np.uint8)
     nb = w.shape[1] // BB_GGUF
     out = np.empty((w.shape[0], nb * BB), np.uint8)
-    _repack_rows(w, out, _U)
+    _repack_rows(w, out, UCODE)
     return out
 
 
@@ -70,23 +70,37 @@ def _repack_rows(w, out, ucode):
                 out[r, 68 * nb + 8 * b + k] = w[r, o + 48 + k]
 
 
-@_chunked
-def repack_reference(w: np.ndarray) -> np.ndarray:
-    """IQ1_M rows [R, nb * 56] -> T2 rows [R, nb * 76]: the NumPy statement of `repack`."""
+def gguf_codes(w: np.ndarray):
+    """IQ1_M rows [n, nb * 56] -> (u [n, nb, 256] uint8 in natural weight order, the delta sign
+    bits [n, nb] uint32 (bit k: group k of 8), the scale words [n, nb, 8] bytes)."""
     n = w.shape[0]
     bl = w.reshape(n, -1, BB_GGUF)
     nb = bl.shape[1]
     nib = ((bl[..., 32:48, None] >> np.array([0, 4], np.uint8)) & 15).reshape(n, nb, 32)
     idx = bl[..., 0:32].astype(np.int64) | ((nib & 7).astype(np.int64) << 8)
-    u = (IQ1S_GRID[idx] + 1).astype(np.uint8).reshape(n, nb, 2, 4, 32)  # chunk, plane, byte
-    codes = u[:, :, :, 0] | (u[:, :, :, 1] << 2) | (u[:, :, :, 2] << 4) | (u[:, :, :, 3] << 6)
+    u = (IQ1S_GRID[idx] + 1).astype(np.uint8).reshape(n, nb, 256)
     dbits = ((nib >> 3) & 1).astype(np.uint32)
     delta = np.bitwise_or.reduce(dbits << np.arange(32, dtype=np.uint32), axis=-1)
-    out = np.empty((n, nb * BB), np.uint8)
-    out[:, : 64 * nb] = codes.reshape(n, -1)
-    out[:, 64 * nb : 68 * nb] = delta.astype("<u4").view(np.uint8).reshape(n, -1)
-    out[:, 68 * nb :] = bl[..., 48:56].reshape(n, -1)
-    return out
+    return u, delta, bl[..., 48:56]
+
+
+@_chunked
+def repack_reference(w: np.ndarray) -> np.ndarray:
+    """IQ1_M rows [R, nb * 56] -> T2 rows [R, nb * 76]: the NumPy statement of `repack`."""
+    u, delta, scales = gguf_codes(w)
+    n, nb = delta.shape
+    u = u.reshape(n, nb, 2, 4, 32)  # chunk, plane, byte
+    codes = u[:, :, :, 0] | (u[:, :, :, 1] << 2) | (u[:, :, :, 2] << 4) | (u[:, :, :, 3] << 6)
+    return planes(codes.reshape(n, -1), delta, scales)
+
+
+def planes(codes: np.ndarray, delta: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Rows [codes | delta dwords | scale words] from codes [n, nb * c], delta [n, nb] uint32
+    and scales [n, nb, 8] (T2's planes; T7's, with its quads as the codes)."""
+    n, nb = delta.shape
+    return np.concatenate(
+        [codes, delta.astype("<u4").view(np.uint8).reshape(n, -1), scales.reshape(n, -1)], axis=1
+    )
 
 
 def _grid_index() -> np.ndarray:
@@ -104,21 +118,47 @@ def unpack(p: np.ndarray) -> np.ndarray:
     n = p.shape[0]
     nb = p.shape[1] // BB
     c = p[:, : 64 * nb].reshape(n, nb, 2, 1, 32)
-    u = ((c >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3).reshape(n, nb, 32, 8)
-    idx = _grid_index()[(u.astype(np.int64) * (3 ** np.arange(8))).sum(axis=-1)]
+    u = ((c >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & 3).reshape(n, nb, 256)
+    return gguf_blocks(u, p[:, 64 * nb : 68 * nb], p[:, 68 * nb :], "T2 codes")
+
+
+def gguf_blocks(u: np.ndarray, delta: np.ndarray, scales: np.ndarray, what: str) -> np.ndarray:
+    """IQ1_M rows [n, nb * 56] from u [n, nb, 256] (natural order), the delta plane [n, nb * 4]
+    and the scale plane [n, nb * 8]; ValueError naming `what` where 8 codes are not a grid row."""
+    n, nb = u.shape[:2]
+    idx = _grid_index()[(u.reshape(n, nb, 32, 8).astype(np.int64) * (3 ** np.arange(8))).sum(-1)]
     if (idx < 0).any():
-        raise ValueError("T2 codes name a ternary group that is not an iq1s grid entry")
-    delta = p[:, 64 * nb : 68 * nb].copy().view("<u4").reshape(n, nb, 1)
-    dbit = ((delta >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [n, nb, 32]
+        raise ValueError(f"{what} name a ternary group that is not an iq1s grid entry")
+    dwords = np.ascontiguousarray(delta).view("<u4").reshape(n, nb, 1)
+    dbit = ((dwords >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [n, nb, 32]
     nib = ((idx >> 8) & 7).astype(np.uint8) | (dbit << 3)
     out = np.empty((n, nb, BB_GGUF), np.uint8)
     out[..., 0:32] = (idx & 255).astype(np.uint8)
     out[..., 32:48] = nib[..., 0::2] | (nib[..., 1::2] << 4)
-    out[..., 48:56] = p[:, 68 * nb :].reshape(n, nb, 8)
+    out[..., 48:56] = scales.reshape(n, nb, 8)
     return out.reshape(n, nb * BB_GGUF)
 
 
 # ---------------------------------------------------------------- kernels
+
+
+@njit(cache=True, inline="always")
+def sub_scale(w, r, so, s):
+    """2 ls + 1 of sub-block s (16 weights) from the scale words at w[r, so:so+8]."""
+    word = np.int32(w[r, so + 2 * (s // 4)]) | (np.int32(w[r, so + 2 * (s // 4) + 1]) << 8)
+    return 2 * ((word >> (3 * (s & 3))) & 7) + 1
+
+
+@njit(cache=True, inline="always")
+def delta_term(w, r, do, s, x8, a, go):
+    """sum over sub-block s's two groups g of (delta_g - 8) X8_g, times 8 (delta bits at w[r,
+    do:do+4], the activation's sums of 8 at x8[a, go:])."""
+    t = 0
+    for h in range(2):
+        g = 2 * s + h
+        neg = (w[r, do + g // 8] >> (g % 8)) & 1
+        t += (-9 if neg else -7) * x8[a, go + g]
+    return t
 
 
 @njit(cache=True)
@@ -131,8 +171,6 @@ def dot_t2_portable(w, r, xq, xd, xb, x8, xf, a):
         do = 64 * nb + 4 * b
         isum = 0
         for s in range(16):
-            word = np.int32(w[r, so + 2 * (s // 4)]) | (np.int32(w[r, so + 2 * (s // 4) + 1]) << 8)
-            sc = 2 * ((word >> (3 * (s & 3))) & 7) + 1
             c = s // 8  # chunk
             k = (s % 8) // 2  # plane
             i0 = 16 * (s & 1)
@@ -140,12 +178,7 @@ def dot_t2_portable(w, r, xq, xd, xb, x8, xf, a):
             for i in range(i0, i0 + 16):
                 u = (w[r, 64 * b + 32 * c + i] >> (2 * k)) & 3
                 t += u * xq[a, 256 * b + 128 * c + 32 * k + i]
-            t *= 8
-            for h in range(2):
-                g = 2 * s + h
-                neg = (w[r, do + g // 8] >> (g % 8)) & 1
-                t += (-9 if neg else -7) * x8[a, 32 * b + g]
-            isum += sc * t
+            isum += sub_scale(w, r, so, s) * (8 * t + delta_term(w, r, do, s, x8, a, 32 * b))
         d = iq1m_d(w, r, so - 48)
         acc += np.float32(xd[a, b] * d) * np.float32(isum) * np.float32(0.125)
     return acc

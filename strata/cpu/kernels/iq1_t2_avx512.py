@@ -70,18 +70,26 @@ def _ls_bit(s):
 PACKED_SUB = np.array(
     [[4 * (2 * h + t // 4) + L for L in range(4) for t in range(8)] for h in range(2)]
 )
-_F = np.repeat(LANE_F, 8)  # [32] the factor of packed word w
-# SW_h word w = 8 (2 ls + 1) / f: ls into bits 4..6 (f = 1: 16 ls + 8) or 2..4 (f = 4: 4 ls + 2)
-_POS = np.where(_F == 1, 4, 2)  # [32] the bit ls goes to
-SW_CTRL = np.array(
-    [
-        [[(_ls_bit(s) - p) % 64, 0] for s, p in zip(PACKED_SUB[h], _POS, strict=True)]
-        for h in (0, 1)
-    ],
-    np.uint8,
-).reshape(2, 64)
-SW_MASK = np.where(_F == 1, 0x70, 0x1C).astype(np.uint16)
-SW_OR = np.where(_F == 1, 8, 2).astype(np.uint16)
+
+
+def sw_tables(lane_f):
+    """(SW_CTRL, SW_MASK, SW_OR) for dots whose 128-bit lane L carries factor lane_f[L]: SW_h
+    word w = 8 (2 ls + 1) / f, ls put into bits 4..6 (f = 1: 16 ls + 8) or 2..4 (f = 4:
+    4 ls + 2) by a vpmultishiftqb of the broadcast scale bytes, then masked and or-ed."""
+    f = np.repeat(np.asarray(lane_f), 8)  # [32] the factor of packed word w
+    pos = np.where(f == 1, 4, 2)  # [32] the bit ls goes to
+    ctrl = np.array(
+        [
+            [[(_ls_bit(s) - p) % 64, 0] for s, p in zip(PACKED_SUB[h], pos, strict=True)]
+            for h in (0, 1)
+        ],
+        np.uint8,
+    ).reshape(2, 64)
+    mask = np.where(f == 1, 0x70, 0x1C).astype(np.uint16)
+    return ctrl, mask, np.where(f == 1, 8, 2).astype(np.uint16)
+
+
+SW_CTRL, SW_MASK, SW_OR = sw_tables(LANE_F)
 # M2 index, word g (group g of 8, natural order): ls of sub-block g // 2 in bits 0..2 (from the
 # broadcast scale qword), delta bit g in bit 3 (from the delta dword, broadcast: each qword holds
 # it twice, so bit g sits at rotation (g - 3) mod 64)
@@ -111,13 +119,21 @@ def block_sum(e: Emit, pq, pd, ps, px, p8):
             u = b.bitcast(b.and_(v, mask), V16I32)
             x = b.bitcast(e.load(px, V64I8, 64 * (2 * c + t)), V16I32)
             dots.append(_dpbusd(e, e.splat(V16I32, 0), u, x))
+    return scaled_sum(e, dots, (SW_CTRL, SW_MASK, SW_OR), pd, ps, p8)
+
+
+def scaled_sum(e: Emit, dots, sw, pd, ps, p8):
+    """The int32 block sum from the four vpdpbusd results `dots` (lane L of dots[m]: sub-block
+    4 m + L, times its factor in `sw`, the `sw_tables` of the dots), i8* pd (the block's 4 delta
+    bytes), ps (its 8 scale bytes) and p8 (its 32 int16 sums of 8): steps 2-4 of the module doc."""
+    b = e.b
     sq = b.bitcast(e.bcast(e.load(ps, I64), V8I64), V64I8)  # the scale bytes, every qword
     acc = None
     for h in range(2):
         pu = e._call("llvm.x86.avx512.packssdw.512", V32I16, dots[2 * h : 2 * h + 2])
-        ms = b.bitcast(_multishift(e, SW_CTRL[h], sq), V32I16)
-        sw = b.or_(b.and_(ms, e.const(V32I16, _i16(SW_MASK))), e.const(V32I16, _i16(SW_OR)))
-        p = _pmaddwd(e, pu, sw)
+        ms = b.bitcast(_multishift(e, sw[0][h], sq), V32I16)
+        sw_h = b.or_(b.and_(ms, e.const(V32I16, _i16(sw[1]))), e.const(V32I16, _i16(sw[2])))
+        p = _pmaddwd(e, pu, sw_h)
         acc = p if acc is None else b.add(acc, p)
     dq = b.bitcast(e.bcast(e.load(pd, I32), V16I32), V64I8)  # the delta bits, every dword
     ls = b.bitcast(_multishift(e, LS_CTRL, sq), V32I16)
@@ -129,27 +145,39 @@ def block_sum(e: Emit, pq, pd, ps, px, p8):
     return e._call("llvm.vector.reduce.add.v16i32", I32, [acc])
 
 
-@intrinsic
-def _blk_t2_avx512(typingctx, w, r, qo, do, so, xq, a, xo, x8, go):
-    """sum_s (2 ls_s + 1) (8 sum_{i in s} u_i x_i + sum_{g in s} (delta_g - 8) X8_g) over the
-    T2 block with codes at w[r, qo:qo+64], delta bits at do, scale words at so."""
-    n = types.intp
-    sig = types.int32(w, n, n, n, n, xq, n, n, x8, n)
+def block_intrinsic(block_sum_fn, doc: str):
+    """A Numba intrinsic (w, r, qo, do, so, xq, a, xo, x8, go) -> int32: `block_sum_fn` over the
+    block of row r of w with its codes at qo, delta bits at do and scale words at so, against
+    act row a of xq from xo and of x8 from go (a trap where the host lacks the features)."""
 
-    def codegen(context, builder, sg, args):
-        e = Emit(context, builder)
-        if not HAS_AVX512_VBMI:
-            e.trap()
-            return ir.Constant(I32, 0)
-        wt = sg.args[0]
-        pq = e.ptr(wt, args[0], args[1], args[2])
-        pd = e.ptr(wt, args[0], args[1], args[3])
-        ps = e.ptr(wt, args[0], args[1], args[4])
-        px = e.ptr(sg.args[5], args[5], args[6], args[7])
-        p8 = e.ptr(sg.args[8], args[8], args[6], args[9])
-        return block_sum(e, pq, pd, ps, px, p8)
+    def blk(typingctx, w, r, qo, do, so, xq, a, xo, x8, go):
+        n = types.intp
+        sig = types.int32(w, n, n, n, n, xq, n, n, x8, n)
 
-    return sig, codegen
+        def codegen(context, builder, sg, args):
+            e = Emit(context, builder)
+            if not HAS_AVX512_VBMI:
+                e.trap()
+                return ir.Constant(I32, 0)
+            wt = sg.args[0]
+            pq = e.ptr(wt, args[0], args[1], args[2])
+            pd = e.ptr(wt, args[0], args[1], args[3])
+            ps = e.ptr(wt, args[0], args[1], args[4])
+            px = e.ptr(sg.args[5], args[5], args[6], args[7])
+            p8 = e.ptr(sg.args[8], args[8], args[6], args[9])
+            return block_sum_fn(e, pq, pd, ps, px, p8)
+
+        return sig, codegen
+
+    blk.__doc__ = doc
+    return intrinsic(blk)
+
+
+_blk_t2_avx512 = block_intrinsic(
+    block_sum,
+    "sum_s (2 ls_s + 1) (8 sum_{i in s} u_i x_i + sum_{g in s} (delta_g - 8) X8_g) over the "
+    "T2 block with codes at w[r, qo:qo+64], delta bits at do, scale words at so.",
+)
 
 
 # ---------------------------------------------------------------- row kernel (the float steps of

@@ -1,0 +1,225 @@
+"""IQ1_M's T7 layout (iq1_t7.py: 7-bit ternary quads) and its AVX-512 kernel (iq1_t7_avx512.py).
+
+Everywhere: the Numba repack equals its NumPy statement and is lossless (every grid index,
+both delta signs, every scale), `unpack` refuses quads that are not four ternary digits; the
+decode's tables, run as NumPy instructions, give each weight's code in natural order; the
+portable kernel is bit-identical to the portable kernel on the GGUF bytes and close to gguf's
+dequantization times the float64 activation; the AVX-512 kernel's own block IR, its intrinsics
+swapped for generic IR, gives the T2 reference sums of the same blocks; compiled for an AVX-512
+CPU it has the instructions it is written for and no trap. Where the host has the features: the
+kernel itself against the portable kernels (bits) and the dequantization.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+import numpy as np
+import pytest
+from gguf.quants import dequantize
+
+from strata.cpu import layout as L
+from strata.cpu.kernels import dispatch as K
+from strata.cpu.kernels import iq1_t2, iq1_t7
+from strata.cpu.kernels import iq1_t7_avx512 as V
+from strata.cpu.kernels.simd import avx512_enabled
+from strata.cpu.quantize import quantize_act
+from strata.quant import activation as A
+from strata.quant import random_quantized
+from strata.quant.formats import QT
+from tests.test_cpu_iq1_avx512 import _GENERIC, _RENAME, every_index_delta_and_scale
+from tests.test_cpu_iq1_t2_avx512 import extreme_activations, reference_blocks, sums_of_8
+from tests.test_cpu_iq3_vbmi import (
+    _PERMI2B,
+    avx512_asm,
+    jit_generic,
+    needs_avx512,
+    pmultishiftqb,
+    vpermi2b,
+)
+from tests.test_cpu_kernels import _activations, _gemv
+
+BB = iq1_t7.BB
+
+
+def edge_iq1_m(rng, rows, cols):
+    """Random IQ1_M rows whose blocks cover every grid index, both delta signs, every scale."""
+    w = random_quantized(QT.IQ1_M, (rows, cols), rng, 0.05)
+    every_index_delta_and_scale(w.reshape(-1, 56), rng)
+    return w
+
+
+# ---------------------------------------------------------------- the layout
+
+
+@pytest.mark.parametrize("cols", [256, 2048, 256 * 9])
+def test_repack_is_its_numpy_statement_and_lossless(cols):
+    rng = np.random.default_rng()
+    w = edge_iq1_m(rng, 11, cols)
+    p = iq1_t7.repack(w)
+    assert p.shape == (11, cols // 256 * BB)
+    assert np.array_equal(p, iq1_t7.repack_reference(w))
+    assert np.array_equal(iq1_t7.unpack(p), w)
+
+
+def test_unpack_refuses_what_no_iq1_m_block_gives():
+    rng = np.random.default_rng()
+    p = iq1_t7.repack(edge_iq1_m(rng, 2, 512))
+    bad = p.copy()
+    bad[1, 56:63] = 0xFF  # block 1's quads 0..7 = 127
+    with pytest.raises(ValueError, match="above 80"):
+        iq1_t7.unpack(bad)
+    missing = np.flatnonzero(iq1_t2._grid_index() < 0)[0]  # 8 ternary values no grid row has
+    u = iq1_t2.gguf_codes(iq1_t7.unpack(p[:1]))[0][0, 0].copy()
+    u[:8] = (missing // 3 ** np.arange(8)) % 3  # group 0 of row 0's first block
+    q = (u.reshape(4, 64).astype(np.int64) * iq1_t7.P3[:, None]).sum(0)
+    bits = ((q[:, None] >> np.arange(7)) & 1).astype(np.uint8).ravel()
+    bad = p.copy()
+    bad[0, :56] = np.packbits(bits, bitorder="little")
+    with pytest.raises(ValueError, match="not an iq1s grid entry"):
+        iq1_t7.unpack(bad)
+
+
+def test_decode_tables_give_natural_order():
+    """SPREAD (vpermb), QUAD_CTRL (vpmultishiftqb) and DIGITS (vpermi2b), run as the NumPy
+    instructions: code vector k byte j is u of weight 64 k + j."""
+    rng = np.random.default_rng()
+    w = edge_iq1_m(rng, 4, 256 * 8)
+    p = iq1_t7.repack(w)
+    nb = w.shape[1] // 56
+    u = iq1_t2.gguf_codes(w)[0].reshape(-1, 256)
+    # each block's 56 quad bytes and the 8 after them (a 64-byte load inside the row)
+    padded = np.concatenate([p, np.zeros((p.shape[0], 8), np.uint8)], axis=1)
+    loads = np.stack([padded[:, 56 * b : 56 * b + 64] for b in range(nb)], 1).reshape(-1, 64)
+    quads = pmultishiftqb(V.QUAD_CTRL, np.ascontiguousarray(loads[:, V.SPREAD]))
+    for k in range(4):
+        codes = vpermi2b(iq1_t7.DIGITS[k, :64], quads, iq1_t7.DIGITS[k, 64:])
+        assert np.array_equal(codes, u[:, 64 * k : 64 * k + 64])
+
+
+# ---------------------------------------------------------------- the portable kernel
+
+
+@pytest.mark.parametrize("cols", [256, 768, 2048])
+def test_portable_kernel_is_the_gguf_kernel_bit_for_bit(cols):
+    rng = np.random.default_rng()
+    w = edge_iq1_m(rng, 6, cols)
+    x = _activations(rng, 5, cols)
+    act = quantize_act(x, QT.Q8_K)
+    got = _gemv(K.K_IQ1_M_T7, iq1_t7.repack(w), act, 5)
+    assert np.array_equal(got.view(np.uint32), _gemv(K.K_IQ1_M, w, act, 5).view(np.uint32))
+    ref = A.roundtrip(x.astype(np.float64), QT.Q8_K) @ dequantize(w, QT.IQ1_M).astype(np.float64).T
+    assert np.abs(got - ref).max() <= 2e-6 * np.abs(ref).max()
+
+
+# ---------------------------------------------------------------- the kernel's own IR, run here
+
+
+@pytest.fixture(scope="module")
+def block_ir():
+    """ctypes function (quads, delta, scales, x, x8 pointers) -> int32: the block IR, generic."""
+    from llvmlite import binding as llb
+    from llvmlite import ir
+
+    from strata.cpu.kernels.simd import I8, I32, Emit
+
+    mod = ir.Module()
+    mod.triple = llb.get_process_triple()
+    p8 = I8.as_pointer()
+    fn = ir.Function(mod, ir.FunctionType(I32, [p8] * 5), "block_sum")
+    b = ir.IRBuilder(fn.append_basic_block())
+    b.ret(V.block_sum(Emit(None, b), *fn.args))
+    rename = dict(_RENAME, **{"llvm.x86.avx512.vpermi2var.qi.512": "generic.vpermi2b"})
+    engine = jit_generic(mod, rename, _GENERIC + _PERMI2B, "llvm.x86.avx")
+    vp = ctypes.c_void_p
+    f = ctypes.CFUNCTYPE(ctypes.c_int32, vp, vp, vp, vp, vp)(
+        engine.get_function_address("block_sum")
+    )
+    yield f, engine
+
+
+def test_kernel_ir_gives_the_t2_reference_sums(block_ir):
+    """The IR the kernel is built from, on T7 blocks, against T2's reference block sum of the
+    same IQ1_M blocks (extreme activations included)."""
+    f = block_ir[0]
+    rng = np.random.default_rng()
+    n = 64
+    w = edge_iq1_m(rng, n, 256)  # one block a row
+    p7, p2 = iq1_t7.repack(w), iq1_t2.repack(w)
+    quads = np.ascontiguousarray(p7[:, :64])  # the 56 quad bytes and 8 beyond (the planes)
+    delta, scales = (np.ascontiguousarray(p7[:, a:b]) for a, b in ((56, 60), (60, 68)))
+    x = extreme_activations(rng, n)
+    x8 = sums_of_8(x)
+    arrays = (quads, delta, scales, x, x8)
+    got = [f(*(a[i].ctypes.data for a in arrays)) for i in range(n)]
+    want = reference_blocks(p2[:, :64], p2[:, 64:68], p2[:, 68:76], x, x8)
+    assert got == list(want)
+
+
+# ---------------------------------------------------------------- the kernel (hosts with it)
+
+
+def _check(w, x):
+    act = quantize_act(x, QT.Q8_K)
+    n = x.shape[0]
+    p = iq1_t7.repack(w)
+    got = _gemv(K.K_IQ1_M_T7_AVX512, p, act, n)
+    for code, m in ((K.K_IQ1_M_T7, p), (K.K_IQ1_M, w)):
+        want = _gemv(code, m, act, n)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), np.abs(got - want).max()
+    ref = A.roundtrip(x.astype(np.float64), QT.Q8_K) @ dequantize(w, QT.IQ1_M).astype(np.float64).T
+    assert np.abs(got - ref).max() <= 2e-6 * np.abs(ref).max()
+
+
+@needs_avx512
+@pytest.mark.parametrize("cols", [256, 768, 2048])
+def test_kernel_matches_portable_kernels_and_dequant(cols):
+    rng = np.random.default_rng()
+    _check(random_quantized(QT.IQ1_M, (7, cols), rng, 0.05), _activations(rng, 5, cols))
+
+
+@needs_avx512
+def test_kernel_every_grid_index_delta_scale_and_extreme():
+    rng = np.random.default_rng()
+    w = edge_iq1_m(rng, 4, 256 * 32)
+    x = _activations(rng, 5, 256 * 32)
+    x[0, :512] = np.where(rng.integers(0, 2, 512), 1.0, -1.0)  # +-127 quants
+    x[1, :512] = 1.0
+    _check(w, x)
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
+def test_kernel_compiles_to_byte_permutes_and_vnni(tmp_path):
+    """Compiled for Sapphire Rapids: a block is 4 vpdpbusd, 4 two-table byte permutes, one
+    vpermb, 5 vpmultishiftqb, 2 vpackssdw, 1 vpermw; no gather, no trap."""
+    asm, ops = avx512_asm(tmp_path, "iq1_t7_avx512", "dot_t7_avx512", BB)
+    assert ops.count("vpdpbusd") == 4 and ops.count("vpmultishiftqb") == 5
+    assert ops.count("vpermi2b") + ops.count("vpermt2b") == 4 and ops.count("vpermb") == 1
+    assert ops.count("vpackssdw") == 2 and ops.count("vpermw") == 1
+    assert "vpgatherdd" not in ops and "vpshufb" not in ops
+    assert "pext" in asm
+
+
+# ---------------------------------------------------------------- the layout's place
+
+
+def test_prepare_names_t7_and_t2(monkeypatch):
+    shape = (2, 4, 512)
+    w = random_quantized(QT.IQ1_M, shape, np.random.default_rng(), 0.05)
+    monkeypatch.delenv("STRATA_CPU_SIMD", raising=False)
+    m = L.prepare(QT.IQ1_M, shape, w, layout="IQ1_M=t7", simd=True)
+    want = K.K_IQ1_M_T7_AVX512 if avx512_enabled(True) else K.K_IQ1_M_T7
+    assert (m.layout, m.kernel) == ("t7", want)
+    assert m.nbytes * 56 == m.gguf_bytes * BB
+    assert np.array_equal(m.gguf_rows(), w.reshape(8, -1))
+    m = L.prepare(QT.IQ1_M, shape, w, layout="t7", simd=False)
+    assert (m.layout, m.kernel) == ("t7", K.K_IQ1_M_T7)
+    assert L.prepare(QT.IQ1_M, shape, w, layout="t2", simd=False).kernel == K.K_IQ1_M_T2
+    with pytest.raises(ValueError, match="no 't7' layout"):
+        L.layout_for("Q4_K=t7", QT.Q4_K)
+
+
+def test_dispatch_maps_the_codes_to_the_kernels():
+    assert K.KERNELS[K.K_IQ1_M_T7] is iq1_t7.dot_t7_portable
+    assert K.KERNELS[K.K_IQ1_M_T7_AVX512] is V.dot_t7_avx512
