@@ -82,8 +82,9 @@ def test_unpack_refuses_what_no_iq1_m_block_gives():
 
 
 def test_decode_tables_give_natural_order():
-    """SPREAD (vpermb), QUAD_CTRL (vpmultishiftqb) and DIGITS (vpermi2b), run as the NumPy
-    instructions: code vector k byte j is u of weight 64 k + j."""
+    """SPREAD (vpermb), QUAD_CTRL (vpmultishiftqb), PACKED (vpermi2b), then the masks and the
+    dword shift, run as the NumPy instructions: digit vector k byte j is u of weight 64 k + j,
+    times WORD_F's factor of its pack half."""
     rng = np.random.default_rng()
     w = edge_iq1_m(rng, 4, 256 * 8)
     p = iq1_t7.repack(w)
@@ -93,9 +94,12 @@ def test_decode_tables_give_natural_order():
     padded = np.concatenate([p, np.zeros((p.shape[0], 8), np.uint8)], axis=1)
     loads = np.stack([padded[:, 56 * b : 56 * b + 64] for b in range(nb)], 1).reshape(-1, 64)
     quads = pmultishiftqb(V.QUAD_CTRL, np.ascontiguousarray(loads[:, V.SPREAD]))
+    codes = vpermi2b(iq1_t7.PACKED[:64], quads, iq1_t7.PACKED[64:])
     for k in range(4):
-        codes = vpermi2b(iq1_t7.DIGITS[k, :64], quads, iq1_t7.DIGITS[k, 64:])
-        assert np.array_equal(codes, u[:, 64 * k : 64 * k + 64])
+        v = (codes.view("<u4") >> 4).view(np.uint8) if k >= 2 else codes  # vpsrld
+        f = 1 if k % 2 == 0 else 4
+        assert np.array_equal(v & (3 * f), u[:, 64 * k : 64 * k + 64] * f)
+    assert list(V.WORD_F[:8]) == [1] * 4 + [4] * 4  # vpackssdw: digits 2 h, 2 h + 1 per lane
 
 
 # ---------------------------------------------------------------- the portable kernel
@@ -157,6 +161,58 @@ def test_kernel_ir_gives_the_t2_reference_sums(block_ir):
     assert got == list(want)
 
 
+@pytest.fixture(scope="module")
+def row_ir():
+    """ctypes function (row, nb, x quants, sums of 8, block scales) -> float32: `row_fv`'s IR
+    (the float-lane row kernel), its AVX-512 intrinsics generic."""
+    from llvmlite import binding as llb
+    from llvmlite import ir
+
+    from strata.cpu.kernels.simd import FEATURES, I8, I64, Emit
+
+    mod = ir.Module()
+    mod.triple = llb.get_process_triple()
+    p8 = I8.as_pointer()
+    fn = ir.Function(mod, ir.FunctionType(ir.FloatType(), [p8, I64, p8, p8, p8]), "row")
+    b = ir.IRBuilder(fn.append_basic_block())
+    a = fn.args
+    b.ret(V.row_fv(Emit(None, b), a[0], a[1], a[2], a[3], a[4]))
+    rename = dict(_RENAME, **{"llvm.x86.avx512.vpermi2var.qi.512": "generic.vpermi2b"})
+    feats = ",".join("+" + f for f in sorted(FEATURES) if f in ("bmi2", "f16c"))
+    engine = jit_generic(mod, rename, _GENERIC + _PERMI2B, "llvm.x86.avx", features=feats)
+    vp = ctypes.c_void_p
+    f = ctypes.CFUNCTYPE(ctypes.c_float, vp, ctypes.c_int64, vp, vp, vp)(
+        engine.get_function_address("row")
+    )
+    yield f, engine
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
+@pytest.mark.parametrize("cols", [256, 768, 2048])
+def test_float_lane_row_ir_is_close_and_deterministic(row_ir, cols):
+    """The float-lane row kernel's IR (one loop over the row's blocks) against the bit-exact
+    kernels: within 2e-6 of the row scale, and the same bits on a second call."""
+    f = row_ir[0]
+    rng = np.random.default_rng()
+    w = edge_iq1_m(rng, 6, cols)
+    p = iq1_t7.repack(w)
+    act = quantize_act(_activations(rng, 5, cols), QT.Q8_K)
+    want = _gemv(K.K_IQ1_M, w, act, 5)
+    xq, xd, x8 = (np.ascontiguousarray(act[i]) for i in (0, 1, 3))
+    nb = cols // 256
+    got = np.array(
+        [
+            [f(p[r].ctypes.data, nb, xq[a].ctypes.data, x8[a].ctypes.data, xd[a].ctypes.data)
+             for r in range(6)]
+            for a in range(5)
+        ],
+        np.float32,
+    )  # fmt: skip
+    assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()
+    again = f(p[5].ctypes.data, nb, xq[4].ctypes.data, x8[4].ctypes.data, xd[4].ctypes.data)
+    assert np.float32(again).view(np.uint32) == got[4, 5].view(np.uint32)
+
+
 # ---------------------------------------------------------------- the kernel (hosts with it)
 
 
@@ -170,6 +226,10 @@ def _check(w, x):
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), np.abs(got - want).max()
     ref = A.roundtrip(x.astype(np.float64), QT.Q8_K) @ dequantize(w, QT.IQ1_M).astype(np.float64).T
     assert np.abs(got - ref).max() <= 2e-6 * np.abs(ref).max()
+    fv = _gemv(K.K_IQ1_M_T7_AVX512_FV, p, act, n)  # the float-lane kernel: close, repeatable
+    assert np.abs(fv - ref).max() <= 2e-6 * np.abs(ref).max()
+    again = _gemv(K.K_IQ1_M_T7_AVX512_FV, p, act, n)
+    assert np.array_equal(fv.view(np.uint32), again.view(np.uint32))
 
 
 @needs_avx512
@@ -191,14 +251,17 @@ def test_kernel_every_grid_index_delta_scale_and_extreme():
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
 def test_kernel_compiles_to_byte_permutes_and_vnni(tmp_path):
-    """Compiled for Sapphire Rapids: a block is 4 vpdpbusd, 4 two-table byte permutes, one
-    vpermb, 5 vpmultishiftqb, 2 vpackssdw, 1 vpermw; no gather, no trap."""
+    """Compiled for Sapphire Rapids: a block is 4 vpdpbusd, 1 two-table byte permute, 1 vpermb,
+    5 vpmultishiftqb, 2 vpackssdw, 1 vpermw; no gather, no trap."""
     asm, ops = avx512_asm(tmp_path, "iq1_t7_avx512", "dot_t7_avx512", BB)
     assert ops.count("vpdpbusd") == 4 and ops.count("vpmultishiftqb") == 5
-    assert ops.count("vpermi2b") + ops.count("vpermt2b") == 4 and ops.count("vpermb") == 1
+    assert ops.count("vpermi2b") + ops.count("vpermt2b") == 1 and ops.count("vpermb") == 1
     assert ops.count("vpackssdw") == 2 and ops.count("vpermw") == 1
     assert "vpgatherdd" not in ops and "vpshufb" not in ops
     assert "pext" in asm
+    asm, ops = avx512_asm(tmp_path, "iq1_t7_avx512", "dot_t7_avx512_fv", BB)
+    assert ops.count("vpdpbusd") == 4 and ops.count("vpermb") == 1
+    assert ops.count("vpermi2b") + ops.count("vpermt2b") == 1 and "vcvtdq2ps" in ops
 
 
 # ---------------------------------------------------------------- the layout's place
@@ -223,3 +286,4 @@ def test_prepare_names_t7_and_t2(monkeypatch):
 def test_dispatch_maps_the_codes_to_the_kernels():
     assert K.KERNELS[K.K_IQ1_M_T7] is iq1_t7.dot_t7_portable
     assert K.KERNELS[K.K_IQ1_M_T7_AVX512] is V.dot_t7_avx512
+    assert K.KERNELS[K.K_IQ1_M_T7_AVX512_FV] is V.dot_t7_avx512_fv

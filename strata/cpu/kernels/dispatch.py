@@ -20,7 +20,7 @@ from strata.cpu.kernels.iq1_avx512 import dot_iq1_m_avx512
 from strata.cpu.kernels.iq1_t2 import dot_t2_avx2, dot_t2_portable
 from strata.cpu.kernels.iq1_t2_avx512 import dot_t2_avx512
 from strata.cpu.kernels.iq1_t7 import dot_t7_portable
-from strata.cpu.kernels.iq1_t7_avx512 import dot_t7_avx512
+from strata.cpu.kernels.iq1_t7_avx512 import dot_t7_avx512, dot_t7_avx512_fv
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
 from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2
 from strata.cpu.kernels.iq2s_avx512 import dot_iq2_s_avx512
@@ -76,8 +76,9 @@ K_IQ1_M_T2_AVX512 = 41
 # IQ3_XXS repacked position-major (iq3_pm.py): portable, AVX-512 VBMI + VNNI (42 was an A/B arm)
 K_IQ3_XXS_PM, K_IQ3_XXS_PM_AVX512 = 43, 44
 AVX512_REPACK = {K_IQ1_M_T2_AVX2: K_IQ1_M_T2_AVX512}
-# IQ1_M repacked as 7-bit ternary quads (iq1_t7.py): portable, AVX-512 VBMI + VNNI
-K_IQ1_M_T7, K_IQ1_M_T7_AVX512 = 46, 47
+# IQ1_M repacked as 7-bit ternary quads (iq1_t7.py): portable, AVX-512 VBMI + VNNI (block sums,
+# bit-identical; float lanes across the row, `iq1_t7_avx512.dot_t7_avx512_fv`)
+K_IQ1_M_T7, K_IQ1_M_T7_AVX512, K_IQ1_M_T7_AVX512_FV = 46, 47, 48
 
 PORTABLE = {
     QT.F32: K_F32,
@@ -135,6 +136,7 @@ KERNELS = {
     K_IQ2_S_AVX512: dot_iq2_s_avx512,
     K_IQ1_M_T7: dot_t7_portable,
     K_IQ1_M_T7_AVX512: dot_t7_avx512,
+    K_IQ1_M_T7_AVX512_FV: dot_t7_avx512_fv,
 }
 
 

@@ -72,11 +72,12 @@ PACKED_SUB = np.array(
 )
 
 
-def sw_tables(lane_f):
-    """(SW_CTRL, SW_MASK, SW_OR) for dots whose 128-bit lane L carries factor lane_f[L]: SW_h
-    word w = 8 (2 ls + 1) / f, ls put into bits 4..6 (f = 1: 16 ls + 8) or 2..4 (f = 4:
-    4 ls + 2) by a vpmultishiftqb of the broadcast scale bytes, then masked and or-ed."""
-    f = np.repeat(np.asarray(lane_f), 8)  # [32] the factor of packed word w
+def sw_tables(word_f):
+    """(SW_CTRL, SW_MASK, SW_OR) for packed dot words whose factor is word_f[w] (32 values, the
+    same for both packs): SW_h word w = 8 (2 ls + 1) / f, ls put into bits 4..6 (f = 1:
+    16 ls + 8) or 2..4 (f = 4: 4 ls + 2) by a vpmultishiftqb of the broadcast scale bytes, then
+    masked and or-ed."""
+    f = np.asarray(word_f)
     pos = np.where(f == 1, 4, 2)  # [32] the bit ls goes to
     ctrl = np.array(
         [
@@ -89,7 +90,7 @@ def sw_tables(lane_f):
     return ctrl, mask, np.where(f == 1, 8, 2).astype(np.uint16)
 
 
-SW_CTRL, SW_MASK, SW_OR = sw_tables(LANE_F)
+SW_CTRL, SW_MASK, SW_OR = sw_tables(np.repeat(LANE_F, 8))  # a lane's words share its f
 # M2 index, word g (group g of 8, natural order): ls of sub-block g // 2 in bits 0..2 (from the
 # broadcast scale qword), delta bit g in bit 3 (from the delta dword, broadcast: each qword holds
 # it twice, so bit g sits at rotation (g - 3) mod 64)
@@ -122,10 +123,11 @@ def block_sum(e: Emit, pq, pd, ps, px, p8):
     return scaled_sum(e, dots, (SW_CTRL, SW_MASK, SW_OR), pd, ps, p8)
 
 
-def scaled_sum(e: Emit, dots, sw, pd, ps, p8):
+def scaled_sum(e: Emit, dots, sw, pd, ps, p8, reduce: bool = True):
     """The int32 block sum from the four vpdpbusd results `dots` (lane L of dots[m]: sub-block
     4 m + L, times its factor in `sw`, the `sw_tables` of the dots), i8* pd (the block's 4 delta
-    bytes), ps (its 8 scale bytes) and p8 (its 32 int16 sums of 8): steps 2-4 of the module doc."""
+    bytes), ps (its 8 scale bytes) and p8 (its 32 int16 sums of 8): steps 2-4 of the module doc.
+    reduce False: the 16 int32 lanes whose sum it is."""
     b = e.b
     sq = b.bitcast(e.bcast(e.load(ps, I64), V8I64), V64I8)  # the scale bytes, every qword
     acc = None
@@ -142,7 +144,7 @@ def scaled_sum(e: Emit, dots, sw, pd, ps, p8):
     tab = e.const(V32I16, [int(v) for v in M2_TAB])
     m2 = e._call("llvm.x86.avx512.permvar.hi.512", V32I16, [tab, idx])
     acc = b.add(acc, _pmaddwd(e, e.load(p8, V32I16), m2))
-    return e._call("llvm.vector.reduce.add.v16i32", I32, [acc])
+    return e._call("llvm.vector.reduce.add.v16i32", I32, [acc]) if reduce else acc
 
 
 def block_intrinsic(block_sum_fn, doc: str):

@@ -13,9 +13,10 @@ planes (the delta and scale planes are T2's):
     [nb x 56: quads] [nb x 4: delta sign bits, bit k = group k of 8] [nb x 8: scale words]
 
 The AVX-512 kernel (iq1_t7_avx512.py) decodes the 64 quads of a block with one byte permute
-(7-byte groups into qwords), one vpmultishiftqb (each quad into its byte) and one vpermi2b per
-digit k (`DIGITS[k]`, 128 bytes: digit k of q): vector k then holds the codes of weights
-64 k .. 64 k + 63 in natural order, against the activation quants as they are.
+(7-byte groups into qwords), one vpmultishiftqb (each quad into its byte) and one vpermi2b
+through `PACKED` (128 bytes: digit k of q in bits 2 k, 2 k + 1), then masks and one shift as T2:
+digit vector k holds the codes of weights 64 k .. 64 k + 63 in natural order, against the
+activation quants as they are.
 
 Kernel arithmetic as T2's (integers times 8): per 16 weights with scale sc = 2 ls + 1,
 8 sc sum(u x) + sum over its two groups of sc (delta_g - 8) X8_g. Lossless: `unpack` recovers
@@ -42,9 +43,10 @@ from strata.cpu.kernels.lut4 import _chunked
 
 BB = 68  # bytes per super-block: 56 quads, 4 delta, 8 scale
 P3 = 3 ** np.arange(4)  # the digit weights of a quad
-# DIGITS[k][q] = digit k of q (q < 81; the rest 0): the vpermi2b tables
+# DIGITS[k][q] = digit k of q (q < 81; the rest 0); PACKED[q]: the four in bits 2 k, 2 k + 1
 DIGITS = np.zeros((4, 128), np.uint8)
 DIGITS[:, :81] = (np.arange(81)[None, :] // P3[:, None]) % 3
+PACKED = (DIGITS << (2 * np.arange(4, dtype=np.uint8))[:, None]).sum(0).astype(np.uint8)
 
 
 # ---------------------------------------------------------------- layout transform

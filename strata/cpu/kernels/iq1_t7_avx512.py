@@ -8,61 +8,73 @@ in `iq1_t7.dot_t7_portable`:
    8 L .. 8 L + 7 (bytes 7 L .. 7 L + 6) into qword L, one vpmultishiftqb (`QUAD_CTRL`: byte
    8 L + t from bit 7 t) leaving quad j in bits 0..6 of byte j (bit 7 is a neighbour's bit,
    which vpermi2b ignores).
-2. codes: per digit k one vpermi2b through the 128 bytes `iq1_t7.DIGITS[k]`: byte j is u of
-   weight 64 k + j, so vector k meets the natural activation vector x[64 k : 64 k + 64] (a
-   vpdpbusd memory operand): no shuffle of the activations.
-3. dots: one vpdpbusd per k; its 128-bit lane L sums sub-block 4 k + L (16 weights), every
-   lane's factor 1 (|dword| <= 4 * 2 * 128, so vpackssdw packs exactly).
-4. scales, delta and offset: T2's (`iq1_t2_avx512.scaled_sum`, its scale words built for
-   factor 1 in every lane).
+2. codes: one vpermi2b through the 128 bytes `iq1_t7.PACKED`: byte j holds the codes of weights
+   j, 64 + j, 128 + j, 192 + j in bits 0-1, 2-3, 4-5, 6-7. Masked by 0x03 and 0x0C, and again
+   after a dword shift by 4, that is digit vector k = 0..3: u of weights 64 k .. 64 k + 63 in
+   natural order, times f = 1, 4, 1, 4 (digits 1 and 3 stay two bits up), against the natural
+   activation vector x[64 k : 64 k + 64] (a vpdpbusd memory operand).
+3. dots: one vpdpbusd per k; its 128-bit lane L sums sub-block 4 k + L (16 weights);
+   |dword| <= 4 * 8 * 128 < 2^15, so vpackssdw packs exactly (words 0-3 of a lane from digit
+   2 h, f = 1; 4-7 from 2 h + 1, f = 4: `WORD_F`).
+4. scales, delta and offset: T2's (`iq1_t2_avx512.scaled_sum`, its scale words 8 (2 ls + 1) / f
+   built for `WORD_F`).
 
-The block sum is the portable kernel's `isum` (the integer sums are exact), and `dot_t7_avx512`
-does the float steps of `dot_t7_portable` in the same order: the results are bit-identical to it
-and to `iq1.dot_iq1_m` on the GGUF bytes. Against T2's kernel it trades 2 broadcast loads, 2
-shifts and 4 ands for 1 load, 1 vpermb, 1 vpmultishiftqb and 4 vpermi2b (the shuffle port), for
-12% fewer bytes a block.
+Two row kernels. `dot_t7_avx512` sums each block's 16 lanes and does the float steps of
+`dot_t7_portable` in the same order: bit-identical to it and to `iq1.dot_iq1_m` on the GGUF
+bytes. `dot_t7_avx512_fv` (`_row_fv`, one IR loop over the row's blocks) keeps the lanes: per
+block f32(lanes) * (f32(xd d) / 8) added to a 16-lane float accumulator, summed once a row. That
+saves the per-block horizontal sum (4 shuffle-port uops of ~14: the decode is shuffle-bound on
+busy cores) at the price of other roundings (within 2e-6 of the float64 product, as the tests
+check; deterministic).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic
 
-from strata.cpu.kernels.iq1_avx512 import _dpbusd, _i8, _iq1m_d_pext, _multishift
+from strata.cpu.kernels.common import f16_to_f32_ir
+from strata.cpu.kernels.iq1_avx512 import _dpbusd, _fence, _i8, _iq1m_d_pext, _multishift, d_bits
 from strata.cpu.kernels.iq1_t2_avx512 import block_intrinsic, scaled_sum, sw_tables
-from strata.cpu.kernels.iq1_t7 import BB, DIGITS
+from strata.cpu.kernels.iq1_t7 import BB, PACKED
 from strata.cpu.kernels.iq3_vbmi import _vpermi2b
-from strata.cpu.kernels.simd import I8, I32, Emit
+from strata.cpu.kernels.simd import HAS_AVX512_VBMI, I8, I32, I64, Emit
 
 V64I8 = ir.VectorType(I8, 64)
 V16I32 = ir.VectorType(I32, 16)
+F32 = ir.FloatType()
+V16F32 = ir.VectorType(F32, 16)
 
 # ---------------------------------------------------------------- constant tables
 
 # byte 8 L + t <- quad byte 7 L + t (t = 7: byte 7 L + 6 again, never read whole)
 SPREAD = np.array([7 * (i // 8) + min(i % 8, 6) for i in range(64)], np.uint8)
 QUAD_CTRL = np.array([7 * (i % 8) for i in range(64)], np.uint8)  # byte 8 L + t: bits 7 t ..
-SW = sw_tables(np.ones(4, np.int64))  # factor 1 in every lane
+WORD_F = np.tile([1, 1, 1, 1, 4, 4, 4, 4], 4)  # the factor of packed word w (either pack)
+SW = sw_tables(WORD_F)
 
 
 # ---------------------------------------------------------------- IR
 
 
-def block_sum(e: Emit, pq, pd, ps, px, p8):
+def block_sum(e: Emit, pq, pd, ps, px, p8, reduce: bool = True):
     """The int32 block sum from i8* pq (the block's 56 quad bytes; 8 more are read), pd (its 4
     delta bytes), ps (its 8 scale bytes), px (its 256 int8 x quants) and p8 (its 32 int16 sums
-    of 8)."""
+    of 8); reduce False: the 16 int32 lanes whose sum it is."""
     b = e.b
     spread = e.shuffle(e.load(pq, V64I8), [int(i) for i in SPREAD])
     quads = _multishift(e, QUAD_CTRL, spread)
+    lo, hi = (e.const(V64I8, _i8(PACKED[64 * h : 64 * h + 64])) for h in range(2))
+    codes = b.bitcast(_vpermi2b(e, lo, quads, hi), V16I32)
     dots = []
     for k in range(4):
-        lo, hi = (e.const(V64I8, _i8(DIGITS[k, 64 * h : 64 * h + 64])) for h in range(2))
-        u = b.bitcast(_vpermi2b(e, lo, quads, hi), V16I32)
+        v = b.lshr(codes, e.splat(V16I32, 4)) if k >= 2 else codes
+        u = b.and_(v, e.splat(V16I32, 0x03030303 if k % 2 == 0 else 0x0C0C0C0C))
         x = b.bitcast(e.load(px, V64I8, 64 * k), V16I32)
         dots.append(_dpbusd(e, e.splat(V16I32, 0), u, x))
-    return scaled_sum(e, dots, SW, pd, ps, p8)
+    return scaled_sum(e, dots, SW, pd, ps, p8, reduce)
 
 
 _blk_t7_avx512 = block_intrinsic(
@@ -72,12 +84,68 @@ _blk_t7_avx512 = block_intrinsic(
 )
 
 
-# ---------------------------------------------------------------- row kernel (the float steps of
-# iq1_t7.dot_t7_portable, in the same order)
+def row_fv(e: Emit, pw, nb, px, p8, pxd):
+    """The float32 row dot of `dot_t7_avx512_fv`: i8* pw (the row), i64 nb (its blocks, >= 1),
+    px / p8 / pxd (the act row's quants, sums of 8 and block scales)."""
+    b = e.b
+    entry = b.block
+    loop = b.append_basic_block("t7fv.loop")
+    done = b.append_basic_block("t7fv.done")
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(I64)
+    acc = b.phi(V16F32)
+    so = b.add(b.mul(nb, ir.Constant(I64, 60)), b.mul(i, ir.Constant(I64, 8)))
+    pq = e.off(pw, b.mul(i, ir.Constant(I64, 56)))
+    pd = e.off(pw, b.add(b.mul(nb, ir.Constant(I64, 56)), b.mul(i, ir.Constant(I64, 4))))
+    ps = e.off(pw, so)
+    lanes = block_sum(
+        e, pq, pd, ps, e.off(px, b.shl(i, ir.Constant(I64, 8))),
+        e.off(p8, b.shl(i, ir.Constant(I64, 6))), reduce=False,
+    )  # fmt: skip
+    _fence(e, ps)  # d's own load (not the scale broadcast's qword moved through a shuffle)
+    d = f16_to_f32_ir(b, d_bits(e, e.off(pw, b.sub(so, ir.Constant(I64, 48)))))
+    xd = b.load(b.bitcast(e.off(pxd, b.shl(i, ir.Constant(I64, 2))), F32.as_pointer()))
+    scale = b.fmul(b.fmul(xd, d), ir.Constant(F32, 0.125))  # f32(xd d) / 8: exact
+    nxt = b.fadd(acc, b.fmul(b.sitofp(lanes, V16F32), e.bcast(scale, V16F32)))
+    i1 = b.add(i, ir.Constant(I64, 1))
+    i.add_incoming(ir.Constant(I64, 0), entry)
+    i.add_incoming(i1, loop)
+    acc.add_incoming(ir.Constant(V16F32, [0.0] * 16), entry)
+    acc.add_incoming(nxt, loop)
+    b.cbranch(b.icmp_signed("<", i1, nb), loop, done)
+    b.position_at_end(done)
+    # ordered: the 16 lanes added in lane order, the same on every call
+    return e._call("llvm.vector.reduce.fadd.v16f32", F32, [ir.Constant(F32, 0.0), nxt])
+
+
+@intrinsic
+def _row_t7_fv(typingctx, w, r, nb, xq, xd, x8, a):
+    """`row_fv` over row r of T7 matrix w (nb blocks) against act row a."""
+    n = types.intp
+    sig = types.float32(w, n, n, xq, xd, x8, n)
+
+    def codegen(context, builder, sg, args):
+        e = Emit(context, builder)
+        if not HAS_AVX512_VBMI:
+            e.trap()
+            return ir.Constant(F32, 0.0)
+        zero = ir.Constant(I64, 0)
+        pw = e.ptr(sg.args[0], args[0], args[1], zero)
+        px = e.ptr(sg.args[3], args[3], args[6], zero)
+        pxd = e.ptr(sg.args[4], args[4], args[6], zero)
+        p8 = e.ptr(sg.args[5], args[5], args[6], zero)
+        return row_fv(e, pw, args[2], px, p8, pxd)
+
+    return sig, codegen
+
+
+# ---------------------------------------------------------------- row kernels
 
 
 @njit(cache=True)
 def dot_t7_avx512(w, r, xq, xd, xb, x8, xf, a):
+    """The float steps of iq1_t7.dot_t7_portable, in the same order (bit-identical to it)."""
     nb = w.shape[1] // BB
     acc = np.float32(0.0)
     for b in range(nb):
@@ -86,3 +154,9 @@ def dot_t7_avx512(w, r, xq, xd, xb, x8, xf, a):
         d = _iq1m_d_pext(w, r, so - 48)
         acc += np.float32(xd[a, b] * d) * np.float32(isum) * np.float32(0.125)
     return acc
+
+
+@njit(cache=True)
+def dot_t7_avx512_fv(w, r, xq, xd, xb, x8, xf, a):
+    """A float-lane accumulator across the row's blocks (`row_fv`)."""
+    return _row_t7_fv(w, r, w.shape[1] // BB, xq, xd, x8, a)
