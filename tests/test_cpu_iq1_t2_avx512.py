@@ -276,28 +276,34 @@ def test_kernel_compiles_to_avx512_vnni_without_activation_shuffles(tmp_path):
 # test_cpu_iq1_avx512, which was written from Intel's definitions)
 
 
-@pytest.fixture(scope="module")
-def block_ir():
-    """ctypes function (codes, delta, scales, x, x8 pointers) -> int32: the block IR, generic."""
+def generic_fn(emit, ret, args, cret, cargs, rename=_RENAME, generic=_GENERIC, features=""):
+    """(ctypes function, engine): one IR function of type ret(args) whose body returns
+    emit(Emit, *its arguments), its AVX-512 intrinsics swapped for generic IR (`jit_generic`),
+    called through ctypes as cret(cargs). Keep the engine alive while calling."""
     import ctypes
 
     from llvmlite import binding as llb
     from llvmlite import ir
 
-    from strata.cpu.kernels.simd import I8, I32, Emit
+    from strata.cpu.kernels.simd import Emit
 
     mod = ir.Module()
     mod.triple = llb.get_process_triple()
-    p8 = I8.as_pointer()
-    fn = ir.Function(mod, ir.FunctionType(I32, [p8] * 5), "block_sum")
+    fn = ir.Function(mod, ir.FunctionType(ret, args), "fn")
     b = ir.IRBuilder(fn.append_basic_block())
-    b.ret(V.block_sum(Emit(None, b), *fn.args))
-    engine = jit_generic(mod, _RENAME, _GENERIC, "llvm.x86.avx")
-    vp = ctypes.c_void_p
-    f = ctypes.CFUNCTYPE(ctypes.c_int32, vp, vp, vp, vp, vp)(
-        engine.get_function_address("block_sum")
-    )
-    yield f, engine
+    b.ret(emit(Emit(None, b), *fn.args))
+    engine = jit_generic(mod, rename, generic, "llvm.x86.avx", features=features)
+    return ctypes.CFUNCTYPE(cret, *cargs)(engine.get_function_address("fn")), engine
+
+
+@pytest.fixture(scope="module")
+def block_ir():
+    """ctypes function (codes, delta, scales, x, x8 pointers) -> int32: the block IR, generic."""
+    import ctypes
+
+    from strata.cpu.kernels.simd import I8, I32
+
+    yield generic_fn(V.block_sum, I32, [I8.as_pointer()] * 5, ctypes.c_int32, [ctypes.c_void_p] * 5)
 
 
 def test_kernel_ir_gives_the_reference_sums(block_ir):

@@ -23,17 +23,21 @@ from strata.cpu import layout as L
 from strata.cpu.kernels import dispatch as K
 from strata.cpu.kernels import iq1_t2, iq1_t7
 from strata.cpu.kernels import iq1_t7_avx512 as V
-from strata.cpu.kernels.simd import avx512_enabled
+from strata.cpu.kernels.simd import FEATURES, I8, I32, I64, avx512_enabled
 from strata.cpu.quantize import quantize_act
 from strata.quant import activation as A
 from strata.quant import random_quantized
 from strata.quant.formats import QT
 from tests.test_cpu_iq1_avx512 import _GENERIC, _RENAME, every_index_delta_and_scale
-from tests.test_cpu_iq1_t2_avx512 import extreme_activations, reference_blocks, sums_of_8
+from tests.test_cpu_iq1_t2_avx512 import (
+    extreme_activations,
+    generic_fn,
+    reference_blocks,
+    sums_of_8,
+)
 from tests.test_cpu_iq3_vbmi import (
     _PERMI2B,
     avx512_asm,
-    jit_generic,
     needs_avx512,
     pmultishiftqb,
     vpermi2b,
@@ -120,27 +124,17 @@ def test_portable_kernel_is_the_gguf_kernel_bit_for_bit(cols):
 # ---------------------------------------------------------------- the kernel's own IR, run here
 
 
+_RENAME7 = dict(_RENAME, **{"llvm.x86.avx512.vpermi2var.qi.512": "generic.vpermi2b"})
+
+
 @pytest.fixture(scope="module")
 def block_ir():
     """ctypes function (quads, delta, scales, x, x8 pointers) -> int32: the block IR, generic."""
-    from llvmlite import binding as llb
-    from llvmlite import ir
-
-    from strata.cpu.kernels.simd import I8, I32, Emit
-
-    mod = ir.Module()
-    mod.triple = llb.get_process_triple()
-    p8 = I8.as_pointer()
-    fn = ir.Function(mod, ir.FunctionType(I32, [p8] * 5), "block_sum")
-    b = ir.IRBuilder(fn.append_basic_block())
-    b.ret(V.block_sum(Emit(None, b), *fn.args))
-    rename = dict(_RENAME, **{"llvm.x86.avx512.vpermi2var.qi.512": "generic.vpermi2b"})
-    engine = jit_generic(mod, rename, _GENERIC + _PERMI2B, "llvm.x86.avx")
     vp = ctypes.c_void_p
-    f = ctypes.CFUNCTYPE(ctypes.c_int32, vp, vp, vp, vp, vp)(
-        engine.get_function_address("block_sum")
-    )
-    yield f, engine
+    yield generic_fn(
+        V.block_sum, I32, [I8.as_pointer()] * 5, ctypes.c_int32, [vp] * 5, _RENAME7,
+        _GENERIC + _PERMI2B,
+    )  # fmt: skip
 
 
 def test_kernel_ir_gives_the_t2_reference_sums(block_ir):
@@ -165,26 +159,15 @@ def test_kernel_ir_gives_the_t2_reference_sums(block_ir):
 def row_ir():
     """ctypes function (row, nb, x quants, sums of 8, block scales) -> float32: `row_fv`'s IR
     (the float-lane row kernel), its AVX-512 intrinsics generic."""
-    from llvmlite import binding as llb
     from llvmlite import ir
 
-    from strata.cpu.kernels.simd import FEATURES, I8, I64, Emit
-
-    mod = ir.Module()
-    mod.triple = llb.get_process_triple()
-    p8 = I8.as_pointer()
-    fn = ir.Function(mod, ir.FunctionType(ir.FloatType(), [p8, I64, p8, p8, p8]), "row")
-    b = ir.IRBuilder(fn.append_basic_block())
-    a = fn.args
-    b.ret(V.row_fv(Emit(None, b), a[0], a[1], a[2], a[3], a[4]))
-    rename = dict(_RENAME, **{"llvm.x86.avx512.vpermi2var.qi.512": "generic.vpermi2b"})
-    feats = ",".join("+" + f for f in sorted(FEATURES) if f in ("bmi2", "f16c"))
-    engine = jit_generic(mod, rename, _GENERIC + _PERMI2B, "llvm.x86.avx", features=feats)
     vp = ctypes.c_void_p
-    f = ctypes.CFUNCTYPE(ctypes.c_float, vp, ctypes.c_int64, vp, vp, vp)(
-        engine.get_function_address("row")
-    )
-    yield f, engine
+    p8 = I8.as_pointer()
+    feats = ",".join("+" + f for f in sorted(FEATURES) if f in ("bmi2", "f16c"))
+    yield generic_fn(
+        V.row_fv, ir.FloatType(), [p8, I64, p8, p8, p8], ctypes.c_float,
+        [vp, ctypes.c_int64, vp, vp, vp], _RENAME7, _GENERIC + _PERMI2B, feats,
+    )  # fmt: skip
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
