@@ -13,6 +13,7 @@ kernel itself against the portable kernels (bits) and the dequantization.
 from __future__ import annotations
 
 import ctypes
+import functools
 import platform
 
 import numpy as np
@@ -22,7 +23,9 @@ from gguf.quants import dequantize
 from strata.cpu import layout as L
 from strata.cpu.kernels import dispatch as K
 from strata.cpu.kernels import iq1_t2, iq1_t7
+from strata.cpu.kernels import iq1_t2_avx512 as T2V
 from strata.cpu.kernels import iq1_t7_avx512 as V
+from strata.cpu.kernels.iq1_t2_avx512 import row_fv
 from strata.cpu.kernels.simd import FEATURES, I8, I32, I64, avx512_enabled
 from strata.cpu.quantize import quantize_act
 from strata.quant import activation as A
@@ -155,45 +158,57 @@ def test_kernel_ir_gives_the_t2_reference_sums(block_ir):
     assert got == list(want)
 
 
+# the float-lane row kernels (`iq1_t2_avx512.row_fv`) of both ternary layouts
+FV = {
+    "t7": (iq1_t7.repack, V.block_sum, 56, K.K_IQ1_M_T7_AVX512_FV),
+    "t2": (iq1_t2.repack, T2V.block_sum, 64, K.K_IQ1_M_T2_AVX512_FV),
+}
+
+
 @pytest.fixture(scope="module")
 def row_ir():
-    """ctypes function (row, nb, x quants, sums of 8, block scales) -> float32: `row_fv`'s IR
-    (the float-lane row kernel), its AVX-512 intrinsics generic."""
+    """{layout: ctypes function (row, nb, x quants, sums of 8, block scales) -> float32}: the
+    float-lane row kernel's IR for T7 and T2, AVX-512 intrinsics generic (and the engines)."""
     from llvmlite import ir
 
     vp = ctypes.c_void_p
     p8 = I8.as_pointer()
     feats = ",".join("+" + f for f in sorted(FEATURES) if f in ("bmi2", "f16c"))
-    yield generic_fn(
-        V.row_fv, ir.FloatType(), [p8, I64, p8, p8, p8], ctypes.c_float,
-        [vp, ctypes.c_int64, vp, vp, vp], _RENAME7, _GENERIC + _PERMI2B, feats,
-    )  # fmt: skip
+    out = {}
+    for lay, (_, blk, code_bytes, _) in FV.items():
+        out[lay] = generic_fn(
+            functools.partial(_row_fv_of, blk, code_bytes), ir.FloatType(),
+            [p8, I64, p8, p8, p8], ctypes.c_float, [vp, ctypes.c_int64, vp, vp, vp], _RENAME7,
+            _GENERIC + _PERMI2B, feats,
+        )  # fmt: skip
+    yield out
+
+
+def _row_fv_of(blk, code_bytes, e, pw, nb, px, p8, pxd):
+    return row_fv(e, blk, code_bytes, pw, nb, px, p8, pxd)
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
+@pytest.mark.parametrize("lay", list(FV))
 @pytest.mark.parametrize("cols", [256, 768, 2048])
-def test_float_lane_row_ir_is_close_and_deterministic(row_ir, cols):
+def test_float_lane_row_ir_is_close_and_deterministic(row_ir, lay, cols):
     """The float-lane row kernel's IR (one loop over the row's blocks) against the bit-exact
-    kernels: within 2e-6 of the row scale, and the same bits on a second call."""
-    f = row_ir[0]
+    kernel on the GGUF bytes: within 2e-6 of the row scale, the same bits on a second call."""
+    f = row_ir[lay][0]
     rng = np.random.default_rng()
     w = edge_iq1_m(rng, 6, cols)
-    p = iq1_t7.repack(w)
+    p = FV[lay][0](w)
     act = quantize_act(_activations(rng, 5, cols), QT.Q8_K)
     want = _gemv(K.K_IQ1_M, w, act, 5)
     xq, xd, x8 = (np.ascontiguousarray(act[i]) for i in (0, 1, 3))
     nb = cols // 256
-    got = np.array(
-        [
-            [f(p[r].ctypes.data, nb, xq[a].ctypes.data, x8[a].ctypes.data, xd[a].ctypes.data)
-             for r in range(6)]
-            for a in range(5)
-        ],
-        np.float32,
-    )  # fmt: skip
+
+    def call(r, a):
+        return f(p[r].ctypes.data, nb, xq[a].ctypes.data, x8[a].ctypes.data, xd[a].ctypes.data)
+
+    got = np.array([[call(r, a) for r in range(6)] for a in range(5)], np.float32)
     assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()
-    again = f(p[5].ctypes.data, nb, xq[4].ctypes.data, x8[4].ctypes.data, xd[4].ctypes.data)
-    assert np.float32(again).view(np.uint32) == got[4, 5].view(np.uint32)
+    assert np.float32(call(5, 4)).view(np.uint32) == got[4, 5].view(np.uint32)
 
 
 # ---------------------------------------------------------------- the kernel (hosts with it)
@@ -209,10 +224,11 @@ def _check(w, x):
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), np.abs(got - want).max()
     ref = A.roundtrip(x.astype(np.float64), QT.Q8_K) @ dequantize(w, QT.IQ1_M).astype(np.float64).T
     assert np.abs(got - ref).max() <= 2e-6 * np.abs(ref).max()
-    fv = _gemv(K.K_IQ1_M_T7_AVX512_FV, p, act, n)  # the float-lane kernel: close, repeatable
-    assert np.abs(fv - ref).max() <= 2e-6 * np.abs(ref).max()
-    again = _gemv(K.K_IQ1_M_T7_AVX512_FV, p, act, n)
-    assert np.array_equal(fv.view(np.uint32), again.view(np.uint32))
+    for repack, _, _, code in FV.values():  # the float-lane kernels: close, repeatable
+        fv = _gemv(code, repack(w), act, n)
+        assert np.abs(fv - ref).max() <= 2e-6 * np.abs(ref).max()
+        again = _gemv(code, repack(w), act, n)
+        assert np.array_equal(fv.view(np.uint32), again.view(np.uint32))
 
 
 @needs_avx512
@@ -245,6 +261,8 @@ def test_kernel_compiles_to_byte_permutes_and_vnni(tmp_path):
     asm, ops = avx512_asm(tmp_path, "iq1_t7_avx512", "dot_t7_avx512_fv", BB)
     assert ops.count("vpdpbusd") == 4 and ops.count("vpermb") == 1
     assert ops.count("vpermi2b") + ops.count("vpermt2b") == 1 and "vcvtdq2ps" in ops
+    asm, ops = avx512_asm(tmp_path, "iq1_t2_avx512", "dot_t2_avx512_fv", iq1_t2.BB)
+    assert ops.count("vpdpbusd") == 4 and "vcvtdq2ps" in ops and "vpermi2b" not in ops
 
 
 # ---------------------------------------------------------------- the layout's place
@@ -270,3 +288,4 @@ def test_dispatch_maps_the_codes_to_the_kernels():
     assert K.KERNELS[K.K_IQ1_M_T7] is iq1_t7.dot_t7_portable
     assert K.KERNELS[K.K_IQ1_M_T7_AVX512] is V.dot_t7_avx512
     assert K.KERNELS[K.K_IQ1_M_T7_AVX512_FV] is V.dot_t7_avx512_fv
+    assert K.KERNELS[K.K_IQ1_M_T2_AVX512_FV] is T2V.dot_t2_avx512_fv

@@ -18,7 +18,7 @@ from strata.cpu.kernels.gather import dot_iq1_m_gather, dot_iq2_xxs_gather, dot_
 from strata.cpu.kernels.iq1 import dot_iq1_m
 from strata.cpu.kernels.iq1_avx512 import dot_iq1_m_avx512
 from strata.cpu.kernels.iq1_t2 import dot_t2_avx2, dot_t2_portable
-from strata.cpu.kernels.iq1_t2_avx512 import dot_t2_avx512
+from strata.cpu.kernels.iq1_t2_avx512 import dot_t2_avx512, dot_t2_avx512_fv
 from strata.cpu.kernels.iq1_t7 import dot_t7_portable
 from strata.cpu.kernels.iq1_t7_avx512 import dot_t7_avx512, dot_t7_avx512_fv
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
@@ -79,6 +79,7 @@ AVX512_REPACK = {K_IQ1_M_T2_AVX2: K_IQ1_M_T2_AVX512}
 # IQ1_M repacked as 7-bit ternary quads (iq1_t7.py): portable, AVX-512 VBMI + VNNI (block sums,
 # bit-identical; float lanes across the row, `iq1_t7_avx512.dot_t7_avx512_fv`)
 K_IQ1_M_T7, K_IQ1_M_T7_AVX512, K_IQ1_M_T7_AVX512_FV = 46, 47, 48
+K_IQ1_M_T2_AVX512_FV = 49  # T2 with the float-lane row kernel (`iq1_t2_avx512.row_fv`)
 
 PORTABLE = {
     QT.F32: K_F32,
@@ -137,6 +138,7 @@ KERNELS = {
     K_IQ1_M_T7: dot_t7_portable,
     K_IQ1_M_T7_AVX512: dot_t7_avx512,
     K_IQ1_M_T7_AVX512_FV: dot_t7_avx512_fv,
+    K_IQ1_M_T2_AVX512_FV: dot_t2_avx512_fv,
 }
 
 

@@ -38,12 +38,24 @@ The tables are module-level arrays shared with the test's NumPy emulation of the
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from strata.cpu.kernels.iq1_avx512 import M2_TAB, _dpbusd, _i8, _iq1m_d_pext, _multishift, _pmaddwd
+from strata.cpu.kernels.common import f16_to_f32_ir
+from strata.cpu.kernels.iq1_avx512 import (
+    M2_TAB,
+    _dpbusd,
+    _fence,
+    _i8,
+    _iq1m_d_pext,
+    _multishift,
+    _pmaddwd,
+    d_bits,
+)
 from strata.cpu.kernels.iq1_t2 import BB
 from strata.cpu.kernels.simd import HAS_AVX512_VBMI, I8, I16, I32, I64, Emit
 
@@ -52,6 +64,8 @@ V64I8 = ir.VectorType(I8, 64)
 V32I16 = ir.VectorType(I16, 32)
 V16I32 = ir.VectorType(I32, 16)
 V8I64 = ir.VectorType(I64, 8)
+F32 = ir.FloatType()
+V16F32 = ir.VectorType(F32, 16)
 
 # ---------------------------------------------------------------- constant tables
 
@@ -105,9 +119,10 @@ def _i16(values):
     return [int(v) - 65536 if v > 32767 else int(v) for v in np.asarray(values).ravel()]
 
 
-def block_sum(e: Emit, pq, pd, ps, px, p8):
+def block_sum(e: Emit, pq, pd, ps, px, p8, reduce: bool = True):
     """The int32 block sum from i8* pq (the block's 64 code bytes), pd (its 4 delta bytes), ps
-    (its 8 scale bytes), px (its 256 int8 x quants) and p8 (its 32 int16 sums of 8)."""
+    (its 8 scale bytes), px (its 256 int8 x quants) and p8 (its 32 int16 sums of 8); reduce
+    False: the 16 int32 lanes whose sum it is."""
     b = e.b
     mask = e.const(V64I8, _i8(CODE_MASK))
     dots = []
@@ -120,7 +135,7 @@ def block_sum(e: Emit, pq, pd, ps, px, p8):
             u = b.bitcast(b.and_(v, mask), V16I32)
             x = b.bitcast(e.load(px, V64I8, 64 * (2 * c + t)), V16I32)
             dots.append(_dpbusd(e, e.splat(V16I32, 0), u, x))
-    return scaled_sum(e, dots, (SW_CTRL, SW_MASK, SW_OR), pd, ps, p8)
+    return scaled_sum(e, dots, (SW_CTRL, SW_MASK, SW_OR), pd, ps, p8, reduce)
 
 
 def scaled_sum(e: Emit, dots, sw, pd, ps, p8, reduce: bool = True):
@@ -182,6 +197,72 @@ _blk_t2_avx512 = block_intrinsic(
 )
 
 
+def row_fv(e: Emit, block_sum_fn, code_bytes: int, pw, nb, px, p8, pxd):
+    """A float32 row dot over a layout of three planes ([nb x code_bytes codes] [nb x 4 delta]
+    [nb x 8 scale words]: T2's, T7's) in one IR loop: per block the 16 int32 lanes of
+    block_sum_fn (reduce False) as floats times f32(xd d) / 8, added to a 16-lane float
+    accumulator, the lanes summed in order once a row. i8* pw: the row; i64 nb >= 1 its blocks;
+    px / p8 / pxd: the act row's quants, sums of 8 and block scales. No per-block horizontal sum
+    (4 shuffle-port uops a block), other roundings than the block-sum kernels (deterministic)."""
+    b = e.b
+    c = functools.partial(ir.Constant, I64)
+    entry = b.block
+    loop = b.append_basic_block("fv.loop")
+    done = b.append_basic_block("fv.done")
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(I64)
+    acc = b.phi(V16F32)
+    so = b.add(b.mul(nb, c(code_bytes + 4)), b.mul(i, c(8)))
+    pq = e.off(pw, b.mul(i, c(code_bytes)))
+    pd = e.off(pw, b.add(b.mul(nb, c(code_bytes)), b.mul(i, c(4))))
+    ps = e.off(pw, so)
+    px_i, p8_i = e.off(px, b.shl(i, c(8))), e.off(p8, b.shl(i, c(6)))
+    lanes = block_sum_fn(e, pq, pd, ps, px_i, p8_i, reduce=False)
+    _fence(e, ps)  # d's own load (not the scale broadcast's qword moved through a shuffle)
+    d = f16_to_f32_ir(b, d_bits(e, e.off(pw, b.sub(so, c(48)))))
+    xd = b.load(b.bitcast(e.off(pxd, b.shl(i, c(2))), F32.as_pointer()))
+    scale = b.fmul(b.fmul(xd, d), ir.Constant(F32, 0.125))  # f32(xd d) / 8: exact
+    nxt = b.fadd(acc, b.fmul(b.sitofp(lanes, V16F32), e.bcast(scale, V16F32)))
+    i1 = b.add(i, c(1))
+    i.add_incoming(c(0), entry)
+    i.add_incoming(i1, loop)
+    acc.add_incoming(ir.Constant(V16F32, [0.0] * 16), entry)
+    acc.add_incoming(nxt, loop)
+    b.cbranch(b.icmp_signed("<", i1, nb), loop, done)
+    b.position_at_end(done)
+    # ordered (no reassociation): the 16 lanes added in lane order, the same on every call
+    return e._call("llvm.vector.reduce.fadd.v16f32", F32, [ir.Constant(F32, 0.0), nxt])
+
+
+def row_intrinsic(block_sum_fn, code_bytes: int):
+    """A Numba intrinsic (w, r, nb, xq, xd, x8, a) -> float32: `row_fv` of block_sum_fn over
+    row r of w (nb blocks, `code_bytes` code bytes each) against act row a."""
+
+    def row(typingctx, w, r, nb, xq, xd, x8, a):
+        n = types.intp
+        sig = types.float32(w, n, n, xq, xd, x8, n)
+
+        def codegen(context, builder, sg, args):
+            e = Emit(context, builder)
+            if not HAS_AVX512_VBMI:
+                e.trap()
+                return ir.Constant(F32, 0.0)
+            zero = ir.Constant(I64, 0)
+            pw = e.ptr(sg.args[0], args[0], args[1], zero)
+            px = e.ptr(sg.args[3], args[3], args[6], zero)
+            pxd = e.ptr(sg.args[4], args[4], args[6], zero)
+            p8 = e.ptr(sg.args[5], args[5], args[6], zero)
+            return row_fv(e, block_sum_fn, code_bytes, pw, args[2], px, p8, pxd)
+
+        return sig, codegen
+
+    return intrinsic(row)
+
+
+_row_t2_fv = row_intrinsic(block_sum, 64)
+
+
 # ---------------------------------------------------------------- row kernel (the float steps of
 # iq1_t2.dot_t2_avx2, in the same order)
 
@@ -196,3 +277,9 @@ def dot_t2_avx512(w, r, xq, xd, xb, x8, xf, a):
         d = _iq1m_d_pext(w, r, so - 48)
         acc += np.float32(xd[a, b] * d) * np.float32(isum) * np.float32(0.125)
     return acc
+
+
+@njit(cache=True)
+def dot_t2_avx512_fv(w, r, xq, xd, xb, x8, xf, a):
+    """A float-lane accumulator across the row's blocks (`row_fv`)."""
+    return _row_t2_fv(w, r, w.shape[1] // BB, xq, xd, x8, a)

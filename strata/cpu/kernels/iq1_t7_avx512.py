@@ -21,31 +21,27 @@ in `iq1_t7.dot_t7_portable`:
 
 Two row kernels. `dot_t7_avx512` sums each block's 16 lanes and does the float steps of
 `dot_t7_portable` in the same order: bit-identical to it and to `iq1.dot_iq1_m` on the GGUF
-bytes. `dot_t7_avx512_fv` (`_row_fv`, one IR loop over the row's blocks) keeps the lanes: per
-block f32(lanes) * (f32(xd d) / 8) added to a 16-lane float accumulator, summed once a row. That
-saves the per-block horizontal sum (4 shuffle-port uops of ~14: the decode is shuffle-bound on
-busy cores) at the price of other roundings (within 2e-6 of the float64 product, as the tests
-check; deterministic).
+bytes. `dot_t7_avx512_fv` (`iq1_t2_avx512.row_fv`: one IR loop over the row's blocks) keeps the
+lanes: per block f32(lanes) * (f32(xd d) / 8) added to a 16-lane float accumulator, summed once a
+row. That saves the per-block horizontal sum (4 shuffle-port uops of ~15: the decode is
+shuffle-bound on busy cores) at the price of other roundings (within 2e-6 of the float64
+product, as the tests check; deterministic).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
+from numba import njit
 
-from strata.cpu.kernels.common import f16_to_f32_ir
-from strata.cpu.kernels.iq1_avx512 import _dpbusd, _fence, _i8, _iq1m_d_pext, _multishift, d_bits
-from strata.cpu.kernels.iq1_t2_avx512 import block_intrinsic, scaled_sum, sw_tables
+from strata.cpu.kernels.iq1_avx512 import _dpbusd, _i8, _iq1m_d_pext, _multishift
+from strata.cpu.kernels.iq1_t2_avx512 import block_intrinsic, row_intrinsic, scaled_sum, sw_tables
 from strata.cpu.kernels.iq1_t7 import BB, PACKED
 from strata.cpu.kernels.iq3_vbmi import _vpermi2b
-from strata.cpu.kernels.simd import HAS_AVX512_VBMI, I8, I32, I64, Emit
+from strata.cpu.kernels.simd import I8, I32, Emit
 
 V64I8 = ir.VectorType(I8, 64)
 V16I32 = ir.VectorType(I32, 16)
-F32 = ir.FloatType()
-V16F32 = ir.VectorType(F32, 16)
 
 # ---------------------------------------------------------------- constant tables
 
@@ -84,60 +80,7 @@ _blk_t7_avx512 = block_intrinsic(
 )
 
 
-def row_fv(e: Emit, pw, nb, px, p8, pxd):
-    """The float32 row dot of `dot_t7_avx512_fv`: i8* pw (the row), i64 nb (its blocks, >= 1),
-    px / p8 / pxd (the act row's quants, sums of 8 and block scales)."""
-    b = e.b
-    entry = b.block
-    loop = b.append_basic_block("t7fv.loop")
-    done = b.append_basic_block("t7fv.done")
-    b.branch(loop)
-    b.position_at_end(loop)
-    i = b.phi(I64)
-    acc = b.phi(V16F32)
-    so = b.add(b.mul(nb, ir.Constant(I64, 60)), b.mul(i, ir.Constant(I64, 8)))
-    pq = e.off(pw, b.mul(i, ir.Constant(I64, 56)))
-    pd = e.off(pw, b.add(b.mul(nb, ir.Constant(I64, 56)), b.mul(i, ir.Constant(I64, 4))))
-    ps = e.off(pw, so)
-    lanes = block_sum(
-        e, pq, pd, ps, e.off(px, b.shl(i, ir.Constant(I64, 8))),
-        e.off(p8, b.shl(i, ir.Constant(I64, 6))), reduce=False,
-    )  # fmt: skip
-    _fence(e, ps)  # d's own load (not the scale broadcast's qword moved through a shuffle)
-    d = f16_to_f32_ir(b, d_bits(e, e.off(pw, b.sub(so, ir.Constant(I64, 48)))))
-    xd = b.load(b.bitcast(e.off(pxd, b.shl(i, ir.Constant(I64, 2))), F32.as_pointer()))
-    scale = b.fmul(b.fmul(xd, d), ir.Constant(F32, 0.125))  # f32(xd d) / 8: exact
-    nxt = b.fadd(acc, b.fmul(b.sitofp(lanes, V16F32), e.bcast(scale, V16F32)))
-    i1 = b.add(i, ir.Constant(I64, 1))
-    i.add_incoming(ir.Constant(I64, 0), entry)
-    i.add_incoming(i1, loop)
-    acc.add_incoming(ir.Constant(V16F32, [0.0] * 16), entry)
-    acc.add_incoming(nxt, loop)
-    b.cbranch(b.icmp_signed("<", i1, nb), loop, done)
-    b.position_at_end(done)
-    # ordered: the 16 lanes added in lane order, the same on every call
-    return e._call("llvm.vector.reduce.fadd.v16f32", F32, [ir.Constant(F32, 0.0), nxt])
-
-
-@intrinsic
-def _row_t7_fv(typingctx, w, r, nb, xq, xd, x8, a):
-    """`row_fv` over row r of T7 matrix w (nb blocks) against act row a."""
-    n = types.intp
-    sig = types.float32(w, n, n, xq, xd, x8, n)
-
-    def codegen(context, builder, sg, args):
-        e = Emit(context, builder)
-        if not HAS_AVX512_VBMI:
-            e.trap()
-            return ir.Constant(F32, 0.0)
-        zero = ir.Constant(I64, 0)
-        pw = e.ptr(sg.args[0], args[0], args[1], zero)
-        px = e.ptr(sg.args[3], args[3], args[6], zero)
-        pxd = e.ptr(sg.args[4], args[4], args[6], zero)
-        p8 = e.ptr(sg.args[5], args[5], args[6], zero)
-        return row_fv(e, pw, args[2], px, p8, pxd)
-
-    return sig, codegen
+_row_t7_fv = row_intrinsic(block_sum, 56)
 
 
 # ---------------------------------------------------------------- row kernels
@@ -158,5 +101,5 @@ def dot_t7_avx512(w, r, xq, xd, xb, x8, xf, a):
 
 @njit(cache=True)
 def dot_t7_avx512_fv(w, r, xq, xd, xb, x8, xf, a):
-    """A float-lane accumulator across the row's blocks (`row_fv`)."""
+    """A float-lane accumulator across the row's blocks (`iq1_t2_avx512.row_fv`)."""
     return _row_t7_fv(w, r, w.shape[1] // BB, xq, xd, x8, a)
