@@ -158,6 +158,52 @@ def test_kernel_ir_gives_the_reference_sums(pm_ir):
     assert got == list(reference_blocks(bl, x))
 
 
+@pytest.fixture(scope="module")
+def pm_row_ir():
+    """row (u8* row, i64 nb, i8* xp, f32* xd) -> float32: the float-lane row kernel's IR
+    (`iq3_pm.row_fv`) with generic twins of its intrinsics, JIT-compiled for this host."""
+    from llvmlite import binding as llb
+    from llvmlite import ir
+
+    from strata.cpu.kernels.simd import FEATURES, I8, I64, Emit
+
+    mod = ir.Module()
+    mod.triple = llb.get_process_triple()
+    p8 = I8.as_pointer()
+    fn = ir.Function(mod, ir.FunctionType(ir.FloatType(), [p8, I64, p8, p8]), "pm_row")
+    b = ir.IRBuilder(fn.append_basic_block())
+    b.ret(P.row_fv(Emit(None, b), *fn.args))
+    rename = dict(_RENAME, **{"llvm.x86.avx512.permvar.qi.512": "generic.permvar"})
+    feats = ",".join("+" + f for f in sorted(FEATURES) if f == "f16c")
+    engine = jit_generic(mod, rename, _GENERIC + _PERMVAR, features=feats)
+    vp = ctypes.c_void_p
+    f = ctypes.CFUNCTYPE(ctypes.c_float, vp, ctypes.c_int64, vp, vp)(
+        engine.get_function_address("pm_row")
+    )
+    yield f, engine
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
+@pytest.mark.parametrize("cols", [256, 768, 2048])
+def test_float_lane_row_ir_is_close_and_deterministic(pm_row_ir, cols):
+    """The float-lane row kernel's IR against the bit-exact kernel on the GGUF bytes: within
+    2e-6 of the row scale, the same bits on a second call."""
+    f = pm_row_ir[0]
+    rng = np.random.default_rng()
+    rows = random_quantized(QT.IQ3_XXS, (6, cols), rng, 0.05).reshape(6, -1)
+    act = quantize_act(_activations(rng, 5, cols), QT.Q8_K)
+    want = _gemv(K.K_IQ3_XXS, rows, act, 5)
+    pm, xd, xp = P.repack(rows), np.ascontiguousarray(act[1]), act[4].view(np.int8)
+    nb = cols // 256
+
+    def call(r, a):
+        return f(pm[r].ctypes.data, nb, xp[a].ctypes.data, xd[a].ctypes.data)
+
+    got = np.array([[call(r, a) for r in range(6)] for a in range(5)], np.float32)
+    assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()
+    assert np.float32(call(5, 4)).view(np.uint32) == got[4, 5].view(np.uint32)
+
+
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
 def test_kernel_compiles_to_vpermb_and_vnni(tmp_path):
     asm, ops = avx512_asm(tmp_path, "iq3_pm", "dot_pm_avx512", 102)
@@ -185,3 +231,7 @@ def test_kernel_matches_the_portable_kernels(cols):
         got = _gemv(K.K_IQ3_XXS_PM_AVX512, P.repack(rows), act, 5)
         want = _gemv(K.K_IQ3_XXS, rows, act, 5)
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        fv = _gemv(K.K_IQ3_XXS_PM_AVX512_FV, P.repack(rows), act, 5)  # close, repeatable
+        assert np.abs(fv - want).max() <= 2e-6 * np.abs(want).max()
+        again = _gemv(K.K_IQ3_XXS_PM_AVX512_FV, P.repack(rows), act, 5)
+        np.testing.assert_array_equal(fv.view(np.uint32), again.view(np.uint32))

@@ -25,7 +25,7 @@ from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
 from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2
 from strata.cpu.kernels.iq2s_avx512 import dot_iq2_s_avx512
 from strata.cpu.kernels.iq3 import dot_iq3_s, dot_iq3_xxs
-from strata.cpu.kernels.iq3_pm import dot_pm_avx512, dot_pm_portable
+from strata.cpu.kernels.iq3_pm import dot_pm_avx512, dot_pm_avx512_fv, dot_pm_portable
 from strata.cpu.kernels.iq3_vbmi import dot_iq3_xxs_vbmi
 from strata.cpu.kernels.iq4 import dot_iq4_xs
 from strata.cpu.kernels.iq4_avx2 import dot_iq4_xs_avx2, dot_q8_0_avx2
@@ -80,6 +80,7 @@ AVX512_REPACK = {K_IQ1_M_T2_AVX2: K_IQ1_M_T2_AVX512}
 # bit-identical; float lanes across the row, `iq1_t7_avx512.dot_t7_avx512_fv`)
 K_IQ1_M_T7, K_IQ1_M_T7_AVX512, K_IQ1_M_T7_AVX512_FV = 46, 47, 48
 K_IQ1_M_T2_AVX512_FV = 49  # T2 with the float-lane row kernel (`iq1_t2_avx512.row_fv`)
+K_IQ3_XXS_PM_AVX512_FV = 50  # pm with the float-lane row kernel (`iq3_pm.row_fv`)
 
 PORTABLE = {
     QT.F32: K_F32,
@@ -139,6 +140,7 @@ KERNELS = {
     K_IQ1_M_T7_AVX512: dot_t7_avx512,
     K_IQ1_M_T7_AVX512_FV: dot_t7_avx512_fv,
     K_IQ1_M_T2_AVX512_FV: dot_t2_avx512_fv,
+    K_IQ3_XXS_PM_AVX512_FV: dot_pm_avx512_fv,
 }
 
 

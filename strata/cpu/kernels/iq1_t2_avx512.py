@@ -57,7 +57,7 @@ from strata.cpu.kernels.iq1_avx512 import (
     d_bits,
 )
 from strata.cpu.kernels.iq1_t2 import BB
-from strata.cpu.kernels.simd import HAS_AVX512_VBMI, I8, I16, I32, I64, Emit
+from strata.cpu.kernels.simd import HAS_AVX512_VBMI, I8, I16, I32, I64, Emit, float_lane_loop
 
 V32I8 = ir.VectorType(I8, 32)
 V64I8 = ir.VectorType(I8, 64)
@@ -65,7 +65,6 @@ V32I16 = ir.VectorType(I16, 32)
 V16I32 = ir.VectorType(I32, 16)
 V8I64 = ir.VectorType(I64, 8)
 F32 = ir.FloatType()
-V16F32 = ir.VectorType(F32, 16)
 
 # ---------------------------------------------------------------- constant tables
 
@@ -199,40 +198,26 @@ _blk_t2_avx512 = block_intrinsic(
 
 def row_fv(e: Emit, block_sum_fn, code_bytes: int, pw, nb, px, p8, pxd):
     """A float32 row dot over a layout of three planes ([nb x code_bytes codes] [nb x 4 delta]
-    [nb x 8 scale words]: T2's, T7's) in one IR loop: per block the 16 int32 lanes of
-    block_sum_fn (reduce False) as floats times f32(xd d) / 8, added to a 16-lane float
-    accumulator, the lanes summed in order once a row. i8* pw: the row; i64 nb >= 1 its blocks;
+    [nb x 8 scale words]: T2's, T7's) by `simd.float_lane_loop`: per block the 16 int32 lanes of
+    block_sum_fn (reduce False) times f32(xd d) / 8. i8* pw: the row; i64 nb >= 1 its blocks;
     px / p8 / pxd: the act row's quants, sums of 8 and block scales. No per-block horizontal sum
     (4 shuffle-port uops a block), other roundings than the block-sum kernels (deterministic)."""
     b = e.b
     c = functools.partial(ir.Constant, I64)
-    entry = b.block
-    loop = b.append_basic_block("fv.loop")
-    done = b.append_basic_block("fv.done")
-    b.branch(loop)
-    b.position_at_end(loop)
-    i = b.phi(I64)
-    acc = b.phi(V16F32)
-    so = b.add(b.mul(nb, c(code_bytes + 4)), b.mul(i, c(8)))
-    pq = e.off(pw, b.mul(i, c(code_bytes)))
-    pd = e.off(pw, b.add(b.mul(nb, c(code_bytes)), b.mul(i, c(4))))
-    ps = e.off(pw, so)
-    px_i, p8_i = e.off(px, b.shl(i, c(8))), e.off(p8, b.shl(i, c(6)))
-    lanes = block_sum_fn(e, pq, pd, ps, px_i, p8_i, reduce=False)
-    _fence(e, ps)  # d's own load (not the scale broadcast's qword moved through a shuffle)
-    d = f16_to_f32_ir(b, d_bits(e, e.off(pw, b.sub(so, c(48)))))
-    xd = b.load(b.bitcast(e.off(pxd, b.shl(i, c(2))), F32.as_pointer()))
-    scale = b.fmul(b.fmul(xd, d), ir.Constant(F32, 0.125))  # f32(xd d) / 8: exact
-    nxt = b.fadd(acc, b.fmul(b.sitofp(lanes, V16F32), e.bcast(scale, V16F32)))
-    i1 = b.add(i, c(1))
-    i.add_incoming(c(0), entry)
-    i.add_incoming(i1, loop)
-    acc.add_incoming(ir.Constant(V16F32, [0.0] * 16), entry)
-    acc.add_incoming(nxt, loop)
-    b.cbranch(b.icmp_signed("<", i1, nb), loop, done)
-    b.position_at_end(done)
-    # ordered (no reassociation): the 16 lanes added in lane order, the same on every call
-    return e._call("llvm.vector.reduce.fadd.v16f32", F32, [ir.Constant(F32, 0.0), nxt])
+
+    def block(i):
+        so = b.add(b.mul(nb, c(code_bytes + 4)), b.mul(i, c(8)))
+        pq = e.off(pw, b.mul(i, c(code_bytes)))
+        pd = e.off(pw, b.add(b.mul(nb, c(code_bytes)), b.mul(i, c(4))))
+        ps = e.off(pw, so)
+        px_i, p8_i = e.off(px, b.shl(i, c(8))), e.off(p8, b.shl(i, c(6)))
+        lanes = block_sum_fn(e, pq, pd, ps, px_i, p8_i, reduce=False)
+        _fence(e, ps)  # d's own load (not the scale broadcast's qword moved through a shuffle)
+        d = f16_to_f32_ir(b, d_bits(e, e.off(pw, b.sub(so, c(48)))))
+        xd = b.load(b.bitcast(e.off(pxd, b.shl(i, c(2))), F32.as_pointer()))
+        return lanes, b.fmul(b.fmul(xd, d), ir.Constant(F32, 0.125))  # f32(xd d) / 8: exact
+
+    return float_lane_loop(e, nb, block)
 
 
 def row_intrinsic(block_sum_fn, code_bytes: int):

@@ -153,6 +153,34 @@ class Emit:
         self._call("llvm.trap", ir.VoidType(), [])
 
 
+def float_lane_loop(e: Emit, nb, block):
+    """sum over blocks i < nb (an i64 >= 1) of f32(lanes_i) * scale_i, as one IR loop with a
+    16-lane float accumulator whose lanes are added in lane order once at the end (ordered: the
+    same bits on every call), where (lanes_i <16 x i32>, scale_i float) = block(i) (block emits
+    straight-line IR). The row loop of the float-lane kernels: no horizontal integer sum a
+    block."""
+    b = e.b
+    f32 = ir.FloatType()
+    v16f = ir.VectorType(f32, 16)
+    entry = b.block
+    loop = b.append_basic_block("lanes.loop")
+    done = b.append_basic_block("lanes.done")
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(I64)
+    acc = b.phi(v16f)
+    lanes, scale = block(i)
+    nxt = b.fadd(acc, b.fmul(b.sitofp(lanes, v16f), e.bcast(scale, v16f)))
+    i1 = b.add(i, ir.Constant(I64, 1))
+    i.add_incoming(ir.Constant(I64, 0), entry)
+    i.add_incoming(i1, loop)
+    acc.add_incoming(ir.Constant(v16f, [0.0] * 16), entry)
+    acc.add_incoming(nxt, loop)
+    b.cbranch(b.icmp_signed("<", i1, nb), loop, done)
+    b.position_at_end(done)
+    return e._call("llvm.vector.reduce.fadd.v16f32", f32, [ir.Constant(f32, 0.0), nxt])
+
+
 def const_table(e: Emit, name: str, ty, values):
     """i8* to an internal constant table (64-byte aligned) in the module being built, made once
     per module: the grid and sign tables of the i-quant kernels."""
