@@ -171,10 +171,12 @@ def overhead(
     out = np.zeros_like(x)
     n = 2000 if s["n_embd"] <= 512 else 300
     arms = {
-        "fused": ExpertPool(threads, fused=True),
-        "fused, down by runs": ExpertPool(threads, fused=True, down_by_expert=False),
-        "per-phase": ExpertPool(threads, fused=False),
+        "fused": ExpertPool(threads, fused=True, team=False),
+        "fused, down by runs": ExpertPool(threads, fused=True, down_by_expert=False, team=False),
+        "per-phase": ExpertPool(threads, fused=False, team=False),
     }
+    if threads > 1:  # the resident team (the default from TEAM_MIN_THREADS): whole calls only
+        arms["team"] = ExpertPool(threads, team=True)
     rows = []
     for k in ks:
         routes = [_routes(rng, 1, s["n_expert"], max(k, 1)) for _ in range(64)]
@@ -184,7 +186,10 @@ def overhead(
         for name, pool in arms.items():
             for _ in range(2):  # compile, learn the threading layer, warm
                 pool.run_layer(x, *routes[0], lw, out=out)
-            _lw, wargs, entries = pool._plans[id(lw)]
+            if pool.team:
+                res[name] = (pool, None, None, [], [])
+                continue
+            _lw, wargs, entries, _desc = pool._plans[id(lw)]
             fn = next(iter(entries.values()))
             knobs = pool._knobs(pool.fused and pool._fused_ok is not False)
             argv = [(x, *rt, out, *wargs, *pool._ws_args, *knobs) for rt in routes]
@@ -196,7 +201,15 @@ def overhead(
                 old.run_layer(x, *routes[0], old_lw, out=out)
             res["baseline"] = (old, None, None, [], [])
         for _ in range(rounds):
-            for pool, fn, argv, call, jit in res.values():
+            for name, (pool, fn, argv, call, jit) in res.items():
+                if fn is None and name != "baseline":  # the team: whole calls only
+
+                    def team_call(i, pool=pool, routes=routes):
+                        pool.run_layer(x, *routes[i % 64], lw, out=out)
+
+                    call.append(_median_us(team_call, n))
+                    jit.append(float("nan"))
+                    continue
                 if fn is None:  # the baseline: whole calls only
 
                     def old_call(i, pool=pool, routes=routes, old_lw=old_lw):
