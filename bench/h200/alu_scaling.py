@@ -3,8 +3,9 @@ and N threads at once, per-thread rate against the one-thread rate.
 
 Each thread runs 16 independent chains of scalar float multiplies and adds (enough that the
 float ports' throughput, not the chains' latency, bounds one thread). Separate physical cores
-keep ~1.0 of the one-thread rate when all run; two hyperthreads of one core share its ports and get ~0.5 each; a guest's
-vCPUs over fewer host cores look the same. Prints a markdown table; --json FILE writes it too.
+keep ~1.0 of the one-thread rate when all run; two hyperthreads of one core share its ports
+and get ~0.5 each; a guest's vCPUs over fewer host cores look the same. Prints a markdown
+table; --json FILE writes it too.
 """
 
 from __future__ import annotations
