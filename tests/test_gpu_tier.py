@@ -5,12 +5,17 @@ so they differ only in float32 summation order and in libm vs device cosf/expf (
 logits) until a rounding flips (tests/oracle.py): a value within float32 noise of a Q8 or f16
 rounding boundary goes one way on one side and the other way on the other, and through the KV
 cache that reaches every later position. So:
-- short independent sequences (prefill and cached decode): at least 60% of positions within
-  1e-4 of HostTier's logits (max |cupy - host| / max |host| over the vocabulary; clean positions
-  sit at ~3e-7, but the f16 roundings of q, k and the probabilities flip at float noise about
-  once per token in the synthetic models and move the logits by ~1e-5), none beyond a
-  flip (FLIP_BOUND = 0.15) unless the two sides' routers picked different experts at or before
-  that position (a near-tie: one expert swapped for another moves logits by more than a flip);
+- short independent sequences (prefill and cached decode; 20 of 7 tokens a case): at least 50%
+  of positions within 1e-4 of HostTier's logits (max |cupy - host| / max |host| over the
+  vocabulary; clean positions sit at ~3e-7, but the f16 roundings of q, k and the probabilities
+  flip at float noise about once per token in the synthetic models and move the logits by
+  ~1e-5), none beyond a flip (FLIP_BOUND = 0.15) unless the two sides' routers picked
+  different experts at or before that position (a near-tie: one expert swapped for another
+  moves logits by more than a flip).
+  Measured on the H200 over 60 sequences a case (bench/results/session27-h200-20261204.md):
+  86-94% of prompt positions and 99-100% of decode steps within 1e-4; a flip makes every later
+  position of its sequence miss, so the fraction of few sequences spreads wide (with 6, as this
+  test had, 8% of draws fell below 60% for two cases); with 20, below 50% is ~1e-4 a case;
 - 32 greedy decode steps (both tiers fed the host's tokens): every step within FLIP_BOUND (or
   after a router near-tie, as above), and the greedy token equal at every step except near-ties,
   where the host's gap between its token and the GPU's is no more than twice that step's logit
@@ -132,16 +137,20 @@ def check_against(errs: np.ndarray, ra: np.ndarray, rb: np.ndarray, positions) -
     return errs
 
 
+SHORT_SEQUENCES = 20
+
+
 @pytest.mark.parametrize("arch,quant,dense", CASES)
 def test_logits_match_host_tier_on_short_sequences(synth_model, device, arch, quant, dense):
     model = load_model(synth_model("tiny", quant, dense=dense, arch=arch, seed=3))
-    rng = np.random.default_rng()
+    seed = np.random.SeedSequence().entropy  # fresh sequences each run, named on a failure
+    rng = np.random.default_rng(seed)
     host = Engine(model, n_ctx=64)
     tier = CupyTier(model, n_ctx=64, budget=small_budget(), device=device)
     dev = Engine(model, tier=tier, graphs=False)  # eager: the router calls are recorded
     hlog, dlog = record_routing(host.tier), record_routing(dev.tier)
     errs, step_errs = [], []
-    for _ in range(6):
+    for _ in range(SHORT_SEQUENCES):
         tokens = rng.integers(0, model.args.n_vocab, size=7).tolist()
         host.reset()
         dev.reset()
@@ -159,7 +168,9 @@ def test_logits_match_host_tier_on_short_sequences(synth_model, device, arch, qu
         step_errs.append(check_against(e, r_step, r_full, range(3, 7)))
     for e in (np.concatenate(errs), np.concatenate(step_errs)):
         frac = float((e <= 1e-4).mean())
-        assert frac >= 0.6, f"only {frac:.0%} of positions within 1e-4: {np.sort(e)[::-1][:8]}"
+        assert frac >= 0.5, (
+            f"only {frac:.0%} of positions within 1e-4 (seed {seed}): {np.sort(e)[::-1][:8]}"
+        )
 
 
 def test_expert_slots_fewer_than_experts_give_the_same_logits(synth_model, device):
