@@ -137,6 +137,9 @@ def test_pool_is_deterministic_across_calls_threads_region_modes_and_quant_arms(
         ExpertPool(2, pipeline=True, team=True),  # no barrier between gate/up, quant, down
         ExpertPool(2, pipeline=True, team=False),
         ExpertPool(2, pipeline=True, units=300),  # one-row units: many chunk completions
+        ExpertPool(2, tail_split=4),  # the last units a thread's worth, 4x smaller
+        ExpertPool(2, tail_split=1000, team=True),  # ... one row each
+        ExpertPool(2, tail_split=3, pipeline=True),
     ):
         for _ in range(3):
             assert np.array_equal(pool.run_layer(x, *args, lw), first)
@@ -266,7 +269,11 @@ def test_pool_knobs_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("STRATA_POOL_DOWN_BY_EXPERT", "0")
     monkeypatch.setenv("STRATA_POOL_EAGER_QUANT", "1")
     monkeypatch.setenv("STRATA_POOL_PIPELINE", "1")
+    monkeypatch.setenv("STRATA_POOL_TAIL_SPLIT", "3")
     pool = ExpertPool(1)
+    assert pool.tail_split == 3 and ExpertPool(1, tail_split=1).tail_split == 1
+    with pytest.raises(ValueError, match="tail_split must be >= 1"):
+        ExpertPool(1, tail_split=0)
     assert pool.pipeline and not ExpertPool(1, pipeline=False).pipeline
     assert pool.eager_quant and not ExpertPool(1, eager_quant=False).eager_quant
     assert (pool.units, pool.down_units, pool.wait_prefetch) == (0, 2, False)
@@ -347,6 +354,7 @@ def test_layout_ab_arms_carry_pool_prefetch_options():
     assert arm_spec("gguf@dx=0") == ("gguf", {"down_by_expert": False})
     assert arm_spec("pm@eq=0") == ("pm", {"eager_quant": False})
     assert arm_spec("pm@pl=1") == ("pm", {"pipeline": True})
+    assert arm_spec("t2@ts=4") == ("t2", {"tail_split": 4})
     with pytest.raises(ValueError, match="unknown pool option 'x'"):
         arm_spec("gguf@x")
     rows = run_layout_ab("tiny", "IQ1_M", ("gguf", "gguf@l2@pf=8192"), tokens=1, threads=1,
@@ -418,3 +426,36 @@ def test_pipelined_pool_runs_without_the_barriers_after_gate_up(team):
     ph = piped.last_phases()
     assert all(np.all(ph[k] == 0) for k in gone) and np.all(ph["down"] > 0)
     assert np.any(barriered.last_phases()["quant_h"] > 0)
+
+
+@pytest.mark.parametrize("tail", [1, 2, 4, 1000])
+def test_unit_table_covers_every_row_once_and_cuts_the_last_units(tail):
+    """_unit_table's units tile each active expert's rows exactly; with tail > 1 the trailing
+    expert slots whose units make up the schedule's last nt are cut that many times smaller
+    (at least one row), the others keep the uniform size."""
+    from strata.cpu.pool import _unit_table
+
+    rng = np.random.default_rng()
+    n_expert, rows, nt, units = 16, int(rng.integers(40, 800)), 4, 16
+    counts = rng.integers(0, 4, n_expert)
+    counts[rng.integers(0, n_expert)] += 1  # at least one task
+    start = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    cnt = (start + counts).astype(np.int64)
+    active = np.flatnonzero(counts).astype(np.int64)
+    na, n = active.size, int(counts.sum())
+    uf, ur = np.zeros(n_expert + 1, np.int64), np.zeros(n_expert, np.int64)
+    base_f, base_r = uf.copy(), ur.copy()
+    _unit_table(n, na, rows, units, nt, start, cnt, active, base_f, base_r, 1)
+    _unit_table(n, na, rows, units, nt, start, cnt, active, uf, ur, tail)
+    for ia in range(na):  # units of expert slot ia tile rows 0..rows-1
+        k = uf[ia + 1] - uf[ia]
+        assert ur[ia] >= 1 and k == -(-rows // ur[ia])
+    if tail == 1:
+        assert np.array_equal(uf, base_f) and np.array_equal(ur, base_r)
+        return
+    covered, ia = 0, na - 1
+    while covered < nt and ia >= 0:  # the slots holding the last nt uniform units: all cut
+        assert ur[ia] == max(1, base_r[ia] // tail)
+        covered += base_f[ia + 1] - base_f[ia]
+        ia -= 1
+    assert np.array_equal(ur[: ia + 1], base_r[: ia + 1])  # the rest as before

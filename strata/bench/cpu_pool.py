@@ -288,6 +288,7 @@ def run_cpu_pool_arm(
         "parallel_quant": pool.parallel_quant,
         "units": pool.units,
         "down_units": pool.down_units,
+        "tail_split": pool.tail_split,
         "wait_prefetch": pool.wait_prefetch,
         "quant_min_tasks": pool.quant_min_tasks,
         "seconds": sec,
@@ -387,7 +388,7 @@ def arm_spec(spec: str) -> tuple[str, dict]:
     dx=0 / dx=1: down in runs of rows of every expert / expert-major, then summed; eq=0 / eq=1:
     the intermediate quantized after a barrier / by the thread completing each block; pl=0 /
     pl=1: barriers between gate/up, the intermediate's quantization and down / the three
-    pipelined, no barrier) or
+    pipelined, no barrier; ts=N: the last units, one a thread's worth, N times smaller) or
     k=CODE, a kernel code of strata.cpu.kernels.dispatch that reads that layout (returned as
     "kernel"; the pool itself never takes it)."""
     lay, *opts = spec.split("@")
@@ -409,12 +410,14 @@ def arm_spec(spec: str) -> tuple[str, dict]:
             kw["eager_quant"] = o == "eq=1"
         elif o in ("pl=0", "pl=1"):
             kw["pipeline"] = o == "pl=1"
+        elif o.startswith("ts=") and o[3:].isdigit() and int(o[3:]) >= 1:
+            kw["tail_split"] = int(o[3:])
         elif o.startswith("k=") and o[2:].isdigit():
             kw["kernel"] = int(o[2:])
         else:
             raise ValueError(
-                f"unknown pool option {o!r} in arm {spec!r}"
-                " (l1, l2, pf=BYTES, u=UNITS, d=UNITS, wp=0|1, dx=0|1, eq=0|1, k=KERNEL)"
+                f"unknown pool option {o!r} in arm {spec!r} (l1, l2, pf=BYTES, u=UNITS,"
+                " d=UNITS, wp=0|1, dx=0|1, eq=0|1, pl=0|1, ts=N, k=KERNEL)"
             )
     return lay, kw
 
@@ -515,6 +518,7 @@ def run_layout_ab(
                 "down_by_expert": pools[lay].down_by_expert,
                 "eager_quant": pools[lay].eager_quant,
                 "pipeline": pools[lay].pipeline,
+                "tail_split": pools[lay].tail_split,
                 "team": pools[lay].team,
                 "prefetch_l2": pools[lay].prefetch_l2,
                 "kernels": [lw.gate.kernel, lw.up.kernel, lw.down.kernel],

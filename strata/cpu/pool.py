@@ -135,6 +135,10 @@ MIN_DOWN_UNIT = 8  # at least this many output rows a down unit
 # ones, bench/results/session9-h200-20261130.md; at the measured default of 8 experts on 16
 # threads, 24-row units, it does not bind; not yet measured on 16 threads)
 MIN_GATE_WORK = 16
+# the units that make up the last nt of a phase's schedule (one a thread) are cut `tail` times
+# smaller (env STRATA_POOL_TAIL_SPLIT; 1: all units alike), so the threads run out of work at
+# nearly the same time (at T = 1 the slowest thread's gate/up took 12-16 us past the mean)
+DEFAULT_TAIL_SPLIT = 1
 # the expert-major down (phase 4a + 4b) while its per-task outputs [N, D] f32 fit this (T = 1:
 # 8 tasks x 2048 = 64 KiB; prefill batches keep the runs of every expert)
 YB_BYTES = 1 << 20
@@ -433,15 +437,23 @@ def _down_dyn(
 
 
 @njit(cache=True)
-def _unit_table(n, na, rows, units, nt, start, cnt, active, ufirst, urows):
+def _unit_table(n, na, rows, units, nt, start, cnt, active, ufirst, urows, tail):
     """Units of ~equal work over the `rows` rows of every active expert (weighted by its
     tokens), about `units` a thread, at least MIN_GATE_WORK (row, token) pairs: expert slot ia
-    gets units ufirst[ia].. of urows[ia] rows (see _gate_up_dyn)."""
+    gets units ufirst[ia].. of urows[ia] rows (see _gate_up_dyn). tail > 1: the trailing expert
+    slots whose units make up the schedule's last nt get units `tail` times smaller."""
     per = max(MIN_GATE_WORK, (n * rows + units * nt - 1) // (units * nt))
-    ufirst[0] = 0
     for ia in range(na):
         n_e = cnt[active[ia]] - start[active[ia]]
         urows[ia] = max(1, min(rows, (per + n_e - 1) // n_e))
+    left = nt if tail > 1 else 0
+    ia = na - 1
+    while left > 0 and ia >= 0:  # units are taken in id order: the last slots' run last
+        left -= (rows + urows[ia] - 1) // urows[ia]
+        urows[ia] = max(1, urows[ia] // tail)
+        ia -= 1
+    ufirst[0] = 0
+    for ia in range(na):
         ufirst[ia + 1] = ufirst[ia] + (rows + urows[ia] - 1) // urows[ia]
 
 
@@ -674,7 +686,7 @@ def _fused_share(
 @njit(cache=True)
 def _group(
     t_n, n, tok, ex, n_expert, f, dim, order, cnt, start, active, ufirst, urows, dfirst, drows,
-    yb, bar, stats, nt, par_quant, min_tasks, chunk, fused, units, down_units, dx, ad,
+    yb, bar, stats, nt, par_quant, min_tasks, chunk, fused, units, down_units, dx, ad, tail,
 ):  # fmt: skip
     """Phase 0 (serial): the tasks grouped by expert (ascending), ids checked, the units of the
     dynamic schedule cut and the barrier counters reset. Returns (na, q1, q3, run, dyn_g, dyn_d,
@@ -706,11 +718,11 @@ def _group(
     dyn_g = units > 0 and nt > 1
     dyn_d = down_units > 0 and nt > 1
     if dyn_g:  # units of ~equal work, about `units` a thread (see _gate_up_dyn)
-        _unit_table(n, na, f, units, nt, start, cnt, active, ufirst, urows)
+        _unit_table(n, na, f, units, nt, start, cnt, active, ufirst, urows, tail)
     # expert-major down: the fused region, a dynamic schedule, every task's outputs in yb
     bx = dx and fused and dyn_g and n <= yb.shape[0]
     if bx:
-        _unit_table(n, na, dim, units, nt, start, cnt, active, dfirst, drows)
+        _unit_table(n, na, dim, units, nt, start, cnt, active, dfirst, drows, tail)
     if dyn_d:  # about `down_units` runs of output rows a thread (see _down_dyn)
         run = min(run, max(MIN_DOWN_UNIT, dim // (down_units * nt)))
     bar[GU_CTR] = nt  # units 0..nt-1 are the threads' first, taken without the counter
@@ -730,6 +742,7 @@ def _run_layer(
     gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
     actg, actu, acth, h, order, cnt, start, active, ufirst, urows, dfirst, drows, yb, bar, stats,
     trace, nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units, down_units, waitpf, dx, eq,
+    tail,
 ):  # fmt: skip
     literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
     literally(uk)
@@ -741,6 +754,7 @@ def _run_layer(
     na, q1, q3, run, dyn_g, dyn_d, bx = _group(
         t_n, n, tok, ex, n_expert, f, dim, order, cnt, start, active, ufirst, urows, dfirst,
         drows, yb, bar, stats, nt, par_quant, min_tasks, chunk, fused, units, down_units, dx, ad,
+        tail,
     )  # fmt: skip
     if na < 0:
         return na
@@ -871,7 +885,7 @@ def _team_share(tid, nt, jaddr, gk, uk, dk):
 @njit(cache=True, nogil=True)
 def _run_team(
     x, tok, ex, wt, out, ldesc, job, ctl,
-    nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx, eq,
+    nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx, eq, tail,
 ):  # fmt: skip
     """`_run_layer`'s fused mode on the resident team: phase 0 here, then the job (this call's
     arrays, the layer's weights from ldesc, the workspaces the pool put in job) published to
@@ -890,7 +904,7 @@ def _run_team(
         _j1(job, A_CNT, np.int64), _j1(job, A_START, np.int64), _j1(job, A_ACTIVE, np.int64),
         _j1(job, A_UFIRST, np.int64), _j1(job, A_UROWS, np.int64), _j1(job, A_DFIRST, np.int64),
         _j1(job, A_DROWS, np.int64), _j2(job, A_YB, np.float32), _j1(job, A_BAR, np.int64),
-        stats, nt, par_quant, min_tasks, chunk, True, units, down_units, dx, ldesc[L_AD],
+        stats, nt, par_quant, min_tasks, chunk, True, units, down_units, dx, ldesc[L_AD], tail,
     )  # fmt: skip
     if na < 0:
         return na
@@ -970,7 +984,9 @@ class ExpertPool:
     that many work units a thread, taken from shared counters, so a thread that streams slower
     takes fewer (measured on the H200's 16-core host with the static split: at T = 1 the
     slowest thread's gate/up took 1.5-2x the fastest's, every other thread waiting at the
-    barrier). 0 restores a phase's static split. Same bits either way.
+    barrier). 0 restores a phase's static split. Same bits either way. `tail_split` (env
+    STRATA_POOL_TAIL_SPLIT, default DEFAULT_TAIL_SPLIT) cuts the units that run last, one a
+    thread's worth, that many times smaller (1: all alike; same bits).
     """
 
     def __init__(
@@ -984,6 +1000,7 @@ class ExpertPool:
         prefetch_l2: bool | None = None,
         units: int | None = None,
         down_units: int | None = None,
+        tail_split: int | None = None,
         wait_prefetch: bool | None = None,
         down_by_expert: bool | None = None,
         team: bool | None = None,
@@ -1027,6 +1044,11 @@ class ExpertPool:
                 f"units must be >= 0 (0: the static split), got {units} and {down_units} (down)"
             )
         self.units, self.down_units = int(units), int(down_units)
+        if tail_split is None:
+            tail_split = int(os.environ.get("STRATA_POOL_TAIL_SPLIT", DEFAULT_TAIL_SPLIT))
+        if tail_split < 1:
+            raise ValueError(f"tail_split must be >= 1 (1: units alike), got {tail_split}")
+        self.tail_split = int(tail_split)
         if wait_prefetch is None:  # STRATA_POOL_WAIT_PREFETCH=0: barriers only wait (A/B arm)
             wait_prefetch = _env_flag("STRATA_POOL_WAIT_PREFETCH", True)
         self.wait_prefetch = bool(wait_prefetch)
@@ -1195,6 +1217,7 @@ class ExpertPool:
             self.wait_prefetch,
             self.down_by_expert,
             2 if self.pipeline else int(self.eager_quant),  # `_fused_share`'s eq
+            self.tail_split,
         )
 
     # ---- where the last call's time went

@@ -54,7 +54,7 @@ def record_views(recs: np.ndarray, k: int) -> dict[str, np.ndarray]:
 def _serve(
     recs_i, recs_f, k, d, ready, release, step, first, spins, y, loaded, hist, ldescs,
     tokb, exb, wtb, cnt, stamps, job, ctl,
-    nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx, eq,
+    nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx, eq, tail,
 ):  # fmt: skip
     """Layers first.. of step `step`: (status, layer) as `StepServer.run` documents."""
     n_layer = ready.shape[0]
@@ -91,7 +91,7 @@ def _serve(
             h = numba.carray(address(haddr + i * row + o_h * 4), (1, d), np.float32)
             na = _run_team(
                 h, tokb[:n], exb[:n], wtb[:n], y, ldescs[i], job, ctl,
-                nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx, eq,
+                nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx, eq, tail,
             )  # fmt: skip
             if na == -ERR_BARRIER:
                 return BARRIER, i  # not counted: the Python round runs this layer again
