@@ -137,7 +137,9 @@ MIN_DOWN_UNIT = 8  # at least this many output rows a down unit
 MIN_GATE_WORK = 16
 # the units that make up the last nt of a phase's schedule (one a thread) are cut `tail` times
 # smaller (env STRATA_POOL_TAIL_SPLIT; 1: all units alike), so the threads run out of work at
-# nearly the same time (at T = 1 the slowest thread's gate/up took 12-16 us past the mean)
+# nearly the same time (at T = 1 the slowest thread's gate/up took 8-16 us past the mean). On the
+# H200's host (bench/results/session27-h200-20261204.md) 4 did that, but the smaller units
+# streamed worse by as much: the layer level (IQ3_XXS -3..-9%, Q4_K +1..+3%, IQ1_M 0..+2%): off
 DEFAULT_TAIL_SPLIT = 1
 # the expert-major down (phase 4a + 4b) while its per-task outputs [N, D] f32 fit this (T = 1:
 # 8 tasks x 2048 = 64 KiB; prefill batches keep the runs of every expert)
