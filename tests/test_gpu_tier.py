@@ -5,7 +5,7 @@ so they differ only in float32 summation order and in libm vs device cosf/expf (
 logits) until a rounding flips (tests/oracle.py): a value within float32 noise of a Q8 or f16
 rounding boundary goes one way on one side and the other way on the other, and through the KV
 cache that reaches every later position. So:
-- short independent sequences (prefill and cached decode; 20 of 7 tokens a case): at least 50%
+- short independent sequences (prefill and cached decode; 30 of 7 tokens a case): at least 60%
   of positions within 1e-4 of HostTier's logits (max |cupy - host| / max |host| over the
   vocabulary; clean positions sit at ~3e-7, but the f16 roundings of q, k and the probabilities
   flip at float noise about once per token in the synthetic models and move the logits by
@@ -15,7 +15,7 @@ cache that reaches every later position. So:
   Measured on the H200 over 60 sequences a case (bench/results/session27-h200-20261204.md):
   86-94% of prompt positions and 99-100% of decode steps within 1e-4; a flip makes every later
   position of its sequence miss, so the fraction of few sequences spreads wide (with 6, as this
-  test had, 8% of draws fell below 60% for two cases); with 20, below 50% is ~1e-4 a case;
+  test had, 8% of draws fell below 60% for two cases); with 30, below 60% is <= 7e-4 a case;
 - 32 greedy decode steps (both tiers fed the host's tokens): every step within FLIP_BOUND (or
   after a router near-tie, as above), and the greedy token equal at every step except near-ties,
   where the host's gap between its token and the GPU's is no more than twice that step's logit
@@ -137,7 +137,7 @@ def check_against(errs: np.ndarray, ra: np.ndarray, rb: np.ndarray, positions) -
     return errs
 
 
-SHORT_SEQUENCES = 20
+SHORT_SEQUENCES = 30
 
 
 @pytest.mark.parametrize("arch,quant,dense", CASES)
@@ -168,7 +168,7 @@ def test_logits_match_host_tier_on_short_sequences(synth_model, device, arch, qu
         step_errs.append(check_against(e, r_step, r_full, range(3, 7)))
     for e in (np.concatenate(errs), np.concatenate(step_errs)):
         frac = float((e <= 1e-4).mean())
-        assert frac >= 0.5, (
+        assert frac >= 0.6, (
             f"only {frac:.0%} of positions within 1e-4 (seed {seed}): {np.sort(e)[::-1][:8]}"
         )
 
