@@ -26,13 +26,12 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import replace
 
 import numba
 import numpy as np
 
-from strata.bench.cpu_pool import SHAPES, _commit, _route_seq, machine, make_layer
-from strata.cpu.bandwidth import host_read_bandwidth, llc_bytes, read_bandwidth
+from strata.bench.cpu_pool import SHAPES, _commit, _route_seq, layer_copies, machine, make_layer
+from strata.cpu.bandwidth import host_read_bandwidth, read_bandwidth
 from strata.cpu.pool import ExpertPool
 
 HUGE = 2 << 20
@@ -83,26 +82,14 @@ class Backing:
         return out
 
 
-def copies(lw, backing: Backing, min_bytes: int) -> list:
-    """Layer copies in `backing`'s memory, together at least min_bytes."""
-    one = sum(m.data.nbytes for m in (lw.gate, lw.up, lw.down))
-    n = max(1, -(-min_bytes // one))
-    return [
-        replace(lw, **{k: replace(getattr(lw, k), data=backing(getattr(lw, k).data))
-                       for k in ("gate", "up", "down")})
-        for _ in range(n)
-    ]  # fmt: skip
-
-
 def run(shape: str, quant: str, threads: int, repeats: int, arms, directory: str) -> list[dict]:
     s = SHAPES[shape]
     k, d = s["n_expert_used"], s["n_embd"]
     lw = make_layer(shape, quant)
-    want = 2 * llc_bytes()
     layers, huge = {}, {}
     for a in arms:
         h0 = _huge_kib()
-        layers[a] = copies(lw, Backing(a, directory), want)
+        layers[a] = layer_copies(lw, copy=Backing(a, directory))
         huge[a] = (_huge_kib() - h0) * 1024
     pool = ExpertPool(threads)
     rng = np.random.default_rng(1)

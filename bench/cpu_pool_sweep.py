@@ -182,49 +182,36 @@ def overhead(
         routes = [_routes(rng, 1, s["n_expert"], max(k, 1)) for _ in range(64)]
         if k == 0:  # no tasks: the fixed cost alone
             routes = [tuple(r[:0] for r in rt) for rt in routes]
-        res = {}
+        res = {}  # arm: (pool, its layer, compiled entry and its argument lists or None, ...)
         for name, pool in arms.items():
             for _ in range(2):  # compile, learn the threading layer, warm
                 pool.run_layer(x, *routes[0], lw, out=out)
-            if pool.team:
-                res[name] = (pool, None, None, [], [])
+            if pool.team:  # whole calls only
+                res[name] = (pool, lw, None, None, [], [])
                 continue
             _lw, wargs, entries, _desc = pool._plans[id(lw)]
             fn = next(iter(entries.values()))
             knobs = pool._knobs(pool.fused and pool._fused_ok is not False)
             argv = [(x, *rt, out, *wargs, *pool._ws_args, *knobs) for rt in routes]
-            res[name] = (pool, fn, argv, [], [])
-        if baseline is not None:
+            res[name] = (pool, lw, fn, argv, [], [])
+        if baseline is not None:  # whole calls only
             old = baseline.ExpertPool(threads)
             old_lw = baseline.LayerWeights(lw.gate, lw.up, lw.down)
             for _ in range(2):
                 old.run_layer(x, *routes[0], old_lw, out=out)
-            res["baseline"] = (old, None, None, [], [])
+            res["baseline"] = (old, old_lw, None, None, [], [])
         for _ in range(rounds):
-            for name, (pool, fn, argv, call, jit) in res.items():
-                if fn is None and name != "baseline":  # the team: whole calls only
+            for pool, layer, fn, argv, call, jit in res.values():
 
-                    def team_call(i, pool=pool, routes=routes):
-                        pool.run_layer(x, *routes[i % 64], lw, out=out)
-
-                    call.append(_median_us(team_call, n))
-                    jit.append(float("nan"))
-                    continue
-                if fn is None:  # the baseline: whole calls only
-
-                    def old_call(i, pool=pool, routes=routes, old_lw=old_lw):
-                        pool.run_layer(x, *routes[i % 64], old_lw, out=out)
-
-                    call.append(_median_us(old_call, n))
-                    jit.append(float("nan"))
-                    continue
-
-                def one_call(i, pool=pool, routes=routes):
-                    pool.run_layer(x, *routes[i % 64], lw, out=out)
+                def one_call(i, pool=pool, routes=routes, layer=layer):
+                    pool.run_layer(x, *routes[i % 64], layer, out=out)
 
                 call.append(_median_us(one_call, n))
-                jit.append(_median_us(lambda i, fn=fn, argv=argv: fn(*argv[i % 64]), n))
-        for name, (pool, _fn, _argv, call, jit) in res.items():
+                if fn is None:
+                    jit.append(float("nan"))
+                else:
+                    jit.append(_median_us(lambda i, fn=fn, argv=argv: fn(*argv[i % 64]), n))
+        for name, (pool, _layer, _fn, _argv, call, jit) in res.items():
             c, j = min(call), min(jit)
             fused_active = bool(getattr(pool, "fused", False) and pool._fused_ok)
             rows.append(

@@ -82,12 +82,14 @@ def make_layer(shape: str, quant: str, seed: int = 0, layout: str | None = None)
     return prepare_layer(*mats, layout=layout)
 
 
-def layer_copies(lw, min_bytes: int | None = None) -> list:
+def layer_copies(lw, min_bytes: int | None = None, copy=None) -> list:
     """`lw` and copies of its expert bytes in fresh memory, enough that together they are at
     least twice the last-level cache (min_bytes): timed in rotation, each call reads weights
     the cache no longer holds, as a decode step going through all layers does. A single layer
     timed again and again stays partly cached on a host whose LLC is as large as a layer
-    (Sapphire Rapids here: 300 MiB of L3 against 316 MB of Qwen3-30B-A3B IQ3_XXS experts)."""
+    (Sapphire Rapids here: 300 MiB of L3 against 316 MB of Qwen3-30B-A3B IQ3_XXS experts).
+    copy: a function array -> its copy in some kind of memory (bench/cpu_page_ab.py); then
+    every layer of the list is such a copy, `lw` itself is not among them."""
     from dataclasses import replace
 
     from strata.cpu.bandwidth import llc_bytes
@@ -95,16 +97,13 @@ def layer_copies(lw, min_bytes: int | None = None) -> list:
     want = 2 * llc_bytes() if min_bytes is None else min_bytes
     one = sum(m.data.nbytes for m in (lw.gate, lw.up, lw.down))
     n = max(1, -(-want // max(one, 1)))
-    out = [lw]
-    for _ in range(n - 1):
+    out = [lw] if copy is None else []
+    copy = copy or np.ndarray.copy
+    while len(out) < n:
         out.append(
-            replace(
-                lw,
-                gate=replace(lw.gate, data=lw.gate.data.copy()),
-                up=replace(lw.up, data=lw.up.data.copy()),
-                down=replace(lw.down, data=lw.down.data.copy()),
-            )
-        )
+            replace(lw, **{k: replace(getattr(lw, k), data=copy(getattr(lw, k).data))
+                           for k in ("gate", "up", "down")})
+        )  # fmt: skip
     return out
 
 
