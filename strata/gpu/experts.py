@@ -112,8 +112,6 @@ def moe_experts(
             raise ValueError(f"fused-quant MoE: {t * k} pairs for {cnt.size} counters / "
                              f"{aact.tmax} intermediate rows")  # fmt: skip
         args += (aact.q, aact.d, i32(MODES[aact.mode]), cnt)
-    # the down rows each pair's gate/up blocks ask of L2 for moe_down (experts.cu's prefetch)
-    args += (down.buf, i64(down.slot_bytes), i64(fmt(qd).row_bytes(f) * d))
     K.fn("experts.cu", f"{gu_name}_{Q_NAMES[qg]}")(
         (-(-f // (wpb if rows == 0 else ST_WARPS * rows)), t * k),
         block if rows == 0 else st_block,

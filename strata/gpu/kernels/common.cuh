@@ -49,28 +49,6 @@ struct alignas(16) f32x4 {
 #define STRATA_PDL_TRIGGER() ((void)0)
 #define STRATA_PREFETCH_L2(p) ((void)(p))
 #endif
-
-// Bytes [p, p + n) asked of L2 by the calling block (every thread calls it; nothing waits for
-// the data): on sm_90+ one bulk prefetch (cp.async.bulk.prefetch.L2, a TMA request from thread
-// 0) of the 16-byte multiple of n where p is 16-byte aligned, else one prefetch a 128-byte line
-// spread over the block's threads. A no-op on HIP, the emulator and before sm_90. The caller
-// keeps [p, p + n) inside a live allocation; a prefetch only warms L2, the coherent level, so it
-// never changes a result.
-__device__ __forceinline__ void block_prefetch_l2(const u8* p, i64 n) {
-#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if ((((u64)p) & 15) == 0 && n >= 16) {
-        if (threadIdx.x == 0)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((u32)(n & ~15ll))
-                         : "memory");
-    } else {
-        for (i64 o = 128ll * threadIdx.x; o < n; o += 128ll * blockDim.x) STRATA_PREFETCH_L2(p + o);
-    }
-#else
-    (void)p;
-    (void)n;
-#endif
-}
-
 // The split form, for a kernel whose weights do not depend on its predecessor (the T = 1 GEMVs,
 // gemv.cu): it asks L2 for its weight rows (STRATA_PREFETCH_L2), STRATA_PDL_WAIT()s, and lets the
 // next kernel in (STRATA_PDL_TRIGGER()) either at once or only after its main loop, so that a

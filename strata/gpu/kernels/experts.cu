@@ -25,33 +25,11 @@
 //                as norm_quant does (q8_quant.cuh) and sets the counter back to 0 (ready for the
 //                next launch or a graph replay). Skipped pairs touch neither act nor aq / cnt.
 // Per (pair, row) the float operations and their order are those of moe_gate_up / moe_down.
-// Down prefetch (every gate/up variant; pf null or -DSTRATA_MOE_DOWN_PREFETCH=0: none): a block
-// of pair p asks L2 for its share of the down rows of p's slot (pf + slot * pf_stride, pf_n
-// bytes, split over the pair's gridDim.x blocks), so that moe_down, which reads them after the
-// gate/up launch and the intermediate's quantization, finds them in L2 instead of paying DRAM
-// latency; gate/up itself reads far below the DRAM bandwidth, so the prefetch's reads fit in
-// beside. It changes no result (common.cuh block_prefetch_l2).
 #include "quant_blocks.cuh"
 #include "q8_quant.cuh"
 
 #define MOE_ST_WARPS 4  // experts.py's ST_WARPS
 #define MOE_KG 8        // pairs staged together by moe_down_st (fewer where 40 KiB is short)
-#ifndef STRATA_MOE_DOWN_PREFETCH
-#define STRATA_MOE_DOWN_PREFETCH 1
-#endif
-
-// this block's share of the down rows of expert slot `slot` asked of L2 (the header's prefetch)
-__device__ __forceinline__ void prefetch_down_share(const u8* pf, i64 pf_stride, i64 pf_n,
-                                                    int slot) {
-#if STRATA_MOE_DOWN_PREFETCH
-    if (pf == nullptr) return;
-    const i64 nb = gridDim.x, bx = blockIdx.x;
-    const i64 lo = (pf_n * bx / nb) & ~15ll, hi = bx + 1 == nb ? pf_n : (pf_n * (bx + 1) / nb) & ~15ll;
-    block_prefetch_l2(pf + slot * pf_stride + lo, hi - lo);
-#else
-    (void)pf, (void)pf_stride, (void)pf_n, (void)slot;
-#endif
-}
 
 // one warp: silu(gate[f]) * up[f] of expert slot `slot` on token t (lane 0 holds the result)
 template <int QT, class G>
@@ -90,17 +68,15 @@ __device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u
                                             i64 slot_stride, const i8* __restrict__ hq,
                                             const float* __restrict__ hd, int xd_shift,
                                             const i32* __restrict__ pair_slot, int K,
-                                            float* __restrict__ act, int F, int D, const u8* pf,
-                                            i64 pf_stride, i64 pf_n) {
+                                            float* __restrict__ act, int F, int D) {
     __shared__ typename GridTab<QT>::Store smt;
     const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
     const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
     const int f = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
     const int p = blockIdx.y;
-    const int slot = pair_slot[p];
-    if (slot < 0) return;  // the whole block: one pair
-    prefetch_down_share(pf, pf_stride, pf_n, slot);
     if (f >= F) return;
+    const int slot = pair_slot[p];
+    if (slot < 0) return;
     const float a = moe_gate_up_row<QT>(gate, up, slot, slot_stride, hq, hd, xd_shift, p / K, f,
                                         D, lane, tab);
     if (lane == 0) act[(i64)p * F + f] = a;
@@ -119,8 +95,7 @@ __device__ __forceinline__ void moe_gate_up_fq(const u8* __restrict__ gate,
                                                const i32* __restrict__ pair_slot, int K,
                                                float* __restrict__ act, int F, int D,
                                                i8* __restrict__ aq, float* __restrict__ ad,
-                                               int amode, i32* __restrict__ cnt, const u8* pf,
-                                               i64 pf_stride, i64 pf_n) {
+                                               int amode, i32* __restrict__ cnt) {
     __shared__ int last;
     __shared__ typename GridTab<QT>::Store smt;
     const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
@@ -130,7 +105,6 @@ __device__ __forceinline__ void moe_gate_up_fq(const u8* __restrict__ gate,
     const int p = blockIdx.y;
     const int slot = pair_slot[p];
     if (slot < 0) return;  // the whole block: one pair
-    prefetch_down_share(pf, pf_stride, pf_n, slot);
     if (f < F) {
         const float a = moe_gate_up_row<QT>(gate, up, slot, slot_stride, hq, hd, xd_shift, p / K,
                                             f, D, lane, tab);
@@ -188,8 +162,7 @@ __device__ __forceinline__ void moe_gate_up_st(const u8* __restrict__ gate,
                                                const i8* __restrict__ hq,
                                                const float* __restrict__ hd, int xd_shift,
                                                const i32* __restrict__ pair_slot, int K,
-                                               float* __restrict__ act, int F, int D,
-                                               const u8* pf, i64 pf_stride, i64 pf_n) {
+                                               float* __restrict__ act, int F, int D) {
     typedef Stage<QT> S;
     __shared__ i32x4 sm[MOE_ST_WARPS][2 * R * S::BUF / 16];  // 16-byte aligned
     __shared__ typename GridTab<QT>::Store smt;
@@ -197,7 +170,6 @@ __device__ __forceinline__ void moe_gate_up_st(const u8* __restrict__ gate,
     const int p = blockIdx.y;
     const int slot = pair_slot[p];
     if (slot < 0) return;  // the whole block: one pair
-    prefetch_down_share(pf, pf_stride, pf_n, slot);
     const auto tab = stage_tab<QT>(smt.v);
     const int f0 = (blockIdx.x * MOE_ST_WARPS + wid) * R;
     if (f0 >= F) return;
@@ -304,21 +276,19 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
 #define MOE_KERNELS(name, QT)                                                                  \
     extern "C" __global__ void moe_gate_up_##name(                                             \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
-        int xd_shift, const i32* pair_slot, int K, float* act, int F, int D, const u8* pf,     \
-        i64 pf_stride, i64 pf_n) {                                                             \
+        int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
         STRATA_PDL_ENTER();                                                                    \
         if (FMT_ON(QT))                                                                        \
-            moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D,  \
-                            pf, pf_stride, pf_n);                                              \
+            moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D); \
     }                                                                                          \
     extern "C" __global__ void moe_gate_up_fq_##name(                                          \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* pair_slot, int K, float* act, int F, int D, i8* aq,           \
-        float* ad, int amode, i32* cnt, const u8* pf, i64 pf_stride, i64 pf_n) {               \
+        float* ad, int amode, i32* cnt) {                                                      \
         STRATA_PDL_ENTER();                                                                    \
         if (FMT_ON(QT))                                                                        \
             moe_gate_up_fq<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F,  \
-                               D, aq, ad, amode, cnt, pf, pf_stride, pf_n);                    \
+                               D, aq, ad, amode, cnt);                                         \
     }                                                                                          \
     extern "C" __global__ void moe_down_##name(const u8* down, i64 slot_stride, const i8* aq,  \
                                                const float* ad, int xd_shift,                  \
@@ -336,22 +306,20 @@ STRATA_QFORMATS(MOE_KERNELS)
     extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \
         moe_gate_up_st1_##name(const u8* gate, const u8* up, i64 slot_stride, const i8* hq,    \
                                const float* hd, int xd_shift, const i32* pair_slot, int K,     \
-                               float* act, int F, int D, const u8* pf, i64 pf_stride,          \
-                               i64 pf_n) {                                                     \
+                               float* act, int F, int D) {                                     \
         STRATA_PDL_ENTER();                                                                    \
         if (FMT_ON(QT))                                                                        \
             moe_gate_up_st<QT, 1>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,  \
-                                  F, D, pf, pf_stride, pf_n);                                  \
+                                  F, D);                                                       \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \
         moe_gate_up_st2_##name(const u8* gate, const u8* up, i64 slot_stride, const i8* hq,    \
                                const float* hd, int xd_shift, const i32* pair_slot, int K,     \
-                               float* act, int F, int D, const u8* pf, i64 pf_stride,          \
-                               i64 pf_n) {                                                     \
+                               float* act, int F, int D) {                                     \
         STRATA_PDL_ENTER();                                                                    \
         if (FMT_ON(QT))                                                                        \
             moe_gate_up_st<QT, 2>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,  \
-                                  F, D, pf, pf_stride, pf_n);                                  \
+                                  F, D);                                                       \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \
         moe_down_st_##name(const u8* down, i64 slot_stride, const i8* aq, const float* ad,     \
