@@ -39,6 +39,26 @@ def test_moe_decode_variant_defaults_by_type_and_env_overrides(monkeypatch):
         ex.parse_variant(None, QT.Q4_K)
 
 
+def test_down_launch_shapes_and_fallback():
+    """moe_down_sp<W>: MOE_SP_R(W) rows of W warps a block; past SP_IT warp-widths of items a
+    row, moe_down's launch instead (wave32 and wave64)."""
+    from types import SimpleNamespace
+
+    import strata.gpu.experts as ex
+
+    for warp in (32, 64):
+        K = SimpleNamespace(warp=warp, warps_per_block=lambda n, w=warp: max(1, n // w))
+        d, t = 2048, 3
+        assert ex.down_launch(K, "sp2", d, t, 8, 768) == ("moe_down_sp2", (1024, 3), (4 * warp,))
+        assert ex.down_launch(K, "sp3", d, t, 8, 768) == ("moe_down_sp3", (2048, 3), (3 * warp,))
+        assert ex.down_launch(K, "sp6", d, t, 8, 768) == ("moe_down_sp6", (2048, 3), (6 * warp,))
+        f_big = (ex.SP_IT * warp // 8 + 1) * 32  # K = 8: one warp-width of items past SP_IT
+        legacy = ex.down_launch(K, "legacy", d, t, 8, f_big)
+        assert ex.down_launch(K, "sp2", d, t, 8, f_big) == legacy
+        assert legacy == ("moe_down", (-(-d // max(1, 128 // warp)), 3), (max(1, 128 // warp) * warp,))
+        assert ex.down_launch(K, "st", d, t, 8, 768) == ("moe_down_st", (512, 3), (4 * warp,))
+
+
 def test_compiled_grouping_gives_group_pairs_arrays():
     """pairs_fast.group_pairs_into (a counting sort) writes exactly group_pairs' arrays, and
     distinct_experts is np.unique of the valid ids: random slots with skipped pairs, runs longer

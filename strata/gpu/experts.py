@@ -28,12 +28,30 @@ ST_WARPS = 4  # experts.cu MOE_ST_WARPS: warps a block of the staged (*_st*) ker
 # (one warp a row, weights read straight from global memory); st1 / st2 = moe_gate_up_st1/2
 # (1 or 2 rows a warp, row chunks staged through shared memory with 16-byte loads); st =
 # moe_down_st; fq = moe_gate_up_fq (moe_gate_up that also quantizes the intermediate, the last
-# block of each pair through a counter: no separate norm_quant launch, the same bits). Same sums
-# in the same order; bench/experts_decode_sweep.py times them.
+# block of each pair through a counter: no separate norm_quant launch, the same bits); sp2 /
+# sp3 / sp6 = moe_down_sp<W> (W warps a row, warp 0 adding the others' items in moe_down's order;
+# a row of more than SP_IT warp-widths of items runs moe_down). Same sums in the same order;
+# bench/experts_decode_sweep.py times them.
 GATE_UP_VARIANTS = {"legacy": ("moe_gate_up", 0), "st1": ("moe_gate_up_st1", 1),
                     "st2": ("moe_gate_up_st2", 2), "fq": ("moe_gate_up_fq", 0)}  # fmt: skip
 FUSED_QUANT = {"fq"}  # gate/up variants that quantize the intermediate themselves (need `cnt`)
-DOWN_VARIANTS = {"legacy": "moe_down", "st": "moe_down_st"}
+DOWN_VARIANTS = {"legacy": "moe_down", "st": "moe_down_st", "sp2": "moe_down_sp2",
+                 "sp3": "moe_down_sp3", "sp6": "moe_down_sp6"}  # fmt: skip
+SP_IT = 16  # experts.cu MOE_SP_IT: item iterations a row of moe_down_sp<W> holds at most
+
+
+def down_launch(K: Kernels, dn: str, d: int, t: int, k: int, f: int) -> tuple[str, tuple, tuple]:
+    """(kernel name prefix, grid, block) of the down kernel `dn` for D = d, T = t, K = k,
+    F = f: moe_down_sp<W> runs MOE_SP_R(W) rows of W warps a block, and falls back to moe_down
+    where a row's K * F / 32 items exceed SP_IT warp-widths."""
+    if dn.startswith("sp"):
+        w = int(dn[2:])
+        if -(-k * (f // 32) // K.warp) <= SP_IT:
+            rows = 1 if w >= 4 else 4 // w
+            return DOWN_VARIANTS[dn], (-(-d // rows), t), (rows * w * K.warp,)
+        dn = "legacy"
+    rows = K.warps_per_block(THREADS) if dn == "legacy" else ST_WARPS
+    return DOWN_VARIANTS[dn], (-(-d // rows), t), (rows * K.warp,)
 # the engine's choice by the gate/up experts' type (STRATA_MOE_VARIANT overrides it for all):
 # st1+legacy, but legacy+legacy for Q8_0, whose plain loads the staging only slows. On the H200
 # (bench/results/session7-h200-20261130.md) st1 took 4-26% off the T = 1 and T = 4 MoE time of
@@ -119,9 +137,10 @@ def moe_experts(
     )
     if gu not in FUSED_QUANT:
         norm_quant(K, act, t * k, act=aact)  # the intermediate, Q8 as ggml quantizes it
-    K.fn("experts.cu", f"{DOWN_VARIANTS[dn]}_{Q_NAMES[qd]}")(
-        (-(-d // (wpb if dn == "legacy" else ST_WARPS)), t),
-        block if dn == "legacy" else st_block,
+    dname, dgrid, dblock = down_launch(K, dn, d, t, k, f)
+    K.fn("experts.cu", f"{dname}_{Q_NAMES[qd]}")(
+        dgrid,
+        dblock,
         (
             down.buf,
             i64(down.slot_bytes),

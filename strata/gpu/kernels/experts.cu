@@ -273,6 +273,89 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
     if (lane == 0) out[t * D + d] = resid ? resid[t * D + d] + acc : acc;
 }
 
+// moe_down with W warps a row: the lanes' item iterations (item j = lane + STRATA_WARP * i, as
+// moe_down deals them) cut into W runs, warp w computing run w. Warp 0 sums its own run as
+// moe_down does; the others leave each item's two factors (pair weight, scaled dot) in shared
+// memory, and warp 0 then adds them in moe_down's order with moe_down's expression: the same
+// float operations in the same order, so the same bits, with W times the warps in flight (moe_down
+// runs D * T warps: a quarter of an H200's warp slots at D = 2048, T = 1). Rows a block: MOE_SP_R
+// (W), one row's iterations at most MOE_SP_IT (experts.py uses moe_down past that).
+#define MOE_SP_IT 16
+#define MOE_SP_R(W) ((W) >= 4 ? 1 : 4 / (W))
+
+template <int QT, int W>
+__device__ __forceinline__ void moe_down_sp(const u8* __restrict__ down, i64 slot_stride,
+                                            const i8* __restrict__ aq,
+                                            const float* __restrict__ ad, int xd_shift,
+                                            const i32* __restrict__ pair_slot,
+                                            const float* __restrict__ pair_w, int K,
+                                            float* __restrict__ out, int D, int F,
+                                            const float* __restrict__ resid) {
+    enum { R = MOE_SP_R(W) };
+    __shared__ typename GridTab<QT>::Store smt;
+    __shared__ float2 part[R][MOE_SP_IT][STRATA_WARP];  // (pair weight, scaled dot) of an item
+    const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int r = wid / W, w = wid % W;
+    const int d = blockIdx.x * R + r;
+    const i64 t = blockIdx.y;
+    const int nsub = F / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
+    const int nj = K * nsub, nit = (nj + STRATA_WARP - 1) / STRATA_WARP;
+    const int i0 = nit * w / W, i1 = nit * (w + 1) / W;
+    const i64 row_bytes = (i64)(F / Fmt<QT>::QK) * Fmt<QT>::BB;
+    float acc = 0.0f;
+    if (d < D) {
+#pragma unroll 3
+        for (int i = i0; i < i1; ++i) {
+            const int j = lane + STRATA_WARP * i;
+            if (j >= nj) break;
+            const int k = j / nsub, sb = j - k * nsub;
+            const i64 p = t * K + k;
+            const int slot = pair_slot[p];
+            if (slot < 0) continue;
+            const u8* dr = down + slot * slot_stride + d * row_bytes;
+            const i32x4* xp = (const i32x4*)(aq + p * F + sb * 32);
+            const i32x4 a = xp[0], b = xp[1];
+            const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            int wq[8];
+            float s0, s1, mn;
+            Fmt<QT>::decode(dr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, wq, s0, s1, mn, tab);
+            const float pw = pair_w[p], q = ad[p * nxd + (sb >> xd_shift)] * dot32<QT>(wq, s0, s1, mn, xv);
+            if (w == 0)
+                acc += pw * q;  // moe_down's expression
+            else
+                part[r][i][lane] = make_float2(pw, q);
+        }
+    }
+    __syncthreads();
+    if (w != 0 || d >= D) return;
+    for (int i = i1; i < nit; ++i) {  // the other warps' items, in moe_down's order
+        const int j = lane + STRATA_WARP * i;
+        if (j >= nj) break;
+        if (pair_slot[t * K + j / nsub] < 0) continue;
+        const float2 v = part[r][i][lane];
+        acc += v.x * v.y;
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) out[t * D + d] = resid ? resid[t * D + d] + acc : acc;
+}
+
+#define MOE_SP_KERNEL(name, QT, W)                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_SP_R(W) * W * STRATA_WARP)                \
+        moe_down_sp##W##_##name(const u8* down, i64 slot_stride, const i8* aq, const float* ad,  \
+                                int xd_shift, const i32* pair_slot, const float* pair_w, int K, \
+                                float* out, int D, int F, const float* resid) {                \
+        STRATA_PDL_ENTER();                                                                    \
+        if (FMT_ON(QT))                                                                        \
+            moe_down_sp<QT, W>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, \
+                               D, F, resid);                                                   \
+    }
+#define MOE_SP_KERNELS(name, QT) \
+    MOE_SP_KERNEL(name, QT, 2)   \
+    MOE_SP_KERNEL(name, QT, 3)   \
+    MOE_SP_KERNEL(name, QT, 6)
+STRATA_QFORMATS(MOE_SP_KERNELS)
+
 #define MOE_KERNELS(name, QT)                                                                  \
     extern "C" __global__ void moe_gate_up_##name(                                             \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
