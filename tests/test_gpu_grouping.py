@@ -26,9 +26,10 @@ def test_moe_decode_variant_defaults_by_type_and_env_overrides(monkeypatch):
     import strata.gpu.experts as ex
 
     monkeypatch.setattr(ex, "MOE_VARIANT", None)
-    assert ex.parse_variant(None, QT.Q8_0) == ("legacy", "legacy")
-    for q in (QT.IQ3_XXS, QT.Q4_K, QT.Q6_K, QT.IQ1_M):
-        assert ex.parse_variant(None, q) == ("st1", "legacy")
+    assert ex.parse_variant(None, QT.Q8_0) == ("legacy", "sp2")
+    assert ex.parse_variant(None, QT.IQ1_M) == ("st1", "legacy")
+    for q in (QT.IQ3_XXS, QT.Q4_K, QT.Q6_K):
+        assert ex.parse_variant(None, q) == ("st1", "sp2")
     assert ex.parse_variant("st2+st", QT.Q8_0) == ("st2", "st")  # an explicit variant wins
     monkeypatch.setattr(ex, "MOE_VARIANT", "fq")  # STRATA_MOE_VARIANT: every type
     assert ex.parse_variant(None, QT.Q8_0) == ex.parse_variant(None, QT.IQ3_XXS) == ("fq", "legacy")

@@ -53,12 +53,13 @@ def down_launch(K: Kernels, dn: str, d: int, t: int, k: int, f: int) -> tuple[st
     rows = K.warps_per_block(THREADS) if dn == "legacy" else ST_WARPS
     return DOWN_VARIANTS[dn], (-(-d // rows), t), (rows * K.warp,)
 # the engine's choice by the gate/up experts' type (STRATA_MOE_VARIANT overrides it for all):
-# st1+legacy, but legacy+legacy for Q8_0, whose plain loads the staging only slows. On the H200
-# (bench/results/session7-h200-20261130.md) st1 took 4-26% off the T = 1 and T = 4 MoE time of
-# IQ3_XXS, Q4_K, Q6_K, IQ1_M, was level for IQ4_XS and IQ2_XXS and cost Q8_0 5-11%; the
-# all-resident IQ3_XXS decode went 312.1 / 313.1 -> 316.5 / 316.1 tok/s (alternating runs).
-DEFAULT_MOE_VARIANT = "st1+legacy"
-MOE_VARIANT_BY_TYPE = {QT.Q8_0: "legacy+legacy"}
+# st1+sp2, but legacy+sp2 for Q8_0, whose plain loads the staging only slows, and st1+legacy for
+# IQ1_M. On the H200 (bench/results/session7-h200-20261130.md) st1 took 4-26% off the T = 1 and
+# T = 4 MoE time of IQ3_XXS, Q4_K, Q6_K, IQ1_M, was level for IQ4_XS and IQ2_XXS and cost Q8_0
+# 5-11%; the down kernel sp2 (session 28, bench/results/session28-h200-20261204.md) took 3.9-4.1%
+# off the decode layer's MoE time of IQ3_XXS and Q4_K and 1.8% off Q8_0's, and was level for IQ1_M.
+DEFAULT_MOE_VARIANT = "st1+sp2"
+MOE_VARIANT_BY_TYPE = {QT.Q8_0: "legacy+sp2", QT.IQ1_M: "st1+legacy"}
 MOE_VARIANT = os.environ.get("STRATA_MOE_VARIANT")
 
 
