@@ -26,9 +26,10 @@ def test_moe_decode_variant_defaults_by_type_and_env_overrides(monkeypatch):
     import strata.gpu.experts as ex
 
     monkeypatch.setattr(ex, "MOE_VARIANT", None)
-    assert ex.parse_variant(None, QT.Q8_0) == ("legacy", "sp2")
+    for q in (QT.Q8_0, QT.IQ3_XXS, QT.IQ2_XXS, QT.IQ2_S):
+        assert ex.parse_variant(None, q) == ("legacy", "sp2")
     assert ex.parse_variant(None, QT.IQ1_M) == ("st1", "legacy")
-    for q in (QT.IQ3_XXS, QT.Q4_K, QT.Q6_K):
+    for q in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.IQ3_S):
         assert ex.parse_variant(None, q) == ("st1", "sp2")
     assert ex.parse_variant("st2+st", QT.Q8_0) == ("st2", "st")  # an explicit variant wins
     monkeypatch.setattr(ex, "MOE_VARIANT", "fq")  # STRATA_MOE_VARIANT: every type

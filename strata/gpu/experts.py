@@ -53,13 +53,21 @@ def down_launch(K: Kernels, dn: str, d: int, t: int, k: int, f: int) -> tuple[st
     rows = K.warps_per_block(THREADS) if dn == "legacy" else ST_WARPS
     return DOWN_VARIANTS[dn], (-(-d // rows), t), (rows * K.warp,)
 # the engine's choice by the gate/up experts' type (STRATA_MOE_VARIANT overrides it for all):
-# st1+sp2, but legacy+sp2 for Q8_0, whose plain loads the staging only slows, and st1+legacy for
-# IQ1_M. On the H200 (bench/results/session7-h200-20261130.md) st1 took 4-26% off the T = 1 and
-# T = 4 MoE time of IQ3_XXS, Q4_K, Q6_K, IQ1_M, was level for IQ4_XS and IQ2_XXS and cost Q8_0
-# 5-11%; the down kernel sp2 (session 28, bench/results/session28-h200-20261204.md) took 3.9-4.1%
-# off the decode layer's MoE time of IQ3_XXS and Q4_K and 1.8% off Q8_0's, and was level for IQ1_M.
+# st1+sp2; legacy+sp2 for Q8_0 (whose plain loads the staging only slows), IQ3_XXS, IQ2_XXS and
+# IQ2_S; st1+legacy for IQ1_M. On the H200 (bench/results/session7-h200-20261130.md) st1 took
+# 4-26% off the T = 1 and T = 4 MoE time of IQ3_XXS, Q4_K, Q6_K, IQ1_M, was level for IQ4_XS and
+# IQ2_XXS and cost Q8_0 5-11%. Session 28 (bench/results/session28-h200-20261204.md, call VD: a
+# decode layer's MoE at T = 1, graph + PDL) measured the down kernel sp2 against moe_down: best
+# pair against st1+legacy 0.90x-0.99x for every type (IQ3_XXS legacy+sp2 0.92x, Q4_K 0.97x) but
+# IQ1_M (level: kept); the all-resident IQ3_XXS engine went 337.0 / 332.0 -> 347.5 / 347.6 tok/s.
 DEFAULT_MOE_VARIANT = "st1+sp2"
-MOE_VARIANT_BY_TYPE = {QT.Q8_0: "legacy+sp2", QT.IQ1_M: "st1+legacy"}
+MOE_VARIANT_BY_TYPE = {
+    QT.Q8_0: "legacy+sp2",
+    QT.IQ3_XXS: "legacy+sp2",
+    QT.IQ2_XXS: "legacy+sp2",
+    QT.IQ2_S: "legacy+sp2",
+    QT.IQ1_M: "st1+legacy",
+}
 MOE_VARIANT = os.environ.get("STRATA_MOE_VARIANT")
 
 
