@@ -57,7 +57,11 @@ def test_down_launch_shapes_and_fallback():
         f_big = (ex.SP_IT * warp // 8 + 1) * 32  # K = 8: one warp-width of items past SP_IT
         legacy = ex.down_launch(K, "legacy", d, t, 8, f_big)
         assert ex.down_launch(K, "sp2", d, t, 8, f_big) == legacy
-        assert legacy == ("moe_down", (-(-d // max(1, 128 // warp)), 3), (max(1, 128 // warp) * warp,))
+        assert legacy == (
+            "moe_down",
+            (-(-d // max(1, 128 // warp)), 3),
+            (max(1, 128 // warp) * warp,),
+        )
         assert ex.down_launch(K, "st", d, t, 8, 768) == ("moe_down_st", (512, 3), (4 * warp,))
 
 

@@ -46,5 +46,7 @@ for v in order:
 print(f"{'format':8} {'arm':14} {'moe us':>8} {'% copy':>7} {'layer us':>9} {'moe us, all passes'}")
 for (q, v), rs in res.items():
     best = min(rs)
-    print(f"{q:8} {v:14} {best[0]:8.2f} {best[1]:6.1f}% {min(x[2] for x in rs):9.2f} "
-          + " ".join(f"{x[0]:.2f}" for x in rs))
+    print(
+        f"{q:8} {v:14} {best[0]:8.2f} {best[1]:6.1f}% {min(x[2] for x in rs):9.2f} "
+        + " ".join(f"{x[0]:.2f}" for x in rs)
+    )

@@ -52,6 +52,8 @@ def down_launch(K: Kernels, dn: str, d: int, t: int, k: int, f: int) -> tuple[st
         dn = "legacy"
     rows = K.warps_per_block(THREADS) if dn == "legacy" else ST_WARPS
     return DOWN_VARIANTS[dn], (-(-d // rows), t), (rows * K.warp,)
+
+
 # the engine's choice by the gate/up experts' type (STRATA_MOE_VARIANT overrides it for all):
 # st1+sp2; legacy+sp2 for Q8_0 (whose plain loads the staging only slows), IQ3_XXS, IQ2_XXS and
 # IQ2_S; st1+legacy for IQ1_M. On the H200 (bench/results/session7-h200-20261130.md) st1 took
