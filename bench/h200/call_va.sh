@@ -3,19 +3,13 @@
 # down rows) against the build without it (-DSTRATA_MOE_DOWN_PREFETCH=0): the MoE layer at T = 1
 # (decode_reg_ab.py, one process, arms interleaved), then the all-resident engine A B B A.
 . bench/h200/lib.sh
+O=$OUT
 start_model
 el "decode_reg_ab: default against -DSTRATA_MOE_DOWN_PREFETCH=0"
 timeout 200 python3 bench/h200/decode_reg_ab.py IQ3_XXS,Q4_K,Q8_0 -DSTRATA_MOE_DOWN_PREFETCH=0 \
   > $OUT/moe-prefetch-ab.txt 2>&1
 echo "rc=$?"; grep -E "copy|moe|Error|error" $OUT/moe-prefetch-ab.txt | tail -12
 wait_model || { el "no model"; exit 1; }
-run_arm() {  # name, then env assignments
-  local name=$1; shift
-  el "all-gpu $name"
-  env "$@" timeout 80 python3 -m strata.bench --arm all-gpu --model $M --vram-budget-widen \
-    --vram-budget-mib 40000 -p 512 -n 128 -r 3 --json $OUT/all-gpu-$name.json > $OUT/all-gpu-$name.txt 2>&1
-  echo "rc=$?"; grep -E "^all-gpu|rror" $OUT/all-gpu-$name.txt | tail -1
-}
 run_arm pf-a STRATA_X=0
 run_arm nopf-b STRATA_KERNEL_DEFINES=-DSTRATA_MOE_DOWN_PREFETCH=0
 run_arm nopf-c STRATA_KERNEL_DEFINES=-DSTRATA_MOE_DOWN_PREFETCH=0

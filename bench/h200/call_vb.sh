@@ -3,6 +3,7 @@
 # tests (bit equality with legacy, the reference), the decode sweep's MoE pairs, then the
 # all-resident engine with each down variant (STRATA_MOE_VARIANT), the default first and last.
 . bench/h200/lib.sh
+O=$OUT
 start_model
 el "moe kernel tests"
 timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_kernels.py -k "moe" \
@@ -15,13 +16,6 @@ timeout 200 python3 bench/experts_decode_sweep.py --no-gemv --builds fast+smem \
   --json $OUT/sweep.json > $OUT/sweep.txt 2>&1
 echo "rc=$?"; tail -40 $OUT/sweep.txt
 wait_model || { el "no model"; exit 1; }
-run_arm() {  # name, then env assignments
-  local name=$1; shift
-  el "all-gpu $name"
-  env "$@" timeout 80 python3 -m strata.bench --arm all-gpu --model $M --vram-budget-widen \
-    --vram-budget-mib 40000 -p 512 -n 128 -r 3 --json $OUT/all-gpu-$name.json > $OUT/all-gpu-$name.txt 2>&1
-  echo "rc=$?"; grep -E "^all-gpu|rror" $OUT/all-gpu-$name.txt | tail -1
-}
 run_arm default-a STRATA_X=0
 run_arm sp2 STRATA_MOE_VARIANT=st1+sp2
 run_arm sp3 STRATA_MOE_VARIANT=st1+sp3

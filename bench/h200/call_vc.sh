@@ -9,13 +9,6 @@ timeout 200 python3 bench/h200/moe_variant_ab.py IQ3_XXS,Q4_K,IQ1_M,Q8_0 default
   > $O/moe-variant-ab.txt 2>&1
 echo "rc=$?"; cat $O/moe-variant-ab.txt | tail -16
 wait_model || { el "no model"; tar -czf $OUT/vc.tgz -C $O .; exit 1; }
-run_arm() {  # name, then env assignments
-  local name=$1; shift
-  el "all-gpu $name"
-  env "$@" timeout 80 python3 -m strata.bench --arm all-gpu --model $M --vram-budget-widen \
-    --vram-budget-mib 40000 -p 512 -n 128 -r 3 --json $O/all-gpu-$name.json > $O/all-gpu-$name.txt 2>&1
-  echo "rc=$?"; grep -E "^all-gpu|rror" $O/all-gpu-$name.txt | tail -1
-}
 run_arm default-a STRATA_X=0
 run_arm sp2-b STRATA_MOE_VARIANT=st1+sp2
 run_arm sp2-c STRATA_MOE_VARIANT=st1+sp2

@@ -10,13 +10,6 @@ timeout 150 python3 bench/h200/moe_variant_ab.py Q5_K,Q6_K,IQ4_XS,IQ3_S,IQ2_XXS,
   st1+legacy,st1+sp2,legacy+sp2,legacy+legacy 1 > $O/moe-variant-ab.txt 2>&1
 echo "rc=$?"; tail -41 $O/moe-variant-ab.txt
 wait_model || { el "no model"; tar -czf $OUT/vd.tgz -C $O .; exit 1; }
-run_arm() {  # name, then env assignments
-  local name=$1; shift
-  el "all-gpu $name"
-  env "$@" timeout 80 python3 -m strata.bench --arm all-gpu --model $M --vram-budget-widen \
-    --vram-budget-mib 40000 -p 512 -n 128 -r 3 --json $O/all-gpu-$name.json > $O/all-gpu-$name.txt 2>&1
-  echo "rc=$?"; grep -E "^all-gpu|rror" $O/all-gpu-$name.txt | tail -1
-}
 run_arm old-a STRATA_MOE_VARIANT=st1+legacy
 run_arm st1sp2-b STRATA_X=0
 run_arm legsp2-c STRATA_MOE_VARIANT=legacy+sp2

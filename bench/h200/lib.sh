@@ -13,3 +13,12 @@ wait_model() {
   for _ in $(seq 1 90); do [ -f $M ] && ! pgrep -f "strata synth" > /dev/null && return 0; sleep 2; done
   return 1
 }
+# the all-resident engine on $M, 512-token prompts (name, then env assignments): files
+# $O/all-gpu-NAME.{json,txt} (session 28's calls; older scripts define their own run_arm)
+run_arm() {
+  local name=$1; shift
+  el "all-gpu $name"
+  env "$@" timeout 80 python3 -m strata.bench --arm all-gpu --model $M --vram-budget-widen \
+    --vram-budget-mib 40000 -p 512 -n 128 -r 3 --json $O/all-gpu-$name.json > $O/all-gpu-$name.txt 2>&1
+  echo "rc=$?"; grep -E "^all-gpu|rror" $O/all-gpu-$name.txt | tail -1
+}
