@@ -282,18 +282,6 @@ __device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slo
 // (W), one row's iterations at most MOE_SP_IT (experts.py uses moe_down past that).
 #define MOE_SP_IT 16
 #define MOE_SP_R(W) ((W) >= 4 ? 1 : 4 / (W))
-// -DSTRATA_MOE_MINB=N (an A/B arm; default 0: no such bound) builds moe_gate_up and moe_down_sp
-// with __launch_bounds__(threads, N): at most the registers that let N blocks share an SM
-#ifndef STRATA_MOE_MINB
-#define STRATA_MOE_MINB 0
-#endif
-#if STRATA_MOE_MINB > 0
-#define MOE_BOUNDS(T) __launch_bounds__(T, STRATA_MOE_MINB)
-#define MOE_GU_BOUNDS __launch_bounds__(128, STRATA_MOE_MINB)  // experts.py THREADS
-#else
-#define MOE_BOUNDS(T) __launch_bounds__(T)
-#define MOE_GU_BOUNDS
-#endif
 
 template <int QT, int W>
 __device__ __forceinline__ void moe_down_sp(const u8* __restrict__ down, i64 slot_stride,
@@ -353,7 +341,7 @@ __device__ __forceinline__ void moe_down_sp(const u8* __restrict__ down, i64 slo
 }
 
 #define MOE_SP_KERNEL(name, QT, W)                                                             \
-    extern "C" __global__ void MOE_BOUNDS(MOE_SP_R(W) * W * STRATA_WARP)                       \
+    extern "C" __global__ void __launch_bounds__(MOE_SP_R(W) * W * STRATA_WARP)                \
         moe_down_sp##W##_##name(const u8* down, i64 slot_stride, const i8* aq, const float* ad,  \
                                 int xd_shift, const i32* pair_slot, const float* pair_w, int K, \
                                 float* out, int D, int F, const float* resid) {                \
@@ -369,7 +357,7 @@ __device__ __forceinline__ void moe_down_sp(const u8* __restrict__ down, i64 slo
 STRATA_QFORMATS(MOE_SP_KERNELS)
 
 #define MOE_KERNELS(name, QT)                                                                  \
-    extern "C" __global__ void MOE_GU_BOUNDS moe_gate_up_##name(                               \
+    extern "C" __global__ void moe_gate_up_##name(                                             \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
         STRATA_PDL_ENTER();                                                                    \
