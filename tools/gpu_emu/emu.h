@@ -14,6 +14,8 @@
 struct uint3 { unsigned x, y, z; };
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
+struct float2 { float x, y; };
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct dim3 { unsigned x, y, z; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
 namespace emu {
 enum { RUN = 0, WBLOCK = 1, WWARP = 2, DONE = 3 };

@@ -130,8 +130,9 @@ def get_default_pinned_memory_pool():
 
 
 # ---- RawModule through g++ + emu.h ----
+_BOUNDS = r"__launch_bounds__\((?:[^()]|\([^()]*(?:\([^()]*\)[^()]*)*\))*\)\s*"  # parens nest 2 deep
 _SIG = _re.compile(
-    r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s*)?void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)',
+    r'extern\s+"C"\s+__global__\s+(?:' + _BOUNDS + r")?void\s+(?:" + _BOUNDS + r")?(\w+)\s*\(([^)]*)\)",
     _re.S,
 )
 _PTR_DT = {
