@@ -130,9 +130,11 @@ def get_default_pinned_memory_pool():
 
 
 # ---- RawModule through g++ + emu.h ----
-_BOUNDS = r"__launch_bounds__\((?:[^()]|\([^()]*(?:\([^()]*\)[^()]*)*\))*\)\s*"  # parens nest 2 deep
+# a __launch_bounds__(...) whose argument may hold parentheses two deep
+_BOUNDS = r"__launch_bounds__\((?:[^()]|\([^()]*(?:\([^()]*\)[^()]*)*\))*\)\s*"
 _SIG = _re.compile(
-    r'extern\s+"C"\s+__global__\s+(?:' + _BOUNDS + r")?void\s+(?:" + _BOUNDS + r")?(\w+)\s*\(([^)]*)\)",
+    r'extern\s+"C"\s+__global__\s+(?:' + _BOUNDS + r")?void\s+(?:" + _BOUNDS + r")?"
+    r"(\w+)\s*\(([^)]*)\)",
     _re.S,
 )
 _PTR_DT = {
