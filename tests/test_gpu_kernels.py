@@ -548,7 +548,9 @@ def test_f16_conversions_are_exact(K):
     + [(q, q, q) for q in (QT.Q5_K, QT.IQ4_XS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S, QT.IQ1_M)],
     ids=lambda q: "-".join(x.name for x in q),
 )
-@pytest.mark.parametrize("variant", ["legacy+legacy", "st1+st", "st2+st", "fq+legacy", "st1+sp2"])
+@pytest.mark.parametrize(
+    "variant", ["legacy+legacy", "st1+st", "st2+st", "fq+legacy", "st1+sp2", "gs+sp2"]
+)
 def test_moe_experts_match_reference(K, qts, variant):
     g = rng()
     d, f, n_exp, t, k = 512, 256, 6, 3, 4
@@ -711,7 +713,8 @@ def test_moe_decode_variants_equal_legacy(K, K_plain, K_codes, qt):
     outs = {}
     for name, kk in (("base", K), ("plain", K_plain), ("codes", K_codes)):
         for variant in ("legacy+legacy", "st1+st", "st2+st", "st2+legacy", "legacy+st", "fq+legacy",
-                        "fq+st", "st1+sp2", "legacy+sp3", "fq+sp6"):  # fmt: skip
+                        "fq+st", "st1+sp2", "legacy+sp3", "fq+sp6", "gs+sp2",
+                        "gs+legacy"):  # fmt: skip
             act = cp.zeros((t * k, f), np.float32)
             aact = ActBuf(cp, f, t * k, vd)
             out = cp.zeros((t, d), np.float32)

@@ -28,12 +28,14 @@ ST_WARPS = 4  # experts.cu MOE_ST_WARPS: warps a block of the staged (*_st*) ker
 # (one warp a row, weights read straight from global memory); st1 / st2 = moe_gate_up_st1/2
 # (1 or 2 rows a warp, row chunks staged through shared memory with 16-byte loads); st =
 # moe_down_st; fq = moe_gate_up_fq (moe_gate_up that also quantizes the intermediate, the last
-# block of each pair through a counter: no separate norm_quant launch, the same bits); sp2 /
+# block of each pair through a counter: no separate norm_quant launch, the same bits); gs =
+# moe_gate_up_gs (gate and up of a row on two warps, each summed as moe_gate_up sums it); sp2 /
 # sp3 / sp6 = moe_down_sp<W> (W warps a row, warp 0 adding the others' items in moe_down's order;
 # a row of more than SP_IT warp-widths of items runs moe_down). Same sums in the same order;
 # bench/experts_decode_sweep.py times them.
 GATE_UP_VARIANTS = {"legacy": ("moe_gate_up", 0), "st1": ("moe_gate_up_st1", 1),
-                    "st2": ("moe_gate_up_st2", 2), "fq": ("moe_gate_up_fq", 0)}  # fmt: skip
+                    "st2": ("moe_gate_up_st2", 2), "fq": ("moe_gate_up_fq", 0),
+                    "gs": ("moe_gate_up_gs", 0)}  # fmt: skip
 FUSED_QUANT = {"fq"}  # gate/up variants that quantize the intermediate themselves (need `cnt`)
 DOWN_VARIANTS = {"legacy": "moe_down", "st": "moe_down_st", "sp2": "moe_down_sp2",
                  "sp3": "moe_down_sp3", "sp6": "moe_down_sp6"}  # fmt: skip
@@ -141,11 +143,11 @@ def moe_experts(
             raise ValueError(f"fused-quant MoE: {t * k} pairs for {cnt.size} counters / "
                              f"{aact.tmax} intermediate rows")  # fmt: skip
         args += (aact.q, aact.d, i32(MODES[aact.mode]), cnt)
-    K.fn("experts.cu", f"{gu_name}_{Q_NAMES[qg]}")(
-        (-(-f // (wpb if rows == 0 else ST_WARPS * rows)), t * k),
-        block if rows == 0 else st_block,
-        args,
-    )
+    if rows:  # the staged kernels: ST_WARPS warps of `rows` rows
+        gu_grid, gu_block = -(-f // (ST_WARPS * rows)), st_block
+    else:  # a row a warp, or (gs) a row a pair of warps
+        gu_grid, gu_block = -(-f // (wpb // 2 if gu == "gs" else wpb)), block
+    K.fn("experts.cu", f"{gu_name}_{Q_NAMES[qg]}")((gu_grid, t * k), gu_block, args)
     if gu not in FUSED_QUANT:
         norm_quant(K, act, t * k, act=aact)  # the intermediate, Q8 as ggml quantizes it
     dname, dgrid, dblock = down_launch(K, dn, d, t, k, f)

@@ -82,6 +82,59 @@ __device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u
     if (lane == 0) act[(i64)p * F + f] = a;
 }
 
+// one warp: sum_sb dx(sb) * dot(row f of expert slot `slot` of matrix w, h[t]), as
+// moe_gate_up_row sums each of its two rows (every lane holds the result)
+template <int QT, class G>
+__device__ __forceinline__ float moe_row_sum(const u8* __restrict__ w, int slot, i64 slot_stride,
+                                             const i8* __restrict__ hq,
+                                             const float* __restrict__ hd, int xd_shift, i64 t,
+                                             int f, int D, int lane, const G tab) {
+    const int nsub = D / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
+    const i64 row_bytes = (i64)(D / Fmt<QT>::QK) * Fmt<QT>::BB;
+    const u8* wr = w + slot * slot_stride + f * row_bytes;
+    float acc = 0.0f;
+#pragma unroll 2
+    for (int sb = lane; sb < nsub; sb += STRATA_WARP) {
+        const i32x4* xp = (const i32x4*)(hq + t * D + sb * 32);
+        const i32x4 a = xp[0], b = xp[1];
+        const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        const float dx = hd[t * nxd + (sb >> xd_shift)];
+        int q[8];
+        float s0, s1, mn;
+        Fmt<QT>::decode(wr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, q, s0, s1, mn, tab);
+        acc += dx * dot32<QT>(q, s0, s1, mn, xv);
+    }
+    return warp_sum(acc);
+}
+
+// moe_gate_up with gate and up on two warps ("gs"): warp 2 r + m of a block sums matrix m (0
+// gate, 1 up) of row blockIdx.x * (warps / 2) + r exactly as moe_gate_up_row sums it, the up warp
+// hands its sum over through shared memory, the gate warp writes silu(gate) * up: the same bits,
+// half the registers a lane (one row's decode in flight, not two), twice the warps.
+template <int QT>
+__device__ __forceinline__ void moe_gate_up_gs(const u8* __restrict__ gate,
+                                               const u8* __restrict__ up, i64 slot_stride,
+                                               const i8* __restrict__ hq,
+                                               const float* __restrict__ hd, int xd_shift,
+                                               const i32* __restrict__ pair_slot, int K,
+                                               float* __restrict__ act, int F, int D) {
+    __shared__ typename GridTab<QT>::Store smt;
+    __shared__ float ups[16];  // the up sums of the block's rows (at most 1024 threads / 32 / 2)
+    const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
+    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int r = wid / 2, m = wid % 2;
+    const int f = blockIdx.x * (blockDim.x / STRATA_WARP / 2) + r;
+    const int p = blockIdx.y;
+    const int slot = pair_slot[p];
+    if (slot < 0) return;  // the whole block: one pair
+    const float v = f < F ? moe_row_sum<QT>(m ? up : gate, slot, slot_stride, hq, hd, xd_shift,
+                                            p / K, f, D, lane, tab)
+                          : 0.0f;
+    if (m == 1 && lane == 0) ups[r] = v;
+    __syncthreads();
+    if (m == 0 && lane == 0 && f < F) act[(i64)p * F + f] = v / (1.0f + expf(-v)) * ups[r];
+}
+
 struct VolatileRow {  // q8_quant.cuh's source: a row other blocks wrote (loads skip the L1)
     const volatile float* r;
     __device__ __forceinline__ float operator()(int i) const { return r[i]; }
@@ -357,6 +410,14 @@ __device__ __forceinline__ void moe_down_sp(const u8* __restrict__ down, i64 slo
 STRATA_QFORMATS(MOE_SP_KERNELS)
 
 #define MOE_KERNELS(name, QT)                                                                  \
+    extern "C" __global__ void moe_gate_up_gs_##name(                                          \
+        const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
+        int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
+        STRATA_PDL_ENTER();                                                                    \
+        if (FMT_ON(QT))                                                                        \
+            moe_gate_up_gs<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F,  \
+                               D);                                                             \
+    }                                                                                          \
     extern "C" __global__ void moe_gate_up_##name(                                             \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
