@@ -41,9 +41,9 @@ def test_moe_decode_variant_defaults_by_type_and_env_overrides(monkeypatch):
         ex.parse_variant(None, QT.Q4_K)
 
 
-def test_down_launch_shapes_and_fallback():
-    """moe_down_sp<W>: MOE_SP_R(W) rows of W warps a block; past SP_IT warp-widths of items a
-    row, moe_down's launch instead (wave32 and wave64)."""
+def test_moe_launch_shapes_and_fallback():
+    """The gate/up kernels' launch shapes; moe_down_sp<W>: MOE_SP_R(W) rows of W warps a block,
+    past SP_IT warp-widths of items a row moe_down's launch instead (wave32 and wave64)."""
     from types import SimpleNamespace
 
     import strata.gpu.experts as ex
@@ -63,6 +63,34 @@ def test_down_launch_shapes_and_fallback():
             (max(1, 128 // warp) * warp,),
         )
         assert ex.down_launch(K, "st", d, t, 8, 768) == ("moe_down_st", (512, 3), (4 * warp,))
+        # gate/up: a row a warp (legacy, fq), a row a pair of warps (gs), staged rows (st1, st2)
+        wpb = max(1, 128 // warp)
+        f, pairs = 768, 24
+        assert ex.gate_up_launch(K, "legacy", f, pairs) == (
+            "moe_gate_up",
+            (-(-f // wpb), pairs),
+            (wpb * warp,),
+        )
+        assert ex.gate_up_launch(K, "fq", f, pairs) == (
+            "moe_gate_up_fq",
+            (-(-f // wpb), pairs),
+            (wpb * warp,),
+        )
+        assert ex.gate_up_launch(K, "gs", f, pairs) == (
+            "moe_gate_up_gs",
+            (-(-f // (wpb // 2)), pairs),
+            (wpb * warp,),
+        )
+        assert ex.gate_up_launch(K, "st1", f, pairs) == (
+            "moe_gate_up_st1",
+            (192, pairs),
+            (4 * warp,),
+        )
+        assert ex.gate_up_launch(K, "st2", f, pairs) == (
+            "moe_gate_up_st2",
+            (96, pairs),
+            (4 * warp,),
+        )
 
 
 def test_compiled_grouping_gives_group_pairs_arrays():

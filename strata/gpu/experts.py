@@ -42,6 +42,17 @@ DOWN_VARIANTS = {"legacy": "moe_down", "st": "moe_down_st", "sp2": "moe_down_sp2
 SP_IT = 16  # experts.cu MOE_SP_IT: item iterations a row of moe_down_sp<W> holds at most
 
 
+def gate_up_launch(K: Kernels, gu: str, f: int, pairs: int) -> tuple[str, tuple, tuple]:
+    """(kernel name prefix, grid, block) of the gate/up kernel `gu` for F = f and `pairs` (T * K)
+    pairs: the staged kernels ST_WARPS warps of `rows` rows each, the others THREADS threads of
+    one row a warp, or (gs) one row a pair of warps."""
+    name, rows = GATE_UP_VARIANTS[gu]
+    if rows:
+        return name, (-(-f // (ST_WARPS * rows)), pairs), (ST_WARPS * K.warp,)
+    wpb = K.warps_per_block(THREADS)
+    return name, (-(-f // (wpb // 2 if gu == "gs" else wpb)), pairs), (wpb * K.warp,)
+
+
 def down_launch(K: Kernels, dn: str, d: int, t: int, k: int, f: int) -> tuple[str, tuple, tuple]:
     """(kernel name prefix, grid, block) of the down kernel `dn` for D = d, T = t, K = k,
     F = f: moe_down_sp<W> runs MOE_SP_R(W) rows of W warps a block, and falls back to moe_down
@@ -130,10 +141,6 @@ def moe_experts(
     d, f = dims
     gate, up, down = stores
     gu, dn = parse_variant(variant, qg)
-    wpb = K.warps_per_block(THREADS)
-    block = (wpb * K.warp,)
-    st_block = (ST_WARPS * K.warp,)
-    gu_name, rows = GATE_UP_VARIANTS[gu]
     args = (gate.buf, up.buf, i64(gate.slot_bytes), hact.q, hact.d, i32(xd_shift(hact.mode)),
             pair_slot, i32(k), act, i32(f), i32(d))  # fmt: skip
     if gu in FUSED_QUANT:  # the intermediate quantized by the gate/up kernel itself
@@ -143,11 +150,8 @@ def moe_experts(
             raise ValueError(f"fused-quant MoE: {t * k} pairs for {cnt.size} counters / "
                              f"{aact.tmax} intermediate rows")  # fmt: skip
         args += (aact.q, aact.d, i32(MODES[aact.mode]), cnt)
-    if rows:  # the staged kernels: ST_WARPS warps of `rows` rows
-        gu_grid, gu_block = -(-f // (ST_WARPS * rows)), st_block
-    else:  # a row a warp, or (gs) a row a pair of warps
-        gu_grid, gu_block = -(-f // (wpb // 2 if gu == "gs" else wpb)), block
-    K.fn("experts.cu", f"{gu_name}_{Q_NAMES[qg]}")((gu_grid, t * k), gu_block, args)
+    gu_name, gu_grid, gu_block = gate_up_launch(K, gu, f, t * k)
+    K.fn("experts.cu", f"{gu_name}_{Q_NAMES[qg]}")(gu_grid, gu_block, args)
     if gu not in FUSED_QUANT:
         norm_quant(K, act, t * k, act=aact)  # the intermediate, Q8 as ggml quantizes it
     dname, dgrid, dblock = down_launch(K, dn, d, t, k, f)

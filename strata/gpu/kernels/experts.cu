@@ -373,7 +373,8 @@ __device__ __forceinline__ void moe_down_sp(const u8* __restrict__ down, i64 slo
             int wq[8];
             float s0, s1, mn;
             Fmt<QT>::decode(dr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, wq, s0, s1, mn, tab);
-            const float pw = pair_w[p], q = ad[p * nxd + (sb >> xd_shift)] * dot32<QT>(wq, s0, s1, mn, xv);
+            const float pw = pair_w[p];
+            const float q = ad[p * nxd + (sb >> xd_shift)] * dot32<QT>(wq, s0, s1, mn, xv);
             if (w == 0)
                 acc += pw * q;  // moe_down's expression
             else
