@@ -115,7 +115,7 @@ def test_prepare_gives_the_avx512_kernel_on_the_file_bytes(monkeypatch):
     w = random_quantized(QT.IQ2_S, shape, np.random.default_rng(), 0.05)
     kept = L.prepare(QT.IQ2_S, shape, w, layout="gguf", simd=True)
     assert (kept.layout, kept.kernel) == ("gguf", K.K_IQ2_S_AVX512)
-    assert L.prepare(QT.IQ2_S, shape, w, simd=True).kernel == K.K_IQ2_S_AVX512
+    assert L.prepare(QT.IQ2_S, shape, w, layout="IQ2_S=gguf", simd=True).kernel == K.K_IQ2_S_AVX512
     monkeypatch.setenv("STRATA_CPU_SIMD", "avx2")
     assert L.prepare(QT.IQ2_S, shape, w, layout="gguf").kernel == K.K_IQ2_S_AVX2
     assert L.prepare(QT.IQ2_S, shape, w, layout="gguf", simd=False).kernel == K.K_IQ2_S

@@ -9,8 +9,20 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize
 
+from strata.cpu import layout as L
 from strata.cpu.kernels import dispatch as K
-from strata.cpu.kernels import iq1, iq1_t2, iq2, iq3, iq4, kquants, lut4, q8_0, reference
+from strata.cpu.kernels import (
+    iq1,
+    iq1_t2,
+    iq2,
+    iq2s_lut4,
+    iq3,
+    iq4,
+    kquants,
+    lut4,
+    q8_0,
+    reference,
+)
 from strata.cpu.kernels.simd import HAS_AVX2, avx512_enabled
 from strata.cpu.layout import gguf_kernel, prepare
 from strata.cpu.quantize import (
@@ -187,6 +199,7 @@ REPACKS = [
         K.K_IQ2_XXS_LUT4_AVX2,
         id="IQ2_XXS",
     ),
+    pytest.param(QT.IQ2_S, iq2s_lut4, K.K_IQ2_S_LUT4, K.K_IQ2_S_LUT4_AVX2, id="IQ2_S"),
 ]
 
 
@@ -273,9 +286,44 @@ def test_iq2_avx2_kernels_are_exact_at_the_extremes(qtype):
     act = quantize_act(x, QT.Q8_K)
     want = _gemv(K.PORTABLE[qtype], w, act, 3)
     assert np.array_equal(_gemv(K.SIMD_GGUF[qtype], w, act, 3), want)
+    if qtype == QT.IQ2_S:  # and its lut4 repack (largest LUT entry 107 against +-127)
+        assert np.array_equal(_gemv(K.K_IQ2_S_LUT4_AVX2, iq2s_lut4.repack(w), act, 3), want)
     xr = A.roundtrip(x.astype(np.float64), QT.Q8_K)  # the activation as Q8_K rounds it
     ref = xr @ dequantize(w, qtype).astype(np.float64).T
     assert np.abs(want - ref).max() <= 2e-6 * np.abs(ref).max()
+
+
+def test_iq2_s_repack_covers_every_grid_entry_and_refuses_foreign_codes():
+    rng = np.random.default_rng()
+    w = random_quantized(QT.IQ2_S, (4, 256 * 8), rng, 0.05)
+    bl = w.reshape(-1, iq2.S_BB)  # 32 blocks x 32 groups: each of the 1024 grid rows once
+    idx = rng.permutation(1024).reshape(32, 32)
+    bl[:, 2:34] = idx & 255
+    hi = (idx >> 8).reshape(32, 8, 4)
+    bl[:, 66:74] = (hi << np.array([0, 2, 4, 6])).sum(axis=-1)
+    p = iq2s_lut4.repack(w)
+    assert np.array_equal(iq2s_lut4.unpack(p), w)
+    bad = p.copy()
+    bad[0, 0] = (bad[0, 0] & 0xF0) | 3  # level 3: none of IQ2_S's three magnitudes
+    with pytest.raises(ValueError, match="level IQ2_S does not have"):
+        iq2s_lut4.unpack(bad)
+
+
+def test_iq2_s_auto_layout_is_lut4_on_every_simd_host():
+    rng = np.random.default_rng()
+    shape = (2, 8, 512)
+    w = random_quantized(QT.IQ2_S, shape, rng, 0.05)
+    assert L.layout_for("auto", QT.IQ2_S) == "repack"
+    assert L.layout_for("IQ2_S=lut4", QT.IQ2_S) == "lut4"
+    assert L.layout_for("auto,IQ2_S=gguf", QT.IQ2_S) == "gguf"
+    m = prepare(QT.IQ2_S, shape, w, layout="IQ2_S=lut4", simd=False)  # by name: any host
+    assert (m.layout, m.kernel) == ("lut4", K.K_IQ2_S_LUT4)
+    assert m.nbytes == w.nbytes // 82 * 138 and m.gguf_bytes == w.nbytes
+    assert np.array_equal(m.gguf_rows(), w.reshape(16, -1))
+    auto = prepare(QT.IQ2_S, shape, w, simd=True)
+    assert (auto.layout, auto.kernel) == ("lut4", K.K_IQ2_S_LUT4_AVX2)
+    gguf = prepare(QT.IQ2_S, shape, w, layout="IQ2_S=gguf", simd=True)
+    assert (gguf.layout, gguf.kernel) == ("gguf", gguf_kernel(QT.IQ2_S, True))
 
 
 def test_prepare_picks_the_simd_layout_only_when_asked(monkeypatch):

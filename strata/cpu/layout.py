@@ -7,23 +7,27 @@ place (a view into the mmap) unless a repacked layout makes the SIMD kernel chea
     IQ3_XXS -> LUT4 (4-bit codes, 1.37x the bytes; lut4.py)
     IQ3_S   -> LUT4 (the same layout and kernel, 1.22x the bytes)
     IQ2_XXS -> LUT4 (2.03x the bytes)
+    IQ2_S   -> LUT4 with its 16 scales (1.68x the bytes; iq2s_lut4.py, its AVX2 kernel on every
+               SIMD host: on AVX-512 VBMI + VNNI hosts too, where iq2s_avx512.py reads the GGUF
+               bytes by "IQ2_S=gguf")
     IQ1_M   -> T2   (2-bit ternary codes, 1.36x the bytes; iq1_t2.py, and on AVX-512 VBMI + VNNI
                hosts iq1_t2_avx512.py unless STRATA_CPU_T2_AVX512=0: `avx512_repack_on`)
-    Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0, IQ2_S -> AVX2 kernels on the GGUF bytes (IQ2_S: on hosts
-               with AVX-512 VBMI + VNNI the iq2s_avx512.py kernel instead, `gguf_kernel`)
+    Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 -> AVX2 kernels on the GGUF bytes
     IQ3_XXS -> PM instead of LUT4 on hosts with AVX-512 VBMI + VNNI (position-major, 1.04x the
                bytes; iq3_pm.py; `AVX512_REPACK_LAYOUT`); either by name: "IQ3_XXS=lut4", "pm"
     IQ1_M   -> T7 by name ("IQ1_M=t7": 7-bit ternary quads, 1.21x the bytes; iq1_t7.py, and on
                AVX-512 VBMI + VNNI hosts iq1_t7_avx512.py), or T2 by name ("IQ1_M=t2")
     F16, BF16, F32 -> portable @njit kernels only (not yet SIMD)
 
-IQ3_XXS, IQ2_XXS and IQ1_M also have AVX2 gather kernels on the GGUF bytes (gather.py): more
-arithmetic per weight than the repacks, fewer bytes; on hosts with AVX-512 VBMI + VNNI, IQ3_XXS's
-GGUF bytes get the iq3_vbmi.py kernel instead and IQ1_M's the iq1_avx512.py one (`gguf_kernel`;
+IQ3_XXS, IQ2_XXS and IQ1_M also have AVX2 gather kernels on the GGUF bytes (gather.py), IQ2_S
+one by scalar grid loads (iq2_avx2.py): more arithmetic per weight than the repacks, fewer
+bytes; on hosts with AVX-512 VBMI + VNNI, IQ3_XXS's GGUF bytes get the iq3_vbmi.py kernel
+instead, IQ1_M's the iq1_avx512.py one and IQ2_S's the iq2s_avx512.py one (`gguf_kernel`;
 STRATA_CPU_LAYOUT=IQ1_M=gguf picks it, "auto" keeps T2 until it is measured).
-Which one "auto" takes is `AUTO_GGUF`; a layout spec picks per format: "gguf", "repack",
-"auto", a layout by name (`NAMED`: "lut4", "pm"), or a comma list whose bare item is the default
-and QUANT=LAYOUT items override it ("auto,IQ3_XXS=gguf"); STRATA_CPU_LAYOUT holds one.
+Which one "auto" takes is `AUTO_GGUF`; a layout spec picks per format:
+"gguf", "repack", "auto", a layout by name (`NAMED`: "lut4", "pm", "t2", "t7"), or a comma list
+whose bare item is the default and QUANT=LAYOUT items override it ("auto,IQ3_XXS=gguf");
+STRATA_CPU_LAYOUT holds one.
 
 Every transform is lossless (tests rebuild the GGUF bytes); `gguf_bytes` is what the file
 holds, `nbytes` what the kernel reads, so bandwidth can be reported either way.
@@ -38,7 +42,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from strata.cpu.kernels import dispatch as K
-from strata.cpu.kernels import iq1_t2, iq1_t7, iq3_pm, lut4
+from strata.cpu.kernels import iq1_t2, iq1_t7, iq2s_lut4, iq3_pm, lut4
 from strata.cpu.kernels.simd import avx512_enabled, simd_enabled
 from strata.cpu.quantize import act_code
 from strata.quant.formats import QT, fmt
@@ -50,6 +54,10 @@ def _pm_kernel(simd: bool) -> int:
 
 def _lut4_kernel(simd: bool) -> int:
     return K.K_IQ3_XXS_LUT4_AVX2 if simd else K.K_IQ3_XXS_LUT4
+
+
+def _iq2s_lut4_kernel(simd: bool) -> int:
+    return K.K_IQ2_S_LUT4_AVX2 if simd else K.K_IQ2_S_LUT4
 
 
 def _t7_kernel(simd: bool) -> int:
@@ -67,6 +75,7 @@ def _t2_kernel(simd: bool) -> int:
 NAMED = {
     (QT.IQ3_XXS, "pm"): (iq3_pm.repack, _pm_kernel),
     (QT.IQ3_XXS, "lut4"): (lut4.repack, _lut4_kernel),
+    (QT.IQ2_S, "lut4"): (iq2s_lut4.repack, _iq2s_lut4_kernel),
     (QT.IQ1_M, "t2"): (iq1_t2.repack, _t2_kernel),
     (QT.IQ1_M, "t7"): (iq1_t7.repack, _t7_kernel),
 }
@@ -82,6 +91,7 @@ REPACKS = {
     QT.IQ3_XXS: (lut4.repack, K.K_IQ3_XXS_LUT4_AVX2, "lut4"),
     QT.IQ3_S: (lut4.repack_s, K.K_IQ3_S_LUT4_AVX2, "lut4"),
     QT.IQ2_XXS: (lut4.repack_2xxs, K.K_IQ2_XXS_LUT4_AVX2, "lut4"),
+    QT.IQ2_S: (iq2s_lut4.repack, K.K_IQ2_S_LUT4_AVX2, "lut4"),
     QT.IQ1_M: (iq1_t2.repack, K.K_IQ1_M_T2_AVX2, "t2"),
 }
 
@@ -91,6 +101,9 @@ REPACKS = {
 # GGUF bytes against lut4's 0.490 on one host, 0.332-0.349 against 0.315 on another: no clear
 # winner, so STRATA_CPU_LAYOUT=IQ3_XXS=gguf picks it (27% fewer bytes in RAM and in a pack).
 AUTO_GGUF: frozenset = frozenset()
+# IQ2_S is not in it: its lut4 layer (AVX2 kernel) took 0.247 ms against 0.251 for
+# iq2s_avx512.py on the GGUF bytes on the H100 lease's 16 Xeon cores, 1.25 against 1.79 ms on
+# a 2-vCPU Zen 4 (bench/results/cpu-iq2s-lut4-20261207.md)
 
 
 def avx512_repack_on() -> bool:
@@ -171,9 +184,11 @@ class ExpertMatrix:
     def gguf_rows(self) -> np.ndarray:
         """The GGUF bytes [E * R, row_bytes] (undoing the repack; tests and the pack writer)."""
         if self.layout == "lut4":
-            unpack = {QT.IQ3_S: lut4.unpack_s, QT.IQ2_XXS: lut4.unpack_2xxs}.get(
-                self.qtype, lut4.unpack
-            )
+            unpack = {
+                QT.IQ3_S: lut4.unpack_s,
+                QT.IQ2_XXS: lut4.unpack_2xxs,
+                QT.IQ2_S: iq2s_lut4.unpack,
+            }.get(self.qtype, lut4.unpack)
             return unpack(self.data)
         if self.layout == "t2":
             return iq1_t2.unpack(self.data)
@@ -195,6 +210,7 @@ def prepare(
     STRATA_CPU_LAYOUT (default "auto"); simd=None follows the host (`simd_enabled()`).
     """
     f = fmt(qtype)
+    simd = simd_enabled() if simd is None else simd
     want = layout_for(layout or os.environ.get("STRATA_CPU_LAYOUT", "auto"), f.qtype)
     if len(shape) != 3:
         raise ValueError(f"an expert tensor has shape [E, R, C], got {list(shape)}")
@@ -202,7 +218,6 @@ def prepare(
     if c % 256 and f.vec_dot == QT.Q8_K:
         raise ValueError(f"{f.name}: input length {c} is not a multiple of 256")
     raw = np.asarray(data).view(np.uint8).reshape(e * r, f.row_bytes(c))
-    simd = simd_enabled() if simd is None else simd
     qt = f.qtype
     kernel, lay = gguf_kernel(qt, simd), "gguf"
     if want == "repack" and qt in AVX512_REPACK_LAYOUT and avx512_enabled(simd):

@@ -24,6 +24,7 @@ from strata.cpu.kernels.iq1_t7_avx512 import dot_t7_avx512, dot_t7_avx512_fv
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
 from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2
 from strata.cpu.kernels.iq2s_avx512 import dot_iq2_s_avx512
+from strata.cpu.kernels.iq2s_lut4 import dot_iq2s_lut4_avx2, dot_iq2s_lut4_portable
 from strata.cpu.kernels.iq3 import dot_iq3_s, dot_iq3_xxs
 from strata.cpu.kernels.iq3_pm import dot_pm_avx512, dot_pm_avx512_fv, dot_pm_portable
 from strata.cpu.kernels.iq3_vbmi import dot_iq3_xxs_vbmi
@@ -31,6 +32,7 @@ from strata.cpu.kernels.iq4 import dot_iq4_xs
 from strata.cpu.kernels.iq4_avx2 import dot_iq4_xs_avx2, dot_q8_0_avx2
 from strata.cpu.kernels.kquants import dot_q4_k, dot_q5_k, dot_q6_k
 from strata.cpu.kernels.kquants_avx2 import dot_q4_k_avx2, dot_q5_k_avx2, dot_q6_k_avx2
+from strata.cpu.kernels.kquants_avx512 import dot_q4_k_avx512, dot_q5_k_avx512
 from strata.cpu.kernels.lut4 import (
     dot_lut4_2xxs_avx2,
     dot_lut4_2xxs_portable,
@@ -70,7 +72,15 @@ SIMD_GGUF = {  # AVX2 kernels on the GGUF bytes
 # AVX-512 VBMI + VNNI on the GGUF bytes (iq3_vbmi.py, iq1_avx512.py, iq2s_avx512.py): replace
 # SIMD_GGUF's kernel where the host has the features (`simd.avx512_enabled`)
 K_IQ3_XXS_VBMI, K_IQ1_M_AVX512, K_IQ2_S_AVX512 = 39, 40, 45
-AVX512_GGUF = {QT.IQ3_XXS: K_IQ3_XXS_VBMI, QT.IQ1_M: K_IQ1_M_AVX512, QT.IQ2_S: K_IQ2_S_AVX512}
+# Q4_K and Q5_K on the GGUF bytes, AVX-512 VBMI + VNNI (kquants_avx512.py)
+K_Q4_K_AVX512, K_Q5_K_AVX512 = 53, 54
+AVX512_GGUF = {
+    QT.IQ3_XXS: K_IQ3_XXS_VBMI,
+    QT.IQ1_M: K_IQ1_M_AVX512,
+    QT.IQ2_S: K_IQ2_S_AVX512,
+    QT.Q4_K: K_Q4_K_AVX512,
+    QT.Q5_K: K_Q5_K_AVX512,
+}
 # the same hosts, on a repacked layout (iq1_t2_avx512.py): replace layout.REPACKS' kernel
 K_IQ1_M_T2_AVX512 = 41
 # IQ3_XXS repacked position-major (iq3_pm.py): portable, AVX-512 VBMI + VNNI (42 was an A/B arm)
@@ -81,6 +91,8 @@ AVX512_REPACK = {K_IQ1_M_T2_AVX2: K_IQ1_M_T2_AVX512}
 K_IQ1_M_T7, K_IQ1_M_T7_AVX512, K_IQ1_M_T7_AVX512_FV = 46, 47, 48
 K_IQ1_M_T2_AVX512_FV = 49  # T2 with the float-lane row kernel (`iq1_t2_avx512.row_fv`)
 K_IQ3_XXS_PM_AVX512_FV = 50  # pm with the float-lane row kernel (`iq3_pm.row_fv`)
+# IQ2_S repacked as 4-bit codes with its 16 scales (iq2s_lut4.py): portable, AVX2
+K_IQ2_S_LUT4, K_IQ2_S_LUT4_AVX2 = 51, 52
 
 PORTABLE = {
     QT.F32: K_F32,
@@ -141,6 +153,10 @@ KERNELS = {
     K_IQ1_M_T7_AVX512_FV: dot_t7_avx512_fv,
     K_IQ1_M_T2_AVX512_FV: dot_t2_avx512_fv,
     K_IQ3_XXS_PM_AVX512_FV: dot_pm_avx512_fv,
+    K_IQ2_S_LUT4: dot_iq2s_lut4_portable,
+    K_IQ2_S_LUT4_AVX2: dot_iq2s_lut4_avx2,
+    K_Q4_K_AVX512: dot_q4_k_avx512,
+    K_Q5_K_AVX512: dot_q5_k_avx512,
 }
 
 

@@ -1,0 +1,207 @@
+"""Q4_K and Q5_K on the GGUF bytes (no repack) with AVX-512 VBMI + VNNI.
+
+For hosts with avx512f/bw/vl/vbmi/vnni (`HAS_AVX512_VBMI`), in place of
+`kquants_avx2.dot_q4_k_avx2` / `dot_q5_k_avx2`, whose block spends two vpmaddubsw, two
+vpmaddwd and two scale shuffles a 32-byte load and builds its scale vector from scalar
+registers. The Q4_K block: f16 d
+(bytes 0, 1), f16 dmin (2, 3), 12 bytes of 6-bit scales and mins (4..15, ggml's k4 packing),
+qs[128] (16..143: byte i of 32-byte chunk j holds weight 64 j + i in its low nibble and
+64 j + 32 + i in its high one; sub-block s = 32 weights). One super-block:
+
+1. scales and mins: the 12 bytes (one 16-byte xmm load) are unpacked in the vector unit
+   (ggml's utmp steps on dwords: two vpshufd, a vpsrlvd / vpsrld, and-or) to S = 8 scales
+   then 8 mins, bytes 0..15.
+2. dots: chunk j is broadcast into both 256-bit halves (a load); one vpsrlvw (0 bits in the
+   low half, 4 in the high) and an and with 0x0F leave the 64 weights 64 j .. 64 j + 63 in
+   natural order, so one vpdpbusd takes the natural activation vector x[64 j : 64 j + 64] as a
+   memory operand (Q5_K: qh[32], bytes 16..47, broadcast likewise; one vpmultishiftqb a chunk,
+   `QH_CTRL`, puts each weight's fifth bit at bit 4, or-ed in under 0x10; qs at 48..175).
+   Dword k of it sums weights 64 j + 4 k .. + 3 (sub-block 2 j for k < 8, 2 j + 1 above):
+   at most 4 * 31 * 128 = 15872, so vpackssdw of chunks (2 h, 2 h + 1) packs them exactly:
+   128-bit lane L of pack h holds four words of sub-block 4 h + (L >= 2), then four of
+   4 h + 2 + (L >= 2) (`PACK_SUB`).
+3. scales: vpmaddwd of each pack by its words' scales (`SC_IDX`: one zero-masked vpermb of S),
+   the two packs' products added (vpdpwssd).
+4. mins: sum_s m_s (bsum_2s + bsum_2s+1) as one ymm vpmaddwd of the Q8_K bsums (16 words) by
+   the mins spread to their words (`MIN_IDX`, a zero-masked vpermb of S).
+5. both sums reduced in one pass: the 16 scale lanes folded to 8, set beside the 8 min lanes,
+   and the two 256-bit halves summed within themselves.
+
+The block's (isum, msum) are the AVX2 kernels' exact integers, and the row kernels do the float
+steps of `kquants_avx2.dot_q4_k_avx2` / `dot_q5_k_avx2` in the same order, so the results are
+bit-identical to them (and to the portable `kquants.dot_q4_k` / `dot_q5_k`). Compiled for
+Sapphire Rapids the Q4_K block loop is 68 instructions against the AVX2 kernel's 105. The
+tables are module-level arrays shared with the test (tests/test_cpu_kquants_avx512.py), which also
+checks the compiled asm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from strata.cpu.kernels.common import f16_at
+from strata.cpu.kernels.iq1_avx512 import _dpbusd, _i8, _multishift, _pmaddwd
+from strata.cpu.kernels.kquants import Q4K_BB, Q5K_BB
+from strata.cpu.kernels.simd import HAS_AVX512_VBMI, I8, I16, I32, Emit
+
+V16I8 = ir.VectorType(I8, 16)
+V32I8 = ir.VectorType(I8, 32)
+V64I8 = ir.VectorType(I8, 64)
+V16I16 = ir.VectorType(I16, 16)
+V32I16 = ir.VectorType(I16, 32)
+V4I32 = ir.VectorType(I32, 4)
+V8I32 = ir.VectorType(I32, 8)
+V16I32 = ir.VectorType(I32, 16)
+
+# ---------------------------------------------------------------- constant tables
+
+# k4 unpacking on the dwords (u0, u1, u2) of the 12 scale bytes (ggml's utmp steps):
+# out dword = ((A >> UT_SHIFT) & UT_M1) | ((B >> 2) & UT_M2), A = (u0, u2, u1, u2),
+# B = (u0, u0, u1, u1): scales 0..3, 4..7, mins 0..3, 4..7
+UT_A, UT_B = [0, 2, 1, 2], [0, 0, 1, 1]
+UT_SHIFT = np.array([0, 0, 0, 4], np.uint32)
+UT_M1 = np.array([0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F], np.uint32)
+UT_M2 = np.array([0, 0x30303030, 0, 0x30303030], np.uint32)
+# pack h, word 8 L + t (128-bit lane L): sub-block of chunk 2 h (t < 4) or 2 h + 1 (t >= 4)
+PACK_SUB = np.array(
+    [[4 * h + 2 * (t // 4) + (L >= 2) for L in range(4) for t in range(8)] for h in range(2)]
+)
+# vpermb of S (bytes 0..7 scales, 8..15 mins) into words: the low byte of each word (the high
+# byte zeroed by the mask `WORD_LO`)
+SC_IDX = np.array([[s if i % 2 == 0 else 0 for s in sub for i in range(2)] for sub in PACK_SUB])
+MIN_IDX = np.array([8 + k // 2 if i % 2 == 0 else 0 for k in range(16) for i in range(2)])
+# the dpbusd code vector of a broadcast chunk: word shift 0 (low half) or 4 (high half)
+NIB_SHIFT = np.array([0] * 16 + [4] * 16)
+
+
+def _qh_ctrl(j: int) -> np.ndarray:
+    """Q5_K: vpmultishiftqb control that puts, in byte i of chunk j's code vector, the fifth bit
+    of its weight (bit 2 j of qh[i] for the low half, 2 j + 1 for the high; qh broadcast into
+    both halves) at bit 4: each byte's 8 bits start 4 below it (rotating in the qword)."""
+    return np.array([(8 * (i % 8) + 2 * j + (i >= 32) - 4) % 64 for i in range(64)], np.uint8)
+
+
+QH_CTRL = np.array([_qh_ctrl(j) for j in range(4)])
+
+
+# ---------------------------------------------------------------- IR
+
+
+def _vpermb(e: Emit, idx, data, ty):
+    """Bytes data[idx] (vpermb; data <16 x i8> widened) with every odd byte zeroed."""
+    n = ty.count
+    wide = e.shuffle(data, list(range(16)) + [16] * (n - 16))  # the upper lanes: don't care
+    name = "llvm.x86.avx512.permvar.qi.512" if n == 64 else "llvm.x86.avx512.permvar.qi.256"
+    v = e._call(name, ty, [wide, e.const(ty, _i8(idx))])
+    keep = ir.Constant(ir.VectorType(ir.IntType(1), n), [i % 2 == 0 for i in range(n)])
+    return e.b.select(keep, v, e.splat(ty, 0))
+
+
+def k4_unpack(e: Emit, pw):
+    """<16 x i8> S: the 8 scales then the 8 mins of the k4-packed bytes at pw + 4."""
+    b = e.b
+    v = e.load(pw, V4I32, 4)  # u0, u1, u2 (and 4 bytes of qs, unused)
+    a = b.lshr(e.shuffle(v, UT_A), e.const(V4I32, [int(s) for s in UT_SHIFT]))
+    c = b.lshr(e.shuffle(v, UT_B), e.splat(V4I32, 2))
+    m1 = e.const(V4I32, [int(m) - (1 << 32) if m >= 1 << 31 else int(m) for m in UT_M1])
+    m2 = e.const(V4I32, [int(m) for m in UT_M2])
+    return b.bitcast(b.or_(b.and_(a, m1), b.and_(c, m2)), V16I8)
+
+
+def k_block(e: Emit, pw, px, pb, fifth_bit: bool):
+    """(isum, msum) as int32s from i8* pw (the 144 bytes of a Q4_K block, or with fifth_bit the
+    176 of a Q5_K one), px (its 256 int8 x quants) and pb (its 16 int16 bsums)."""
+    b = e.b
+    s = k4_unpack(e, pw)
+    low = e.splat(V64I8, 0x0F)
+    shift = e.const(V32I16, [int(v) for v in NIB_SHIFT])
+    qo = 48 if fifth_bit else 16
+    qh = e.shuffle(e.load(pw, V32I8, 16), list(range(32)) * 2) if fifth_bit else None
+    dots = []
+    for j in range(4):
+        chunk = e.shuffle(e.load(pw, V32I8, qo + 32 * j), list(range(32)) * 2)  # broadcast
+        u = b.and_(b.bitcast(b.lshr(b.bitcast(chunk, V32I16), shift), V64I8), low)
+        if fifth_bit:
+            u = b.or_(u, b.and_(_multishift(e, QH_CTRL[j], qh), e.splat(V64I8, 0x10)))
+        x = e.load(px, V64I8, 64 * j)
+        dots.append(_dpbusd(e, e.splat(V16I32, 0), b.bitcast(u, V16I32), b.bitcast(x, V16I32)))
+    acc = None
+    for h in range(2):
+        pk = e._call("llvm.x86.avx512.packssdw.512", V32I16, dots[2 * h : 2 * h + 2])
+        p = _pmaddwd(e, pk, b.bitcast(_vpermb(e, SC_IDX[h], s, V64I8), V32I16))
+        acc = p if acc is None else b.add(acc, p)
+    mins = b.bitcast(_vpermb(e, MIN_IDX, s, V32I8), V16I16)
+    mn = e._call("llvm.x86.avx2.pmadd.wd", V8I32, [e.load(pb, V16I16), mins])
+    a8 = b.add(e.shuffle(acc, list(range(8))), e.shuffle(acc, list(range(8, 16))))
+    z = b.shuffle_vector(a8, mn, ir.Constant(V16I32, list(range(16))))  # isum lanes, msum lanes
+    for lanes in (
+        [4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11],
+        [2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13],
+        [1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14],
+    ):
+        z = b.add(z, e.shuffle(z, lanes))
+    return b.extract_element(z, ir.Constant(I32, 0)), b.extract_element(z, ir.Constant(I32, 8))
+
+
+def _blk_intrinsic(fifth_bit: bool, doc: str):
+    """A Numba intrinsic (w, r, o, xq, a, xo, xb, bo) -> (isum, msum): `k_block` of the block at
+    w[r, o:] against act row a of xq from xo and of xb from bo (a trap without the features)."""
+
+    def blk(typingctx, w, r, o, xq, a, xo, xb, bo):
+        ret = types.UniTuple(types.int32, 2)
+        sig = ret(w, types.intp, types.intp, xq, types.intp, types.intp, xb, types.intp)
+
+        def codegen(context, builder, sg, args):
+            e = Emit(context, builder)
+            if not HAS_AVX512_VBMI:
+                e.trap()
+                zero = ir.Constant(I32, 0)
+                return context.make_tuple(builder, ret, [zero, zero])
+            pw = e.ptr(sg.args[0], args[0], args[1], args[2])
+            px = e.ptr(sg.args[3], args[3], args[4], args[5])
+            pb = e.ptr(sg.args[6], args[6], args[4], args[7])
+            return context.make_tuple(builder, ret, list(k_block(e, pw, px, pb, fifth_bit)))
+
+        return sig, codegen
+
+    blk.__doc__ = doc
+    return intrinsic(blk)
+
+
+_blk_q4_k_avx512 = _blk_intrinsic(
+    False, "(sum_s sc_s sum q x, sum_s m_s bsum_s) of the Q4_K block at w[r, o:o+144]"
+)
+_blk_q5_k_avx512 = _blk_intrinsic(True, "As `_blk_q4_k_avx512` for the Q5_K block at w[r, o:o+176]")
+
+
+# ---------------------------------------------------------------- row kernels (the float steps of
+# kquants_avx2.dot_q4_k_avx2 / dot_q5_k_avx2, in the same order)
+
+
+@njit(cache=True)
+def dot_q4_k_avx512(w, r, xq, xd, xb, x8, xf, a):
+    acc = np.float32(0.0)
+    for b in range(w.shape[1] // Q4K_BB):
+        o = b * Q4K_BB
+        isum, msum = _blk_q4_k_avx512(w, r, o, xq, a, 256 * b, xb, 16 * b)
+        dx = xd[a, b]
+        acc += np.float32(dx * f16_at(w, r, o)) * np.float32(isum) - np.float32(
+            dx * f16_at(w, r, o + 2)
+        ) * np.float32(msum)
+    return acc
+
+
+@njit(cache=True)
+def dot_q5_k_avx512(w, r, xq, xd, xb, x8, xf, a):
+    acc = np.float32(0.0)
+    for b in range(w.shape[1] // Q5K_BB):
+        o = b * Q5K_BB
+        isum, msum = _blk_q5_k_avx512(w, r, o, xq, a, 256 * b, xb, 16 * b)
+        dx = xd[a, b]
+        acc += np.float32(dx * f16_at(w, r, o)) * np.float32(isum) - np.float32(
+            dx * f16_at(w, r, o + 2)
+        ) * np.float32(msum)
+    return acc
