@@ -1,8 +1,9 @@
-"""The AVX-512 Q4_K and Q5_K kernels on the GGUF bytes (kquants_avx512.py).
+"""The AVX-512 Q4_K, Q5_K and Q6_K kernels on the GGUF bytes (kquants_avx512.py).
 
 Everywhere: its tables state the layout (the vector k4 unpacking equals ggml's scalar one on
 every byte pattern, the pack and word tables pair each dot word with its sub-block's scale and
-each bsum with its sub-block's min, Q5_K's fifth-bit control picks each weight's qh bit), and
+each bsum with its sub-block's min, Q5_K's fifth-bit and Q6_K's high-bit controls pick each
+weight's qh bits, Q6_K's scale words their sub-block's scale), and
 the dispatch maps both formats on AVX-512 hosts to them; compiled for an AVX-512 CPU they have
 the instructions they are written for and no trap. Where the host has every feature they use:
 each kernel against the AVX2 kernel and the portable one (bits) and gguf's dequantization, on
@@ -27,9 +28,9 @@ from strata.quant.formats import QT
 from tests.test_cpu_iq3_vbmi import avx512_asm, needs_avx512, pmultishiftqb
 from tests.test_cpu_kernels import _activations, _gemv
 
-BB = {QT.Q4_K: 144, QT.Q5_K: 176}
+BB = {QT.Q4_K: 144, QT.Q5_K: 176, QT.Q6_K: 210}
 QO = {QT.Q4_K: 16, QT.Q5_K: 48}  # where qs starts in a block
-KIND = [pytest.param(QT.Q4_K, id="Q4_K"), pytest.param(QT.Q5_K, id="Q5_K")]
+KIND = [pytest.param(q, id=q.name) for q in (QT.Q4_K, QT.Q5_K, QT.Q6_K)]
 
 
 def _k4_scalar(q):
@@ -84,9 +85,31 @@ def test_qh_control_puts_each_weights_fifth_bit_at_bit_4():
         assert np.array_equal(got, want)
 
 
-def test_avx512_hosts_map_q4_k_and_q5_k_gguf_to_the_kernels():
+def test_q6_k_controls_give_each_weight_its_high_bits_and_scale():
+    """Q6_K (ggml's layout): weight 128 h + 32 k + l has high bits (qh[32 h + l] >> 2 k) & 3 and
+    scale sc[(128 h + 32 k + l) // 16]; vpmultishiftqb of the broadcast qh[32 h ..] by
+    Q6_QH_CTRL[c] puts them at bits 4, 5 of byte i of chunk c (weight 128 h + 64 c + i), and
+    word 8 L + t of pack h (lane L of chunk t // 4) takes scale Q6_SC_IDX[h, 8 L + t]."""
+    rng = np.random.default_rng()
+    qh = rng.integers(0, 256, (64, 32), dtype=np.uint8)
+    bq = np.ascontiguousarray(np.concatenate([qh, qh], axis=1))
+    for c in range(2):
+        got = (pmultishiftqb(V.Q6_QH_CTRL[c], bq) >> 4) & 3
+        k = (64 * c + np.arange(64)) // 32  # the 32-weight group within the half
+        want = (qh[:, np.arange(64) % 32] >> (2 * k)[None, :]) & 3
+        assert np.array_equal(got, want)
+    for h in range(2):
+        for L_ in range(4):
+            for t in range(8):
+                first = 128 * h + 64 * (t // 4) + 16 * L_  # lane L of chunk t // 4 (16 weights)
+                assert V.Q6_SC_IDX[h, 8 * L_ + t] == first // 16
+
+
+def test_avx512_hosts_map_the_k_quants_gguf_to_the_kernels():
     assert K.AVX512_GGUF[QT.Q4_K] == K.K_Q4_K_AVX512 == 53
     assert K.AVX512_GGUF[QT.Q5_K] == K.K_Q5_K_AVX512 == 54
+    assert K.AVX512_GGUF[QT.Q6_K] == K.K_Q6_K_AVX512 == 55
+    assert K.KERNELS[K.K_Q6_K_AVX512] is V.dot_q6_k_avx512
     assert K.KERNELS[K.K_Q4_K_AVX512] is V.dot_q4_k_avx512
     assert K.KERNELS[K.K_Q5_K_AVX512] is V.dot_q5_k_avx512
     assert K.SIMD_GGUF[QT.Q4_K] == K.K_Q4_K_AVX2  # AVX2 hosts keep their kernels
@@ -121,9 +144,13 @@ def test_kernel_at_the_largest_quants_scales_and_mins(qt):
     rng = np.random.default_rng()
     w = random_quantized(qt, (4, 256 * 12), rng, 0.05)
     bl = w.reshape(-1, BB[qt])  # [48 blocks, bytes]
-    bl[0::3, QO[qt] :] = 0xFF  # every quant 15 (Q5_K: 31)
-    bl[0::3, 16:48] = 0xFF  # (Q4_K: quants 15 too; Q5_K: every fifth bit)
-    bl[0::2, 4:16] = 0xFF  # every scale and min 63
+    if qt == QT.Q6_K:
+        bl[0::3, :192] = 0xFF  # every quant 63: a dword of 4 * 63 * 128 at -128 activations
+        bl[0::2, 192:208] = np.array([127, -128] * 8, np.int8).view(np.uint8)  # scale extremes
+    else:
+        bl[0::3, QO[qt] :] = 0xFF  # every quant 15 (Q5_K: 31)
+        bl[0::3, 16:48] = 0xFF  # (Q4_K: quants 15 too; Q5_K: every fifth bit)
+        bl[0::2, 4:16] = 0xFF  # every scale and min 63
     bl[1::4, 4:16] = rng.integers(0, 256, (len(bl[1::4]), 12), dtype=np.uint8)
     x = _activations(rng, 5, 256 * 12)
     x[0] = np.where(rng.integers(0, 2, x.shape[1]), 1.0, -1.0)  # +-127 quants
@@ -151,11 +178,14 @@ def test_kernel_compiles_to_vnni_dots_and_packed_scales(qt, tmp_path):
     """Compiled for Sapphire Rapids (avx512_asm): four broadcast chunks a block, each a vpsrlvw,
     an and and a vpdpbusd (Q5_K: and a vpmultishiftqb of the broadcast qh); two vpackssdw, byte
     permutes for the scale words, vpmaddwd; no trap."""
-    fn = "dot_q4_k_avx512" if qt == QT.Q4_K else "dot_q5_k_avx512"
-    asm, ops = avx512_asm(tmp_path, "kquants_avx512", fn, BB[qt])
-    q5 = qt == QT.Q5_K
-    assert ops.count("vpdpbusd") == 4 and ops.count("vbroadcasti64x4") == 4 + q5
-    assert ops.count("vpsrlvw") == 4 and ops.count("vpackssdw") == 2
-    assert ops.count("vpmultishiftqb") == 4 * q5
+    asm, ops = avx512_asm(tmp_path, "kquants_avx512", f"dot_{qt.name.lower()}_avx512", BB[qt])
+    assert ops.count("vpdpbusd") == 4 and ops.count("vpackssdw") == 2
     assert ops.count("vpmaddwd") + ops.count("vpdpwssd") == 2
-    assert {"vpermb", "vpermt2b", "vpermi2b"} & set(ops)
+    if qt == QT.Q6_K:  # two ql loads and two qh broadcasts a block, a vpmultishiftqb a chunk
+        assert ops.count("vbroadcasti64x4") == 2 and ops.count("vpmultishiftqb") == 4
+        assert {"vpermw", "vpermt2w", "vpermi2w", "vpmovsxbw"} & set(ops)  # the scale words
+    else:
+        q5 = qt == QT.Q5_K
+        assert ops.count("vbroadcasti64x4") == 4 + q5 and ops.count("vpsrlvw") == 4
+        assert ops.count("vpmultishiftqb") == 4 * q5
+        assert {"vpermb", "vpermt2b", "vpermi2b"} & set(ops)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Session 29, call WB: the AVX-512 VNNI Q4_K / Q5_K kernels (kquants_avx512.py, codes 53 / 54)
+# Session 29, call WB: the AVX-512 VNNI Q4_K / Q5_K / Q6_K kernels (kquants_avx512.py, codes 53-55)
 # on the lease's Xeon host: their tests, the pool's layer with each against the AVX2 kernel
-# (codes 20 / 25) in one process, calls interleaved (T = 1 with per-core ceilings alone and with
+# (codes 20 / 25 / 26) in one process, calls interleaved (T = 1 with per-core ceilings alone and with
 # 16 busy; Q4_K also T = 8), then the cpu-pool arm for Q4_K with each.
 . bench/h200/lib.sh
 O=/tmp/wbout; rm -rf $O && mkdir -p $O
@@ -16,11 +16,13 @@ for t in 1 8; do
   echo "rc=$?"; grep -B2 -A6 "Kernel compute" $O/q4k-t$t.txt | grep -E "^\| Q4_K"
   grep -A4 "calls interleaved" $O/q4k-t$t.txt | grep -E "^Q4_K "
 done
-el "Q5_K layer T=1: avx512 against avx2, interleaved"
-timeout 150 python3 bench/cpu_pool_sweep.py --quant Q5_K --threads 16 --tokens 1 --repeats 60 \
-  --layout-ab gguf,gguf@k=25 --ceiling-threads 16 --out $O/q5k-t1 > $O/q5k-t1.txt 2>&1
-echo "rc=$?"; grep -A6 "Kernel compute" $O/q5k-t1.txt | grep -E "^\| Q5_K"
-grep -A4 "calls interleaved" $O/q5k-t1.txt | grep -E "^Q5_K "
+for qk in Q5_K:25 Q6_K:26; do q=${qk%:*}; k=${qk#*:}
+  el "$q layer T=1: avx512 against avx2 (code $k), interleaved"
+  timeout 150 python3 bench/cpu_pool_sweep.py --quant $q --threads 16 --tokens 1 --repeats 60 \
+    --layout-ab gguf,gguf@k=$k --ceiling-threads 16 --out $O/$q-t1 > $O/$q-t1.txt 2>&1
+  echo "rc=$?"; grep -A6 "Kernel compute" $O/$q-t1.txt | grep -E "^\| $q"
+  grep -A4 "calls interleaved" $O/$q-t1.txt | grep -E "^$q "
+done
 arm() {  # tag quant tokens [env]
   el "cpu-pool arm $1"
   env ${4:-STRATA_X=0} timeout 100 python3 -m strata.bench --arm cpu-pool --shape qwen3-30b-a3b \

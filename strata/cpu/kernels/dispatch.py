@@ -32,7 +32,7 @@ from strata.cpu.kernels.iq4 import dot_iq4_xs
 from strata.cpu.kernels.iq4_avx2 import dot_iq4_xs_avx2, dot_q8_0_avx2
 from strata.cpu.kernels.kquants import dot_q4_k, dot_q5_k, dot_q6_k
 from strata.cpu.kernels.kquants_avx2 import dot_q4_k_avx2, dot_q5_k_avx2, dot_q6_k_avx2
-from strata.cpu.kernels.kquants_avx512 import dot_q4_k_avx512, dot_q5_k_avx512
+from strata.cpu.kernels.kquants_avx512 import dot_q4_k_avx512, dot_q5_k_avx512, dot_q6_k_avx512
 from strata.cpu.kernels.lut4 import (
     dot_lut4_2xxs_avx2,
     dot_lut4_2xxs_portable,
@@ -72,14 +72,15 @@ SIMD_GGUF = {  # AVX2 kernels on the GGUF bytes
 # AVX-512 VBMI + VNNI on the GGUF bytes (iq3_vbmi.py, iq1_avx512.py, iq2s_avx512.py): replace
 # SIMD_GGUF's kernel where the host has the features (`simd.avx512_enabled`)
 K_IQ3_XXS_VBMI, K_IQ1_M_AVX512, K_IQ2_S_AVX512 = 39, 40, 45
-# Q4_K and Q5_K on the GGUF bytes, AVX-512 VBMI + VNNI (kquants_avx512.py)
-K_Q4_K_AVX512, K_Q5_K_AVX512 = 53, 54
+# Q4_K, Q5_K and Q6_K on the GGUF bytes, AVX-512 VBMI + VNNI (kquants_avx512.py)
+K_Q4_K_AVX512, K_Q5_K_AVX512, K_Q6_K_AVX512 = 53, 54, 55
 AVX512_GGUF = {
     QT.IQ3_XXS: K_IQ3_XXS_VBMI,
     QT.IQ1_M: K_IQ1_M_AVX512,
     QT.IQ2_S: K_IQ2_S_AVX512,
     QT.Q4_K: K_Q4_K_AVX512,
     QT.Q5_K: K_Q5_K_AVX512,
+    QT.Q6_K: K_Q6_K_AVX512,
 }
 # the same hosts, on a repacked layout (iq1_t2_avx512.py): replace layout.REPACKS' kernel
 K_IQ1_M_T2_AVX512 = 41
@@ -157,6 +158,7 @@ KERNELS = {
     K_IQ2_S_LUT4_AVX2: dot_iq2s_lut4_avx2,
     K_Q4_K_AVX512: dot_q4_k_avx512,
     K_Q5_K_AVX512: dot_q5_k_avx512,
+    K_Q6_K_AVX512: dot_q6_k_avx512,
 }
 
 

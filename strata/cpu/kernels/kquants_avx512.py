@@ -1,4 +1,4 @@
-"""Q4_K and Q5_K on the GGUF bytes (no repack) with AVX-512 VBMI + VNNI.
+"""Q4_K, Q5_K and Q6_K on the GGUF bytes (no repack) with AVX-512 VBMI + VNNI.
 
 For hosts with avx512f/bw/vl/vbmi/vnni (`HAS_AVX512_VBMI`), in place of
 `kquants_avx2.dot_q4_k_avx2` / `dot_q5_k_avx2`, whose block spends two vpmaddubsw, two
@@ -30,7 +30,8 @@ qs[128] (16..143: byte i of 32-byte chunk j holds weight 64 j + i in its low nib
 The block's (isum, msum) are the AVX2 kernels' exact integers, and the row kernels do the float
 steps of `kquants_avx2.dot_q4_k_avx2` / `dot_q5_k_avx2` in the same order, so the results are
 bit-identical to them (and to the portable `kquants.dot_q4_k` / `dot_q5_k`). Compiled for
-Sapphire Rapids the Q4_K block loop is 68 instructions against the AVX2 kernel's 105. The
+Sapphire Rapids the Q4_K block loop is 68 instructions against the AVX2 kernel's 105. Q6_K
+(`q6k_block`) follows the same plan with its own bit layout: 61 against 92. The
 tables are module-level arrays shared with the test (tests/test_cpu_kquants_avx512.py), which also
 checks the compiled asm.
 """
@@ -44,7 +45,7 @@ from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
 from strata.cpu.kernels.iq1_avx512 import _dpbusd, _i8, _multishift, _pmaddwd
-from strata.cpu.kernels.kquants import Q4K_BB, Q5K_BB
+from strata.cpu.kernels.kquants import Q4K_BB, Q5K_BB, Q6K_BB
 from strata.cpu.kernels.simd import HAS_AVX512_VBMI, I8, I16, I32, Emit
 
 V16I8 = ir.VectorType(I8, 16)
@@ -85,6 +86,18 @@ def _qh_ctrl(j: int) -> np.ndarray:
 
 
 QH_CTRL = np.array([_qh_ctrl(j) for j in range(4)])
+
+# Q6_K: chunk c of half h (weights 128 h + 64 c .. + 63) takes its high 2 bits from qh[32 h + i]
+# (broadcast into both 256-bit halves) bits 4 c + 2 (i >= 32) and one up: to bits 4, 5
+Q6_QH_CTRL = np.array(
+    [[(8 * (i % 8) + 4 * c + 2 * (i >= 32) - 4) % 64 for i in range(64)] for c in range(2)],
+    np.uint8,
+)
+# pack h, word 8 L + t: sub-block (16 weights) 8 h + 4 (t >= 4) + L, the index vpermw takes
+# from the 16 sign-extended scales
+Q6_SC_IDX = np.array(
+    [[8 * h + 4 * (t // 4) + L for L in range(4) for t in range(8)] for h in range(2)]
+)
 
 
 # ---------------------------------------------------------------- IR
@@ -146,6 +159,64 @@ def k_block(e: Emit, pw, px, pb, fifth_bit: bool):
     return b.extract_element(z, ir.Constant(I32, 0)), b.extract_element(z, ir.Constant(I32, 8))
 
 
+def q6k_block(e: Emit, pw, px, pb):
+    """sum_s sc_s (sum q x - 32 bsum_s) as an int32 from i8* pw (the 210 bytes of a Q6_K block:
+    ql[128], qh[64], int8 scales[16], f16 d), px (its 256 int8 x quants) and pb (its 16 int16
+    bsums). Chunk c of half h: the ql nibbles (low for c = 0, high for c = 1) of the 64 bytes
+    ql[64 h ..] are weights 128 h + 64 c .. + 63 in natural order; their high 2 bits come from
+    the broadcast qh[32 h ..] by one vpmultishiftqb; a dword of the vpdpbusd is at most
+    4 * 63 * 128 = 32256, so vpackssdw packs the two chunks exactly; a 128-bit lane of a chunk's
+    dots is one 16-weight sub-block."""
+    b = e.b
+    sc = b.sext(e.load(pw, V16I8, 192), V16I16)  # the 16 scales
+    sc32 = e.shuffle(sc, list(range(16)) + [0] * 16)  # widened (upper lanes: don't care)
+    low, hi2 = e.splat(V64I8, 0x0F), e.splat(V64I8, 0x30)
+    acc = None
+    for h in range(2):
+        ql = e.load(pw, V64I8, 64 * h)
+        qh = e.shuffle(e.load(pw, V32I8, 128 + 32 * h), list(range(32)) * 2)  # broadcast
+        dots = []
+        for c in range(2):
+            nib = (
+                ql
+                if c == 0
+                else b.bitcast(b.lshr(b.bitcast(ql, V32I16), e.splat(V32I16, 4)), V64I8)
+            )
+            u = b.or_(b.and_(nib, low), b.and_(_multishift(e, Q6_QH_CTRL[c], qh), hi2))
+            x = e.load(px, V64I8, 128 * h + 64 * c)
+            dots.append(_dpbusd(e, e.splat(V16I32, 0), b.bitcast(u, V16I32), b.bitcast(x, V16I32)))
+        pk = e._call("llvm.x86.avx512.packssdw.512", V32I16, dots)
+        sw = e._call(
+            "llvm.x86.avx512.permvar.hi.512",
+            V32I16,
+            [sc32, e.const(V32I16, [int(i) for i in Q6_SC_IDX[h]])],
+        )
+        p = _pmaddwd(e, pk, sw)
+        acc = p if acc is None else b.add(acc, p)
+    off = e._call("llvm.x86.avx2.pmadd.wd", V8I32, [e.load(pb, V16I16), sc])  # sum sc_s bsum_s
+    a8 = b.add(e.shuffle(acc, list(range(8))), e.shuffle(acc, list(range(8, 16))))
+    a8 = b.sub(a8, b.shl(off, e.splat(V8I32, 5)))
+    return e._call("llvm.vector.reduce.add.v8i32", I32, [a8])
+
+
+@intrinsic
+def _blk_q6_k_avx512(typingctx, w, r, o, xq, a, xo, xb, bo):
+    """sum_s sc_s (sum q x - 32 bsum_s) of the Q6_K block at w[r, o:o+210] (int32)."""
+    sig = types.int32(w, types.intp, types.intp, xq, types.intp, types.intp, xb, types.intp)
+
+    def codegen(context, builder, sg, args):
+        e = Emit(context, builder)
+        if not HAS_AVX512_VBMI:
+            e.trap()
+            return ir.Constant(I32, 0)
+        pw = e.ptr(sg.args[0], args[0], args[1], args[2])
+        px = e.ptr(sg.args[3], args[3], args[4], args[5])
+        pb = e.ptr(sg.args[6], args[6], args[4], args[7])
+        return q6k_block(e, pw, px, pb)
+
+    return sig, codegen
+
+
 def _blk_intrinsic(fifth_bit: bool, doc: str):
     """A Numba intrinsic (w, r, o, xq, a, xo, xb, bo) -> (isum, msum): `k_block` of the block at
     w[r, o:] against act row a of xq from xo and of xb from bo (a trap without the features)."""
@@ -204,4 +275,14 @@ def dot_q5_k_avx512(w, r, xq, xd, xb, x8, xf, a):
         acc += np.float32(dx * f16_at(w, r, o)) * np.float32(isum) - np.float32(
             dx * f16_at(w, r, o + 2)
         ) * np.float32(msum)
+    return acc
+
+
+@njit(cache=True)
+def dot_q6_k_avx512(w, r, xq, xd, xb, x8, xf, a):
+    acc = np.float32(0.0)
+    for b in range(w.shape[1] // Q6K_BB):
+        o = b * Q6K_BB
+        isum = _blk_q6_k_avx512(w, r, o, xq, a, 256 * b, xb, 16 * b)
+        acc += np.float32(xd[a, b] * f16_at(w, r, o + 208)) * np.float32(isum)
     return acc
