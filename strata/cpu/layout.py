@@ -12,7 +12,8 @@ place (a view into the mmap) unless a repacked layout makes the SIMD kernel chea
                bytes by "IQ2_S=gguf")
     IQ1_M   -> T2   (2-bit ternary codes, 1.36x the bytes; iq1_t2.py, and on AVX-512 VBMI + VNNI
                hosts iq1_t2_avx512.py unless STRATA_CPU_T2_AVX512=0: `avx512_repack_on`)
-    Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 -> AVX2 kernels on the GGUF bytes
+    Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 -> AVX2 kernels on the GGUF bytes (Q4_K, Q5_K, Q6_K: on hosts
+               with AVX-512 VBMI + VNNI kquants_avx512.py's, the same bits)
     IQ3_XXS -> PM instead of LUT4 on hosts with AVX-512 VBMI + VNNI (position-major, 1.04x the
                bytes; iq3_pm.py; `AVX512_REPACK_LAYOUT`); either by name: "IQ3_XXS=lut4", "pm"
     IQ1_M   -> T7 by name ("IQ1_M=t7": 7-bit ternary quads, 1.21x the bytes; iq1_t7.py, and on

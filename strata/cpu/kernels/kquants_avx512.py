@@ -30,10 +30,10 @@ qs[128] (16..143: byte i of 32-byte chunk j holds weight 64 j + i in its low nib
 The block's (isum, msum) are the AVX2 kernels' exact integers, and the row kernels do the float
 steps of `kquants_avx2.dot_q4_k_avx2` / `dot_q5_k_avx2` in the same order, so the results are
 bit-identical to them (and to the portable `kquants.dot_q4_k` / `dot_q5_k`). Compiled for
-Sapphire Rapids the Q4_K block loop is 68 instructions against the AVX2 kernel's 105. Q6_K
-(`q6k_block`) follows the same plan with its own bit layout: 61 against 92. The
-tables are module-level arrays shared with the test (tests/test_cpu_kquants_avx512.py), which also
-checks the compiled asm.
+Sapphire Rapids the Q4_K block loop is 68 instructions against the AVX2 kernel's 105 (Q5_K 76
+against 121). Q6_K (`q6k_block`) follows the same plan with its own bit layout: 61 against 92.
+The tables are module-level arrays shared with the test (tests/test_cpu_kquants_avx512.py),
+which also checks the compiled asm.
 """
 
 from __future__ import annotations
