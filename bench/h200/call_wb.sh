@@ -5,7 +5,7 @@
 # 16 busy), then the cpu-pool arm for Q4_K with each.
 . bench/h200/lib.sh
 O=/tmp/wbout; rm -rf $O && mkdir -p $O
-el "Q4_K kernel tests"
+el "K-quant kernel tests"
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_cpu_kquants_avx512.py > $O/kq-tests.txt 2>&1
 echo "rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" $O/kq-tests.txt | tail -4
 for t in 1; do

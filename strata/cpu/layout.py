@@ -211,7 +211,6 @@ def prepare(
     STRATA_CPU_LAYOUT (default "auto"); simd=None follows the host (`simd_enabled()`).
     """
     f = fmt(qtype)
-    simd = simd_enabled() if simd is None else simd
     want = layout_for(layout or os.environ.get("STRATA_CPU_LAYOUT", "auto"), f.qtype)
     if len(shape) != 3:
         raise ValueError(f"an expert tensor has shape [E, R, C], got {list(shape)}")
@@ -219,6 +218,7 @@ def prepare(
     if c % 256 and f.vec_dot == QT.Q8_K:
         raise ValueError(f"{f.name}: input length {c} is not a multiple of 256")
     raw = np.asarray(data).view(np.uint8).reshape(e * r, f.row_bytes(c))
+    simd = simd_enabled() if simd is None else simd
     qt = f.qtype
     kernel, lay = gguf_kernel(qt, simd), "gguf"
     if want == "repack" and qt in AVX512_REPACK_LAYOUT and avx512_enabled(simd):

@@ -199,42 +199,26 @@ def q6k_block(e: Emit, pw, px, pb):
     return e._call("llvm.vector.reduce.add.v8i32", I32, [a8])
 
 
-@intrinsic
-def _blk_q6_k_avx512(typingctx, w, r, o, xq, a, xo, xb, bo):
-    """sum_s sc_s (sum q x - 32 bsum_s) of the Q6_K block at w[r, o:o+210] (int32)."""
-    sig = types.int32(w, types.intp, types.intp, xq, types.intp, types.intp, xb, types.intp)
-
-    def codegen(context, builder, sg, args):
-        e = Emit(context, builder)
-        if not HAS_AVX512_VBMI:
-            e.trap()
-            return ir.Constant(I32, 0)
-        pw = e.ptr(sg.args[0], args[0], args[1], args[2])
-        px = e.ptr(sg.args[3], args[3], args[4], args[5])
-        pb = e.ptr(sg.args[6], args[6], args[4], args[7])
-        return q6k_block(e, pw, px, pb)
-
-    return sig, codegen
-
-
-def _blk_intrinsic(fifth_bit: bool, doc: str):
-    """A Numba intrinsic (w, r, o, xq, a, xo, xb, bo) -> (isum, msum): `k_block` of the block at
-    w[r, o:] against act row a of xq from xo and of xb from bo (a trap without the features)."""
+def _blk_intrinsic(block_fn, pair: bool, doc: str):
+    """A Numba intrinsic (w, r, o, xq, a, xo, xb, bo) -> (int32, int32) if pair else int32:
+    block_fn(e, pw, px, pb) of the block at w[r, o:] against act row a of xq from xo and of xb
+    from bo (a trap where the host lacks the features)."""
 
     def blk(typingctx, w, r, o, xq, a, xo, xb, bo):
-        ret = types.UniTuple(types.int32, 2)
+        ret = types.UniTuple(types.int32, 2) if pair else types.int32
         sig = ret(w, types.intp, types.intp, xq, types.intp, types.intp, xb, types.intp)
 
         def codegen(context, builder, sg, args):
             e = Emit(context, builder)
-            if not HAS_AVX512_VBMI:
+            if HAS_AVX512_VBMI:
+                pw = e.ptr(sg.args[0], args[0], args[1], args[2])
+                px = e.ptr(sg.args[3], args[3], args[4], args[5])
+                pb = e.ptr(sg.args[6], args[6], args[4], args[7])
+                res = block_fn(e, pw, px, pb)
+            else:
                 e.trap()
-                zero = ir.Constant(I32, 0)
-                return context.make_tuple(builder, ret, [zero, zero])
-            pw = e.ptr(sg.args[0], args[0], args[1], args[2])
-            px = e.ptr(sg.args[3], args[3], args[4], args[5])
-            pb = e.ptr(sg.args[6], args[6], args[4], args[7])
-            return context.make_tuple(builder, ret, list(k_block(e, pw, px, pb, fifth_bit)))
+                res = (ir.Constant(I32, 0),) * 2 if pair else ir.Constant(I32, 0)
+            return context.make_tuple(builder, ret, list(res)) if pair else res
 
         return sig, codegen
 
@@ -243,13 +227,23 @@ def _blk_intrinsic(fifth_bit: bool, doc: str):
 
 
 _blk_q4_k_avx512 = _blk_intrinsic(
-    False, "(sum_s sc_s sum q x, sum_s m_s bsum_s) of the Q4_K block at w[r, o:o+144]"
+    lambda e, pw, px, pb: k_block(e, pw, px, pb, False),
+    True,
+    "(sum_s sc_s sum q x, sum_s m_s bsum_s) of the Q4_K block at w[r, o:o+144]",
 )
-_blk_q5_k_avx512 = _blk_intrinsic(True, "As `_blk_q4_k_avx512` for the Q5_K block at w[r, o:o+176]")
+_blk_q5_k_avx512 = _blk_intrinsic(
+    lambda e, pw, px, pb: k_block(e, pw, px, pb, True),
+    True,
+    "As `_blk_q4_k_avx512` for the Q5_K block at w[r, o:o+176]",
+)
+_blk_q6_k_avx512 = _blk_intrinsic(
+    q6k_block, False, "sum_s sc_s (sum q x - 32 bsum_s) of the Q6_K block at w[r, o:o+210]"
+)
 
 
 # ---------------------------------------------------------------- row kernels (the float steps of
-# kquants_avx2.dot_q4_k_avx2 / dot_q5_k_avx2, in the same order)
+# kquants_avx2's, in the same order; one njit function a format, as there: closures made by one
+# factory would share a qualified name, and so Numba's on-disk cache entries)
 
 
 @njit(cache=True)
