@@ -143,6 +143,40 @@ GEMV_F_KERNEL(bf16, QT_BF16)
 #ifndef STRATA_GEMV1_SMEM_GRID
 #define STRATA_GEMV1_SMEM_GRID 0
 #endif
+// a format mask (bit QT, as STRATA_FMT_MASK): gemv1w_* of these formats also stage their table,
+// with STRATA_GEMV1_GRID_BYTES of shared memory (GridTab: lane-banked copies of a code table, as
+// many as fit; default STRATA_GRID_SMEM_BYTES), IQ1_M's 8 KiB of codes among them at 8192 (one
+// copy: through L1, a warp's 32 random words of its 64 lines are about 25 line reads); 0 (the
+// default): STRATA_GEMV1_SMEM_GRID alone decides. Either way the table is staged after the row's
+// L2 prefetch, before the PDL wait.
+#ifndef STRATA_GEMV1_SMEM_FMTS
+#define STRATA_GEMV1_SMEM_FMTS 0
+#endif
+#ifndef STRATA_GEMV1_GRID_BYTES
+#define STRATA_GEMV1_GRID_BYTES STRATA_GRID_SMEM_BYTES
+#endif
+#define GEMV1_TAB_ON(QT) \
+    (STRATA_GEMV1_SMEM_GRID || ((((unsigned long long)(STRATA_GEMV1_SMEM_FMTS)) >> (QT)) & 1ull))
+
+// the table gemv1w_* decodes from: shared copies (stage_tab: every thread, a barrier) where
+// GEMV1_TAB_ON(QT) and GridTab finds room, else the global table
+template <int QT, bool ON = GEMV1_TAB_ON(QT)>
+struct Gemv1Tab {
+    typedef GridTab<QT, STRATA_GEMV1_GRID_BYTES> GT;
+    typedef typename GT::Store Store;
+    static __device__ __forceinline__ typename GT::Ref get(Store& s) {
+        return stage_tab<QT, STRATA_GEMV1_GRID_BYTES>(s.v);
+    }
+};
+template <int QT>
+struct Gemv1Tab<QT, false> {
+    struct Store {
+        u32 unused;
+    };
+    static __device__ __forceinline__ GridRef<typename Fmt<QT>::tab_t, 1> get(Store&) {
+        return GridRef<typename Fmt<QT>::tab_t, 1>{Fmt<QT>::gtab()};
+    }
+};
 // a format mask (bit QT, as STRATA_FMT_MASK): gemv1w_*'s loop advances its block and activation
 // pointers by constants instead of computing them from the sub-block index (same loads, same
 // integers; the loop's sm_90 SASS 7-13% shorter for Q6_K, IQ1_M and the IQ2/IQ3 formats, 1-4%
@@ -176,12 +210,7 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
     const int nsub = cols / 32, spb = Fmt<QT>::QK / 32;
     const int row_bytes = (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
     const u8* wr = W + (i64)min(r, rows - 1) * row_bytes;
-#if STRATA_GEMV1_SMEM_GRID
-    __shared__ typename GridTab<QT>::Store smt;
-    const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
-#else
-    const GridRef<typename Fmt<QT>::tab_t, 1> tab{Fmt<QT>::gtab()};
-#endif
+    __shared__ typename Gemv1Tab<QT>::Store smt;
 #if STRATA_GEMV_PDL_SPLIT
     // the weights do not depend on the kernel before: ask L2 for this warp's share of the row
     // (128-byte lines) while that kernel finishes, then wait for it (common.cuh)
@@ -189,9 +218,11 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
         for (int off = (ws * STRATA_WARP + lane) * 128; off < row_bytes;
              off += STRATA_WARP * wpr * 128)
             STRATA_PREFETCH_L2(wr + off);
+    const auto tab = Gemv1Tab<QT>::get(smt);  // every thread, before any return
     STRATA_PDL_WAIT();
     if (early) STRATA_PDL_TRIGGER();
 #else
+    const auto tab = Gemv1Tab<QT>::get(smt);
     STRATA_PDL_ENTER();
 #endif
     float acc = 0.0f;

@@ -826,6 +826,13 @@ struct GridTab {
     };
 };
 
+// words of a table a thread of stage_tab loads before it stores any, where the copies are
+// narrower than 16 bytes: the loads' latency once, not once a word (1: one word at a time, as
+// before session 30)
+#ifndef STRATA_TAB_BATCH
+#define STRATA_TAB_BATCH 16
+#endif
+
 // the table decode reads: the block's shared copies (filled by all its threads, then a
 // barrier) where GridTab<QT, BYTES>::USE, else the global table; every thread of the block must
 // call it. `sm`: a GridTab::Store's entries.
@@ -846,8 +853,21 @@ __device__ __forceinline__ typename GridTab<QT, BYTES>::Ref stage_tab(
                 const u32 v0 = src[e * U], v1 = src[e * U + (U - 1)];
                 ((i32x4*)dst)[q] = i32x4{(int)v0, (int)v1, (int)v0, (int)v1};  // U = 1: v1 == v0
             }
-        } else {
-            for (int d = threadIdx.x; d < NW; d += blockDim.x) dst[d] = src[(d / CU) * U + d % U];
+        } else {  // R words a thread loads before it stores any (STRATA_TAB_BATCH)
+            enum { R = STRATA_TAB_BATCH };
+            for (int d0 = threadIdx.x; d0 < NW; d0 += R * blockDim.x) {
+                u32 v[R];
+#pragma unroll
+                for (int k = 0; k < R; ++k) {
+                    const int d = d0 + k * blockDim.x;
+                    if (d < NW) v[k] = src[(d / CU) * U + d % U];
+                }
+#pragma unroll
+                for (int k = 0; k < R; ++k) {
+                    const int d = d0 + k * blockDim.x;
+                    if (d < NW) dst[d] = v[k];
+                }
+            }
         }
         __syncthreads();
         return grid_ref<GT::COPIES>((const T*)sm, (int)(threadIdx.x % STRATA_WARP));

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 30, call XA: (1) the GEMV and MoE kernel tests with the staged-table changes (gemv1w's
+# table after its L2 prefetch, STRATA_GEMV1_SMEM_FMTS; stage_tab's batched loads,
+# STRATA_TAB_BATCH); (2) gemv1w with IQ1_M's codes in shared memory against L1 (gemv_smem_ab.py);
+# (3) the MoE decode layer with stage_tab's batched loads against one word at a time; (4) the
+# issue's cpu-pool arm at T = 1 for IQ1_M, IQ3_XXS and Q4_K (the AVX-512 K-quant kernels now the
+# default there).
+. bench/h200/lib.sh
+O=/tmp/xa; rm -rf $O; mkdir -p $O
+save() { tar -czf $OUT/xa.tgz -C $O .; }
+el "topology"
+{ lscpu; echo; nvidia-smi -L; grep -m1 -E "^flags" /proc/cpuinfo; } > $O/topology.txt 2>&1
+grep -E "Model name|^CPU\(s\)|GPU" $O/topology.txt
+el "gemv / moe kernel tests"
+timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_kernels.py \
+  -k "staged_and_plain or moe_decode_variants or test_gemv" > $O/kernel-tests.txt 2>&1
+echo "rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" $O/kernel-tests.txt | tail -6
+save
+el "gemv_smem_ab"
+timeout 150 python3 bench/h200/gemv_smem_ab.py IQ1_M,IQ2_S,IQ3_XXS,Q4_K \
+  "now=4,now16=16,iq1m16=16@-DSTRATA_GEMV1_SMEM_FMTS=536870912:-DSTRATA_GEMV1_GRID_BYTES=8192,all16=16@-DSTRATA_GEMV1_SMEM_FMTS=18446744073709551615:-DSTRATA_GEMV1_GRID_BYTES=8192" \
+  > $O/gemv-smem-ab.txt 2>&1
+echo "rc=$?"; tail -22 $O/gemv-smem-ab.txt
+save
+el "moe layer: stage_tab batched (default) against one word at a time"
+timeout 90 python3 bench/h200/moe_variant_ab.py IQ3_XXS,IQ1_M,Q4_K \
+  default,default@-DSTRATA_TAB_BATCH=1 1 > $O/moe-tab-batch.txt 2>&1
+echo "rc=$?"; tail -7 $O/moe-tab-batch.txt
+save
+arm() {  # tag quant
+  el "cpu-pool arm $1"
+  timeout 75 python3 -m strata.bench --arm cpu-pool --shape qwen3-30b-a3b --quant $2 -t 1 \
+    --json $O/arm-$1.json > $O/arm-$1.txt 2> $O/arm-$1.err
+  echo "rc=$?"; grep -E "^qwen3|served|host read" $O/arm-$1.txt | cut -c1-200
+  save
+}
+arm q4k Q4_K
+arm iq1m IQ1_M
+arm iq3 IQ3_XXS
+el "done"
