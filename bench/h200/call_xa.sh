@@ -2,9 +2,10 @@
 # Session 30, call XA: (1) the GEMV and MoE kernel tests with the staged-table changes (gemv1w's
 # table after its L2 prefetch, STRATA_GEMV1_SMEM_FMTS; stage_tab's batched loads,
 # STRATA_TAB_BATCH); (2) gemv1w with IQ1_M's codes in shared memory against L1 (gemv_smem_ab.py);
-# (3) the MoE decode layer with stage_tab's batched loads against one word at a time; (4) the
+# (3) the MoE decode layer with stage_tab's batched loads against one word at a time, and with
+# IQ1_M's codes in shared memory (one or two copies, now that they are loaded batched); (4) the
 # issue's cpu-pool arm at T = 1 for IQ1_M, IQ3_XXS and Q4_K (the AVX-512 K-quant kernels now the
-# default there).
+# default there), and the three kernels' ceilings with 16 threads busy.
 . bench/h200/lib.sh
 O=/tmp/xa; rm -rf $O; mkdir -p $O
 save() { tar -czf $OUT/xa.tgz -C $O .; }
@@ -22,10 +23,11 @@ timeout 150 python3 bench/h200/gemv_smem_ab.py IQ1_M,IQ2_S,IQ3_XXS,Q4_K \
   > $O/gemv-smem-ab.txt 2>&1
 echo "rc=$?"; tail -22 $O/gemv-smem-ab.txt
 save
-el "moe layer: stage_tab batched (default) against one word at a time"
-timeout 90 python3 bench/h200/moe_variant_ab.py IQ3_XXS,IQ1_M,Q4_K \
-  default,default@-DSTRATA_TAB_BATCH=1 1 > $O/moe-tab-batch.txt 2>&1
-echo "rc=$?"; tail -7 $O/moe-tab-batch.txt
+el "moe layer: stage_tab batched (default) against one word at a time; IQ1_M's codes shared"
+timeout 110 python3 bench/h200/moe_variant_ab.py IQ3_XXS,IQ1_M,Q4_K \
+  default,default@-DSTRATA_TAB_BATCH=1,default@-DSTRATA_GRID_SMEM_BYTES=8192,default@-DSTRATA_GRID_SMEM_BYTES=16384 \
+  1 > $O/moe-tab-batch.txt 2>&1
+echo "rc=$?"; tail -13 $O/moe-tab-batch.txt
 save
 arm() {  # tag quant
   el "cpu-pool arm $1"
@@ -37,4 +39,9 @@ arm() {  # tag quant
 arm q4k Q4_K
 arm iq1m IQ1_M
 arm iq3 IQ3_XXS
+el "kernel ceilings: one thread alone, each of 16 busy (L2-resident weights)"
+timeout 100 python3 bench/cpu_pool_sweep.py --quant IQ1_M,IQ3_XXS,Q4_K --ceiling-only \
+  --ceiling-threads 16 --out $O/ceilings > $O/ceilings.txt 2>&1
+echo "rc=$?"; tail -12 $O/ceilings.txt
+save
 el "done"
