@@ -3,9 +3,8 @@
 # table after its L2 prefetch, STRATA_GEMV1_SMEM_FMTS; stage_tab's batched loads,
 # STRATA_TAB_BATCH); (2) gemv1w with IQ1_M's codes in shared memory against L1 (gemv_smem_ab.py);
 # (3) the MoE decode layer with stage_tab's batched loads against one word at a time, and with
-# IQ1_M's codes in shared memory (one or two copies, now that they are loaded batched); (4) the
-# issue's cpu-pool arm at T = 1 for IQ1_M, IQ3_XXS and Q4_K (the AVX-512 K-quant kernels now the
-# default there), and the three kernels' ceilings with 16 threads busy.
+# IQ1_M's codes in shared memory (one or two copies, now that they are loaded batched). The CPU
+# side is call XB.
 . bench/h200/lib.sh
 O=/tmp/xa; rm -rf $O; mkdir -p $O
 save() { tar -czf $OUT/xa.tgz -C $O .; }
@@ -28,20 +27,5 @@ timeout 110 python3 bench/h200/moe_variant_ab.py IQ3_XXS,IQ1_M,Q4_K \
   default,default@-DSTRATA_TAB_BATCH=1,default@-DSTRATA_GRID_SMEM_BYTES=8192,default@-DSTRATA_GRID_SMEM_BYTES=16384 \
   1 > $O/moe-tab-batch.txt 2>&1
 echo "rc=$?"; tail -13 $O/moe-tab-batch.txt
-save
-arm() {  # tag quant
-  el "cpu-pool arm $1"
-  timeout 75 python3 -m strata.bench --arm cpu-pool --shape qwen3-30b-a3b --quant $2 -t 1 \
-    --json $O/arm-$1.json > $O/arm-$1.txt 2> $O/arm-$1.err
-  echo "rc=$?"; grep -E "^qwen3|served|host read" $O/arm-$1.txt | cut -c1-200
-  save
-}
-arm q4k Q4_K
-arm iq1m IQ1_M
-arm iq3 IQ3_XXS
-el "kernel ceilings: one thread alone, each of 16 busy (L2-resident weights)"
-timeout 100 python3 bench/cpu_pool_sweep.py --quant IQ1_M,IQ3_XXS,Q4_K --ceiling-only \
-  --ceiling-threads 16 --out $O/ceilings > $O/ceilings.txt 2>&1
-echo "rc=$?"; tail -12 $O/ceilings.txt
 save
 el "done"
