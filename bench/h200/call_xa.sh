@@ -12,18 +12,18 @@ el "topology"
 { lscpu; echo; nvidia-smi -L; grep -m1 -E "^flags" /proc/cpuinfo; } > $O/topology.txt 2>&1
 grep -E "Model name|^CPU\(s\)|GPU" $O/topology.txt
 el "gemv / moe kernel tests"
-timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_kernels.py \
+timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_kernels.py \
   -k "staged_and_plain or moe_decode_variants or test_gemv" > $O/kernel-tests.txt 2>&1
 echo "rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" $O/kernel-tests.txt | tail -6
 save
 el "gemv_smem_ab"
-timeout 150 python3 bench/h200/gemv_smem_ab.py IQ1_M,IQ2_S,IQ3_XXS,Q4_K \
+timeout 120 python3 bench/h200/gemv_smem_ab.py IQ1_M,IQ2_S,IQ3_XXS,Q4_K \
   "now=4,now16=16,iq1m16=16@-DSTRATA_GEMV1_SMEM_FMTS=536870912:-DSTRATA_GEMV1_GRID_BYTES=8192,all16=16@-DSTRATA_GEMV1_SMEM_FMTS=18446744073709551615:-DSTRATA_GEMV1_GRID_BYTES=8192" \
   > $O/gemv-smem-ab.txt 2>&1
 echo "rc=$?"; tail -22 $O/gemv-smem-ab.txt
 save
 el "moe layer: stage_tab batched (default) against one word at a time; IQ1_M's codes shared"
-timeout 110 python3 bench/h200/moe_variant_ab.py IQ3_XXS,IQ1_M,Q4_K \
+timeout 100 python3 bench/h200/moe_variant_ab.py IQ3_XXS,IQ1_M,Q4_K \
   default,default@-DSTRATA_TAB_BATCH=1,default@-DSTRATA_GRID_SMEM_BYTES=8192,default@-DSTRATA_GRID_SMEM_BYTES=16384 \
   1 > $O/moe-tab-batch.txt 2>&1
 echo "rc=$?"; tail -13 $O/moe-tab-batch.txt
