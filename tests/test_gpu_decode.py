@@ -342,7 +342,7 @@ def test_gemv1w_matches_reference_and_gemv1(K, qt):
     assert seen == {1, 2}
 
 
-@pytest.mark.parametrize("qt", [QT.Q8_0, QT.Q4_K, QT.IQ3_XXS], ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", [QT.Q8_0, QT.Q4_K, QT.IQ3_XXS, QT.IQ1_M], ids=lambda q: q.name)
 def test_gemv1w_warps_and_pdl_trigger_leave_the_bits(K, qt, monkeypatch):
     """gemv1w_*'s warps a block (blockDim) and its PDL trigger (at once or after the loop)
     change where its blocks run, never a row's sums: chained launches, PDL where the device has
@@ -361,6 +361,7 @@ def test_gemv1w_warps_and_pdl_trigger_leave_the_bits(K, qt, monkeypatch):
     for warps in (2, 4, 16):
         for early_warps in (0, 1 << 30):
             monkeypatch.setattr(gm, "GEMV1_WARPS", warps)
+            monkeypatch.setattr(gm, "GEMV1_WARPS_BY_TYPE", {})
             monkeypatch.setattr(gm, "PDL_EARLY_WARPS", early_warps)
             out = cp.full((3, rows), np.nan, np.float32)
             with K.pdl_scope():  # a chain: the second adds the row the first wrote

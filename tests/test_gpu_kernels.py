@@ -642,7 +642,8 @@ def test_moe_experts_match_reference(K, qts, variant):
 @pytest.fixture(scope="module")
 def K_plain(K):
     """The original decode build (every decode knob off; the default build has them on)."""
-    knobs = ("FAST_DECODE", "SMEM_GRID", "REG_DECODE", "GEMV1_SMEM_GRID", "GRID_CODES")
+    knobs = ("FAST_DECODE", "SMEM_GRID", "REG_DECODE", "GEMV1_SMEM_GRID", "GEMV1_SMEM_FMTS")
+    knobs += ("GRID_CODES",)
     knobs += ("SIGN_SPREAD", "GEMV1_STEP")
     return Kernels(cp, K.warp, K.sm_count, tuple(f"-DSTRATA_{k}=0" for k in knobs))
 

@@ -20,6 +20,7 @@ from strata.quant.formats import QT
 quants = sys.argv[1].split(",") if len(sys.argv) > 1 else ["Q8_0", "Q4_K", "Q6_K", "IQ3_XXS"]
 g.GEMV_QUANTS = tuple(QT[q] for q in quants)
 g.SHAPES = {k: v for k, v in g.SHAPES.items() if k != "lm_head"}
+gemv_mod.GEMV1_WARPS_BY_TYPE = {}  # each arm's warps for every format
 info = primary_device()
 split = Kernels(cp, info.warp_size, info.sm_count, (), info.arch)
 entry = Kernels(cp, info.warp_size, info.sm_count, ("-DSTRATA_GEMV_PDL_SPLIT=0",), info.arch)

@@ -24,6 +24,7 @@ DEFAULT_ARMS = f"now=4,now16=16,iq1m=4@{IQ1M},iq1m16=16@{IQ1M},all16=16@{ALL}"
 quants = (sys.argv[1] if len(sys.argv) > 1 else "IQ1_M,IQ2_S,IQ3_XXS,IQ3_S,IQ2_XXS,Q4_K").split(",")
 g.GEMV_QUANTS = tuple(QT[q] for q in quants)
 g.SHAPES = {k: v for k, v in g.SHAPES.items() if k != "lm_head"}
+gemv_mod.GEMV1_WARPS_BY_TYPE = {}  # each arm's warps for every format
 info = primary_device()
 builds: dict = {}
 arms: dict = {}

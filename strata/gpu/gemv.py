@@ -44,9 +44,14 @@ GEMV1F_THREADS = 128  # gemv.cu's GEMV1F_THREADS: gemv1f_* (T = 1, float weights
 # warps per block of gemv1w_* (read from blockDim there; 2, 4, 8 or 16): 4 decodes fastest in
 # the engine on the H200 (16: -3% all resident, though a lone K-quant GEMV at attention shapes
 # gains; bench/results/session16-h200-20261201.md)
-GEMV1_WARPS = int(os.environ.get("STRATA_GPU_GEMV1_WARPS", "4"))
+_WARPS_ENV = os.environ.get("STRATA_GPU_GEMV1_WARPS")
+GEMV1_WARPS = int(_WARPS_ENV or 4)
 if GEMV1_WARPS not in (2, 4, 8, 16):
     raise ValueError(f"STRATA_GPU_GEMV1_WARPS={GEMV1_WARPS}: one of 2, 4, 8, 16")
+# ... by weight type where STRATA_GPU_GEMV1_WARPS is unset: IQ1_M's block stages one copy of its
+# 8 KiB of codes in shared memory (gemv.cu STRATA_GEMV1_SMEM_FMTS), which 16 warps share (its
+# GEMVs 0.80-0.95x the time of 8 warps' at attention shapes on the H100, session 30)
+GEMV1_WARPS_BY_TYPE = {} if _WARPS_ENV else {QT.IQ1_M: 16}
 # gemv1w_*'s PDL trigger (common.cuh's split form): at once for Q8_0 (a cheap decode) and for
 # grids of at most this many warps; after the main loop for the rest (measured, session 16)
 PDL_EARLY_WARPS = 2048
@@ -142,7 +147,7 @@ def gemv(
     if t == 1 and w.quantized and not legacy:
         wpr = warps_per_row(K, w)
         variant = variant or GEMV1_VARIANT
-        nw = GEMV1_WARPS if variant == "split" else GEMV1S_WARPS
+        nw = GEMV1_WARPS_BY_TYPE.get(w.qtype, GEMV1_WARPS) if variant == "split" else GEMV1S_WARPS
         rpb = nw // wpr
         args = (w.buf, act.q, act.d, i32(xd_shift(act.mode)), ptr(w.bias), ptr(resid), out)
         K.fn("gemv.cu", kernel_name(GEMV1_PREFIX[variant], w.qtype))(

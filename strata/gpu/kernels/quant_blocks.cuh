@@ -70,12 +70,15 @@
 //                      most 32) as fit, a table past it stays in global memory. Copies cost
 //                      their fill in every block: at 4096 bytes (8 copies of IQ3_XXS's codes)
 //                      the MoE layer took 1.16x the time of one copy of its bytes, at 16384
-//                      (IQ1_M's two copies) 1.63x; the default keeps IQ1_M's codes in global.
+//                      (IQ1_M's two copies) 1.63x, filled a word at a time. Filled
+//                      STRATA_TAB_BATCH words at a time, one copy of IQ1_M's codes (8192, the
+//                      default since session 30) took its MoE layer 0.93x the time of the
+//                      global table's (16.83 against 18.08 us on the H100).
 #ifndef STRATA_GRID_CODES
 #define STRATA_GRID_CODES (1ull << 29)
 #endif
 #ifndef STRATA_GRID_SMEM_BYTES
-#define STRATA_GRID_SMEM_BYTES 4096
+#define STRATA_GRID_SMEM_BYTES 8192
 #endif
 #define GRID_CODES_ON(QT) ((((unsigned long long)(STRATA_GRID_CODES)) >> (QT)) & 1ull)
 //   STRATA_SIGN_SPREAD how the IQ2/IQ3 signs negate bytes (same integers): 2: the 7 or 8 sign
@@ -827,10 +830,12 @@ struct GridTab {
 };
 
 // words of a table a thread of stage_tab loads before it stores any, where the copies are
-// narrower than 16 bytes: the loads' latency once, not once a word (1: one word at a time, as
-// before session 30)
+// narrower than 16 bytes (1: one word at a time, as before session 30). On the H100 (session 30,
+// bench/results/session30-20261207.md) 4 kept IQ3_XXS's MoE decode layer level with 1 and let
+// IQ1_M's 8 KiB of codes into shared memory (below) at 0.93x the layer's MoE time, where one word
+// at a time took 1.25x; 16 cost IQ3_XXS's MoE 1.08x.
 #ifndef STRATA_TAB_BATCH
-#define STRATA_TAB_BATCH 16
+#define STRATA_TAB_BATCH 4
 #endif
 
 // the table decode reads: the block's shared copies (filled by all its threads, then a
