@@ -26,6 +26,15 @@ def scale_min_k4(w, r, o, j):
     return np.int32(sc), np.int32(m)
 
 
+@njit(cache=True, inline="always")
+def kmin_block(w, r, o, dx, isum, msum):
+    """A Q4_K / Q5_K super-block's float steps (every kernel's, in this order): d dx isum -
+    dmin dx msum, with d and dmin the f16 pair at w[r, o:o+4] and dx the activation's scale."""
+    return np.float32(dx * f16_at(w, r, o)) * np.float32(isum) - np.float32(
+        dx * f16_at(w, r, o + 2)
+    ) * np.float32(msum)
+
+
 @njit(cache=True)
 def dot_q4_k(w, r, xq, xd, xb, x8, xf, a):
     acc = np.float32(0.0)
@@ -47,10 +56,7 @@ def dot_q4_k(w, r, xq, xd, xb, x8, xf, a):
             bo = b * 16 + 4 * j
             isum += sc0 * s0 + sc1 * s1
             msum += m0 * (xb[a, bo] + xb[a, bo + 1]) + m1 * (xb[a, bo + 2] + xb[a, bo + 3])
-        dx = xd[a, b]
-        acc += np.float32(dx * f16_at(w, r, o)) * np.float32(isum) - np.float32(
-            dx * f16_at(w, r, o + 2)
-        ) * np.float32(msum)
+        acc += kmin_block(w, r, o, xd[a, b], isum, msum)
     return acc
 
 
@@ -74,10 +80,7 @@ def dot_q5_k(w, r, xq, xd, xb, x8, xf, a):
                 t += q * xq[a, xo + 32 * s + i]
             isum += sc * t
             msum += m * (xb[a, b * 16 + 2 * s] + xb[a, b * 16 + 2 * s + 1])
-        dx = xd[a, b]
-        acc += np.float32(dx * f16_at(w, r, o)) * np.float32(isum) - np.float32(
-            dx * f16_at(w, r, o + 2)
-        ) * np.float32(msum)
+        acc += kmin_block(w, r, o, xd[a, b], isum, msum)
     return acc
 
 

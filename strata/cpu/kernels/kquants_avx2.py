@@ -16,7 +16,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
-from strata.cpu.kernels.kquants import Q4K_BB, Q5K_BB, Q6K_BB
+from strata.cpu.kernels.kquants import Q4K_BB, Q5K_BB, Q6K_BB, kmin_block
 from strata.cpu.kernels.simd import HAS_AVX2, I32, V8I32, V16I16, V32I8, Emit
 
 _V4I32 = ir.VectorType(I32, 4)
@@ -95,10 +95,7 @@ def dot_q4_k_avx2(w, r, xq, xd, xb, x8, xf, a):
     for b in range(w.shape[1] // Q4K_BB):
         o = b * Q4K_BB
         isum, msum = _blk_q4_k(w, r, o, xq, a, 256 * b, xb, 16 * b)
-        dx = xd[a, b]
-        acc += np.float32(dx * f16_at(w, r, o)) * np.float32(isum) - np.float32(
-            dx * f16_at(w, r, o + 2)
-        ) * np.float32(msum)
+        acc += kmin_block(w, r, o, xd[a, b], isum, msum)
     return acc
 
 
@@ -125,10 +122,7 @@ def dot_q5_k_avx2(w, r, xq, xd, xb, x8, xf, a):
     for b in range(w.shape[1] // Q5K_BB):
         o = b * Q5K_BB
         isum, msum = _blk_q5_k(w, r, o, xq, a, 256 * b, xb, 16 * b)
-        dx = xd[a, b]
-        acc += np.float32(dx * f16_at(w, r, o)) * np.float32(isum) - np.float32(
-            dx * f16_at(w, r, o + 2)
-        ) * np.float32(msum)
+        acc += kmin_block(w, r, o, xd[a, b], isum, msum)
     return acc
 
 

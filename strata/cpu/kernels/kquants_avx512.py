@@ -45,7 +45,7 @@ from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
 from strata.cpu.kernels.iq1_avx512 import _dpbusd, _i8, _multishift, _pmaddwd
-from strata.cpu.kernels.kquants import Q4K_BB, Q5K_BB, Q6K_BB
+from strata.cpu.kernels.kquants import Q4K_BB, Q5K_BB, Q6K_BB, kmin_block
 from strata.cpu.kernels.simd import HAS_AVX512_VBMI, I8, I16, I32, Emit
 
 V16I8 = ir.VectorType(I8, 16)
@@ -252,10 +252,7 @@ def dot_q4_k_avx512(w, r, xq, xd, xb, x8, xf, a):
     for b in range(w.shape[1] // Q4K_BB):
         o = b * Q4K_BB
         isum, msum = _blk_q4_k_avx512(w, r, o, xq, a, 256 * b, xb, 16 * b)
-        dx = xd[a, b]
-        acc += np.float32(dx * f16_at(w, r, o)) * np.float32(isum) - np.float32(
-            dx * f16_at(w, r, o + 2)
-        ) * np.float32(msum)
+        acc += kmin_block(w, r, o, xd[a, b], isum, msum)
     return acc
 
 
@@ -265,10 +262,7 @@ def dot_q5_k_avx512(w, r, xq, xd, xb, x8, xf, a):
     for b in range(w.shape[1] // Q5K_BB):
         o = b * Q5K_BB
         isum, msum = _blk_q5_k_avx512(w, r, o, xq, a, 256 * b, xb, 16 * b)
-        dx = xd[a, b]
-        acc += np.float32(dx * f16_at(w, r, o)) * np.float32(isum) - np.float32(
-            dx * f16_at(w, r, o + 2)
-        ) * np.float32(msum)
+        acc += kmin_block(w, r, o, xd[a, b], isum, msum)
     return acc
 
 
