@@ -2,10 +2,12 @@
 read through L1 (the default) against shared-memory copies staged after the row's L2 prefetch
 (gemv.cu STRATA_GEMV1_SMEM_FMTS / STRATA_GEMV1_GRID_BYTES: IQ1_M's 8 KiB of codes one copy at
 8192), at 4 and 16 warps a block; one process, arms interleaved (forward, then backward), lm_head
-left out. Prints the best us, % of the run's copy and % of a copy of the same bytes.
+left out (AB_LM_HEAD=1: kept, for every format). Prints the best us, % of the run's copy and %
+of a copy of the same bytes.
 Usage: python3 bench/h200/gemv_smem_ab.py [QUANTS] [ARMS]
 ARMS: comma-separated "NAME=WARPS" or "NAME=WARPS@-DSTRATA_A=1:-DSTRATA_B=2" (default below)."""
 
+import os
 import sys
 
 import cupy as cp
@@ -23,7 +25,10 @@ DEFAULT_ARMS = f"now=4,now16=16,iq1m=4@{IQ1M},iq1m16=16@{IQ1M},all16=16@{ALL}"
 
 quants = (sys.argv[1] if len(sys.argv) > 1 else "IQ1_M,IQ2_S,IQ3_XXS,IQ3_S,IQ2_XXS,Q4_K").split(",")
 g.GEMV_QUANTS = tuple(QT[q] for q in quants)
-g.SHAPES = {k: v for k, v in g.SHAPES.items() if k != "lm_head"}
+if os.environ.get("AB_LM_HEAD") == "1":
+    g.LEGACY_QUANTS = g.GEMV_QUANTS
+else:
+    g.SHAPES = {k: v for k, v in g.SHAPES.items() if k != "lm_head"}
 gemv_mod.GEMV1_WARPS_BY_TYPE = {}  # each arm's warps for every format
 info = primary_device()
 builds: dict = {}
