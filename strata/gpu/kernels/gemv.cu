@@ -151,7 +151,7 @@ GEMV_F_KERNEL(bf16, QT_BF16)
 // of a same-size copy against 51-60%: bench/results/session30-20261207.md). Either way the table
 // is staged after the row's L2 prefetch, before the PDL wait.
 #ifndef STRATA_GEMV1_SMEM_FMTS
-#define STRATA_GEMV1_SMEM_FMTS (1ull << 29)
+#define STRATA_GEMV1_SMEM_FMTS ((1ull << 29) | (1ull << 22))
 #endif
 #ifndef STRATA_GEMV1_GRID_BYTES
 #define STRATA_GEMV1_GRID_BYTES STRATA_GRID_SMEM_BYTES
