@@ -655,6 +655,7 @@ def K_codes(K):
     decode GEMV (gemv1w) staging them too (STRATA_GEMV1_SMEM_FMTS: every format); with the signs
     spread a nibble at a time (STRATA_SIGN_SPREAD=1: the default is 2, K_plain's 0)."""
     arm = ("-DSTRATA_GRID_CODES=4294967295", "-DSTRATA_GRID_SMEM_BYTES=16384")
+    arm += ("-DSTRATA_GRID_COPIES=32",)
     arm += ("-DSTRATA_GEMV1_SMEM_FMTS=18446744073709551615",)
     arm += ("-DSTRATA_SIGN_SPREAD=1",)
     return Kernels(cp, K.warp, K.sm_count, arm)

@@ -80,6 +80,13 @@
 #ifndef STRATA_GRID_SMEM_BYTES
 #define STRATA_GRID_SMEM_BYTES 8192
 #endif
+//   STRATA_GRID_COPIES the most lane-banked copies a block holds of a code table (a power of two,
+//                      1-32). 1 since session 31: IQ2_S's 4 KiB of codes as one copy took its MoE
+//                      decode layer 0.89x the time of two copies (17.03 against 19.08 us on the
+//                      H100) and its decode GEMVs 0.87-0.96x (bench/results/session31-20261207.md).
+#ifndef STRATA_GRID_COPIES
+#define STRATA_GRID_COPIES 1
+#endif
 #define GRID_CODES_ON(QT) ((((unsigned long long)(STRATA_GRID_CODES)) >> (QT)) & 1ull)
 //   STRATA_SIGN_SPREAD how the IQ2/IQ3 signs negate bytes (same integers): 2: the 7 or 8 sign
 //                      bits of 8 values become two byte masks by two multiplies and two prmt
@@ -810,15 +817,15 @@ struct GridTab {
     typedef typename Fmt<QT>::tab_t T;
     enum {
         TB = Fmt<QT>::TAB_N * (int)sizeof(T),  // bytes of one copy
-        C = (!STRATA_SMEM_GRID || TB == 0)  ? 0
-            : !GRID_CODES_ON(QT)            ? (TB <= 2048 ? 1 : 0)
-            : TB * 32 <= BYTES              ? 32
-            : TB * 16 <= BYTES              ? 16
-            : TB * 8 <= BYTES               ? 8
-            : TB * 4 <= BYTES               ? 4
-            : TB * 2 <= BYTES               ? 2
-            : TB <= BYTES                   ? 1
-                                            : 0,
+        C = (!STRATA_SMEM_GRID || TB == 0)                     ? 0
+            : !GRID_CODES_ON(QT)                               ? (TB <= 2048 ? 1 : 0)
+            : TB * 32 <= BYTES && 32 <= STRATA_GRID_COPIES     ? 32
+            : TB * 16 <= BYTES && 16 <= STRATA_GRID_COPIES     ? 16
+            : TB * 8 <= BYTES && 8 <= STRATA_GRID_COPIES       ? 8
+            : TB * 4 <= BYTES && 4 <= STRATA_GRID_COPIES       ? 4
+            : TB * 2 <= BYTES && 2 <= STRATA_GRID_COPIES       ? 2
+            : TB <= BYTES                                      ? 1
+                                                               : 0,
         COPIES = C > 0 ? C : 1,
         N = C > 0 ? Fmt<QT>::TAB_N * C : 1,  // entries of the kernel's shared array (1: unused)
         USE = C > 0
