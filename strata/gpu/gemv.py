@@ -50,7 +50,8 @@ if GEMV1_WARPS not in (2, 4, 8, 16):
     raise ValueError(f"STRATA_GPU_GEMV1_WARPS={GEMV1_WARPS}: one of 2, 4, 8, 16")
 # ... by weight type where STRATA_GPU_GEMV1_WARPS is unset: IQ1_M's block stages one copy of its
 # 8 KiB of codes in shared memory (gemv.cu STRATA_GEMV1_SMEM_FMTS), which 16 warps share (its
-# GEMVs 0.91-1.01x the time of 8 warps', 0.82-0.87x of 4 warps' on the H100: session 30)
+# GEMVs 0.91-1.01x the time of 8 warps', 0.82-0.87x of 4 warps' on the H100: session 30); IQ2_S
+# stages its 4 KiB of codes the same way (measured at 16 warps only: session 31)
 GEMV1_WARPS_BY_TYPE = {} if _WARPS_ENV else {QT.IQ1_M: 16, QT.IQ2_S: 16}
 # gemv1w_*'s PDL trigger (common.cuh's split form): at once for Q8_0 (a cheap decode) and for
 # grids of at most this many warps; after the main loop for the rest (measured, session 16)

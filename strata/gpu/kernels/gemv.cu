@@ -145,11 +145,13 @@ GEMV_F_KERNEL(bf16, QT_BF16)
 #endif
 // a format mask (bit QT, as STRATA_FMT_MASK): gemv1w_* of these formats also stage their table,
 // with STRATA_GEMV1_GRID_BYTES of shared memory (GridTab: lane-banked copies of a code table, as
-// many as fit; default STRATA_GRID_SMEM_BYTES). Default IQ1_M: through L1 a warp's 32 random
-// words of its 8 KiB of codes (64 lines) are about 25 line reads; one shared copy, with 16 warps
-// a block (gemv.py GEMV1_WARPS_BY_TYPE), took its GEMVs 0.54-0.81x the time on the H100 (64.9-109%
-// of a same-size copy against 51-60%: bench/results/session30-20261207.md). Either way the table
-// is staged after the row's L2 prefetch, before the PDL wait.
+// many as fit, at most STRATA_GRID_COPIES; default STRATA_GRID_SMEM_BYTES). Default IQ1_M and
+// IQ2_S: through L1 a warp's 32 random words of IQ1_M's 8 KiB of codes (64 lines) are about 25
+// line reads; one shared copy, with 16 warps a block (gemv.py GEMV1_WARPS_BY_TYPE), took its
+// GEMVs 0.54-0.81x the time on the H100 (64.9-109% of a same-size copy against 51-60%:
+// bench/results/session30-20261207.md), IQ2_S's 4 KiB of codes 0.54-0.76x (77-112% against
+// 57-60%; lm_head 1.03x: bench/results/session31-20261207.md). Either way the table is staged
+// after the row's L2 prefetch, before the PDL wait.
 #ifndef STRATA_GEMV1_SMEM_FMTS
 #define STRATA_GEMV1_SMEM_FMTS ((1ull << 29) | (1ull << 22))
 #endif

@@ -64,7 +64,12 @@
 //                      H200 (bench/results/session19-h200-20261201.md) that paid for IQ1_M only
 //                      (16 KiB of u64 rows -> 8 KiB: GEMVs 0.89-0.94x the time, the MoE layer
 //                      0.90x); the smaller grids' decode is bound by its arithmetic and lost
-//                      up to 14% at lm_head. Default: IQ1_M (1 << 29); 0: every grid's bytes.
+//                      up to 14% at lm_head. Default: IQ1_M and, since session 31, IQ2_S
+//                      (bit 22), whose 4 KiB of codes, one shared copy a block, took its MoE
+//                      decode layer 0.86x the time of its 8 KiB grid's (16.89 against 19.60 us
+//                      on the H100), its decode GEMVs 0.54-0.76x (gemv.cu), its prompt GEMM
+//                      0.98-1.00x and lm_head 1.03x (bench/results/session31-20261207.md);
+//                      0: every grid's bytes.
 //   STRATA_GRID_SMEM_BYTES  shared memory a kernel block may spend on lane-banked copies of a
 //                      code table (GridRef, GridTab below): as many copies (a power of two, at
 //                      most 32) as fit, a table past it stays in global memory. Copies cost
@@ -73,7 +78,9 @@
 //                      (IQ1_M's two copies) 1.63x, filled a word at a time. Filled
 //                      STRATA_TAB_BATCH words at a time, one copy of IQ1_M's codes (8192, the
 //                      default since session 30) took its MoE layer 0.93x the time of the
-//                      global table's (16.83 against 18.08 us on the H100).
+//                      global table's (16.83 against 18.08 us on the H100). Only the code
+//                      tables' copies count (STRATA_GRID_COPIES caps them): the other
+//                      grids' bytes, 2 KiB at most, get one copy.
 #ifndef STRATA_GRID_CODES
 #define STRATA_GRID_CODES ((1ull << 29) | (1ull << 22))
 #endif
@@ -83,7 +90,7 @@
 //   STRATA_GRID_COPIES the most lane-banked copies a block holds of a code table (a power of two,
 //                      1-32). 1 since session 31: IQ2_S's 4 KiB of codes as one copy took its MoE
 //                      decode layer 0.89x the time of two copies (17.03 against 19.08 us on the
-//                      H100) and its decode GEMVs 0.87-0.96x (bench/results/session31-20261207.md).
+//                      H100) and its decode GEMVs 0.88-0.96x (bench/results/session31-20261207.md).
 #ifndef STRATA_GRID_COPIES
 #define STRATA_GRID_COPIES 1
 #endif
