@@ -8,10 +8,10 @@
 O=/tmp/xi; rm -rf $O; mkdir -p $O
 save() { tar -czf $OUT/xi.tgz -C $O .; }
 M2=/tmp/q30-iq2s.gguf
+start_model
 el "synth IQ2_S"
 python3 -m strata synth $M2 --shape qwen3-30b-a3b --quant IQ2_S --dense-quant IQ2_S --skew 1 \
   > $O/synth.txt 2>&1 || { tail -3 $O/synth.txt; save; exit 1; }
-start_model
 BYTES="-DSTRATA_GRID_CODES=536870912 -DSTRATA_GEMV1_SMEM_FMTS=536870912"
 M0=$M; M=$M2
 run_arm iq2s-bytes-a STRATA_KERNEL_DEFINES="$BYTES" STRATA_GPU_GEMV1_WARPS=4
