@@ -650,10 +650,11 @@ def K_plain(K):
 
 @pytest.fixture(scope="module")
 def K_codes(K):
-    """The grid-code arm (off by default but for IQ1_M): every grid format's codes, and up to
-    16 KiB of lane-banked shared-memory copies of them a block (quant_blocks.cuh GridTab), the
-    decode GEMV (gemv1w) staging them too (STRATA_GEMV1_SMEM_FMTS: every format); with the signs
-    spread a nibble at a time (STRATA_SIGN_SPREAD=1: the default is 2, K_plain's 0)."""
+    """The grid-code arm (off by default but for IQ1_M and IQ2_S): every grid format's codes, and
+    up to 16 KiB of lane-banked shared-memory copies of them a block (quant_blocks.cuh GridTab,
+    STRATA_GRID_COPIES=32: the default keeps one), the decode GEMV (gemv1w) staging them too
+    (STRATA_GEMV1_SMEM_FMTS: every format); with the signs spread a nibble at a time
+    (STRATA_SIGN_SPREAD=1: the default is 2, K_plain's 0)."""
     arm = ("-DSTRATA_GRID_CODES=4294967295", "-DSTRATA_GRID_SMEM_BYTES=16384")
     arm += ("-DSTRATA_GRID_COPIES=32",)
     arm += ("-DSTRATA_GEMV1_SMEM_FMTS=18446744073709551615",)

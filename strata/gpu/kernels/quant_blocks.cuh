@@ -78,9 +78,9 @@
 //                      (IQ1_M's two copies) 1.63x, filled a word at a time. Filled
 //                      STRATA_TAB_BATCH words at a time, one copy of IQ1_M's codes (8192, the
 //                      default since session 30) took its MoE layer 0.93x the time of the
-//                      global table's (16.83 against 18.08 us on the H100). Only the code
-//                      tables' copies count (STRATA_GRID_COPIES caps them): the other
-//                      grids' bytes, 2 KiB at most, get one copy.
+//                      global table's (16.83 against 18.08 us on the H100). N bounds the code
+//                      tables only (their copies also capped by STRATA_GRID_COPIES); a grid
+//                      read as bytes gets one copy where it is 2 KiB at most.
 #ifndef STRATA_GRID_CODES
 #define STRATA_GRID_CODES ((1ull << 29) | (1ull << 22))
 #endif
