@@ -17,7 +17,6 @@ Stdlib and strata.bench.common (itself stdlib only): it shells out to cmake/ninj
 `python -m strata.bench`.
 Peak device memory comes from NVML (pynvml) or `nvidia-smi`, sampled every ~20 ms from a thread,
 minus the idle baseline; where neither exists it is "n/a" and N is predicted from GGUF bytes.
-Env: STRATA_LLAMA_WORK_DIR (default /tmp/strata-llama), STRATA_LLAMA_ARCHIVE; flags win.
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ STRATA_ARMS = ("car-off", "car-on", "all-cpu")
 
 
 def _work_dir(ns) -> Path:
-    return Path(ns.work_dir or os.environ.get("STRATA_LLAMA_WORK_DIR") or "/tmp/strata-llama")
+    return Path(ns.work_dir or "/tmp/strata-llama")
 
 
 def _kind(ns) -> str:
@@ -85,7 +84,7 @@ def _paths(ns) -> dict[str, Path]:
 
 
 def _archive(ns) -> Path:
-    a = ns.archive or os.environ.get("STRATA_LLAMA_ARCHIVE")
+    a = ns.archive
     if a:
         if not Path(a).is_file():
             raise Fail(f"no llama.cpp source archive at {a}")
