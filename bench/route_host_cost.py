@@ -1,6 +1,6 @@
 """What the host's per-layer routing costs on the decode path (T = 1), the NumPy rules of record
-against their compiled twins (strata/engine/route_fast.py), warm, median of repeats; then the
-miss runner's task list and the host tier's activation round trip, NumPy against compiled.
+against their compiled twins (strata.routing), warm, median of repeats; then the miss runner's
+task list and the CPU-only tier's activation round trip, NumPy against compiled.
 
     PYTHONPATH=. python bench/route_host_cost.py [--experts 128] [--k 8]
 

@@ -40,11 +40,11 @@ def test_gate_car_plan_one_layer(benchmark, qwen3_router_row):
 
 
 def test_gate_host_decode_step(benchmark):
-    from strata.cli import DEFAULT_MODEL
+    from strata.bench.common import EMBEDDED_MODEL
     from strata.engine.forward import Engine
     from strata.model.loader import load_model
 
-    engine = Engine(load_model(DEFAULT_MODEL), n_ctx=512)
+    engine = Engine(load_model(EMBEDDED_MODEL), n_ctx=512)
     engine.forward([1, 2, 3, 4])
 
     def step():

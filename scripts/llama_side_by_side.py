@@ -17,7 +17,6 @@ Stdlib and strata.bench.common (itself stdlib only): it shells out to cmake/ninj
 `python -m strata.bench`.
 Peak device memory comes from NVML (pynvml) or `nvidia-smi`, sampled every ~20 ms from a thread,
 minus the idle baseline; where neither exists it is "n/a" and N is predicted from GGUF bytes.
-Env: STRATA_LLAMA_WORK_DIR (default /tmp/strata-llama), STRATA_LLAMA_ARCHIVE; flags win.
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ STRATA_ARMS = ("car-off", "car-on", "all-cpu")
 
 
 def _work_dir(ns) -> Path:
-    return Path(ns.work_dir or os.environ.get("STRATA_LLAMA_WORK_DIR") or "/tmp/strata-llama")
+    return Path(ns.work_dir or "/tmp/strata-llama")
 
 
 def _kind(ns) -> str:
@@ -85,7 +84,7 @@ def _paths(ns) -> dict[str, Path]:
 
 
 def _archive(ns) -> Path:
-    a = ns.archive or os.environ.get("STRATA_LLAMA_ARCHIVE")
+    a = ns.archive
     if a:
         if not Path(a).is_file():
             raise Fail(f"no llama.cpp source archive at {a}")
@@ -433,7 +432,7 @@ def run_strata_part(ns, model: str, sampler: Sampler) -> dict:
     args += ["--model", model, "--vram-budget-mib", str(ns.vram_budget_mib)]
     args += ["-p", str(ns.prompt_tokens), "-n", str(ns.gen_tokens), "-r", str(ns.repeats)]
     args += shlex.split(ns.strata_extra or "")
-    args += ["--json", str(out)]
+    args += ["--commit", ns.commit or commit(), "--json", str(out)]
     cmd = [sys.executable, "-m", "strata.bench", *args]
     _say("python -m strata.bench " + " ".join(args))
     proc, peak = sampler.measure(lambda: subprocess.run(cmd, cwd=ROOT))
@@ -514,7 +513,7 @@ def write_report(ns, model: str, layout: dict, sampler: Sampler, parts: dict) ->
     now = _dt.datetime.now(_dt.UTC)
     doc = {
         "machine": machine(),
-        "commit": commit(),
+        "commit": ns.commit or commit(),
         "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "model": model,
         "model_gib": layout["file_bytes"] / 2**30,
@@ -582,6 +581,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--strata-extra", default=None, help="more strata.bench flags, one string")
     r.add_argument("--out", default=None, help="report folder (default $OUT, else bench/results)")
+    r.add_argument(
+        "--commit", default=None, help="commit stamped on both halves (default: git's HEAD)"
+    )
     sub.add_parser("build", parents=[common, b, w], help="unpack and build llama-bench")
     sub.add_parser("wait", parents=[common, w], help="wait for the build")
     sub.add_parser("run", parents=[common, r], help="run both engines and write the report")

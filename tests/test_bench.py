@@ -58,9 +58,22 @@ def test_car_quality_reports_ppl_kl_and_agreement(tmp_path):
 
 
 def test_bad_arm_input_is_a_one_line_error(capsys):
-    assert main(["--arm", "car-on", "-n", "2", "-p", "2", "-r", "1"]) == 2  # all fits: no pool
-    err = capsys.readouterr().err.strip().splitlines()
+    argv = ["--arm", "car-on", "-n", "2", "-p", "2", "-r", "1", "--commit", "abc1234"]
+    assert main(argv) == 2  # all fits: no pool
+    out, err = capsys.readouterr()
+    # (a once-per-process "no GPU tier" notice may precede it)
+    err = [ln for ln in err.strip().splitlines() if not ln.startswith("strata: no GPU tier")]
     assert len(err) == 1 and err[0].startswith("strata.bench: error:")
+    assert "| commit abc1234 |" in out  # --commit stamps the results
+
+
+def test_synthetic_models_are_cached_in_cache_dir(tmp_path):
+    from strata.bench.__main__ import _model_path, build_parser
+
+    argv = ["--arm", "car-off", "--synthetic", "tiny", "--cache-dir", str(tmp_path)]
+    path = _model_path(build_parser().parse_args(argv))
+    assert path.is_file() and path.parent == tmp_path / "synth"
+    assert _model_path(build_parser().parse_args(argv)) == path  # written once, then reused
 
 
 def test_repeats_below_one_are_refused():

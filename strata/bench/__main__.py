@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from strata.bench.common import stamp, synthetic_model, write_json
+from strata.bench.common import EMBEDDED_MODEL, stamp, synthetic_model, write_json
 
 ENGINE_ARMS = ("car-off", "car-on", "all-cpu", "all-gpu")
 ARMS = ENGINE_ARMS + ("llama-cpp", "car-quality", "cpu-pool", "gpu-kernels")
@@ -90,6 +90,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--thresholds", default="0.25,0.35,0.5,0.7", help="car-quality thresholds")
     ap.add_argument("--text", default=None, help="car-quality text file")
     ap.add_argument("--slots", type=int, default=None, help="car-quality resident experts")
+    ap.add_argument(
+        "--peer-extra-bufts",
+        default="auto",
+        choices=["auto", "1", "0"],
+        help="llama-cpp: llama.cpp's extra weight buffer types (auto: on, but on an AMX CPU only "
+        "if a probe eval survives them)",
+    )
+    ap.add_argument(
+        "--commit",
+        default=None,
+        help="commit stamped on the results (default: `git rev-parse --short HEAD` where the "
+        "tree has git; pass it for a copy of the tree without .git)",
+    )
+    ap.add_argument(
+        "--cache-dir", default=None, help="where synthetic models are cached (~/.cache/strata)"
+    )
     ap.add_argument("--json", dest="json_path", default=None, help="write results as JSON")
     return ap
 
@@ -101,12 +117,12 @@ def _repeats(ns, default: int) -> int:
 
 def _model_path(ns) -> Path:
     if ns.synthetic:
-        return synthetic_model(ns.synthetic, ns.quant, ns.skew, layers=ns.layers)
+        return synthetic_model(
+            ns.synthetic, ns.quant, ns.skew, layers=ns.layers, cache_dir=ns.cache_dir
+        )
     if ns.model:
         return Path(ns.model)
-    from strata.cli import DEFAULT_MODEL
-
-    return DEFAULT_MODEL
+    return EMBEDDED_MODEL
 
 
 def _ms(v) -> str:
@@ -191,7 +207,12 @@ def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
 
         engine_rows.append(
             run_llama_cpp_arm(
-                _model_path(ns), ns.prompt_tokens, ns.gen_tokens, _repeats(ns, 3), ns.threads
+                _model_path(ns),
+                ns.prompt_tokens,
+                ns.gen_tokens,
+                _repeats(ns, 3),
+                ns.threads,
+                ns.peer_extra_bufts,
             )
         )
         doc["results"].append(engine_rows[-1])
@@ -212,13 +233,13 @@ def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
             ns.tokens,
             ns.threads,
             _repeats(ns, 20),
-            None,
+            commit_id=doc["stamp"]["commit"],
         )
         doc["results"].append(res)
     elif arm == "gpu-kernels":
         from strata.bench.gpu_kernels import run_gpu_kernels_arm
 
-        doc["results"].append(run_gpu_kernels_arm(None))
+        doc["results"].append(run_gpu_kernels_arm(commit_id=doc["stamp"]["commit"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.repeats is not None and ns.repeats < 1:
         ap.error(f"-r/--repeats must be >= 1, got {ns.repeats}")
     doc = {
-        "stamp": stamp(),
+        "stamp": stamp(ns.commit),
         "command": "python -m strata.bench " + " ".join(argv or sys.argv[1:]),
         "results": [],
     }

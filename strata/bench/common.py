@@ -10,7 +10,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-CACHE = Path(os.environ.get("STRATA_CACHE_DIR", Path.home() / ".cache" / "strata"))
+DEFAULT_CACHE = Path.home() / ".cache" / "strata"  # `--cache-dir`: synthetic models live here
+EMBEDDED_MODEL = Path(__file__).resolve().parents[1] / "data" / "default.gguf"
 
 
 def machine() -> dict[str, Any]:
@@ -38,10 +39,8 @@ def machine() -> dict[str, Any]:
 
 
 def commit() -> str:
-    """`git rev-parse --short HEAD` (+ "-dirty"), or $STRATA_COMMIT where the tree's .git is
-    absent or stale (a copy of the working tree on another machine)."""
-    if os.environ.get("STRATA_COMMIT"):
-        return os.environ["STRATA_COMMIT"]
+    """`git rev-parse --short HEAD` (+ "-dirty"), or "?" without git; where the tree's .git is
+    absent or stale (a copy on another machine) pass `--commit` instead."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
@@ -62,23 +61,30 @@ def commit() -> str:
         return "?"
 
 
-def stamp() -> dict[str, Any]:
+def stamp(commit_id: str | None = None) -> dict[str, Any]:
+    """Machine, commit (`commit_id`, else the tree's) and date of a result."""
     return {
         "machine": machine(),
-        "commit": commit(),
+        "commit": commit_id or commit(),
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 
 
 def synthetic_model(
-    shape: str, quant: str, skew: float = 0.0, seed: int = 0, layers: int | None = None
+    shape: str,
+    quant: str,
+    skew: float = 0.0,
+    seed: int = 0,
+    layers: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> Path:
-    """A cached synthetic GGUF (written on first use)."""
+    """A synthetic GGUF cached under `cache_dir` (default ~/.cache/strata; written on first
+    use)."""
     from strata.model.synth import SynthSpec, make_args, write_synthetic
     from strata.quant import fmt
 
     name = f"{shape}-{quant.upper()}-skew{skew:g}-seed{seed}" + (f"-L{layers}" if layers else "")
-    path = CACHE / "synth" / f"{name}.gguf"
+    path = Path(cache_dir or DEFAULT_CACHE) / "synth" / f"{name}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         spec = SynthSpec(

@@ -143,11 +143,10 @@ def _dense_read_bytes(model) -> int:
     """Dense weight bytes one decode token reads: all but the embedding table (one row), which
     counts where it is tied to the output head."""
     from gguf.constants import MODEL_TENSOR as MT
+    from gguf.constants import TENSOR_NAMES
 
-    from strata.model.qwen3moe import name
-
-    embd = model.gguf.tensors.get(name(MT.TOKEN_EMBD))
-    tied = not model.has(name(MT.OUTPUT))
+    embd = model.gguf.tensors.get(f"{TENSOR_NAMES[MT.TOKEN_EMBD]}.weight")
+    tied = not model.has(f"{TENSOR_NAMES[MT.OUTPUT]}.weight")
     return model.dense_bytes() - (0 if tied or embd is None else embd.nbytes)
 
 

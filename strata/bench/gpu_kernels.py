@@ -2,23 +2,17 @@
 bandwidth measured in the same run, at Qwen3-30B-A3B shapes (D=2048, F=768, 32 q / 4 kv heads of
 128, 128 experts, 8 used), plus decode attention at 4K and 32K context and one whole layer.
 
-Method (METHOD.md): CUDA events, warm-up first, median of repeats; each timed region replays a
-CUDA graph of R launches that cycle over distinct weight copies (more bytes than the L2 holds),
-so the time is the device's, not Python's launch rate; bytes = weights + activations read once
-+ outputs written once. The layer is also timed eagerly (Python launches, the router read-back
-and host top-k included): that is what a decode step costs today.
-
-Old against new in the same run: decode GEMV gemv1w_* (default) against gemv1_* (`legacy`) at
-the attention and lm_head shapes, decode attention `attention_decode` (position in device
-memory, graph-capturable) against `attention`, and the layer built from either set.
+Method: CUDA events, warm-up first, median of repeats; each timed region replays a CUDA graph
+(with programmatic dependent launch where the device has it, as the engine's graph steps do) of
+R launches that cycle over distinct weight copies (more bytes than the L2 holds), so the time is
+the device's, not Python's launch rate; bytes = weights + activations read once + outputs
+written once. The layer is also timed eagerly (Python launches, the router read-back and host
+top-k included). Only the default kernels run, through their public entry points.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
-import os
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -44,22 +38,8 @@ SHAPES = {  # name: (rows, cols)
     "attn_o": (D, H * DH),
     "lm_head": (VOCAB, D),
 }
-# decode GEMV: gemv1w_* (default: rows split over warps when few) against gemv1_* (legacy)
-LEGACY_QUANTS = (QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.IQ4_XS, QT.IQ3_XXS)
-LEGACY_SHAPES = ("attn_q", "attn_kv", "attn_o", "lm_head")
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
-
-
-def _git_head() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-            cwd=Path(__file__).parent,
-        )  # fmt: skip
-        head = out.stdout.strip()
-        return head if out.returncode == 0 and len(head) == 40 else "?"
-    except (OSError, subprocess.TimeoutExpired):
-        return "?"
+# the output head is timed for these formats only (the others rarely quantize it)
+LM_HEAD_QUANTS = (QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.IQ4_XS, QT.IQ3_XXS)
 
 
 class _Timer:
@@ -176,10 +156,10 @@ def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
 
     rows_out = []
     same: dict[int, tuple[float, float]] = {}  # bytes -> the same-size copy's (us, GB/s)
+    pdl = K if K.pdl_available else None
     for qt in GEMV_QUANTS:
         for shape, (rows, cols) in SHAPES.items():
-            legacy = qt in LEGACY_QUANTS and shape in LEGACY_SHAPES
-            if shape == "lm_head" and not legacy:
+            if shape == "lm_head" and qt not in LM_HEAD_QUANTS:
                 continue
             nbytes = fmt(qt).row_bytes(cols) * rows
             ncp = _copies(nbytes)
@@ -194,62 +174,28 @@ def bench_gemv(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
             if moved not in same:
                 same[moved] = _copy_same_size(cp, timer, moved)
             same_us, same_gbps = same[moved]
-            # the default kernel also as a PDL chain (each launch's start overlaps the last's end)
-            arms = [(False, None)] + [(False, K)] * K.pdl_available + [(True, None)] * legacy
-            for old, pdl in arms:
-                calls = [lambda w=w, a=act, y=out, o=old: gemv(K, w, a, y, 1, legacy=o) for w in ws]
-                us, how = timer.graph_us(calls, pdl=pdl)
-                gbps = moved / (us * 1e-6) / 1e9
-                rows_out.append(
-                    dict(
-                        kernel="gemv",
-                        variant="gemv1" if old else "gemv1w",
-                        qtype=qt.name,
-                        shape=shape,
-                        rows=rows,
-                        cols=cols,
-                        bytes=moved,
-                        us=round(us, 2),
-                        gbps=round(gbps, 1),
-                        pct_copy=round(100 * gbps / copy_gbps, 1),
-                        copy_same_size_us=round(same_us, 2),
-                        copy_same_size_gbps=round(same_gbps, 1),
-                        pct_copy_same_size=round(100 * gbps / same_gbps, 1),
-                        timing=how,
-                    )  # fmt: skip
-                )
+            calls = [lambda w=w, a=act, y=out: gemv(K, w, a, y, 1) for w in ws]
+            us, how = timer.graph_us(calls, pdl=pdl)
+            gbps = moved / (us * 1e-6) / 1e9
+            rows_out.append(
+                dict(
+                    kernel="gemv",
+                    qtype=qt.name,
+                    shape=shape,
+                    rows=rows,
+                    cols=cols,
+                    bytes=moved,
+                    us=round(us, 2),
+                    gbps=round(gbps, 1),
+                    pct_copy=round(100 * gbps / copy_gbps, 1),
+                    copy_same_size_us=round(same_us, 2),
+                    copy_same_size_gbps=round(same_gbps, 1),
+                    pct_copy_same_size=round(100 * gbps / same_gbps, 1),
+                    timing=how,
+                )  # fmt: skip
+            )
             del ws, big
     return rows_out
-
-
-def bench_prompt_gemm(
-    cp, K, qt, shape: str, rng, tokens: int = 512, reps: int = 20, outs: list | None = None
-) -> float:
-    """Median us of one prompt chunk's dense GEMM (gemv.py `gemm_mma`, the engine's tiles) of
-    `tokens` rows at `shape`, CUDA events, warm (random weights; where they fit, in L2); the
-    product is appended to `outs` (host) when given."""
-    from strata.gpu.gemv import DeviceWeight, dense_mma_nt, gemm_mma
-    from strata.gpu.norm_quant import ActBuf, norm_quant
-    from strata.quant import random_quantized
-
-    rows, cols = SHAPES[shape]
-    w = DeviceWeight(cp, random_quantized(qt, (rows, cols), rng, 0.05), qt, rows, cols)
-    act = ActBuf(cp, cols, tokens, w.vec_dot)
-    x = cp.asarray(rng.standard_normal((tokens, cols)).astype(np.float32))
-    norm_quant(K, x, tokens, act=act)
-    out = cp.empty((tokens, rows), np.float32)
-    nt = dense_mma_nt()
-    for _ in range(3):
-        gemm_mma(K, w, act, out, tokens, nt=nt)
-    ev = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
-    for e0, e1 in ev:
-        e0.record()
-        gemm_mma(K, w, act, out, tokens, nt=nt)
-        e1.record()
-    e1.synchronize()
-    if outs is not None:
-        outs.append(cp.asnumpy(out))
-    return float(np.median([1e3 * cp.cuda.get_elapsed_time(e0, e1) for e0, e1 in ev]))
 
 
 def bench_launch_floor(cp, K, timer) -> list[dict]:
@@ -272,9 +218,9 @@ def bench_launch_floor(cp, K, timer) -> list[dict]:
 
 
 def bench_attention(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
-    """Decode attention at 4K and 32K: the three-launch split (`attention`, the position a
-    launch argument) and the graph-capturable `attention_decode` (position on the device)."""
-    from strata.gpu.attention import AttnWorkspace, attention, attention_decode
+    """Decode attention (`attention_decode`, the position read on the device) at 4K and 32K
+    keys, f16 and int8 caches."""
+    from strata.gpu.attention import AttnWorkspace, attention_decode
 
     out_rows = []
     for ctx in (4096, 32768):
@@ -293,30 +239,26 @@ def bench_attention(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
         pos = cp.asarray(np.array([ctx - 1], np.int32))
         cp.cuda.Device().synchronize()  # uploads done before the timer's (non-blocking) stream
 
-        def call(i, ws=ws, q=q, kc=kc, vc=vc, ctx=ctx, o=o, scale=scale):
-            attention(K, ws, q, kc[i], vc[i], 1, ctx - 1, (H, G, DH, DH), scale, o)
-
         def call_dec(i, ws=ws, q=q, kc=kc, vc=vc, pos=pos, o=o, scale=scale):
             attention_decode(K, ws, q, kc[i], vc[i], pos, (H, G, DH, DH), scale, o)
 
-        for variant, fn in (("attention", call), ("attention_decode", call_dec)):
-            us, how = timer.graph_us([lambda i=i, fn=fn: fn(i) for i in range(layers)])
-            scores = 2 * 4 * H * ctx  # written by the scores kernel, read by the pv kernel
-            gbps = kv_bytes / (us * 1e-6) / 1e9
-            out_rows.append(
-                dict(
-                    kernel="attention_decode",
-                    variant=variant,
-                    context=ctx,
-                    bytes_kv=kv_bytes,
-                    bytes_scores=scores,
-                    us=round(us, 2),
-                    gbps_kv=round(gbps, 1),
-                    gbps_all=round((kv_bytes + scores) / (us * 1e-6) / 1e9, 1),
-                    pct_copy=round(100 * gbps / copy_gbps, 1),
-                    timing=how,
-                )  # fmt: skip
-            )
+        us, how = timer.graph_us([lambda i=i: call_dec(i) for i in range(layers)])
+        scores = 2 * 4 * H * ctx  # written by the scores kernel, read by the pv kernel
+        gbps = kv_bytes / (us * 1e-6) / 1e9
+        out_rows.append(
+            dict(
+                kernel="attention_decode",
+                variant="f16",
+                context=ctx,
+                bytes_kv=kv_bytes,
+                bytes_scores=scores,
+                us=round(us, 2),
+                gbps_kv=round(gbps, 1),
+                gbps_all=round((kv_bytes + scores) / (us * 1e-6) / 1e9, 1),
+                pct_copy=round(100 * gbps / copy_gbps, 1),
+                timing=how,
+            )  # fmt: skip
+        )
         del kc, vc
         # the int8 cache (--kv-type int8): quants + a float32 scale per row, half the bytes
         kv8_bytes = 2 * G * ctx * (DH + 4)
@@ -334,7 +276,7 @@ def bench_attention(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
         out_rows.append(
             dict(
                 kernel="attention_decode",
-                variant="attention_decode_int8",
+                variant="int8",
                 context=ctx,
                 bytes_kv=kv8_bytes,
                 bytes_scores=2 * 4 * H * ctx,
@@ -352,7 +294,7 @@ def bench_attention(cp, K, timer, rng, copy_gbps: float) -> list[dict]:
 class _Layer:
     """A Qwen3-30B-A3B-shaped layer on the device with random weights (no model file)."""
 
-    def __init__(self, cp, K, rng, expert_qt, dense_qt, ctx: int, legacy: bool = False):
+    def __init__(self, cp, K, rng, expert_qt, dense_qt, ctx: int):
         from strata.gpu.attention import AttnWorkspace
         from strata.gpu.experts import SlotStore
         from strata.gpu.gemv import DeviceWeight
@@ -360,7 +302,7 @@ class _Layer:
         from strata.gpu.norm_quant import ActBuf
         from strata.quant import fmt, random_quantized
 
-        self.cp, self.K, self.ctx, self.legacy = cp, K, ctx, legacy
+        self.cp, self.K, self.ctx = cp, K, ctx
         self.pos_dev = cp.asarray(np.array([ctx - 1], np.int32))
         self.eqt = (expert_qt, expert_qt, expert_qt)
         qkv_rows = (H + 2 * G) * DH
@@ -404,28 +346,22 @@ class _Layer:
         cp.cuda.Device().synchronize()
 
     def attention_part(self):
-        """Legacy: position as a launch argument, gemv1_*; else the graph-capturable decode
-        kernels (position read from pos_dev) and gemv1w_*."""
-        from strata.gpu.attention import attention, attention_decode
+        """The decode kernels a graph step captures (position read from pos_dev)."""
+        from strata.gpu.attention import attention_decode
         from strata.gpu.gemv import gemv
         from strata.gpu.norm_quant import norm_quant
         from strata.gpu.rope_kv import qk_norm_rope_kv
 
-        K, pos, old = self.K, self.ctx - 1, self.legacy
+        K, pos = self.K, self.ctx - 1
         scale = float(np.float32(1 / np.sqrt(DH)))
         norm_quant(K, self.x, 1, self.attn_norm, 1e-6, act=self.act_qkv)
-        gemv(K, self.qkv, self.act_qkv, self.qkv_buf, 1, legacy=old)
-        pos_dev = None if old else self.pos_dev
+        gemv(K, self.qkv, self.act_qkv, self.qkv_buf, 1)
         qk_norm_rope_kv(K, self.qkv_buf, 1, (H, G, DH, DH), self.qn, self.kn, 1e-6, self.inv, pos,
-                        self.q, self.kc, self.vc, pos_dev=pos_dev)  # fmt: skip
-        if old:
-            attention(K, self.ws, self.q, self.kc, self.vc, 1, pos, (H, G, DH, DH), scale,
-                      self.obuf)  # fmt: skip
-        else:
-            attention_decode(K, self.ws, self.q, self.kc, self.vc, self.pos_dev, (H, G, DH, DH),
-                             scale, self.obuf)  # fmt: skip
+                        self.q, self.kc, self.vc, pos_dev=self.pos_dev)  # fmt: skip
+        attention_decode(K, self.ws, self.q, self.kc, self.vc, self.pos_dev, (H, G, DH, DH),
+                         scale, self.obuf)  # fmt: skip
         norm_quant(K, self.obuf, 1, act=self.act_o)
-        gemv(K, self.o, self.act_o, self.x2, 1, resid=self.x, legacy=old)
+        gemv(K, self.o, self.act_o, self.x2, 1, resid=self.x)
         norm_quant(K, self.x2, 1, self.ffn_norm, 1e-6, out_f=self.h, act=self.act_h)
         gemv(K, self.router, self.h, self.logits, 1)
 
@@ -436,7 +372,7 @@ class _Layer:
                     self.pair_w, 1, KUSED, self.moe_act, self.act_i, self.y)  # fmt: skip
 
     def eager_step(self):
-        """What a decode layer costs from Python today: launches, read-back, host top-k."""
+        """A decode layer launched from Python: launches, read-back, host top-k."""
         from strata.routing import route_topk
 
         self.attention_part()
@@ -447,11 +383,9 @@ class _Layer:
         self.moe_part()
 
 
-def bench_layer(
-    cp, K, timer, rng, copy_gbps: float, expert_qt, legacy: bool = False, pdl: bool = False
-) -> dict:
-    lay = _Layer(cp, K, rng, expert_qt, QT.Q8_0, 4096, legacy)
-    pk = K if pdl else None
+def bench_layer(cp, K, timer, rng, copy_gbps: float, expert_qt) -> dict:
+    lay = _Layer(cp, K, rng, expert_qt, QT.Q8_0, 4096)
+    pk = K if K.pdl_available else None
     moe_us, how = timer.graph_us([lay.moe_part] * 8, pdl=pk)
     dev_us, _ = timer.graph_us([lambda: (lay.attention_part(), lay.moe_part())] * 4, pdl=pk)
     for _ in range(5):
@@ -466,8 +400,7 @@ def bench_layer(
     eager_us = float(np.median(times))
     moe_gbps = lay.expert_bytes / (moe_us * 1e-6) / 1e9
     return dict(
-        kernel="layer", variant=("legacy" if legacy else "decode") + ("+pdl" if pdl else ""),
-        expert_qtype=expert_qt.name,
+        kernel="layer", expert_qtype=expert_qt.name,
         dense_qtype="Q8_0", context=4096,
         moe_us=round(moe_us, 2), moe_gbps=round(moe_gbps, 1),
         moe_pct_copy=round(100 * moe_gbps / copy_gbps, 1), device_us=round(dev_us, 2),
@@ -477,7 +410,7 @@ def bench_layer(
     )  # fmt: skip
 
 
-def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
+def run_gpu_kernels_arm(json_path: str | None = None, commit_id: str | None = None) -> dict:
     from strata.bench.common import stamp
     from strata.gpu.device import primary_device
     from strata.gpu.rawmod import Kernels
@@ -494,8 +427,7 @@ def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
     copy = max(copies.values())
     doc = {
         "arm": "gpu-kernels",
-        "stamp": stamp(),
-        "commit_full": os.environ.get("STRATA_COMMIT") or _git_head(),
+        "stamp": stamp(commit_id),
         "command": "python -m strata.bench " + " ".join(sys.argv[1:]),
         "device": info.describe(),
         "copy_gbps": round(copy, 1),
@@ -503,22 +435,11 @@ def run_gpu_kernels_arm(json_path: str | None = None) -> dict:
         "launch_floor": bench_launch_floor(cp, K, timer),
         "gemv": bench_gemv(cp, K, timer, rng, copy),
         "attention": bench_attention(cp, K, timer, rng, copy),
-        "layer": [
-            bench_layer(cp, K, timer, rng, copy, q, legacy, pdl)
-            for q, legacy, pdl in (
-                (QT.IQ3_XXS, True, False),
-                (QT.IQ3_XXS, False, False),
-                (QT.Q4_K, False, False),
-            )
-            + ((QT.IQ3_XXS, False, True), (QT.Q4_K, False, True)) * K.pdl_available
-        ],
+        "layer": [bench_layer(cp, K, timer, rng, copy, q) for q in (QT.IQ3_XXS, QT.Q4_K)],
     }
     print(table(doc))
-    if json_path is None:
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        day = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-        json_path = str(RESULTS / f"gpu-kernels-{day}.json")
-    Path(json_path).write_text(json.dumps(doc, indent=1))
+    if json_path:
+        Path(json_path).write_text(json.dumps(doc, indent=1))
     return doc
 
 
@@ -531,25 +452,25 @@ def table(doc: dict) -> str:
             f"{r['us']:.2f} us per launch ({r['timing']})"
         )
     lines.append(
-        f"{'gemv':8} {'kernel':7} {'shape':12} {'us':>8} {'GB/s':>8} {'% copy':>7}  "
+        f"{'gemv':8} {'shape':12} {'us':>8} {'GB/s':>8} {'% copy':>7}  "
         f"{'same-size copy':>14} {'% of it':>7}  timing"
     )
     for r in doc["gemv"]:
         same = (f"{r['copy_same_size_us']:6.2f} us {r['pct_copy_same_size']:6.1f}%"
                 if "copy_same_size_us" in r else " " * 17)  # fmt: skip
         lines.append(
-            f"{r['qtype']:8} {r.get('variant', 'gemv1'):7} {r['shape']:12} {r['us']:8.2f} "
+            f"{r['qtype']:8} {r['shape']:12} {r['us']:8.2f} "
             f"{r['gbps']:8.1f} {r['pct_copy']:6.1f}%  {same}  {r.get('timing', '')}"
         )
     for r in doc["attention"]:
         lines.append(
-            f"{r.get('variant', 'attention'):16} decode ctx {r['context']:6}: {r['us']:8.2f} us, "
+            f"attention {r['variant']:4} decode ctx {r['context']:6}: {r['us']:8.2f} us, "
             f"KV {r['gbps_kv']:.0f} GB/s ({r['pct_copy']:.1f}% of copy), "
             f"KV+scores {r['gbps_all']:.0f} GB/s"
         )
     for r in doc["layer"]:
         lines.append(
-            f"layer {r.get('variant', 'legacy'):10} ({r['expert_qtype']} experts, ctx 4K): "
+            f"layer ({r['expert_qtype']} experts, ctx 4K): "
             f"device {r['device_us']:.1f} us, "
             f"experts {r['moe_us']:.1f} us = {r['moe_gbps']:.0f} GB/s ({r['moe_pct_copy']:.1f}%), "
             f"eager {r['eager_us']:.1f} us -> 48 layers: {r['tokps_48_layers_device']:.0f} tok/s "

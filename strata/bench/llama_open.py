@@ -5,24 +5,26 @@ with amx_int8, interleaved rows elsewhere) unless `llama_model_params.use_extra_
 which llama-cpp-python's `Llama` does not expose: `open_llama` sets it through the default
 parameters `Llama` starts from. Off, llama.cpp's matmuls are ggml's plain vec_dot kernels (the
 roundings strata's kernels copy: the oracle tests open it so). On an Intel Xeon guest with
-amx_int8 (2026-12-02) the AMX buffer type made every `llama_decode` crash (SIGSEGV), so on a CPU
-with AMX the llama-cpp bench arm first evaluates a few tokens of the embedded model with them
-on in a child process, and keeps them only if that exits cleanly (`STRATA_PEER_EXTRA_BUFTS`:
-auto, the default; 1 on, 0 off without the probe).
+amx_int8 the AMX buffer type made every `llama_decode` crash (SIGSEGV), so on a CPU with AMX the
+llama-cpp bench arm first evaluates a few tokens of the embedded model with them on in a child
+process, and keeps them only if that exits cleanly (`--peer-extra-bufts auto`, the default;
+1 on, 0 off without the probe).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from strata.bench.common import EMBEDDED_MODEL
+
+MODES = ("auto", "1", "0")
 # a child that opens the embedded model with the extra buffer types on and evaluates 4 tokens
 _PROBE = (
-    "import llama_cpp; from strata.cli import DEFAULT_MODEL; "
-    "m = llama_cpp.Llama(model_path=str(DEFAULT_MODEL), n_ctx=32, n_threads=1, verbose=False); "
-    "m.eval(m.tokenize(b'def f(x):', add_bos=True))"
+    "import llama_cpp; "
+    f"m = llama_cpp.Llama(model_path={str(EMBEDDED_MODEL)!r}, n_ctx=32, n_threads=1, "
+    "verbose=False); m.eval(m.tokenize(b'def f(x):', add_bos=True))"
 )
 
 
@@ -48,13 +50,13 @@ def extra_bufts_survive(timeout_s: float = 120.0) -> bool:
 
 
 def peer_extra_bufts(
-    env: dict | None = None, cpuinfo: str | Path = "/proc/cpuinfo", probe=extra_bufts_survive
+    mode: str = "auto", cpuinfo: str | Path = "/proc/cpuinfo", probe=extra_bufts_survive
 ) -> bool:
-    """STRATA_PEER_EXTRA_BUFTS: "1" on, "0" off, "auto" (default): on, but on a CPU with AMX only
+    """`--peer-extra-bufts`: "1" on, "0" off, "auto" (default): on, but on a CPU with AMX only
     if `probe()` says they survive an eval."""
-    v = (os.environ if env is None else env).get("STRATA_PEER_EXTRA_BUFTS", "auto").strip()
-    if v not in ("auto", "0", "1"):
-        raise ValueError(f"STRATA_PEER_EXTRA_BUFTS={v!r}: auto, 0 or 1 expected")
+    v = mode.strip()
+    if v not in MODES:
+        raise ValueError(f"--peer-extra-bufts {v!r}: auto, 0 or 1 expected")
     if v != "auto":
         return v == "1"
     return not host_has_amx(cpuinfo) or probe()

@@ -21,11 +21,16 @@ def _argmax_last(llm, n_vocab: int) -> int:
     return int(np.argmax(logits))
 
 
-NO_EXTRA = "llama.cpp without its extra weight buffer types (STRATA_PEER_EXTRA_BUFTS)"
+NO_EXTRA = "llama.cpp without its extra weight buffer types (--peer-extra-bufts)"
 
 
 def run_llama_cpp_arm(
-    model_path, prompt_tokens: int, gen_tokens: int, repeats: int, threads: int = 0
+    model_path,
+    prompt_tokens: int,
+    gen_tokens: int,
+    repeats: int,
+    threads: int = 0,
+    extra_bufts: str = "auto",
 ) -> dict[str, Any]:
     try:
         import llama_cpp
@@ -36,7 +41,7 @@ def run_llama_cpp_arm(
     from strata.bench.llama_open import open_llama, peer_extra_bufts
 
     threads = threads or os.cpu_count() or 1
-    extra = peer_extra_bufts()
+    extra = peer_extra_bufts(extra_bufts)
     llm = open_llama(
         llama_cpp,
         extra,
