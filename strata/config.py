@@ -262,7 +262,6 @@ class LaunchConfig:
     hf_repo: str | None = None  # a custom repository for the release's quants
     packs_dir: str = "packs"
     disk_floor_gb: float | None = None  # None: the release table's floor
-    model: str | None = None  # STRATA_MODEL as given (the release decides the model)
     hub_cache: Path = field(default_factory=Path)
     hub_offline: bool = False
     release_from: str = "--release"  # which of flag / variable gave `release`
@@ -280,7 +279,6 @@ def resolve_launch(
         quant=quant or env.get(LAUNCH_ENV["quant"]) or None,
         hf_repo=env.get(LAUNCH_ENV["hf_repo"]) or None,
         packs_dir=packs_dir or env.get(LAUNCH_ENV["packs_dir"]) or "packs",
-        model=env.get(ENV["model"][0]) or None,
         hub_cache=hub_cache(env),
         hub_offline=(env.get("HF_HUB_OFFLINE") or "").strip().upper() in ("1", "ON", "YES", "TRUE"),
         release_from="--release" if release else ENV["release"][0],

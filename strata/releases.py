@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from strata.config import ENV, ConfigError, LaunchConfig, layer, resolve_launch
+from strata.config import ENV, ConfigError, LaunchConfig, layer, resolve_launch, setting
 from strata.config import resolve as resolve_config
 
 PACKAGE = Path(__file__).parent
@@ -343,7 +343,7 @@ def engine_env(
     # the release decides the model; absent files are the caller's to fetch (in a container,
     # the entrypoint fetches and writes the model path it sees)
     model = str(res.files[0]) if res.present else None
-    asked = res.launch.model
+    asked = setting("model", env=env)
     if asked and model and asked != model:
         notes.append(f"STRATA_MODEL={asked} ignored: the release decides the model")
     values: dict[str, object] = {"model": model} if model else {}
