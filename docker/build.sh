@@ -29,7 +29,7 @@ cuda) ARCH=${ARCH:-sm_$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader
 esac
 [[ "$ARCH" =~ ^(gfx[0-9a-f]+|sm_[0-9]+)$ ]] || die "--arch must look like gfx1101 or sm_89, got '$ARCH'"
 
-guard=$("$PY" -c 'from strata.resolve import table; print(table()["vram_guard_version"])')
+guard=$("$PY" -c 'from strata.releases import table; print(table()["vram_guard_version"])')
 sha=$(git rev-parse --short HEAD 2>/dev/null || echo nogit)
 name="strata-$VENDOR"
 cmd=(docker build -f "docker/Dockerfile.$VENDOR" --build-arg "VRAM_GUARD=$guard"

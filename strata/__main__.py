@@ -1,5 +1,5 @@
 import sys
 
-from strata.cli import main
+from strata.cli.main import main
 
 sys.exit(main())

@@ -1,23 +1,25 @@
-"""`EngineConfig`: every knob in one place, resolved once.
+"""Every user setting in one place, and the only reader of the process environment.
 
-Precedence: command-line flag > `STRATA_*` environment variable > built-in default (per-release
-defaults join when the launcher lands). `resolve` also refuses impossible combinations with a
-one-line reason (`ConfigError`) and records every automatic downgrade as a notice the caller
-prints once.
+Precedence: command-line flag > `STRATA_*` environment variable > release default (the tuning row
+`strata resolve` applies for a release and quant) > built-in default. `resolve` refuses
+impossible combinations with a one-line reason (`ConfigError`) and records every automatic
+downgrade as a notice the caller prints once. docs/CONFIG.md lists every setting.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from strata.routing.car import DEFAULT_THRESHOLD
+from strata.serve.reasoning import EFFORTS
 
 CAR_OFF_NOTICE = "cache-aware routing is OFF for this run"
-HOST_DENSE = ("auto", "float", "quant")  # --host-dense (strata.gpu.host.DENSE_MODES)
-KV_TYPES = ("f16", "int8")  # --kv-type (strata.gpu.host.KV_TYPES: the tiers' own check)
+KV_TYPES = ("f16", "int8")  # --kv-type (the tiers check it again)
+DEVICES = ("auto", "gpu", "host")
 
 
 class ConfigError(ValueError):
@@ -31,6 +33,7 @@ class EngineConfig:
     vram_budget_mib: int = 10240
     vram_budget_widen: bool = False  # allow budgets outside 1281..10240 MiB
     device: str = "auto"  # auto (GPU if there is one) | gpu | host
+    primary_device: int = 0  # index of the GPU the engine runs on
     expert_cache: str | None = None  # "all" | "auto" | a slot count; None = auto on a GPU, else all
     profile: str | None = None  # usage profile that ranks experts for the cache
     adapt_swaps: int = 96
@@ -38,7 +41,6 @@ class EngineConfig:
     car_warmup: int = 0
     car_budget: int = 0
     car_free_ratio: float = 1.0
-    car_dampen: int = 0
     dump_router_scores: str | None = None
     threads: int = 0  # CPU pool threads (0 = all cores)
     pack: str | None = None  # expert pack directory (`strata pack`); None = the GGUF's bytes
@@ -46,9 +48,6 @@ class EngineConfig:
     resident_experts: bool = False  # copy the CPU's experts into RAM instead of reading the mmap
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs on a GPU tier
     kv_type: str = "f16"  # KV cache: f16, or int8 with a float32 scale per row (token, KV head)
-    # the host tier's dense matrices: "quant" (the CPU pool's kernels on the weights' own bytes),
-    # "float" (dequantized, the reference) or "auto" (quant once float32 copies pass 1 GiB)
-    host_dense: str = "quant"
     # a prompt's missed experts: uploaded to staging slots on the card ("auto": 64 slots; a
     # count; "off": the CPU pool computes them)
     prefill_offload: str = "auto"
@@ -58,13 +57,22 @@ class EngineConfig:
     notices: list[str] = field(default_factory=list, repr=False)
 
 
-# field -> (environment variable, parser)
-ENV = {
+def _flag(v: str) -> bool:
+    return v.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _not_off(v: str) -> bool:
+    return v.strip().lower() not in ("0", "false", "no", "off")
+
+
+# EngineConfig field -> (environment variable, parser)
+ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "model": ("STRATA_MODEL", str),
     "n_ctx": ("STRATA_CTX", int),
     "vram_budget_mib": ("STRATA_VRAM_BUDGET_MIB", int),
-    "vram_budget_widen": ("STRATA_VRAM_BUDGET_WIDEN", lambda v: v.lower() in ("1", "true", "yes")),
+    "vram_budget_widen": ("STRATA_VRAM_BUDGET_WIDEN", _flag),
     "device": ("STRATA_DEVICE", str),
+    "primary_device": ("STRATA_PRIMARY_DEVICE", int),
     "expert_cache": ("STRATA_EXPERT_CACHE", str),
     "profile": ("STRATA_PROFILE", str),
     "adapt_swaps": ("STRATA_ADAPT_SWAPS", int),
@@ -72,57 +80,110 @@ ENV = {
     "car_warmup": ("STRATA_CAR_WARMUP", int),
     "car_budget": ("STRATA_CAR_BUDGET", int),
     "car_free_ratio": ("STRATA_CAR_FREE_RATIO", float),
-    "car_dampen": ("STRATA_CAR_DAMPEN", int),
     "dump_router_scores": ("STRATA_DUMP_ROUTER_SCORES", str),
     "threads": ("STRATA_THREADS", int),
     "pack": ("STRATA_PACK", str),
     "release": ("STRATA_RELEASE", str),
-    "resident_experts": (
-        "STRATA_RESIDENT_EXPERTS",
-        lambda v: v.lower() in ("1", "true", "yes", "on"),
-    ),
-    "cuda_graphs": ("STRATA_CUDA_GRAPHS", lambda v: v.lower() not in ("0", "false", "no")),
+    "resident_experts": ("STRATA_RESIDENT_EXPERTS", _flag),
+    "cuda_graphs": ("STRATA_CUDA_GRAPHS", _not_off),
     "kv_type": ("STRATA_KV_TYPE", str),
-    "host_dense": ("STRATA_HOST_DENSE", str),
     "prefill_offload": ("STRATA_PREFILL_OFFLOAD", str),
     "model_id": ("STRATA_MODEL_ID", str),
 }
 
+# ServeConfig field -> environment variable (the server's own settings beyond the engine's)
+SERVE_ENV = {"api_key": "STRATA_API_KEY", "reasoning_effort": "STRATA_REASONING_EFFORT"}
 
-def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> EngineConfig:
-    """Build the config from flags (None = not given) over environment over defaults."""
-    env = os.environ if env is None else env
+# LaunchConfig field -> environment variable (what `strata resolve` reads besides the engine's)
+LAUNCH_ENV = {
+    "quant": "STRATA_QUANT",
+    "hf_repo": "STRATA_HF_REPO",
+    "packs_dir": "STRATA_PACKS_DIR",
+    "disk_floor_gb": "STRATA_DISK_FLOOR_GB",
+}
+
+# huggingface_hub's own variables, honoured where Strata finds or fetches files
+HUB_ENV = ("HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME", "HF_HUB_OFFLINE")
+
+NAMES = tuple(var for var, _ in ENV.values()) + tuple(SERVE_ENV.values())
+NAMES += tuple(LAUNCH_ENV.values())
+
+
+def environ() -> dict[str, str]:
+    """The variables Strata reads, from this process's environment (read per call)."""
+    return {k: os.environ[k] for k in NAMES + HUB_ENV if k in os.environ}
+
+
+def _parse(var: str, parse: Callable[[str], Any], raw: str) -> Any:
+    try:
+        return parse(raw)
+    except ValueError:
+        kind = getattr(parse, "__name__", "value")
+        raise ConfigError(f"{var}={raw!r} is not a valid {kind}") from None
+
+
+def setting(name: str, flag: Any = None, env: Mapping[str, str] | None = None) -> Any:
+    """One EngineConfig field outside a full resolve: the flag, else its variable, else None."""
+    if flag is not None:
+        return flag
+    var, parse = ENV[name]
+    raw = (environ() if env is None else env).get(var)
+    return None if raw in (None, "") else _parse(var, parse, raw)
+
+
+def layer(
+    name: str,
+    flags: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+) -> Any:
+    """One field by precedence: flag > environment (raw text) > release default > None."""
+    if flags.get(name) is not None:
+        return flags[name]
+    env = environ() if env is None else env
+    var = ENV[name][0]
+    if env.get(var) not in (None, ""):
+        return env[var]
+    return (defaults or {}).get(name)
+
+
+def resolve(
+    flags: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+    release_defaults: Mapping[str, Any] | None = None,
+) -> EngineConfig:
+    """Build the config from flags (None = not given) over environment over release defaults
+    over built-in defaults."""
+    env = environ() if env is None else env
     cfg = EngineConfig()
-    names = {f.name for f in fields(EngineConfig)} - {"explicit", "notices"}
-    for name in names:
-        value = flags.get(name)
-        if value is None and name in ENV:
-            var, parse = ENV[name]
+    for f in fields(EngineConfig):
+        if f.name not in ENV:
+            continue
+        var, parse = ENV[f.name]
+        value = flags.get(f.name)
+        if value is None:
             raw = env.get(var)
             if raw not in (None, ""):
-                try:
-                    value = parse(raw)
-                except ValueError:
-                    kind = getattr(parse, "__name__", "value")
-                    raise ConfigError(f"{var}={raw!r} is not a valid {kind}") from None
+                value = _parse(var, parse, raw)
         if value is not None:
-            setattr(cfg, name, value)
-            cfg.explicit.add(name)
+            cfg.explicit.add(f.name)
+        elif release_defaults and release_defaults.get(f.name) is not None:
+            value = release_defaults[f.name]
+            if isinstance(value, str):
+                value = _parse(var, parse, value)
+        if value is not None:
+            setattr(cfg, f.name, value)
     _check(cfg)
     return cfg
 
 
 def _check(cfg: EngineConfig) -> None:
-    if cfg.car_dampen:
-        raise ConfigError("--car-dampen 1 is not supported (refused rather than ignored)")
     if not 0 < cfg.car_threshold:
         raise ConfigError(f"--car-threshold must be > 0 (1.0 = off), got {cfg.car_threshold}")
     if cfg.car_warmup < 0 or cfg.car_budget < 0 or cfg.adapt_swaps < 0:
         raise ConfigError("--car-warmup, --car-budget and --adapt-swaps must be >= 0")
     if cfg.car_free_ratio <= 0:
         raise ConfigError(f"--car-free-ratio must be > 0, got {cfg.car_free_ratio}")
-    if cfg.host_dense not in HOST_DENSE:
-        raise ConfigError(f"--host-dense must be {' or '.join(HOST_DENSE)}, got {cfg.host_dense!r}")
     if cfg.kv_type not in KV_TYPES:
         raise ConfigError(f"--kv-type must be {' or '.join(KV_TYPES)}, got {cfg.kv_type!r}")
     if cfg.prefill_offload not in ("auto", "off"):
@@ -135,8 +196,10 @@ def _check(cfg: EngineConfig) -> None:
                 "--prefill-offload must be 'auto', 'off' or a slot count >= 0, "
                 f"got {cfg.prefill_offload!r}"
             )
-    if cfg.device not in ("auto", "gpu", "host"):
+    if cfg.device not in DEVICES:
         raise ConfigError(f"--device must be auto, gpu or host, got {cfg.device!r}")
+    if cfg.primary_device < 0:
+        raise ConfigError(f"--primary-device must be >= 0, got {cfg.primary_device}")
     if cfg.expert_cache not in (None, "all", "auto"):
         try:
             n = int(cfg.expert_cache)
@@ -160,3 +223,77 @@ def car_unwired(cfg: EngineConfig, reason: str) -> None:
     if cfg.car_threshold < 1.0:
         cfg.notices.append(f"{CAR_OFF_NOTICE} ({reason})")
     cfg.car_threshold = 1.0
+
+
+# ---------------------------------------------------------------- the server
+
+
+@dataclass
+class ServeConfig:
+    api_key: str | None = None  # require 'Authorization: Bearer KEY'
+    reasoning_effort: str | None = None  # deployment default; a request's own overrides it
+
+
+def resolve_serve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServeConfig:
+    env = environ() if env is None else env
+    cfg = ServeConfig()
+    for name, var in SERVE_ENV.items():
+        value = flags.get(name)
+        if value is None:
+            value = env.get(var) or None
+        setattr(cfg, name, value or None)
+    if cfg.reasoning_effort not in (None, *EFFORTS):
+        raise ConfigError(
+            f"{SERVE_ENV['reasoning_effort']}: reasoning effort must be one of "
+            f"{', '.join(EFFORTS)}; got {cfg.reasoning_effort!r}"
+        )
+    return cfg
+
+
+# ---------------------------------------------------------------- the launcher's resolver
+
+
+@dataclass
+class LaunchConfig:
+    """What `strata resolve` reads: the release and quant asked for and where files live."""
+
+    release: str | None = None
+    quant: str | None = None
+    hf_repo: str | None = None  # a custom repository for the release's quants
+    packs_dir: str = "packs"
+    disk_floor_gb: float | None = None  # None: the release table's floor
+    hub_cache: Path = field(default_factory=Path)
+    hub_offline: bool = False
+    release_from: str = "--release"  # which of flag / variable gave `release`
+
+
+def resolve_launch(
+    release: str | None = None,
+    quant: str | None = None,
+    packs_dir: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> LaunchConfig:
+    env = environ() if env is None else env
+    cfg = LaunchConfig(
+        release=release or env.get(ENV["release"][0]) or None,
+        quant=quant or env.get(LAUNCH_ENV["quant"]) or None,
+        hf_repo=env.get(LAUNCH_ENV["hf_repo"]) or None,
+        packs_dir=packs_dir or env.get(LAUNCH_ENV["packs_dir"]) or "packs",
+        hub_cache=hub_cache(env),
+        hub_offline=(env.get("HF_HUB_OFFLINE") or "").strip().upper() in ("1", "ON", "YES", "TRUE"),
+        release_from="--release" if release else ENV["release"][0],
+    )
+    floor = env.get(LAUNCH_ENV["disk_floor_gb"])
+    if floor:
+        cfg.disk_floor_gb = _parse(LAUNCH_ENV["disk_floor_gb"], float, floor)
+    return cfg
+
+
+def hub_cache(env: Mapping[str, str]) -> Path:
+    """huggingface_hub's cache folder for this environment."""
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"])
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]) / "hub"
+    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "huggingface" / "hub"

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from gguf.constants import GGMLQuantizationType as QT
 
-from strata.cli import main
+from strata.cli.main import main
 from strata.model import synth
 from strata.model.synth import SynthSpec, make_args, write_synthetic
 from strata.quant import fmt
@@ -93,12 +93,12 @@ def test_the_model_may_come_from_the_environment(cli_models, capsys, monkeypatch
 
 
 def test_a_value_error_from_deep_code_is_one_line_not_a_traceback(cli_models, capsys, monkeypatch):
-    import strata.inspect
+    import strata.cli.inspect
 
     def broken(*a, **kw):
         raise ValueError("a reason\nspread over\n  three lines")
 
-    monkeypatch.setattr(strata.inspect, "report", broken)
+    monkeypatch.setattr(strata.cli.inspect, "report", broken)
     rc, _, err = _run(capsys, ["inspect", str(cli_models.tiny)])
     assert rc == 2
     assert _assert_one_error_line(err) == "strata: error: a reason spread over three lines"

@@ -14,8 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from strata.cli import DEFAULT_MODEL, build_parser
-from strata.serve.cli import serve_options
+from strata.cli.common import DEFAULT_MODEL
+from strata.cli.main import build_parser
+from strata.cli.serve import serve_options
 
 REPO = Path(__file__).resolve().parents[1]
 KFD = Path(__file__).parent / "fixtures" / "kfd"

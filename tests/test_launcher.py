@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from strata.cli import DEFAULT_MODEL, build_parser
-from strata.serve.cli import serve_options
+from strata.cli.common import DEFAULT_MODEL
+from strata.cli.main import build_parser
+from strata.cli.serve import serve_options
 from tests.test_resolve import QWEN, fake_hub
 
 REPO = Path(__file__).resolve().parents[1]

@@ -230,3 +230,16 @@ def test_an_unchanged_rewrite_loads_like_its_source(models, tmp_path):
     assert a.args == b.args and a.metadata == b.metadata
     for tname, t in a.gguf.tensors.items():
         assert np.array_equal(t.raw(), b.gguf.tensors[tname].raw())
+
+
+def test_each_architecture_is_one_registered_module_with_the_same_interface():
+    from strata.model import arch
+
+    assert list(arch.ARCHS) == ["qwen3moe", "qwen2moe"]
+    for key, mod in arch.ARCHS.items():
+        assert mod.ARCH == key and mod.__name__ == f"strata.model.arch.{key}"
+        assert set(mod.TRAITS) == {"qk_norm", "qkv_bias", "norm_topk", "shared_expert"}
+        a = make_args("tiny", key)
+        assert mod.layer_tensors(a, 0) and mod.global_tensors(a) and mod.OPTIONAL
+    with pytest.raises(ModelError, match="unsupported architecture 'llama'.*qwen3moe, qwen2moe"):
+        arch.get("llama")

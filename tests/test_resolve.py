@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from strata import resolve as R
-from strata.cli import DEFAULT_MODEL, build_parser, main
-from strata.serve.cli import serve_options
+from strata import releases as R
+from strata.cli.common import DEFAULT_MODEL
+from strata.cli.main import build_parser, main
+from strata.cli.serve import serve_options
 
 QWEN = "mradermacher/Qwen3-30B-A3B-i1-GGUF"
 
@@ -128,7 +129,7 @@ def test_an_incomplete_shard_set_is_absent_and_names_the_missing_shard(env):
 def test_offline_and_absent_fails_with_the_exact_fetch_command(env, capsys):
     e = env | {"HF_HUB_OFFLINE": "1"}
     with pytest.raises(R.ResolveError) as err:
-        R.fetch(R.resolve("qwen", None, e), e)
+        R.fetch(R.resolve("qwen", None, e))
     msg = str(err.value)
     assert "offline (HF_HUB_OFFLINE=1)" in msg
     assert msg.endswith(f"fetch it with: hf download {QWEN} Qwen3-30B-A3B.i1-IQ3_S.gguf")
@@ -163,7 +164,7 @@ def test_the_space_gate_refuses_before_any_download(env, monkeypatch):
     monkeypatch.setattr(R.shutil, "disk_usage", lambda p: type("U", (), {"free": 40 * R.GB})())
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, **k: pytest.fail("fetched"))
     with pytest.raises(R.ResolveError, match=r"40\.0 GB free.*needs 46\.0 GB there.*20 GB floor"):
-        R.fetch(res, env)
+        R.fetch(res)
 
 
 def test_fetch_downloads_only_the_exact_quant_shards_after_the_gate(env, monkeypatch):
@@ -199,9 +200,9 @@ def test_fetch_downloads_only_the_exact_quant_shards_after_the_gate(env, monkeyp
     # two 7 GB shards + a pack of as much + the floor: 48 GB fits in 49, 50 does not
     big_floor = env | {"STRATA_DISK_FLOOR_GB": "22"}
     with pytest.raises(R.ResolveError, match=r"49\.0 GB free; qwen IQ3_S needs 50\.0 GB"):
-        R.fetch(R.resolve("qwen", None, big_floor), big_floor)
+        R.fetch(R.resolve("qwen", None, big_floor))
     assert got == []
-    files = R.fetch(R.resolve("qwen", None, env), env)
+    files = R.fetch(R.resolve("qwen", None, env))
     assert got == listing[3:] and [p.name for p in files] == listing[3:]
 
 
@@ -212,7 +213,7 @@ def test_swift_is_embedded_and_names_its_pack_and_model_id(env, monkeypatch):
     assert res.pack_dir == Path(env["STRATA_PACKS_DIR"]) / "swift-iq3_xxs"
     assert "Python Software Foundation" in res.license
     monkeypatch.setattr(R.shutil, "disk_usage", lambda p: type("U", (), {"free": 0})())
-    R.disk_gate(res, env)  # nothing to download: no space needed
+    R.disk_gate(res)  # nothing to download: no space needed
 
 
 def _serve_cfg(lines: dict[str, str]):

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from strata.cli import DEFAULT_MODEL
+from strata.cli.common import DEFAULT_MODEL
 from strata.engine.session import Session
 from strata.model.loader import load_model
 from strata.serve.app import create_app

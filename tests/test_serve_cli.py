@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from strata.serve.cli import add_serve_parser, serve_options
+from strata.cli.serve import add_parser, serve_options
 
 
 def _parse(*argv: str) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
-    add_serve_parser(ap.add_subparsers(dest="cmd"))
+    add_parser(ap.add_subparsers(dest="cmd"))
     return ap.parse_args(["serve", *argv])
 
 
@@ -67,3 +67,17 @@ def test_python_m_strata_serve_reports_a_missing_model_in_one_line():
     )
     assert r.returncode == 2
     assert r.stderr.strip() == "strata: error: /nonexistent.gguf: no such file"
+
+
+def test_primary_device_and_router_dump_are_settings_like_the_others():
+    env = {"STRATA_PRIMARY_DEVICE": "1", "STRATA_DUMP_ROUTER_SCORES": "/tmp/scores"}
+    cfg = serve_options(_parse(), env)["config"]
+    assert (cfg.primary_device, cfg.dump_router_scores) == (1, "/tmp/scores")
+    cfg = serve_options(_parse("--primary-device", "2"), env)["config"]
+    assert cfg.primary_device == 2 and "primary_device" in cfg.explicit
+
+
+def test_removed_experiment_flags_are_unknown_arguments():
+    for argv in (["--host-dense", "float"], ["--car-dampen", "1"]):
+        with pytest.raises(SystemExit):
+            _parse(*argv)

@@ -8,14 +8,13 @@ Shape letters used across Strata (defined once here):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gguf.constants import Keys
 
-from strata.model.errors import ModelError, UnsupportedArchitecture
-
-SUPPORTED_ARCHS = ("qwen3moe", "qwen2moe")
+from strata.model.errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -60,13 +59,15 @@ class ModelArgs:
         return self.n_head_kv * self.head_dim
 
     @classmethod
-    def from_metadata(cls, meta: dict[str, Any], n_vocab_fallback: int | None = None) -> ModelArgs:
-        arch = str(meta.get(Keys.General.ARCHITECTURE, ""))
-        if arch not in SUPPORTED_ARCHS:
-            raise UnsupportedArchitecture(
-                f"unsupported architecture {arch or '(none)'!r} "
-                f"(supported: {', '.join(SUPPORTED_ARCHS)})"
-            )
+    def from_metadata(
+        cls,
+        meta: dict[str, Any],
+        arch: str,
+        traits: Mapping[str, bool],
+        n_vocab_fallback: int | None = None,
+    ) -> ModelArgs:
+        """Read the `arch.*` keys; `traits` are the architecture's fixed flags
+        (strata.model.arch: qk_norm, qkv_bias, shared_expert, norm_topk when metadata is silent)."""
 
         def get(key: str, default: Any = ModelError) -> Any:
             k = key.format(arch=arch)
@@ -85,7 +86,7 @@ class ModelArgs:
             n_vocab = len(toks) if toks is not None else n_vocab_fallback
         if n_vocab is None:
             raise ModelError(f"{arch}: vocabulary size is unknown (no vocab_size, no token list)")
-        is_qwen3 = arch == "qwen3moe"
+        shared = traits["shared_expert"]
         return cls(
             arch=arch,
             n_vocab=int(n_vocab),
@@ -98,11 +99,11 @@ class ModelArgs:
             n_expert=int(get(Keys.LLM.EXPERT_COUNT)),
             n_expert_used=int(get(Keys.LLM.EXPERT_USED_COUNT)),
             expert_ff=int(get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)),
-            shared_ff=0 if is_qwen3 else int(get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, 0)),
+            shared_ff=int(get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, 0)) if shared else 0,
             n_ctx_train=int(get(Keys.LLM.CONTEXT_LENGTH, 4096)),
             rope_theta=float(get(Keys.Rope.FREQ_BASE, 10000.0)),
             rms_eps=float(get(Keys.Attention.LAYERNORM_RMS_EPS, 1e-6)),
-            norm_topk=bool(get(Keys.LLM.EXPERT_WEIGHTS_NORM, is_qwen3)),
-            qk_norm=is_qwen3,
-            qkv_bias=not is_qwen3,
+            norm_topk=bool(get(Keys.LLM.EXPERT_WEIGHTS_NORM, traits["norm_topk"])),
+            qk_norm=traits["qk_norm"],
+            qkv_bias=traits["qkv_bias"],
         )

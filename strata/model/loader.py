@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import os
 from functools import cached_property
-from types import ModuleType
 
 from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import Keys
 
-from strata.model import qwen2moe, qwen3moe
-from strata.model.args import ModelArgs
+from strata.model import arch
+from strata.model.arch.common import name
 from strata.model.errors import MissingTensor, ModelError, ShapeMismatch
 from strata.model.gguf_file import GGUFModel, TensorRef
-from strata.model.qwen3moe import name
 
-ARCH_MODULES: dict[str, ModuleType] = {m.ARCH: m for m in (qwen3moe, qwen2moe)}
 EXPERT_TENSORS = (MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP)
 
 
@@ -25,10 +22,10 @@ class Model:
     def __init__(self, gguf: GGUFModel):
         self.gguf = gguf
         try:
-            self.args = ModelArgs.from_metadata(gguf.metadata)
+            self.args = arch.model_args(gguf.metadata)
         except ModelError as e:  # name the file the metadata came from
             raise type(e)(f"{gguf.path.name}: {e}") from None
-        self.arch_module = ARCH_MODULES[self.args.arch]
+        self.arch_module = arch.get(self.args.arch)
         self.expected = self._expected_shapes()
         self._check()
 

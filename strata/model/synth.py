@@ -17,9 +17,9 @@ import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType, LlamaFileType
 
-from strata.model import qwen2moe, qwen3moe
+from strata.model import arch as archs
+from strata.model.arch.common import name
 from strata.model.args import ModelArgs
-from strata.model.qwen3moe import name
 from strata.quant import fmt
 from strata.quant.synth_blocks import random_quantized
 
@@ -114,12 +114,12 @@ def make_args(shape: str, arch: str | None = None, **overrides) -> ModelArgs:
     kw = dict(SHAPES[shape])
     arch = arch or kw.get("arch", "qwen3moe")
     kw.pop("arch", None)
-    if arch == "qwen2moe":
+    traits = dict(archs.get(arch).TRAITS)
+    if traits.pop("shared_expert"):
         kw.setdefault("shared_ff", 2 * kw["expert_ff"])
     kw.update({k: v for k, v in overrides.items() if v is not None})
     kw.setdefault("v_head_dim", kw["head_dim"])
-    is3 = arch == "qwen3moe"
-    return ModelArgs(arch=arch, qk_norm=is3, qkv_bias=not is3, norm_topk=is3, **kw)
+    return ModelArgs(arch=arch, **traits, **kw)
 
 
 def _check_quant(tname: str, shape: tuple[int, ...], qt: QT) -> QT:
@@ -136,7 +136,7 @@ def _check_quant(tname: str, shape: tuple[int, ...], qt: QT) -> QT:
 def tensor_plan(spec: SynthSpec) -> list[tuple[str, tuple[int, ...], QT, float]]:
     """(name, numpy shape, type, weight std) for every tensor, in file order."""
     a = spec.args
-    mod = qwen3moe if a.arch == "qwen3moe" else qwen2moe
+    mod = archs.get(a.arch)
     d = a.n_embd
     plan: list[tuple[str, tuple[int, ...], QT, float]] = []
     for tname, shape in mod.global_tensors(a).items():

@@ -2,6 +2,6 @@
 
 import sys
 
-from strata.serve.cli import main
+from strata.cli.serve import main
 
 sys.exit(main())

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hmac
 import logging
 import os
 import time
@@ -29,23 +28,31 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from strata.config import EngineConfig
 from strata.engine.sampling import SamplingParams
 from strata.model.loader import Model, load_model
 from strata.serve import schemas
+from strata.serve.http import (
+    check_auth,
+    error_response,
+    http_error,
+    read_body,
+    sse_response,
+    watch_disconnect,
+)
 from strata.serve.metrics import CONTENT_TYPE, Metrics
 from strata.serve.output import SSE_DONE, ChatOutput, sse
 from strata.serve.prompt import render_prompt
 from strata.serve.reasoning import check_effort, prompt_opens_think
+from strata.serve.responses import Envelope, new_id, usage
 from strata.serve.scheduler import Job, QueueFull, Scheduler, SessionLike
-from strata.serve.schemas import APIError, Envelope, error_body, new_id, usage
+from strata.serve.schemas import APIError, error_body
 from strata.serve.toolcalls import DEFAULT_MAX_CALL_BYTES
 
 log = logging.getLogger("strata.serve")
-MAX_BODY_BYTES = 16 * 2**20
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request": metrics only
 
 
@@ -113,39 +120,6 @@ class ServerState:
             ) from None
 
 
-def _error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-
-async def _read_body(request: Request) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise APIError(
-            f"request body of {declared} bytes is over the {MAX_BODY_BYTES} limit",
-            status=413,
-            code="request_too_large",
-        )
-    chunks, n = [], 0
-    async for chunk in request.stream():
-        n += len(chunk)
-        if n > MAX_BODY_BYTES:
-            raise APIError(
-                f"request body is over the {MAX_BODY_BYTES} byte limit",
-                status=413,
-                code="request_too_large",
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _cancel_on_disconnect(request: Request, job: Job) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            job.cancel()
-            return
-
-
 def _finish_hook(metrics: Metrics) -> Callable[[Job, str], None]:
     def on_finish(job: Job, how: str) -> None:
         if job.first_piece is not None:
@@ -163,7 +137,7 @@ def _finish_hook(metrics: Metrics) -> Callable[[Job, str], None]:
 
 async def chat_completions(request: Request, st: ServerState) -> Response:
     arrived = time.monotonic()
-    req = schemas.parse_chat(schemas.parse_json(await _read_body(request)))
+    req = schemas.parse_chat(schemas.parse_json(await read_body(request)))
     effort = req.reasoning_effort or st.reasoning_effort
     tools = req.tools if req.tool_choice != "none" else None
     tok = st.tokenizer
@@ -189,7 +163,7 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
     )
     env = Envelope(new_id("chatcmpl"), st.model_id)
     if req.stream:
-        return _sse_response(_chat_stream(job, out, env, req.include_usage))
+        return sse_response(_chat_stream(job, out, env, req.include_usage))
     res = await _run_to_end(request, job, out.feed)
     if res is None:
         return JSONResponse(error_body("client closed the request"), status_code=CLIENT_CLOSED)
@@ -239,7 +213,7 @@ async def _chat_stream(
 
 async def completions(request: Request, st: ServerState) -> Response:
     arrived = time.monotonic()
-    req = schemas.parse_completion(schemas.parse_json(await _read_body(request)))
+    req = schemas.parse_completion(schemas.parse_json(await read_body(request)))
     tok = st.tokenizer
     if isinstance(req.prompt, str):
         prompt_text = req.prompt
@@ -261,7 +235,7 @@ async def completions(request: Request, st: ServerState) -> Response:
     env = Envelope(new_id("cmpl"), st.model_id)
     echo = prompt_text if req.echo else ""
     if req.stream:
-        return _sse_response(_completion_stream(job, env, req.include_usage, echo))
+        return sse_response(_completion_stream(job, env, req.include_usage, echo))
     pieces = [echo]
     res = await _run_to_end(request, job, pieces.append)
     if res is None:
@@ -273,7 +247,7 @@ async def completions(request: Request, st: ServerState) -> Response:
 async def _run_to_end(request: Request, job: Job, on_piece: Callable[[str], object]):
     """Feed the job's pieces to `on_piece`; its `Generation`, or None if the client went away."""
     try:
-        async with _watch_disconnect(request, job):
+        async with watch_disconnect(request, job):
             async for kind, payload in job.events():
                 if kind == "piece":
                     on_piece(payload)
@@ -372,37 +346,6 @@ async def metrics(request: Request, st: ServerState) -> Response:
 # ---- plumbing ----------------------------------------------------------------------------------
 
 
-def _sse_response(gen: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(
-        gen,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
-
-
-@contextlib.asynccontextmanager
-async def _watch_disconnect(request: Request, job: Job):
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
-    try:
-        yield
-    finally:
-        watcher.cancel()
-
-
-def _check_auth(request: Request, key: str) -> None:
-    got = request.headers.get("authorization", "")
-    scheme, _, token = got.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-        raise APIError(
-            "Incorrect API key provided. Send it as 'Authorization: Bearer KEY'."
-            if got
-            else "Missing API key. Send it as 'Authorization: Bearer KEY'.",
-            status=401,
-            code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
-
 Handler = Callable[[Request, ServerState], Awaitable[Response]]
 
 
@@ -410,15 +353,15 @@ def _endpoint(st: ServerState, name: str, fn: Handler, auth: bool = True):
     async def handle(request: Request) -> Response:
         try:
             if auth and st.api_key:
-                _check_auth(request, st.api_key)
+                check_auth(request, st.api_key)
             resp = await fn(request, st)
         except APIError as e:
-            resp = _error_response(e)
+            resp = error_response(e)
         except ClientDisconnect:
             resp = Response(status_code=CLIENT_CLOSED)
         except Exception:  # never crash on input we did not foresee; say so and log it
             log.exception("unhandled error in %s", name)
-            resp = _error_response(
+            resp = error_response(
                 APIError(
                     "internal server error", status=500, type="server_error", code="internal_error"
                 )
@@ -427,14 +370,6 @@ def _endpoint(st: ServerState, name: str, fn: Handler, auth: bool = True):
         return resp
 
     return handle
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return JSONResponse(
-        error_body(str(exc.detail), code=code), status_code=exc.status_code, headers=exc.headers
-    )
 
 
 def create_app(
@@ -509,7 +444,7 @@ def create_app(
         Route("/metrics", _endpoint(st, "metrics", metrics), methods=["GET"]),
     ]
     app = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
     )
     app.state.strata = st
     return app

@@ -1,8 +1,4 @@
-"""qwen3moe (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): the tensors the architecture needs, with shapes.
-
-Per layer: attention with per-head q/k RMS norm and NEOX RoPE; a softmax router over E experts,
-top-K renormalized; SwiGLU experts stored as stacked [E, ...] tensors.
-"""
+"""What the architectures share: GGUF tensor names and the attention block's tensors."""
 
 from __future__ import annotations
 
@@ -10,8 +6,6 @@ from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import TENSOR_NAMES
 
 from strata.model.args import ModelArgs
-
-ARCH = "qwen3moe"
 
 
 def name(t: MT, layer: int | None = None, suffix: str = "weight") -> str:
@@ -38,20 +32,15 @@ def attention_tensors(a: ModelArgs, i: int) -> dict[str, tuple[int, ...]]:
     }
 
 
-def layer_tensors(a: ModelArgs, i: int) -> dict[str, tuple[int, ...]]:
-    t = attention_tensors(a, i)
-    t.update(
-        {
-            name(MT.ATTN_Q_NORM, i): (a.head_dim,),
-            name(MT.ATTN_K_NORM, i): (a.head_dim,),
-            name(MT.FFN_NORM, i): (a.n_embd,),
-            name(MT.FFN_GATE_INP, i): (a.n_expert, a.n_embd),  # router [E, D]
-            name(MT.FFN_GATE_EXP, i): (a.n_expert, a.expert_ff, a.n_embd),  # [E, F, D]
-            name(MT.FFN_UP_EXP, i): (a.n_expert, a.expert_ff, a.n_embd),  # [E, F, D]
-            name(MT.FFN_DOWN_EXP, i): (a.n_expert, a.n_embd, a.expert_ff),  # [E, D, F]
-        }
-    )
-    return t
+def routed_expert_tensors(a: ModelArgs, i: int) -> dict[str, tuple[int, ...]]:
+    """The router and the SwiGLU experts stored as stacked [E, ...] tensors."""
+    return {
+        name(MT.FFN_NORM, i): (a.n_embd,),
+        name(MT.FFN_GATE_INP, i): (a.n_expert, a.n_embd),  # router [E, D]
+        name(MT.FFN_GATE_EXP, i): (a.n_expert, a.expert_ff, a.n_embd),  # [E, F, D]
+        name(MT.FFN_UP_EXP, i): (a.n_expert, a.expert_ff, a.n_embd),  # [E, F, D]
+        name(MT.FFN_DOWN_EXP, i): (a.n_expert, a.n_embd, a.expert_ff),  # [E, D, F]
+    }
 
 
 OPTIONAL = {name(MT.OUTPUT)}  # tied to token_embd when absent

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 from collections import defaultdict
 
 import numpy as np
 
+from strata.cli.common import load
 from strata.engine.builder import auto_slots
 from strata.model.loader import Model
 
@@ -71,3 +73,18 @@ def report(model: Model, budget_mib: int = 10240, n_ctx: int = 4096) -> str:
             "run on the CPU pool"
         )
     return "\n".join(lines)
+
+
+def add_parser(subparsers) -> None:
+    i = subparsers.add_parser(
+        "inspect", help="architecture, tensor types and sizes, what fits a budget"
+    )
+    i.add_argument("model", nargs="?", default=None)
+    i.add_argument("--budget-mib", type=int, default=10240, help="VRAM budget to plan for")
+    i.add_argument("--ctx", type=int, default=4096, help="context length for the KV estimate")
+    i.set_defaults(fn=cmd_inspect, model_opt=None)
+
+
+def cmd_inspect(ns: argparse.Namespace) -> int:
+    print(report(load(ns.model), budget_mib=ns.budget_mib, n_ctx=ns.ctx))
+    return 0

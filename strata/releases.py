@@ -1,8 +1,8 @@
-"""`strata resolve`: release + quant -> repo, files, pack dir, model id and the engine config.
+"""Releases: release + quant -> repo, files, pack dir, model id and the engine config.
 
 The release table is data (`strata/releases.json`). run.sh and docker/entrypoint.sh ask this module
-(`--print release|quant|repo|files|pack-dir|model-id|license|env|shell`) so the shell scripts never
-disagree with it, and a refusal from here is their error message.
+through `strata resolve` (strata.cli.resolve) so the shell scripts never disagree with it, and a
+refusal from here is their error message.
 
     release: --release, else $STRATA_RELEASE, else implied by $STRATA_HF_REPO, else by --quant /
              $STRATA_QUANT, else the table's default (swift, the embedded model)
@@ -12,16 +12,16 @@ disagree with it, and a refusal from here is their error message.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
 import shlex
 import shutil
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from strata.config import ENV, ConfigError, LaunchConfig, layer, resolve_launch, setting
+from strata.config import resolve as resolve_config
 
 PACKAGE = Path(__file__).parent
 GB = 10**9
@@ -37,36 +37,22 @@ def table() -> dict:
     return json.loads((PACKAGE / "releases.json").read_text())
 
 
-def _truthy(v: str | None) -> bool:
-    return (v or "").strip().upper() in ("1", "ON", "YES", "TRUE")
-
-
-def hub_cache(env: Mapping[str, str]) -> Path:
-    """huggingface_hub's cache folder for this environment (read per call, not at import)."""
-    if env.get("HF_HUB_CACHE"):
-        return Path(env["HF_HUB_CACHE"])
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]) / "hub"
-    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return base / "huggingface" / "hub"
-
-
 # ---------------------------------------------------------------- release and quant
 
 
 def choose_release(
-    release: str | None, quant: str | None, env: Mapping[str, str], tab: dict
+    release: str | None, quant: str | None, env: Mapping[str, str] | None, tab: dict
 ) -> tuple[str, str]:
     """(release, why) by the documented order; unknown names are refused."""
+    return _choose_release(resolve_launch(release, quant, env=env), tab)
+
+
+def _choose_release(launch: LaunchConfig, tab: dict) -> tuple[str, str]:
     rel = tab["releases"]
-    repo = env.get("STRATA_HF_REPO") or None
+    repo = launch.hf_repo
     implied = _release_of_repo(repo, tab) if repo else None
-    for name, why in (
-        (release, "--release"),
-        (env.get("STRATA_RELEASE") or None, "STRATA_RELEASE"),
-    ):
-        if name is None:
-            continue
+    name, why = launch.release, launch.release_from
+    if name is not None:
         if name not in rel:
             raise ResolveError(f"{why} {name!r} is not a release (known: {', '.join(rel)})")
         if implied is not None and implied != name:
@@ -80,7 +66,7 @@ def choose_release(
                 f"cannot tell the release of STRATA_HF_REPO={repo}; add --release ({'|'.join(rel)})"
             )
         return implied, "STRATA_HF_REPO"
-    q = (quant or env.get("STRATA_QUANT") or "").upper()
+    q = (launch.quant or "").upper()
     if q:
         owners = [n for n, r in rel.items() if r["default_quant"] == q]
         offering = [n for n, r in rel.items() if q in r["quants"]]
@@ -98,12 +84,12 @@ def _release_of_repo(repo: str, tab: dict) -> str | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def choose_quant(release: str, quant: str | None, env: Mapping[str, str], tab: dict) -> str:
+def choose_quant(release: str, launch: LaunchConfig, tab: dict) -> str:
     r = tab["releases"][release]
-    q = (quant or env.get("STRATA_QUANT") or r["default_quant"]).upper()
+    q = (launch.quant or r["default_quant"]).upper()
     if not QUANT_TOKEN.match(q):
         raise ResolveError(f"{q!r} is not a GGUF quant name (e.g. IQ3_XXS, Q4_K_M, UD-IQ3_XXS)")
-    custom_repo = bool(env.get("STRATA_HF_REPO"))
+    custom_repo = bool(launch.hf_repo)
     if q not in r["quants"] and not (custom_repo and not r.get("embedded")):
         raise ResolveError(
             f"release {release} has no quant {q} (it has: {', '.join(r['quants'])})"
@@ -197,6 +183,8 @@ class Resolution:
     remote: list[str] = field(default_factory=list)  # names to fetch (known from the table)
     missing: list[str] = field(default_factory=list)  # shards of an incomplete cached set
     info: dict = field(default_factory=dict)  # the release's table row
+    launch: LaunchConfig = field(default_factory=LaunchConfig)  # what was asked for
+    floor_gb: float = 0.0  # free space to leave on the hub cache's filesystem
 
     @property
     def present(self) -> bool:
@@ -228,31 +216,31 @@ def resolve(
     env: Mapping[str, str] | None = None,
     packs_dir: str | None = None,
 ) -> Resolution:
-    env = os.environ if env is None else env
+    launch = resolve_launch(release, quant, packs_dir, env)
     tab = table()
-    name, why = choose_release(release, quant, env, tab)
-    q = choose_quant(name, quant, env, tab)
+    name, why = _choose_release(launch, tab)
+    q = choose_quant(name, launch, tab)
     r = tab["releases"][name]
     tag = f"{name}-{q.lower()}"
-    packs = Path(packs_dir or env.get("STRATA_PACKS_DIR") or "packs")
-    cache = hub_cache(env)
     res = Resolution(
         release=name,
         why=why,
         quant=q,
-        repo=None if r.get("embedded") else (env.get("STRATA_HF_REPO") or r["repo"]),
+        repo=None if r.get("embedded") else (launch.hf_repo or r["repo"]),
         license=r["license"],
         model_id=tag,
-        pack_dir=packs / tag,
-        hub_cache=cache,
-        offline=_truthy(env.get("HF_HUB_OFFLINE")),
+        pack_dir=Path(launch.packs_dir) / tag,
+        hub_cache=launch.hub_cache,
+        offline=launch.hub_offline,
         files=None,
         info=r,
+        launch=launch,
+        floor_gb=tab["disk_floor_gb"] if launch.disk_floor_gb is None else launch.disk_floor_gb,
     )
     if r.get("embedded"):
         res.files = [PACKAGE / r["embedded"]]
         return res
-    res.files, res.missing = cached_files(res.repo, q, cache)
+    res.files, res.missing = cached_files(res.repo, q, res.hub_cache)
     if res.repo == r["repo"] and r.get("file"):
         res.remote = [r["file"].format(quant=q)]
     return res
@@ -294,11 +282,7 @@ def _existing(p: Path) -> Path:
     return p
 
 
-def _floor_gb(env: Mapping[str, str]) -> float:
-    return float(env.get("STRATA_DISK_FLOOR_GB") or table()["disk_floor_gb"])
-
-
-def disk_gate(res: Resolution, env: Mapping[str, str], download: int | None = None) -> None:
+def disk_gate(res: Resolution, download: int | None = None) -> None:
     """Refuse unless there is room for what is still to download plus the floor (on the hub
     cache's filesystem) and the pack still to build from it (on the packs' filesystem)."""
     if res.info.get("embedded"):
@@ -311,7 +295,7 @@ def disk_gate(res: Resolution, env: Mapping[str, str], download: int | None = No
     pack_bytes = 0 if (res.pack_dir / "experts.bin").exists() else model_bytes
     needs: dict[int, list] = {}  # device -> [a path on it, bytes]
     for where, n in (
-        (res.hub_cache, quant_bytes + _floor_gb(env) * GB),
+        (res.hub_cache, quant_bytes + res.floor_gb * GB),
         (res.pack_dir, pack_bytes),
     ):
         probe = _existing(where)
@@ -321,11 +305,11 @@ def disk_gate(res: Resolution, env: Mapping[str, str], download: int | None = No
         if free < need:
             raise ResolveError(
                 f"{probe} has {free / GB:.1f} GB free; {res.release} {res.quant} needs "
-                f"{need / GB:.1f} GB there (quant + pack + the {_floor_gb(env):g} GB floor)"
+                f"{need / GB:.1f} GB there (quant + pack + the {res.floor_gb:g} GB floor)"
             )
 
 
-def fetch(res: Resolution, env: Mapping[str, str]) -> list[Path]:
+def fetch(res: Resolution) -> list[Path]:
     """Download the missing files into the hub cache, after the free-space gate."""
     if res.present:
         return res.files
@@ -333,7 +317,7 @@ def fetch(res: Resolution, env: Mapping[str, str]) -> list[Path]:
         res.require_present()
     files = remote_files(res)
     known = [s for _, s in files]
-    disk_gate(res, env, sum(known) if all(s is not None for s in known) else None)
+    disk_gate(res, sum(known) if all(s is not None for s in known) else None)
     from huggingface_hub import hf_hub_download
 
     out = [Path(hf_hub_download(res.repo, n, cache_dir=str(res.hub_cache))) for n, _ in files]
@@ -345,13 +329,10 @@ def fetch(res: Resolution, env: Mapping[str, str]) -> list[Path]:
 
 
 def engine_env(
-    res: Resolution, flags: Mapping[str, object], env: Mapping[str, str]
+    res: Resolution, flags: Mapping[str, object], env: Mapping[str, str] | None = None
 ) -> tuple[dict[str, str], list[str]]:
     """STRATA_* lines the server reads: flag > environment > per-release tuning > default.
     Checked with the same `strata.config.resolve` the server calls. Returns (env, notices)."""
-    from strata.config import ENV, ConfigError
-    from strata.config import resolve as resolve_config
-
     tab = table()
     key = f"{res.release}:{res.quant}"
     notes: list[str] = []
@@ -362,8 +343,9 @@ def engine_env(
     # the release decides the model; absent files are the caller's to fetch (in a container,
     # the entrypoint fetches and writes the model path it sees)
     model = str(res.files[0]) if res.present else None
-    if env.get("STRATA_MODEL") and model and env["STRATA_MODEL"] != model:
-        notes.append(f"STRATA_MODEL={env['STRATA_MODEL']} ignored: the release decides the model")
+    asked = setting("model", env=env)
+    if asked and model and asked != model:
+        notes.append(f"STRATA_MODEL={asked} ignored: the release decides the model")
     values: dict[str, object] = {"model": model} if model else {}
     decided = {
         "STRATA_RELEASE": res.release,
@@ -372,21 +354,18 @@ def engine_env(
     }
     if (res.pack_dir / "experts.bin").is_file():
         decided["STRATA_PACK"] = str(res.pack_dir.absolute())
-    if res.repo and env.get("STRATA_HF_REPO"):
+    if res.repo and res.launch.hf_repo:
         decided["STRATA_HF_REPO"] = res.repo
     by_var = {var: name for name, (var, _) in ENV.items()}
     for var, v in decided.items():
         if var in by_var:
             values[by_var[var]] = v
-    for name, (var, _) in ENV.items():
+    for name in ENV:
         if name in ("model", "pack", "release", "model_id"):
             continue
-        if flags.get(name) is not None:
-            values[name] = flags[name]
-        elif env.get(var) not in (None, ""):
-            values[name] = env[var]
-        elif name in tuning:
-            values[name] = tuning[name]
+        v = layer(name, flags, env, tuning)
+        if v is not None:
+            values[name] = v
     for name in tuning:
         if name not in ENV:
             notes.append(
@@ -409,103 +388,3 @@ def engine_env(
         raise ResolveError(str(e)) from None
     out |= decided  # read by the resolver in the container (and the engine where it knows them)
     return dict(sorted(out.items())), notes
-
-
-# ---------------------------------------------------------------- command line
-
-PRINTS = ("release", "quant", "repo", "files", "pack-dir", "model-id", "license", "env", "shell")
-
-
-def add_resolve_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "resolve", help="release + quant -> repo, files, pack dir, model id, engine config"
-    )
-    p.add_argument("--release", default=None, help="qwen | coder | swift (env STRATA_RELEASE)")
-    p.add_argument("--quant", default=None, help="e.g. IQ3_S (env STRATA_QUANT)")
-    p.add_argument(
-        "--packs-dir", default=None, metavar="DIR", help="pack root (env STRATA_PACKS_DIR; packs)"
-    )
-    p.add_argument("--print", dest="what", choices=PRINTS, default=None, help="one value")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="exit 1 if files are missing; no writes")
-    mode.add_argument("--fetch", action="store_true", help="download missing files (space-gated)")
-    p.add_argument("--gate", action="store_true", help="refuse when the disk is too small")
-    g = p.add_argument_group("engine config (for --print env|shell; flags beat STRATA_*)")
-    g.add_argument("--max-context", type=int, default=None, dest="n_ctx", metavar="N")
-    g.add_argument("--vram-budget-mib", type=int, default=None, metavar="MIB")
-    g.add_argument("--device", default=None, choices=["auto", "gpu", "host"])
-    g.add_argument("--expert-cache", default=None, metavar="all|auto|N")
-    g.add_argument("--adapt-swaps", type=int, default=None, metavar="N")
-    p.set_defaults(fn=cmd_resolve)
-
-
-def cmd_resolve(ns: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
-    env = os.environ if env is None else env
-    res = resolve(ns.release, ns.quant, env, ns.packs_dir)
-    if ns.check:
-        try:
-            res.require_present()
-        except ResolveError as e:
-            print(f"strata: {e}", file=sys.stderr)
-            return 1
-    if ns.gate:
-        disk_gate(res, env)
-    if ns.fetch:
-        fetch(res, env)
-    if ns.what is None:
-        if not ns.check and not ns.fetch:
-            _summary(res)
-        return 0
-    if ns.what in ("env", "shell"):
-        flags = {k: getattr(ns, k) for k in ("n_ctx", "vram_budget_mib", "device")}
-        flags |= {k: getattr(ns, k) for k in ("expert_cache", "adapt_swaps")}
-        lines, notes = engine_env(res, flags, env)
-        for n in notes:
-            print(f"strata: {n}", file=sys.stderr)
-        text = "\n".join(f"{k}={v}" for k, v in lines.items())
-        print(_shell(res, text) if ns.what == "shell" else text)
-        return 0
-    print(_value(res, ns.what))
-    return 0
-
-
-def _value(res: Resolution, what: str) -> str:
-    if what == "files":
-        return "\n".join(str(p) for p in res.require_present())
-    return {
-        "release": res.release,
-        "quant": res.quant,
-        "repo": res.repo or "",
-        "pack-dir": str(res.pack_dir),
-        "model-id": res.model_id,
-        "license": res.license,
-    }[what]
-
-
-def _shell(res: Resolution, engine: str) -> str:
-    vals = {
-        "RELEASE": res.release,
-        "QUANT": res.quant,
-        "REPO": res.repo or "",
-        "MODEL_ID": res.model_id,
-        "PACK_DIR": str(res.pack_dir),
-        "LICENSE": res.license,
-        "HUB_CACHE": str(res.hub_cache),
-        "MODEL_PATH": str(res.files[0]) if res.files else "",
-        "GUARD_VERSION": str(table()["vram_guard_version"]),
-        "ENGINE_ENV": engine,  # the STRATA_* lines, one per line
-    }
-    return "\n".join(f"{k}={shlex.quote(v)}" for k, v in vals.items())
-
-
-def _summary(res: Resolution) -> None:
-    print(f"release   {res.release} ({res.info['title']}; chosen by {res.why})")
-    print(f"quant     {res.quant}")
-    print(f"repo      {res.repo or '(embedded, no download)'}")
-    print(f"license   {res.license}")
-    print(f"model id  {res.model_id}")
-    print(f"pack dir  {res.pack_dir}{'' if res.pack_dir.is_dir() else ' (not built)'}")
-    if res.present:
-        print("files     " + "\n          ".join(str(p) for p in res.files))
-    else:
-        print(f"files     not cached; fetch: {res.fetch_command()}")

@@ -1,46 +1,30 @@
-"""`strata` command line: generate, chat, inspect, synth."""
+"""The `strata` command: generate, chat, synth, car-estimate, profile, and the subcommands of
+`strata.cli` (serve, pack, inspect, resolve)."""
 
 from __future__ import annotations
 
 import argparse
 import glob
-import os
 import sys
 from pathlib import Path
 
+from strata.cli import inspect, pack, resolve, serve
+from strata.cli.common import (
+    EXIT_USAGE,
+    UserError,
+    add_engine,
+    add_model,
+    build_engine,
+    engine_config,
+    load,
+    one_line,
+)
 from strata.config import ConfigError
 from strata.gpu.budget import BudgetExceeded
 from strata.gpu.device import DeviceError
+from strata.model.arch import ARCHS
 from strata.model.errors import ModelError
 from strata.quant import UnsupportedType
-
-DEFAULT_MODEL = Path(__file__).parent / "data" / "default.gguf"
-EXIT_USAGE = 2
-
-
-class UserError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
-
-
-def _model_path(arg: str | None) -> Path:
-    p = arg or os.environ.get("STRATA_MODEL") or str(DEFAULT_MODEL)
-    if not Path(p).exists():
-        raise UserError(f"{p}: no such file")
-    return Path(p)
-
-
-def _load(arg: str | None):
-    from strata.model.loader import load_model
-
-    return load_model(_model_path(arg))
-
-
-def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "-m",
-        "--model",
-        help="GGUF file or first shard (default: the embedded model; env STRATA_MODEL)",
-    )
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -55,134 +39,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
         "--ctx", type=int, default=None, help="context length (default min(train, 4096))"
     )
     p.add_argument("--stats", action="store_true", help="print prefill/decode speed to stderr")
-    _add_engine(p)
-
-
-def _add_engine(p: argparse.ArgumentParser) -> None:
-    """Engine knobs; each also reads its STRATA_* variable (a flag wins)."""
-    g = p.add_argument_group("engine (flags beat STRATA_* environment variables)")
-    g.add_argument("--vram-budget-mib", type=int, default=None, help="VRAM budget (10240)")
-    g.add_argument(
-        "--vram-budget-widen",
-        action="store_const",
-        const=True,
-        default=None,
-        help="allow a budget outside 1281..10240 MiB",
-    )
-    g.add_argument(
-        "--device",
-        default=None,
-        choices=["auto", "gpu", "host"],
-        help="device tier: auto (GPU if there is one, default), gpu, host",
-    )
-    g.add_argument(
-        "--expert-cache",
-        default=None,
-        help="resident experts: all (default), auto (what the budget leaves) or N",
-    )
-    g.add_argument("--profile", default=None, help="usage profile ranking experts for the cache")
-    g.add_argument(
-        "--adapt-swaps",
-        type=int,
-        default=None,
-        help="most cache swaps per request (96; 0 = static cache)",
-    )
-    g.add_argument(
-        "--car-threshold",
-        type=float,
-        default=None,
-        help="cache-aware routing ratio threshold (0.35; 1.0 = off)",
-    )
-    g.add_argument("--car-warmup", type=int, default=None, help="decode steps before CAR engages")
-    g.add_argument(
-        "--car-budget",
-        type=int,
-        default=None,
-        help="most substitutions per token and layer (0 = no limit)",
-    )
-    g.add_argument(
-        "--car-free-ratio",
-        type=float,
-        default=None,
-        help="ratio at or above which a substitution is free of the budget",
-    )
-    g.add_argument("--car-dampen", type=int, default=None, help="(refused: not supported)")
-    g.add_argument("--threads", type=int, default=None, help="CPU pool threads (0 = all cores)")
-    g.add_argument("--pack", default=None, help="expert pack directory (`strata pack`)")
-    g.add_argument("--release", default=None, help="release the pack must have been built for")
-    g.add_argument(
-        "--resident-experts",
-        action="store_const",
-        const=True,
-        default=None,
-        help="copy the CPU pool's experts into RAM (default: read them from the mmap)",
-    )
-    g.add_argument(
-        "--cuda-graphs",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="replay decode steps from CUDA graphs on a GPU tier (default on)",
-    )
-    g.add_argument(
-        "--kv-type",
-        default=None,
-        choices=["f16", "int8"],
-        help="KV cache: f16 (default) or int8 with a scale per row (about half the memory)",
-    )
-    g.add_argument(
-        "--host-dense",
-        default=None,
-        choices=["auto", "float", "quant"],
-        help="without a GPU: dense matrices on the CPU pool's quantized kernels (quant, the "
-        "default), dequantized to float32 (float, the reference), or auto: the kernels once "
-        "float32 copies pass 1 GiB",
-    )
-    g.add_argument(
-        "--prefill-offload",
-        default=None,
-        metavar="auto|off|N",
-        help="a prompt's missed experts run on the card from N staging slots (auto: 64) "
-        "instead of in the CPU pool (default auto)",
-    )
-
-
-def _engine_config(ns):
-    from strata.config import resolve
-
-    keys = [
-        "vram_budget_mib",
-        "vram_budget_widen",
-        "device",
-        "expert_cache",
-        "profile",
-        "adapt_swaps",
-        "car_threshold",
-        "car_warmup",
-        "car_budget",
-        "car_free_ratio",
-        "car_dampen",
-        "threads",
-        "pack",
-        "release",
-        "resident_experts",
-        "cuda_graphs",
-        "kv_type",
-        "host_dense",
-        "prefill_offload",
-    ]
-    flags = {k: getattr(ns, k, None) for k in keys}
-    flags["model"] = getattr(ns, "model", None)
-    flags["n_ctx"] = getattr(ns, "ctx", None)
-    return resolve(flags)
-
-
-def _build_engine(model, cfg):
-    from strata.engine.builder import build_engine
-
-    engine = build_engine(model, cfg)
-    for note in cfg.notices:
-        print(f"strata: {note}", file=sys.stderr)
-    return engine
+    add_engine(p)
 
 
 def _sampling(ns):
@@ -199,11 +56,11 @@ def _stream(ns, prompt) -> int:
 
     if ns.max_tokens < 1:
         raise UserError(f"--max-tokens must be >= 1, got {ns.max_tokens}")
-    cfg = _engine_config(ns)
-    model = _load(cfg.model)
+    cfg = engine_config(ns)
+    model = load(cfg.model)
     if callable(prompt):  # chat: the prompt is rendered with the model's own template
         prompt = prompt(model)
-    session = Session(model, engine=_build_engine(model, cfg))
+    session = Session(model, engine=build_engine(model, cfg))
     res = Generation()
     if isinstance(prompt, str):
         sys.stdout.write(prompt)
@@ -249,15 +106,7 @@ def cmd_chat(ns) -> int:
     return _stream(ns, prompt_ids)
 
 
-def cmd_inspect(ns) -> int:
-    from strata.inspect import report
-
-    print(report(_load(ns.model), budget_mib=ns.budget_mib, n_ctx=ns.ctx))
-    return 0
-
-
 def cmd_synth(ns) -> int:
-
     from strata.model.synth import SHAPES, SynthSpec, make_args, write_synthetic
     from strata.quant import MODEL_TYPES, fmt
 
@@ -329,12 +178,10 @@ def cmd_car_estimate(ns) -> int:
 
 
 def cmd_profile(ns) -> int:
-    from pathlib import Path
-
     from strata.engine.forward import Engine
     from strata.routing.profile import UsageProfile
 
-    model = _load(ns.model)
+    model = load(ns.model)
     prompts = [line for line in Path(ns.prompts).read_text().splitlines() if line.strip()]
     if not prompts:
         raise UserError(f"{ns.prompts}: no prompts (one per line)")
@@ -358,27 +205,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="complete a prompt, streaming tokens")
     g.add_argument("prompt")
-    _add_model(g)
+    add_model(g)
     _add_sampling(g)
     g.set_defaults(fn=cmd_generate)
 
     c = sub.add_parser("chat", help="answer one user message through the chat template")
     c.add_argument("prompt")
     c.add_argument("--system", default=None, help="system message")
-    _add_model(c)
+    add_model(c)
     _add_sampling(c)
     c.set_defaults(fn=cmd_chat)
 
-    i = sub.add_parser("inspect", help="architecture, tensor types and sizes, what fits a budget")
-    i.add_argument("model", nargs="?", default=None)
-    i.add_argument("--budget-mib", type=int, default=10240, help="VRAM budget to plan for")
-    i.add_argument("--ctx", type=int, default=4096, help="context length for the KV estimate")
-    i.set_defaults(fn=cmd_inspect, model_opt=None)
+    inspect.add_parser(sub)
 
     s = sub.add_parser("synth", help="write a random but valid MoE GGUF of a given shape and quant")
     s.add_argument("out", help="output .gguf path")
     s.add_argument("--shape", default="tiny", help="tiny | small | qwen3-30b-a3b | qwen2-57b-a14b")
-    s.add_argument("--arch", default=None, choices=["qwen3moe", "qwen2moe"])
+    s.add_argument("--arch", default=None, choices=list(ARCHS))
     s.add_argument("--quant", default="Q4_K", help="expert tensor type (e.g. IQ3_XXS)")
     s.add_argument("--dense-quant", default="Q8_0", help="attention and output tensor type")
     s.add_argument("--embd-quant", default="Q8_0", help="token embedding type")
@@ -391,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="overwrite OUT")
     s.set_defaults(fn=cmd_synth)
     ce = sub.add_parser("car-estimate", help="replay a router-score trace with CAR offline")
-    ce.add_argument("trace", help="STRCS1 file written with STRATA_DUMP_ROUTER_SCORES")
+    ce.add_argument("trace", help="STRCS1 file written with --dump-router-scores")
     ce.add_argument("--threshold", default="0.25,0.35,0.5,0.7", help="comma-separated list")
     ce.add_argument("--resident", default=None, help="resident mask [L, E] as a .npy file")
     ce.add_argument("--cache-profile", default=None, help="usage profile to place the cache by")
@@ -408,15 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--ctx", type=int, default=2048)
     pr.set_defaults(fn=cmd_profile)
 
-    from strata.serve.cli import add_serve_parser
-
-    add_serve_parser(sub)
-    from strata.pack_cli import add_pack_parser
-    from strata.resolve import add_resolve_parser
-
-    add_resolve_parser(sub)
-
-    add_pack_parser(sub)
+    serve.add_parser(sub)
+    resolve.add_parser(sub)
+    pack.add_parser(sub)
     return ap
 
 
@@ -434,8 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         DeviceError,
         BudgetExceeded,
     ) as e:
-        # one line, whatever the message: a user error is never a traceback
-        print(f"strata: error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
+        print(one_line(e), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

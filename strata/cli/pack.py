@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 
+from strata.cli.common import UserError, load
+from strata.config import setting
 
-def add_pack_parser(subparsers) -> None:
+
+def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "pack", help="write the CPU experts in the kernels' layout, for `--pack DIR`"
     )
@@ -21,7 +23,6 @@ def add_pack_parser(subparsers) -> None:
 
 
 def cmd_pack(ns: argparse.Namespace) -> int:
-    from strata.cli import UserError, _load
     from strata.cpu.pack import SRC_FILE, build_pack
 
     out = Path(ns.out)
@@ -29,8 +30,8 @@ def cmd_pack(ns: argparse.Namespace) -> int:
         raise UserError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not ns.force:
         raise UserError(f"{out}: directory is not empty (use --force to overwrite the pack)")
-    release = ns.release or os.environ.get("STRATA_RELEASE") or None
-    model = _load(ns.model)
+    release = setting("release", ns.release or None)
+    model = load(ns.model)
     t0 = time.perf_counter()
     path = build_pack(model, out, release=release, model_id=ns.model_id)
     size = path.stat().st_size

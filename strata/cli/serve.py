@@ -1,6 +1,6 @@
 """`strata serve`: the OpenAI-compatible server on uvicorn.
 
-`add_serve_parser(subparsers)` adds the subcommand to the main `strata` parser;
+`add_parser(subparsers)` adds the subcommand to the main `strata` parser;
 `python -m strata.serve` runs it on its own. Flags beat `STRATA_*` environment variables.
 """
 
@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Mapping
 
+from strata.cli.common import DEFAULT_MODEL, add_engine, engine_config, one_line
+from strata.config import ConfigError, resolve_serve
 from strata.serve.reasoning import EFFORTS
 
 
@@ -29,7 +31,7 @@ def _int(name: str, lo: int, hi: int | None = None):
     return parse
 
 
-def add_serve_parser(subparsers) -> None:
+def add_parser(subparsers) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible chat server (uvicorn)")
     p.add_argument(
         "-m",
@@ -77,39 +79,28 @@ def add_serve_parser(subparsers) -> None:
     p.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
-    from strata.cli import _add_engine  # the engine knobs `generate` and `chat` take
-
-    _add_engine(p)
+    add_engine(p)
     p.set_defaults(fn=cmd_serve)
 
 
-def serve_options(ns: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> dict:
+def serve_options(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) -> dict:
     """`create_app` arguments: flags, then `STRATA_*` variables, then defaults."""
-    from strata.config import ENV, resolve
-    from strata.serve.reasoning import check_effort
-
-    flags = {name: getattr(ns, name, None) for name in ENV}
-    flags["n_ctx"] = ns.ctx
-    flags["model_id"] = getattr(ns, "model_id", None)
-    cfg = resolve(flags, environ)
+    cfg = engine_config(ns, environ)
     if cfg.model is None:
-        from strata.cli import DEFAULT_MODEL
-
         cfg.model = str(DEFAULT_MODEL)
     if not os.path.exists(cfg.model):
         raise ValueError(f"{cfg.model}: no such file")
-    api_key = ns.api_key if ns.api_key is not None else environ.get("STRATA_API_KEY")
-    effort = ns.reasoning_effort or environ.get("STRATA_REASONING_EFFORT") or None
+    flags = {"api_key": ns.api_key, "reasoning_effort": ns.reasoning_effort}
     try:
-        check_effort(effort)
-    except ValueError as e:
-        raise ValueError(f"STRATA_REASONING_EFFORT: {e}") from None
+        server = resolve_serve(flags, environ)
+    except ConfigError as e:
+        raise ValueError(str(e)) from None
     return dict(
         model=cfg.model,
         model_id=cfg.model_id,
         config=cfg,
-        api_key=api_key or None,
-        reasoning_effort=effort,
+        api_key=server.api_key,
+        reasoning_effort=server.reasoning_effort,
         max_queue=ns.max_queue,
         slots=ns.slots,
     )
@@ -157,13 +148,13 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m strata")
     sub = ap.add_subparsers(dest="cmd")
-    add_serve_parser(sub)
+    add_parser(sub)
     ns = ap.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
     try:
         return ns.fn(ns)
-    except (ValueError, OSError, DeviceError, BudgetExceeded) as e:  # ModelError, ConfigError,
-        # UnsupportedType included
-        print(f"strata: error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
+    # ModelError, ConfigError and UnsupportedType are ValueErrors
+    except (ValueError, OSError, DeviceError, BudgetExceeded) as e:
+        print(one_line(e), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -1,0 +1,1 @@
+"""The `strata` command line: `main` dispatches to one module per subcommand family."""

@@ -1,0 +1,37 @@
+"""`strata.config`: precedence flag > environment > release default > built-in, in one place."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata import config
+from strata.config import ConfigError, resolve
+
+
+def test_flag_beats_environment_beats_release_default_beats_built_in():
+    tuning = {"adapt_swaps": 700, "expert_cache": "auto"}
+    env = {"STRATA_ADAPT_SWAPS": "12"}
+    assert resolve({}, {}).adapt_swaps == 96
+    cfg = resolve({}, {}, tuning)
+    assert (cfg.adapt_swaps, cfg.expert_cache) == (700, "auto")
+    assert "adapt_swaps" not in cfg.explicit  # a release default is not the user's choice
+    assert resolve({}, env, tuning).adapt_swaps == 12
+    assert resolve({"adapt_swaps": 3}, env, tuning).adapt_swaps == 3
+
+
+def test_a_bad_variable_is_refused_in_one_line_naming_it():
+    with pytest.raises(ConfigError, match="STRATA_PRIMARY_DEVICE='x' is not a valid int"):
+        resolve({}, {"STRATA_PRIMARY_DEVICE": "x"})
+    with pytest.raises(ConfigError, match="--primary-device must be >= 0"):
+        resolve({"primary_device": -1}, {})
+
+
+def test_environ_holds_only_the_settings_strata_reads(monkeypatch):
+    monkeypatch.setenv("STRATA_CTX", "512")
+    monkeypatch.setenv("STRATA_HOST_DENSE", "float")  # removed: never read
+    got = config.environ()
+    assert got["STRATA_CTX"] == "512" and "STRATA_HOST_DENSE" not in got
+
+
+def test_at_most_thirty_strata_names():
+    assert len(set(config.NAMES)) == len(config.NAMES) <= 30
