@@ -248,3 +248,19 @@ def test_the_decode_step_is_chosen_once_from_the_tier_and_the_config(tmp_path):
     host.name = "host"
     eng = Engine(model, host, miss_runner=pool, resident=few)
     assert isinstance(eng.step, EagerStep) and not eng.eager.picks_on_card
+
+
+def test_the_plan_record_layout():
+    """ids0 | ids | weights | pair_slot [K] | stats [4] | h [D]: views share the record's words."""
+    from strata.engine.plan import N_STATS, offsets, record_views, views, words
+
+    k, d = 3, 5
+    assert words(k, d) == 4 * k + 4 + d and N_STATS == 4
+    assert offsets(k) == (0, k, 2 * k, 3 * k, 4 * k, 4 * k + 4)
+    recs = np.arange(2 * words(k, d), dtype=np.uint32).reshape(2, -1)
+    v, one = views(recs, k), record_views(recs[1], k)
+    assert v["h"].shape == (2, d) and one["h"].shape == (1, d) and one["ids"].shape == (k,)
+    for name, dtype in [("ids0", np.int32), ("weights", np.float32), ("stats", np.float32)]:
+        assert v[name].dtype == one[name].dtype == dtype and np.shares_memory(v[name], recs)
+    np.testing.assert_array_equal(one["pair_slot"], recs[1, 3 * k : 4 * k].view(np.int32))
+    np.testing.assert_array_equal(v["h"][1], recs[1, 4 * k + 4 :].view(np.float32))

@@ -38,15 +38,23 @@ def words(k: int, d: int) -> int:
 
 
 def views(recs: np.ndarray, k: int) -> dict[str, np.ndarray]:
-    """Named views of uint32 records recs [..., R] (one record [R], or [L, R]): ids0, ids,
-    weights, pair_slot [..., K], stats [..., 4], h [..., D]."""
+    """Named views of uint32 records recs [L, R]: ids0, ids, weights, pair_slot [L, K],
+    stats [L, 4], h [L, D]."""
     ri, rf = recs.view(np.int32), recs.view(np.float32)
     o_ids0, o_ids, o_w, o_slot, o_st, o_h = offsets(k)
     return {
-        "ids0": ri[..., o_ids0:o_ids],
-        "ids": ri[..., o_ids:o_w],
-        "weights": rf[..., o_w:o_slot],
-        "pair_slot": ri[..., o_slot:o_st],
-        "stats": rf[..., o_st:o_h],
-        "h": rf[..., o_h:],
+        "ids0": ri[:, o_ids0:o_ids],
+        "ids": ri[:, o_ids:o_w],
+        "weights": rf[:, o_w:o_slot],
+        "pair_slot": ri[:, o_slot:o_st],
+        "stats": rf[:, o_st:o_h],
+        "h": rf[:, o_h:],
     }
+
+
+def record_views(rec: np.ndarray, k: int) -> dict[str, np.ndarray]:
+    """Named views of one uint32 record rec [R]: ids0, ids, weights, pair_slot [K], stats [4],
+    h [1, D] (the pool's input, one row)."""
+    v = {name: a[0] for name, a in views(rec[None], k).items()}
+    v["h"] = v["h"][None]
+    return v
