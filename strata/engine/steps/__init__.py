@@ -23,6 +23,7 @@ __all__ = [
     "HostRoutedGraphStep",
     "RoutedGraphStep",
     "graph_step_kind",
+    "step_server_of",
 ]
 
 
