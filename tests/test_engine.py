@@ -252,13 +252,13 @@ def test_the_decode_step_is_chosen_once_from_the_tier_and_the_config(tmp_path):
 
 def test_the_plan_record_layout():
     """ids0 | ids | weights | pair_slot [K] | stats [4] | h [D]: views share the record's words."""
-    from strata.engine.plan import N_STATS, offsets, record_views, views, words
+    from strata.engine.plan import N_STATS, offsets, plan_views, record_views, words
 
     k, d = 3, 5
     assert words(k, d) == 4 * k + 4 + d and N_STATS == 4
     assert offsets(k) == (0, k, 2 * k, 3 * k, 4 * k, 4 * k + 4)
     recs = np.arange(2 * words(k, d), dtype=np.uint32).reshape(2, -1)
-    v, one = views(recs, k), record_views(recs[1], k)
+    v, one = record_views(recs, k), plan_views(recs[1], k)
     assert v["h"].shape == (2, d) and one["h"].shape == (1, d) and one["ids"].shape == (k,)
     for name, dtype in [("ids0", np.int32), ("weights", np.float32), ("stats", np.float32)]:
         assert v[name].dtype == one[name].dtype == dtype and np.shares_memory(v[name], recs)

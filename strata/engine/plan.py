@@ -37,7 +37,7 @@ def words(k: int, d: int) -> int:
     return 4 * k + N_STATS + d
 
 
-def views(recs: np.ndarray, k: int) -> dict[str, np.ndarray]:
+def record_views(recs: np.ndarray, k: int) -> dict[str, np.ndarray]:
     """Named views of uint32 records recs [L, R]: ids0, ids, weights, pair_slot [L, K],
     stats [L, 4], h [L, D]."""
     ri, rf = recs.view(np.int32), recs.view(np.float32)
@@ -52,9 +52,9 @@ def views(recs: np.ndarray, k: int) -> dict[str, np.ndarray]:
     }
 
 
-def record_views(rec: np.ndarray, k: int) -> dict[str, np.ndarray]:
+def plan_views(rec: np.ndarray, k: int) -> dict[str, np.ndarray]:
     """Named views of one uint32 record rec [R]: ids0, ids, weights, pair_slot [K], stats [4],
     h [1, D] (the pool's input, one row)."""
-    v = {name: a[0] for name, a in views(rec[None], k).items()}
+    v = {name: a[0] for name, a in record_views(rec[None], k).items()}
     v["h"] = v["h"][None]
     return v
