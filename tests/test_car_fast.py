@@ -1,4 +1,4 @@
-"""The engine's compiled CAR (strata/engine/car_fast.py) gives car_plan's plan exactly."""
+"""The engine's compiled CAR (strata/routing/car.py) gives car_plan's plan exactly."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from strata.engine.car_fast import car_plan_fast
 from strata.routing import route_topk
-from strata.routing.car import CarKnobs, car_plan
+from strata.routing.car import CarKnobs, car_plan, car_plan_fast
 from strata.routing.estimate import GOLDEN
 
 

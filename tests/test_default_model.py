@@ -13,7 +13,7 @@ import pytest
 from gguf.constants import Keys
 
 from strata.cli import DEFAULT_MODEL, main
-from strata.engine.forward import Engine
+from strata.engine.engine import Engine
 from strata.model.loader import load_model
 from tests.oracle import plain_llama
 from tests.test_llama_oracle import llama_greedy

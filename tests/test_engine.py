@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.engine.forward import Engine
+from strata.engine.engine import Engine
 from strata.engine.sampling import Sampler, SamplingParams
 from strata.engine.session import Generation, Session
 from strata.model.loader import load_model
@@ -176,3 +176,91 @@ def test_decode_greedy_is_the_argmax_of_the_next_logits(synth_model):
     a.pos = a.n_ctx
     with pytest.raises(ValueError, match="context full"):
         a.decode_greedy(tok)
+
+
+class _FakeCard:
+    """What the engine reads of a GPU tier when it chooses its decode step (nothing runs)."""
+
+    name = "cupy"
+    n_ctx, stage_n = 64, 0
+
+    def __init__(self, all_resident: bool, routes: bool = True):
+        self.all_resident, self._routes = all_resident, routes
+
+    def routes_on_device(self) -> bool:
+        return self._routes
+
+    def moe_on_card_ok(self) -> bool:
+        return self.all_resident
+
+    def to_host(self, a):
+        return a
+
+    def to_device(self, a):
+        return a
+
+    def prefetch(self, layer, e, evict=None):
+        pass
+
+
+def test_the_decode_step_is_chosen_once_from_the_tier_and_the_config(tmp_path):
+    from types import SimpleNamespace
+
+    from strata.engine.pool_runner import PoolMissRunner
+    from strata.engine.steps import (
+        AllResidentGraphStep,
+        EagerStep,
+        HostRoutedGraphStep,
+        RoutedGraphStep,
+    )
+    from strata.routing.profile import AdaptiveCache
+
+    args = SimpleNamespace(n_layer=2, n_expert=8, n_expert_used=2, n_ctx_train=64)
+    model = SimpleNamespace(args=args)
+    pool = object.__new__(PoolMissRunner)  # a CPU pool (its step server), never called here
+    other = SimpleNamespace(experts=None)  # a miss runner without a step server
+    few = np.zeros((2, 8), bool)
+    few[:, :3] = True
+
+    def step(tier, **kw):
+        eng = Engine(model, tier, **kw)
+        assert eng.graph_step is (None if eng.step is eng.eager else eng.step)
+        return eng.step
+
+    all_card, part_card = _FakeCard(True), _FakeCard(False)
+    assert isinstance(step(all_card), AllResidentGraphStep)
+    assert isinstance(step(all_card, graphs=False), EagerStep)
+    eng = Engine(model, all_card)
+    assert eng.eager.picks_on_card and eng.eager.grouped
+    traced = step(all_card, trace_path=str(tmp_path / "t.strcs"))
+    assert isinstance(traced, HostRoutedGraphStep)  # the trace needs the host's scores
+    routed = step(part_card, miss_runner=pool, resident=few)
+    assert isinstance(routed, RoutedGraphStep) and routed._make_server is not None
+    assert step(part_card, miss_runner=other, resident=few)._make_server is None
+    adaptive = AdaptiveCache(few.copy(), max_swaps=4)
+    kw = dict(miss_runner=pool, resident=adaptive.resident, adaptive=adaptive)
+    assert isinstance(step(part_card, **kw), RoutedGraphStep)  # observed after each step
+    assert isinstance(step(part_card, device_routing=False, **kw), HostRoutedGraphStep)
+    assert isinstance(step(_FakeCard(False, routes=False), **kw), HostRoutedGraphStep)
+    # a card that serves its own misses by uploads on demand, and the CPU-only tier: eager
+    assert isinstance(step(part_card, resident=few), EagerStep)
+    host = _FakeCard(True)
+    host.name = "host"
+    eng = Engine(model, host, miss_runner=pool, resident=few)
+    assert isinstance(eng.step, EagerStep) and not eng.eager.picks_on_card
+
+
+def test_the_plan_record_layout():
+    """ids0 | ids | weights | pair_slot [K] | stats [4] | h [D]: views share the record's words."""
+    from strata.engine.plan import N_STATS, offsets, plan_views, record_views, words
+
+    k, d = 3, 5
+    assert words(k, d) == 4 * k + 4 + d and N_STATS == 4
+    assert offsets(k) == (0, k, 2 * k, 3 * k, 4 * k, 4 * k + 4)
+    recs = np.arange(2 * words(k, d), dtype=np.uint32).reshape(2, -1)
+    v, one = record_views(recs, k), plan_views(recs[1], k)
+    assert v["h"].shape == (2, d) and one["h"].shape == (1, d) and one["ids"].shape == (k,)
+    for name, dtype in [("ids0", np.int32), ("weights", np.float32), ("stats", np.float32)]:
+        assert v[name].dtype == one[name].dtype == dtype and np.shares_memory(v[name], recs)
+    np.testing.assert_array_equal(one["pair_slot"], recs[1, 3 * k : 4 * k].view(np.int32))
+    np.testing.assert_array_equal(v["h"][1], recs[1, 4 * k + 4 :].view(np.float32))

@@ -15,8 +15,8 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
+from strata.build import build_engine  # noqa: E402
 from strata.config import resolve  # noqa: E402
-from strata.engine.builder import build_engine  # noqa: E402
 from strata.gpu.attention import DEC_SHORT_GRID, dec_grid_for  # noqa: E402
 from strata.model.loader import load_model  # noqa: E402
 from tests.oracle import FLIP_BOUND, position_errors  # noqa: E402
@@ -24,10 +24,10 @@ from tests.oracle import FLIP_BOUND, position_errors  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def engine(model, graphs: bool, **flags):
+def engine(model, graphs: bool, device_routing: bool = True, **flags):
     base = dict(device="gpu", n_ctx=96, adapt_swaps=0, threads=2, cuda_graphs=graphs)
     base.update(flags)
-    return build_engine(model, resolve(base, env={}))
+    return build_engine(model, resolve(base, env={}), device_routing=device_routing)
 
 
 def lockstep(a, b, prompt: list[int], steps: int, exact: bool = True) -> np.ndarray:
@@ -77,11 +77,11 @@ def test_all_resident_graph_steps_equal_their_eager_launches(synth_model, device
 def test_hybrid_graph_steps_equal_eager(synth_model, device, arch, car):
     model = load_model(synth_model("tiny", "IQ3_XXS", arch=arch, seed=22, skew=1.0))
     flags = dict(expert_cache="7", car_threshold=car)  # 7 of 16 experts on the card
-    g, e = engine(model, True, **flags), engine(model, False, **flags)
     # the host routes between the graphs, as the eager path does; and both route their prompt on
     # the host: an eager engine's would take the card's top-k (weights to ~1e-7 of the host's), a
-    # prefill apart about one run in ten (session 23, qwen2moe-1.0)
-    g.device_routing = e.device_routing = False
+    # prefill apart about one run in ten
+    g, e = engine(model, True, False, **flags), engine(model, False, False, **flags)
+    assert g.step.kind == "hybrid"
     assert 0 < g.resident.sum() < g.resident.size
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
     lockstep(g, e, prompt, 32)
@@ -117,26 +117,25 @@ def test_eager_decode_takes_the_graph_steps_decode_attention(synth_model, device
 def test_traced_all_resident_model_runs_the_hybrid_shape(synth_model, device, tmp_path):
     model = load_model(synth_model("tiny", "Q4_K", seed=23))
     g = engine(model, True, expert_cache="all", dump_router_scores=str(tmp_path / "t.strcs"))
-    e = engine(model, False, expert_cache="all")
     # the traced engine routes its prompt on the host (the trace records the probabilities):
     # so must the eager one, whose untraced prompt would take the card's top-k (router_topk's
-    # weights are route_topk's to ~1e-7, not bit for bit: a prefill apart now and then, PD)
-    e.device_routing = False
+    # weights are route_topk's to ~1e-7, not bit for bit: a prefill apart now and then)
+    e = engine(model, False, False, expert_cache="all")
+    assert g.step.kind == "hybrid"
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 4).tolist()
     lockstep(g, e, prompt, 12)
     assert g.stats.window_layers == 12 * model.args.n_layer  # routed on the host per layer
     g.close()
 
 
-def test_adaptive_swaps_upload_off_the_critical_path(synth_model, device, monkeypatch):
-    """The host-routed arm (STRATA_ADAPT_ROUTED=0): admitted experts upload on the copy stream
-    while the pool computes them this step; from the next step on they are hits. Graph and eager
-    steps must still agree bit for bit."""
+def test_adaptive_swaps_upload_off_the_critical_path(synth_model, device):
+    """The adaptive cache on the host-routed step (routing kept on the host): admitted experts
+    upload on the copy stream while the pool computes them this step; from the next step on
+    they are hits. Graph and eager steps must still agree bit for bit."""
     model = load_model(synth_model("tiny", "Q4_K", seed=24, skew=2.0))
     flags = dict(expert_cache="6", adapt_swaps=40)
-    monkeypatch.setenv("STRATA_ADAPT_ROUTED", "0")
-    g, e = engine(model, True, **flags), engine(model, False, **flags)
-    assert g._graph_mode() == "hybrid"
+    g, e = engine(model, True, False, **flags), engine(model, False, False, **flags)
+    assert g.step.kind == "hybrid"
     up0 = g.tier.expert_uploads
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
     lockstep(g, e, prompt, 40)
@@ -216,7 +215,7 @@ def test_adaptive_cache_on_the_routed_step(synth_model, device):
             assert want[layer, e] == -1
         la, lb = g.forward([tok]), h.forward([tok])
         errs.append(position_errors(la[None], lb[None])[0])
-        assert g._graph_mode() == "routed"
+        assert g.step.kind == "routed"
         table = cp.asnumpy(dec.slot_table)  # the null stream: the spinning copy stream not waited
         np.testing.assert_array_equal(table, want)
         if step < 30:
@@ -250,7 +249,7 @@ def test_routed_hybrid_steps(synth_model, device, car):
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
     lockstep(g, e, prompt, 32)
     a = model.args
-    assert g._graph_mode() == "routed" and g.stats.graph_steps == 32
+    assert g.step.kind == "routed" and g.stats.graph_steps == 32
     assert g.stats.window_layers == 32 * a.n_layer
     assert g.stats.hits == e.stats.hits and g.stats.substitutions == e.stats.substitutions
     decode_picks = g.stats.hits + g.stats.misses - 6 * a.n_layer * a.n_expert_used  # - prefill
@@ -283,7 +282,7 @@ def test_routed_ahead_keeps_the_bits(synth_model, device, monkeypatch):
     assert not e.tier.graph_decoder().ahead
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
     lockstep(g, e, prompt, 24)
-    assert g._graph_mode() == e._graph_mode() == "routed"
+    assert g.step.kind == e.step.kind == "routed"
     assert g.stats.misses == e.stats.misses > 0 and g.stats.hits == e.stats.hits > 0
     assert np.array_equal(g.stats.expert_hist, e.stats.expert_hist)
     assert g.stats.window_layers == e.stats.window_layers == 24 * model.args.n_layer
@@ -292,18 +291,16 @@ def test_routed_ahead_keeps_the_bits(synth_model, device, monkeypatch):
 def test_routed_ahead_served_in_one_call_keeps_the_bits(synth_model, device, monkeypatch):
     """The queued step served by the pool's step server (strata/cpu/serve.py: every layer's
     wait, counts, misses and release in one compiled call, the pool on its team) gives the bits,
-    counts and windows of the Python round a layer (STRATA_POOL_SERVE=0)."""
+    counts and windows of the Python round a layer (a step without a step server)."""
     model = load_model(synth_model("tiny", "IQ3_XXS", seed=31, skew=1.0))
     flags = dict(expert_cache="7", car_threshold=0.35)
     monkeypatch.setenv("STRATA_POOL_TEAM", "1")  # (2 threads: regions by default)
-    g = engine(model, True, **flags)
-    monkeypatch.setenv("STRATA_POOL_SERVE", "0")
-    e = engine(model, True, **flags)
-    assert g.miss_runner.serve and not e.miss_runner.serve
+    g, e = engine(model, True, **flags), engine(model, True, **flags)
+    e.step._make_server = None  # every layer a Python round
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
     lockstep(g, e, prompt, 24)
-    assert g.tier.graph_decoder().ahead and g._graph_mode() == "routed"
-    assert g._server[1] is not None and e._server[1] is None  # served in one call / in Python
+    assert g.tier.graph_decoder().ahead and g.step.kind == "routed"
+    assert g.step._server[1] is not None and e.step._server[1] is None  # one call / Python
     sg, se = g.stats, e.stats
     assert sg.misses == se.misses > 0 and sg.hits == se.hits > 0
     assert sg.substitutions == se.substitutions and sg.ratio_sum == pytest.approx(se.ratio_sum)

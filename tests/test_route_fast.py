@@ -1,5 +1,5 @@
-"""The compiled twins of the host's per-layer routing (strata/engine/route_fast.py) give the
-results of their rules of record (strata/routing, NumPy) exactly: top-k (ties included), the
+"""The compiled twins of the host's per-layer routing (strata/routing/topk.py, profile.py) give
+the results of their rules of record (NumPy, beside them) exactly: top-k (ties included), the
 pick histogram, the adaptive cache's scores, mask, counters and swaps."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ import copy
 import numpy as np
 import pytest
 
-from strata.engine.route_fast import count_picks, observe_fast, observe_step, topk_fast
-from strata.routing.profile import AdaptiveCache
-from strata.routing.topk import route_topk
+from strata.routing.profile import AdaptiveCache, observe_fast, observe_step
+from strata.routing.topk import count_picks, route_topk, topk_fast
 
 
 def _logits(g, e: int, kind: str) -> np.ndarray:

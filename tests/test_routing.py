@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from strata.build import build_engine
 from strata.config import CAR_OFF_NOTICE, ConfigError, resolve
-from strata.engine.builder import build_engine
-from strata.engine.forward import Engine
+from strata.engine.engine import Engine
 from strata.model.loader import load_model
 from strata.routing.car import CarKnobs, car_plan
 from strata.routing.estimate import GOLDEN, check_golden, replay
@@ -98,7 +98,7 @@ def _greedy(engine, prompt, n):
 
 
 def _partial_cache(model, slots):
-    from strata.engine.builder import resident_mask
+    from strata.build import resident_mask
 
     return resident_mask(model, slots, None)
 

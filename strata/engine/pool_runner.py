@@ -32,9 +32,7 @@ class PoolMissRunner:
 
     pack: a pack directory (or an opened `strata.cpu.pack.Pack`); release: the release the pack
     must have been built for (None: not checked). resident_experts: copy the experts into RAM,
-    leaving out those `skip` ([L, E] bool, the device-resident experts) marks. serve: serve a
-    queued decode step in one compiled call where the pool can (`step_server`; default
-    STRATA_POOL_SERVE, on).
+    leaving out those `skip` ([L, E] bool, the device-resident experts) marks.
     """
 
     name = "cpu-pool"
@@ -48,16 +46,12 @@ class PoolMissRunner:
         skip: np.ndarray | None = None,
         release: str | None = None,
         progress: bool = True,
-        serve: bool | None = None,
     ):
-        from strata.cpu.pool import ExpertPool, _env_flag, prepare_layer
+        from strata.cpu.pool import ExpertPool, prepare_layer
 
         single_threaded_blas()
         a = model.args
         self.pool = ExpertPool(n_threads or None)
-        # queued decode steps served in one compiled call where the pool can (`step_server`);
-        # STRATA_POOL_SERVE=0: a Python round a layer (the A/B arm)
-        self.serve = _env_flag("STRATA_POOL_SERVE", True) if serve is None else bool(serve)
         self.pack = None
         if pack is not None:
             from strata.cpu.pack import Pack, open_pack
@@ -138,12 +132,9 @@ class PoolMissRunner:
     def step_server(self, recs, ready, release, y, hist):
         """A `StepServer` over this runner's layers and a queued step's pinned arrays (records
         [L, R] u32, ready [L] i32, release [1] u32, y [1, D] f32, hist [L, E] i64), or None
-        where the pool cannot serve a step in one call (no resident team) or STRATA_POOL_SERVE=0
-        asks for the per-layer Python round (the A/B arm)."""
+        where the pool cannot serve a step in one call (no resident team)."""
         from strata.cpu.serve import StepServer
 
-        if not self.serve:
-            return None
         loaded = self._loaded if self.source == "ram" else None
         return StepServer.build(self.pool, self.layers, recs, ready, release, y, hist, loaded)
 
@@ -198,9 +189,7 @@ def _tasks(ids, weights, tok, ex, wt):
 
 def single_threaded_blas() -> None:
     """One BLAS thread from now on: the pool's Numba threads own the cores, and OpenBLAS's
-    threads, which spin on after each small host-side matmul, take them from the pool
-    (bench/results/blas-threads-2core-20261129.md: 27.4 -> 8.0 ms per decode token of the
-    embedded model on the 2-core VM's host tier)."""
+    threads, which spin on after each small host-side matmul, would take them from the pool."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # an install without it: BLAS keeps its threads

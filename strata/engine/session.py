@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from strata.engine.forward import Engine
+from strata.engine.engine import Engine
 from strata.engine.sampling import Sampler, SamplingParams
 from strata.model.loader import Model
 

@@ -8,6 +8,9 @@ token. At most `budget` substitutions per token and layer count against the budg
 ratio is at or above `free_ratio` is free. A threshold of 1.0 or more is OFF: the plan is the
 router's own picks, untouched.
 
+`car_plan` is the rule of record (NumPy: golden cases, offline replay); `car_plan_fast` is its
+compiled twin for the decode path, tested to give the identical plan on random and tied inputs.
+
 T = tokens, E = experts, K = picks per token.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 DEFAULT_THRESHOLD = 0.35
 
@@ -99,3 +103,114 @@ def car_plan(
             if len(done_k) == miss_k.size:
                 break  # every miss of the token is substituted
     return CarResult(out, subst, ratios, misses)
+
+
+TINY = np.finfo(np.float64).tiny
+
+
+@njit(cache=True)
+def _plan(ids, probs, resident, threshold, budget, free_ratio, out, subst, ratios):
+    """Fill out/subst/ratios [T, K] (out preset to ids); returns the misses before CAR."""
+    t, k = ids.shape
+    e = resident.shape[0]
+    misses = 0
+    for row in range(t):
+        for kk in range(k):
+            if not resident[ids[row, kk]]:
+                misses += 1
+    if misses == 0:
+        return 0
+    any_res = False
+    for c in range(e):
+        if resident[c]:
+            any_res = True
+            break
+    if not any_res:
+        return misses
+    avail = np.empty(e, np.bool_)
+    miss_k = np.empty(k, np.int64)
+    # candidate pairs (miss slot, candidate expert, ratio): at most K * E
+    pk = np.empty(k * e, np.int64)
+    pc = np.empty(k * e, np.int64)
+    pr = np.empty(k * e, np.float64)
+    done = np.zeros(k, np.bool_)
+    used = np.zeros(e, np.bool_)
+    for row in range(t):
+        m = 0
+        for kk in range(k):
+            if not resident[ids[row, kk]]:
+                miss_k[m] = kk
+                m += 1
+        if m == 0:
+            continue
+        for c in range(e):
+            avail[c] = resident[c]
+        for kk in range(k):
+            avail[ids[row, kk]] = False
+        n = 0
+        for j in range(m):
+            kk = miss_k[j]
+            pe = max(np.float64(probs[row, ids[row, kk]]), TINY)
+            for c in range(e):
+                if avail[c]:
+                    r = np.float64(probs[row, c]) / pe
+                    if r >= threshold:
+                        pk[n] = kk
+                        pc[n] = c
+                        pr[n] = r
+                        n += 1
+        if n == 0:
+            continue
+        for kk in range(k):
+            done[kk] = False
+        for c in range(e):
+            used[c] = False
+        n_done = 0
+        counted = 0
+        # pairs best ratio first, ties by lower candidate id, then lower expert id of the miss
+        # (three stable sorts, last key first: np.lexsort's order)
+        order = np.argsort(ids[row, pk[:n]], kind="mergesort")
+        order = order[np.argsort(pc[:n][order], kind="mergesort")]
+        order = order[np.argsort(-pr[:n][order], kind="mergesort")]
+        for best in order:
+            kk, c, r = pk[best], pc[best], pr[best]
+            if done[kk] or used[c]:
+                continue
+            free = r >= free_ratio
+            if budget > 0 and not free and counted >= budget:
+                continue
+            out[row, kk] = c
+            subst[row, kk] = True
+            ratios[row, kk] = np.float32(r)
+            done[kk] = True
+            used[c] = True
+            if not free:
+                counted += 1
+            n_done += 1
+            if n_done == m:
+                break
+    return misses
+
+
+def car_plan_fast(
+    ids: np.ndarray, probs: np.ndarray, resident: np.ndarray, knobs: CarKnobs
+) -> CarResult:
+    """`strata.routing.car.car_plan`, compiled: ids [T, K], probs [T, E], resident [E] bool."""
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    out = ids.copy()
+    subst = np.zeros(ids.shape, dtype=bool)
+    ratios = np.zeros(ids.shape, dtype=np.float32)
+    if not knobs.enabled:
+        return CarResult(out, subst, ratios, int((~resident[ids]).sum()))
+    misses = _plan(
+        ids,
+        np.ascontiguousarray(probs, dtype=np.float32),
+        np.ascontiguousarray(resident, dtype=np.bool_),
+        float(knobs.threshold),
+        int(knobs.budget),
+        float(knobs.free_ratio),
+        out,
+        subst,
+        ratios,
+    )
+    return CarResult(out, subst, ratios, int(misses))

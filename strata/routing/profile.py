@@ -3,7 +3,8 @@
 A profile is per-layer expert pick counts from real traffic ([L, E]); placement fills a given
 number of cache slots by profile rank across all layers. `AdaptiveCache` keeps a frequency
 estimate during decode and proposes swaps (hot miss in, cold resident out), at most `max_swaps`
-per request window.
+per request window; `observe_fast` / `observe_step` are `AdaptiveCache.observe` compiled (the
+same scores, mask, counters and swaps) for the decode path.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 PROFILE_VERSION = 1
 
@@ -106,3 +108,80 @@ class AdaptiveCache:
                 self.swaps_in_window += 1
                 self.swaps_total += 1
         return swaps
+
+
+@njit(cache=True)
+def _observe(s, res, ids, factor, margin, room, swaps):
+    """AdaptiveCache.observe's arithmetic on one layer's score s [E] f64 and resident mask res
+    [E] (both in place): the decay, the counts, then up to `room` swaps into swaps [., 2]
+    (evicted, admitted); returns how many (room < 0: counting only)."""
+    e_n = s.shape[0]
+    for i in range(e_n):
+        s[i] *= factor
+    for t in range(ids.shape[0]):
+        for k in range(ids.shape[1]):
+            s[ids[t, k]] += 1.0
+    if room < 0:
+        return 0
+    missed = np.zeros(e_n, np.bool_)  # np.unique(ids[~res[ids]]), ascending, taken up front
+    for t in range(ids.shape[0]):
+        for k in range(ids.shape[1]):
+            if not res[ids[t, k]]:
+                missed[ids[t, k]] = True
+    n = 0
+    for e in range(e_n):
+        if not missed[e]:
+            continue
+        cold = -1
+        for c in range(e_n):  # the first resident with the least score
+            if res[c] and (cold < 0 or s[c] < s[cold]):
+                cold = c
+        if n >= room or cold < 0:
+            break
+        if s[e] > s[cold] + margin:
+            res[cold] = False
+            res[e] = True
+            swaps[n, 0] = cold
+            swaps[n, 1] = e
+            n += 1
+    return n
+
+
+def observe_fast(cache: AdaptiveCache, layer: int, ids: np.ndarray) -> list[tuple[int, int]]:
+    """`cache.observe(layer, ids)` (the same scores, mask, counters and swaps), compiled."""
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    room = cache.max_swaps - cache.swaps_in_window if cache.max_swaps else -1
+    swaps = np.empty((max(room, 0), 2), np.int64)
+    factor = cache.decay ** ids.shape[0]
+    n = _observe(cache.score[layer], cache.resident[layer], ids, factor, cache.margin, room, swaps)
+    cache.swaps_in_window += n
+    cache.swaps_total += n
+    return [(int(a), int(b)) for a, b in swaps[:n]]
+
+
+@njit(cache=True)
+def _observe_layers(score, res, ids, factor, margin, room, swaps):
+    """`_observe` of layers 0..L-1 in order on one step's picks ids [L, K] (a token a layer),
+    the swap room shared as the calls one after another share it; swaps [., 3] (layer, evicted,
+    admitted); returns how many."""
+    n = 0
+    for layer in range(ids.shape[0]):
+        r = room - n if room >= 0 else -1
+        m = _observe(score[layer], res[layer], ids[layer : layer + 1], factor, margin, r,
+                     swaps[n:, 1:])  # fmt: skip
+        for j in range(n, n + m):
+            swaps[j, 0] = layer
+        n += m
+    return n
+
+
+def observe_step(cache: AdaptiveCache, ids: np.ndarray) -> list[tuple[int, int, int]]:
+    """`cache.observe(i, ids[i : i + 1])` for every layer i of one decode step's router picks
+    ids [L, K], in one compiled call -> the swaps as (layer, evicted, admitted)."""
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    room = cache.max_swaps - cache.swaps_in_window if cache.max_swaps else -1
+    swaps = np.empty((max(room, 0), 3), np.int64)
+    n = _observe_layers(cache.score, cache.resident, ids, cache.decay, cache.margin, room, swaps)
+    cache.swaps_in_window += n
+    cache.swaps_total += n
+    return [(int(a), int(b), int(c)) for a, b, c in swaps[:n]]

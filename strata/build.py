@@ -1,13 +1,18 @@
-"""Build an `Engine` from an `EngineConfig`: tier, expert cache placement, CAR, traces."""
+"""Config -> tiers -> engine: `build_engine` picks the tier (`make_tier`: the GPU tier on the
+primary device where there is one, else the CPU-only tier), places the expert cache, wires CAR,
+the adaptive cache, traces and the CPU pool for the experts the tier does not hold; the engine
+then chooses its decode step once (strata/engine/steps).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from strata.config import ConfigError, EngineConfig, car_unwired
-from strata.engine.forward import Engine
+from strata.engine.engine import Engine
 from strata.engine.pool_runner import PoolMissRunner
-from strata.gpu.select import make_tier
+from strata.engine.tier import Tier, is_card
+from strata.gpu.device import DeviceError, DeviceInfo, primary_device, say_once
 from strata.model.loader import Model
 from strata.routing.car import CarKnobs
 from strata.routing.profile import AdaptiveCache, UsageProfile, place
@@ -47,22 +52,65 @@ def prefill_stage_slots(cfg: EngineConfig, n_expert: int, cpu_pool: bool) -> int
     return min(n, n_expert)
 
 
-def _gpu_available(device: str) -> bool:
-    from strata.gpu.device import primary_device
-
-    return device in ("auto", "gpu") and primary_device() is not None
+DEVICES = ("auto", "gpu", "host")
 
 
-def build_engine(model: Model, cfg: EngineConfig) -> Engine:
+def make_tier(
+    model: Model,
+    n_ctx: int,
+    device: str = "auto",
+    info: DeviceInfo | None = None,
+    vram_budget_mib: int | None = None,
+    expert_slots: int | str = "auto",
+    widen_budget: bool = False,
+    kv_type: str = "f16",
+    prefill_stage: int = 0,
+    host_dense: str = "quant",
+) -> Tier:
+    """The GPU tier on `info` (the primary device, or None), else the CPU-only tier.
+
+    `device="auto"` falls back to the CPU-only tier (said once) where CuPy or a GPU is missing;
+    `device="gpu"` refuses instead; `device="host"` never touches CuPy. `kv_type` ("f16" or
+    "int8") is the KV cache's element type on either tier; `prefill_stage` staging slots let a
+    prompt's missed experts run on the tier (`experts_staged`)."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be auto, gpu or host, not {device!r}")
+    if device != "host" and info is not None:
+        from strata.gpu.budget import DeviceBudget
+        from strata.gpu.cupy_tier import CupyTier
+
+        budget = DeviceBudget.from_env(total_mib=vram_budget_mib, widen=widen_budget)
+        say_once(f"GPU tier on {info.describe()}, VRAM budget {budget.total_mib} MiB")
+        return CupyTier(
+            model,
+            n_ctx,
+            budget,
+            expert_slots=expert_slots,
+            device=info,
+            kv_type=kv_type,
+            prefill_stage=prefill_stage,
+        )
+    if device == "gpu":
+        raise DeviceError("--device gpu: no usable GPU (CuPy and a CUDA/ROCm device needed)")
+    from strata.gpu.host import HostTier
+
+    return HostTier(
+        model, n_ctx=n_ctx, kv_type=kv_type, prefill_stage=prefill_stage, dense=host_dense
+    )
+
+
+def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -> Engine:
+    """The engine `cfg` describes. `device_routing=False` keeps a card's routing on the host
+    (the graph steps and prompts route as the CPU-only tier does: tests compare the two)."""
     a = model.args
     n_ctx = cfg.n_ctx or min(a.n_ctx_train, 4096)
     if n_ctx < 1:
         raise ConfigError(f"--ctx must be >= 1, got {n_ctx}")
     total = a.n_layer * a.n_expert
-    on_gpu = cfg.device != "host" and _gpu_available(cfg.device)
+    info = primary_device(cfg.primary_device) if cfg.device in ("auto", "gpu") else None
+    on_gpu = info is not None
     # without a GPU every expert runs in the CPU pool by default: its quantized kernels beat the
-    # host tier's float emulation of the device (embedded model, 2-core VM: decode 71.4 -> 116.0
-    # tok/s, a 128-token prompt 753 -> 1106 tok/s: bench/results/host-default-pool-2core-*.md)
+    # host tier's emulation of the device in decode and prefill
     cache = cfg.expert_cache or ("auto" if on_gpu else "0")
     if cache == "all":
         slots = total
@@ -73,17 +121,19 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
     tier = make_tier(
         model,
         n_ctx,
+        cfg.device,
+        info,
         vram_budget_mib=cfg.vram_budget_mib,
         # auto: what the tier's own budget leaves after weights, KV, workspace and reserves;
         # a device tier keeps room for one token
         expert_slots="auto" if cache == "auto" else max(slots, a.n_expert_used),
-        device=cfg.device,
         widen_budget=cfg.vram_budget_widen,
         kv_type=cfg.kv_type,
         prefill_stage=prefill_stage_slots(cfg, a.n_expert, on_gpu and slots < total),
         host_dense=cfg.host_dense,
     )
-    if cache == "auto" and hasattr(tier, "n_slots"):
+    card = is_card(tier)
+    if cache == "auto" and card:
         slots = min(int(tier.n_slots), total)
     profile = UsageProfile.load(cfg.profile, a.n_layer, a.n_expert) if cfg.profile else None
     resident = resident_mask(model, slots, profile)
@@ -95,7 +145,7 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
     adaptive = None
     if slots < total and cfg.adapt_swaps > 0 and slots > 0:
         adaptive = AdaptiveCache(resident, max_swaps=cfg.adapt_swaps)
-    if hasattr(tier, "load_resident"):  # the GPU tier uploads the placed experts now
+    if card:  # the GPU tier uploads the placed experts now
         resident[:] = tier.load_resident(resident)
     # the experts the tier does not hold run in the CPU pool
     miss_runner = (
@@ -123,4 +173,5 @@ def build_engine(model: Model, cfg: EngineConfig) -> Engine:
         adaptive=adaptive,
         trace_path=cfg.dump_router_scores,
         graphs=cfg.cuda_graphs,
+        device_routing=device_routing,
     )

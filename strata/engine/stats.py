@@ -1,0 +1,65 @@
+"""What an engine counted: tokens, steps, router picks, cache hits and misses, CAR
+substitutions, adaptive swaps, and the time of the hybrid decode windows.
+
+L = layers, E = experts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class EngineStats:
+    tokens: int = 0
+    decode_steps: int = 0
+    expert_hist: np.ndarray | None = field(default=None, repr=False)  # [L, E] router picks
+    hits: int = 0  # picks served by resident experts (after CAR)
+    misses: int = 0  # picks left to the miss runner (after CAR)
+    decode_misses_before_car: int = 0
+    substitutions: int = 0
+    ratio_sum: float = 0.0
+    swaps: int = 0
+    # decode windows (per layer, summed over steps; seconds): wall time of the whole layer,
+    # blocked on the card, host routing (top-k, CAR, statistics), the CPU pool's call
+    window_layers: int = 0
+    window_s: float = 0.0
+    wait_s: float = 0.0
+    route_s: float = 0.0
+    pool_s: float = 0.0
+    graph_steps: int = 0  # decode steps replayed from CUDA graphs
+    offloaded: int = 0  # prompt picks missed by the cache and run from the tier's staging slots
+
+    def add_window(self, t0: float, t1: float, t2: float, t3: float) -> None:
+        """One layer's decode window: started t0, the card's result at t1, routed by t2, the
+        pool done at t3 (perf_counter seconds)."""
+        self.wait_s += t1 - t0
+        self.route_s += t2 - t1
+        self.pool_s += t3 - t2
+        self.window_s += t3 - t0
+        self.window_layers += 1
+
+    def add_windows(self, w: np.ndarray) -> None:
+        """Layers' decode windows at once: w [n, 3] seconds waiting, routing, in the pool."""
+        self.wait_s += float(w[:, 0].sum())
+        self.route_s += float(w[:, 1].sum())
+        self.pool_s += float(w[:, 2].sum())
+        self.window_s += float(w.sum())
+        self.window_layers += w.shape[0]
+
+    def window_ms(self) -> dict[str, float]:
+        """Mean per-layer decode window split: total, waiting on the card, routing, pool."""
+        n = max(1, self.window_layers)
+        return {k: 1e3 * getattr(self, f"{k}_s") / n for k in ("window", "wait", "route", "pool")}
+
+    @property
+    def hit_rate(self) -> float:
+        n = self.hits + self.misses
+        return self.hits / n if n else 0.0
+
+    @property
+    def substitution_rate(self) -> float:
+        n = self.decode_misses_before_car
+        return self.substitutions / n if n else 0.0
