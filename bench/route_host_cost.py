@@ -18,11 +18,10 @@ import numpy as np
 from strata.bench.common import commit
 from strata.cpu.quantize import roundtrip
 from strata.engine.pool_runner import _tasks
-from strata.engine.route_fast import count_picks, observe_fast, topk_fast
 from strata.quant import activation as A
 from strata.quant.formats import QT
-from strata.routing.profile import AdaptiveCache
-from strata.routing.topk import route_topk
+from strata.routing.profile import AdaptiveCache, observe_fast
+from strata.routing.topk import count_picks, route_topk, topk_fast
 
 
 def median_us(fn, n: int = 4000, rounds: int = 5) -> float:

@@ -41,7 +41,7 @@ def test_gate_car_plan_one_layer(benchmark, qwen3_router_row):
 
 def test_gate_host_decode_step(benchmark):
     from strata.bench.common import EMBEDDED_MODEL
-    from strata.engine.forward import Engine
+    from strata.engine.engine import Engine
     from strata.model.loader import load_model
 
     engine = Engine(load_model(EMBEDDED_MODEL), n_ctx=512)

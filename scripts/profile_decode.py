@@ -28,7 +28,7 @@ def run(args) -> int:
     import numpy as np
 
     from strata.config import resolve
-    from strata.engine.builder import build_engine
+    from strata.build import build_engine
     from strata.model.loader import load_model
 
     model = load_model(args.model)

@@ -179,7 +179,7 @@ class TinyMoE(nn.Module):
     def gguf_params(self) -> dict[str, nn.Parameter]:
         from gguf.constants import MODEL_TENSOR as MT
 
-        from strata.model.qwen3moe import name
+        from strata.model.arch.common import name
 
         out = {
             name(MT.TOKEN_EMBD): self.embd,

@@ -314,7 +314,7 @@ def imatrix(q8: Path, build: Path, n_windows: int = 16, n_ctx: int = 512) -> dic
     from gguf.constants import MODEL_TENSOR as MT
 
     from strata.model.loader import load_model
-    from strata.model.qwen3moe import name
+    from strata.model.arch.common import name
     from strata.model.reference import Reference
 
     class Recorder(Reference):
@@ -471,7 +471,7 @@ def eval_windows(build: Path, n_windows: int, n_ctx: int) -> list[np.ndarray]:
 def cmd_eval(ns) -> None:
     import llama_cpp
 
-    from strata.engine.forward import Engine
+    from strata.engine.engine import Engine
     from strata.model.loader import load_model
 
     model = load_model(ns.gguf)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from gguf.constants import Keys
 
-from strata.cli import DEFAULT_MODEL, main
+from strata.cli.common import DEFAULT_MODEL
+from strata.cli.main import main
 from strata.engine.engine import Engine
 from strata.model.loader import load_model
 from tests.oracle import plain_llama

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.engine.forward import Engine
+from strata.engine.engine import Engine
 from strata.model.loader import load_model
 from strata.model.reference import Reference
 from tests.oracle import (

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from strata.engine.forward import Engine
+from strata.engine.engine import Engine
 from strata.engine.sampling import Sampler, SamplingParams
 from strata.engine.session import Generation, Session
 from strata.gpu.sample import kept_ref, knob_values, order_keys, sample_ref

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from strata.config import resolve
-from strata.engine.builder import build_engine
+from strata.build import build_engine
 from strata.model.loader import load_model
 from strata.progress import bar
 

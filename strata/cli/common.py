@@ -143,7 +143,7 @@ def engine_config(ns: argparse.Namespace, env=None) -> EngineConfig:
 
 
 def build_engine(model, cfg: EngineConfig):
-    from strata.engine.builder import build_engine as build
+    from strata.build import build_engine as build
 
     engine = build(model, cfg)
     for note in cfg.notices:

@@ -8,7 +8,7 @@ from collections import defaultdict
 import numpy as np
 
 from strata.cli.common import load
-from strata.engine.builder import auto_slots
+from strata.build import auto_slots
 from strata.model.loader import Model
 
 MiB = 1 << 20

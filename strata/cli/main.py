@@ -178,7 +178,7 @@ def cmd_car_estimate(ns) -> int:
 
 
 def cmd_profile(ns) -> int:
-    from strata.engine.forward import Engine
+    from strata.engine.engine import Engine
     from strata.routing.profile import UsageProfile
 
     model = load(ns.model)

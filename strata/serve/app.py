@@ -401,7 +401,7 @@ def create_app(
         from strata.engine.session import Session
 
         if config is not None:
-            from strata.engine.builder import build_engine
+            from strata.build import build_engine
 
             cfg = config if n_ctx is None else dataclasses.replace(config, n_ctx=n_ctx)
 
