@@ -55,8 +55,8 @@ def test_gate_gpu_experts_half(benchmark, layer):
 @pytest.mark.parametrize("cache", ["all", "12"])
 def test_gate_graph_decode_step(benchmark, device, tmp_path_factory, cache):
     """One greedy decode token of a 4-layer `small`-shaped model from CUDA graphs."""
-    from strata.config import resolve
     from strata.build import build_engine
+    from strata.config import resolve
     from strata.model.loader import load_model
     from strata.model.synth import SynthSpec, make_args, write_synthetic
 

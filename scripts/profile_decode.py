@@ -27,8 +27,8 @@ from collections import defaultdict
 def run(args) -> int:
     import numpy as np
 
-    from strata.config import resolve
     from strata.build import build_engine
+    from strata.config import resolve
     from strata.model.loader import load_model
 
     model = load_model(args.model)

@@ -313,8 +313,8 @@ def imatrix(q8: Path, build: Path, n_windows: int = 16, n_ctx: int = 512) -> dic
     expert for expert tensors ([E * in] values). Computed with Strata's float64 reference."""
     from gguf.constants import MODEL_TENSOR as MT
 
-    from strata.model.loader import load_model
     from strata.model.arch.common import name
+    from strata.model.loader import load_model
     from strata.model.reference import Reference
 
     class Recorder(Reference):

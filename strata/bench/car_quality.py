@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from strata.config import resolve
 from strata.build import build_engine
+from strata.config import resolve
 from strata.model.loader import load_model
 from strata.progress import bar
 

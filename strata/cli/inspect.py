@@ -7,8 +7,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from strata.cli.common import load
 from strata.build import auto_slots
+from strata.cli.common import load
 from strata.model.loader import Model
 
 MiB = 1 << 20
