@@ -57,8 +57,6 @@ call is a few dictionary lookups (weights' arguments and the compiled entry are 
 from __future__ import annotations
 
 import functools
-import os
-import time
 from dataclasses import dataclass
 
 import numba
@@ -66,6 +64,7 @@ import numpy as np
 from numba import literally, njit, prange
 from numba.np.ufunc import parallel as _numba_parallel
 
+from strata.cpu.clock import tick_hz
 from strata.cpu.kernels.dispatch import dot, native_address, specialized
 from strata.cpu.kernels.simd import (
     atomic_add,
@@ -107,16 +106,11 @@ class LayerWeights:
         object.__setattr__(self, "expert_gguf_bytes", sum(m.expert_gguf_bytes for m in mats))
 
 
-def prepare_layer(
-    gate, up, down, layout: str | None = None, simd: bool | None = None
-) -> LayerWeights:
+def prepare_layer(gate, up, down, simd: bool | None = None) -> LayerWeights:
     """LayerWeights from three expert tensors (TensorRef-like or ExpertMatrix)."""
-    return LayerWeights(*(prepare_tensor(t, layout, simd) for t in (gate, up, down)))
+    return LayerWeights(*(prepare_tensor(t, simd) for t in (gate, up, down)))
 
 
-def _env_flag(name: str, default: bool) -> bool:
-    v = os.environ.get(name)
-    return default if v is None else v.strip().lower() not in ("0", "false", "off", "no", "")
 
 
 PREFETCH_ROWS = 3  # software prefetch distance: the hardware prefetcher alone left ~40% idle
@@ -126,8 +120,8 @@ OUT_BLOCK = 4096  # floats of output a down run keeps (16 KiB: L1-resident sums)
 # On the H200's host (T = 1, 16 threads, bench/results/session9-h200-20261130.md) 16 gate/up units
 # a thread cut the layer by 5-16% against the static split; 4 down units a thread measured the
 # same as the static down split (smaller down units, 8 short runs of rows each, were slower)
-DEFAULT_UNITS = 16
-DEFAULT_DOWN_UNITS = 4
+UNITS = 16
+DOWN_UNITS = 4
 MIN_DOWN_UNIT = 8  # at least this many output rows a down unit
 # ... and at least this many (row, token) dot pairs a gate/up unit: at T = 1 with the 1-3
 # experts a mostly resident decode misses, 16 units a thread would be 3-9 rows (2-vCPU VM, two
@@ -135,20 +129,11 @@ MIN_DOWN_UNIT = 8  # at least this many output rows a down unit
 # ones, bench/results/session9-h200-20261130.md; at the measured default of 8 experts on 16
 # threads, 24-row units, it does not bind; not yet measured on 16 threads)
 MIN_GATE_WORK = 16
-# the units that make up the last nt of a phase's schedule (one a thread) are cut `tail` times
-# smaller (env STRATA_POOL_TAIL_SPLIT; 1: all units alike), so the threads run out of work at
-# nearly the same time (at T = 1 the slowest thread's gate/up took 8-16 us past the mean). On the
-# H200's host (bench/results/session27-h200-20261204.md) 4 did that, but the smaller units
-# streamed worse by as much: the layer level (IQ3_XXS -3..-9%, Q4_K +1..+3%, IQ1_M 0..+2%): off
-DEFAULT_TAIL_SPLIT = 1
 # the expert-major down (phase 4a + 4b) while its per-task outputs [N, D] f32 fit this (T = 1:
 # 8 tasks x 2048 = 64 KiB; prefill batches keep the runs of every expert)
 YB_BYTES = 1 << 20
 GU_CTR, DN_CTR = 8, 16  # bar[] slots of the units' counters (cache lines of their own)
-HB0 = 24  # bar[HB0 + ia * nblk + b]: rows of block b of active expert ia's h done (eager quant)
-# ... then (the pipelined down) bar[HB0 + na nblk + ia]: expert slot ia's quantized blocks, and
-# bar[HB0 + na (nblk + 1) + c]: (task, row) results done in output rows c RCHUNK.. (c + 1) RCHUNK
-RCHUNK = 128
+BAR_LEN = 24  # bar[0]: the barrier's arrivals, then those two
 SPIN_BEFORE_YIELD = 256  # pause spins (~5-20 us) before a barrier yields its core
 SPIN_LIMIT = 1 << 24  # barrier checks before giving up (seconds of yields): then fall back
 # threading layers whose prange(nt) over nt threads runs one iteration on each thread, all at
@@ -160,10 +145,6 @@ FUSED_LAYERS = ("omp", "workqueue")
 TEAM_MIN_THREADS = 4
 
 
-@njit(cache=True)
-def _chunks(dim):
-    """How many RCHUNK-row chunks D output rows make (the pipeline's reduce counters)."""
-    return (dim + RCHUNK - 1) // RCHUNK
 
 
 @njit(cache=True)
@@ -207,12 +188,9 @@ def _wait_at(bar, i, target, w, w2, active, ia0, n_e, r0, m, stride, k):
 
 
 @njit(cache=True, inline="always")
-def _prefetch(w, r, l2):
-    """Row r of w ahead of its use: into L1 (prefetcht0), or into L2 only (l2: prefetcht1)."""
-    if l2:
-        prefetch_row_l2(w, r, w.shape[1])
-    else:
-        prefetch_row(w, r, w.shape[1])
+def _prefetch(w, r):
+    """Row r of w ahead of its use, into L1 (prefetcht0)."""
+    prefetch_row(w, r, w.shape[1])
 
 
 @njit(cache=True)
@@ -249,7 +227,7 @@ def _ahead_row(e, r, r1, ne, n0, n1, rows, ahead):
 
 @njit(cache=True)
 def _gate_up_rows(
-    e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h, ahead, pfl2
+    e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h, ahead
 ):  # fmt: skip
     """Rows r0..r1 of expert e's gate and up for each of its tokens, SiLU(gate) * up into h.
     Rows are prefetched `ahead` rows ahead; past r1 the prefetch runs on into the run that
@@ -258,8 +236,8 @@ def _gate_up_rows(
         wr = e * f + r
         pr = _ahead_row(e, r, r1, ne, n0, n1, f, ahead)
         if pr >= 0:
-            _prefetch(gw, pr, pfl2)
-            _prefetch(uw, pr, pfl2)
+            _prefetch(gw, pr)
+            _prefetch(uw, pr)
         for p in range(start[e], cnt[e]):
             t = tok[order[p]]
             g = dot(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], t)
@@ -269,7 +247,7 @@ def _gate_up_rows(
 
 @njit(cache=True)
 def _gate_up_share(
-    tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2
+    tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf
 ):  # fmt: skip
     """Thread tid's contiguous share of phase 2 (the static split): the F rows of every active
     expert, weighted by the expert's token count, cut into nt runs at row granularity (so a
@@ -293,7 +271,7 @@ def _gate_up_share(
             r1 = min(f, (hi - pos + n_e - 1) // n_e)
             _gate_up_rows(
                 e, r0, r1, e, r1, f, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h,
-                ahead, pfl2,
+                ahead,
             )  # fmt: skip
         pos += span
 
@@ -322,7 +300,7 @@ def _this_and_next(u, nxt, ia, ufirst, urows, rows, na, active):
 @njit(cache=True)
 def _gate_up_dyn(
     tid, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-    gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth, rdy,
+    gk, gw, actg, uk, uw, actu, h, pf,
 ):  # fmt: skip
     """Phase 2 scheduled dynamically: units of `urows[ia]` rows of expert slot ia (unit ids
     ufirst[ia].., about `units` of them a thread), thread tid's first unit tid, then each next
@@ -339,39 +317,16 @@ def _gate_up_dyn(
         ia, r0, r1, ne, n0, n1 = _this_and_next(u, nxt, ia, ufirst, urows, f, na, active)
         _gate_up_rows(
             active[ia], r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu,
-            h, ahead, pfl2,
+            h, ahead,
         )  # fmt: skip
-        if eq:
-            _eager_quant(ia, active[ia], r0, r1, f, start, cnt, bar, h, ad, acth, rdy)
         u = nxt
 
 
-@njit(cache=True)
-def _eager_quant(ia, e, r0, r1, f, start, cnt, bar, h, ad, acth, rdy):
-    """Rows r0..r1 of expert e's h are done: count them into the blocks (quantization units)
-    they fall in; the thread that completes a block quantizes it for every task of e (phase 3
-    done inside phase 2: no barrier and no phase of its own; the same units, the same bytes as
-    `_quant_share`). The completing thread resets the block's counter for the next call and,
-    with rdy >= 0 (the pipelined down), counts the block into bar[rdy + ia], expert slot ia's
-    quantized blocks (all nblk of them: its down units may run)."""
-    unit = act_unit(ad)
-    nblk = f // unit
-    b = r0 // unit
-    while b * unit < r1:
-        done = min(r1, (b + 1) * unit) - max(r0, b * unit)
-        slot = HB0 + ia * nblk + b
-        if atomic_add(bar, slot, done) + done == unit:
-            bar[slot] = 0
-            for p in range(start[e], cnt[e]):
-                quantize_units(h[p], ad, p, acth[0], acth[1], acth[2], acth[3], acth[4], b, b + 1)
-            if rdy >= 0:  # (seq_cst: the quantized bytes are visible before the count)
-                atomic_add(bar, rdy + ia, 1)
-        b += 1
 
 
 @njit(cache=True)
 def _down_rows(
-    r0, r1, n0, n1, na, dim, tok, wt, order, start, cnt, active, dk, dw, acth, out, ahead, pfl2
+    r0, r1, n0, n1, na, dim, tok, wt, order, start, cnt, active, dk, dw, acth, out, ahead
 ):  # fmt: skip
     """Output rows r0..r1 of phase 4: zeroed, then every active expert's rows ascending, its
     tokens' weighted results added (each output element summed by this thread alone, in
@@ -388,11 +343,11 @@ def _down_rows(
             wr = e * dim + r
             ra = r + ahead
             if ra < r1:
-                _prefetch(dw, wr + ahead, pfl2)
+                _prefetch(dw, wr + ahead)
             elif ia + 1 < na:  # the next expert's first rows of this run
-                _prefetch(dw, active[ia + 1] * dim + r0 + ra - r1, pfl2)
+                _prefetch(dw, active[ia + 1] * dim + r0 + ra - r1)
             elif n0 + ra - r1 < n1:  # the next run's first rows (first expert)
-                _prefetch(dw, active[0] * dim + n0 + ra - r1, pfl2)
+                _prefetch(dw, active[0] * dim + n0 + ra - r1)
             for p in range(start[e], cnt[e]):
                 j = order[p]
                 y = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
@@ -401,7 +356,7 @@ def _down_rows(
 
 @njit(cache=True)
 def _down_share(
-    tid, nt, na, dim, run, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, pfl2
+    tid, nt, na, dim, run, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf
 ):  # fmt: skip
     """Thread tid's contiguous share of the D rows of phase 4 (the static split), every active
     expert ascending, in runs of `run` rows (outputs that stay within OUT_BLOCK floats: at T = 1
@@ -413,13 +368,13 @@ def _down_share(
         r1 = min(hi, r0 + run)
         _down_rows(
             r0, r1, r1, min(hi, r1 + run), na, dim, tok, wt, order, start, cnt, active, dk, dw,
-            acth, out, ahead, pfl2,
+            acth, out, ahead,
         )  # fmt: skip
 
 
 @njit(cache=True)
 def _down_dyn(
-    tid, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out, pf, pfl2
+    tid, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out, pf
 ):  # fmt: skip
     """Phase 4 scheduled dynamically: units of `run` output rows (every active expert), thread
     tid's first unit tid, the next ones from the shared counter bar[DN_CTR] one unit ahead (as
@@ -433,34 +388,27 @@ def _down_dyn(
         n0 = nxt * run
         _down_rows(
             r0, min(dim, r0 + run), n0, min(dim, n0 + run) if nxt < nu else n0, na, dim, tok,
-            wt, order, start, cnt, active, dk, dw, acth, out, ahead, pfl2,
+            wt, order, start, cnt, active, dk, dw, acth, out, ahead,
         )  # fmt: skip
         u = nxt
 
 
 @njit(cache=True)
-def _unit_table(n, na, rows, units, nt, start, cnt, active, ufirst, urows, tail):
+def _unit_table(n, na, rows, units, nt, start, cnt, active, ufirst, urows):
     """Units of ~equal work over the `rows` rows of every active expert (weighted by its
     tokens), about `units` a thread, at least MIN_GATE_WORK (row, token) pairs: expert slot ia
-    gets units ufirst[ia].. of urows[ia] rows (see _gate_up_dyn). tail > 1: the trailing expert
-    slots whose units make up the schedule's last nt get units `tail` times smaller."""
+    gets units ufirst[ia].. of urows[ia] rows (see _gate_up_dyn)."""
     per = max(MIN_GATE_WORK, (n * rows + units * nt - 1) // (units * nt))
     for ia in range(na):
         n_e = cnt[active[ia]] - start[active[ia]]
         urows[ia] = max(1, min(rows, (per + n_e - 1) // n_e))
-    left = nt if tail > 1 else 0
-    ia = na - 1
-    while left > 0 and ia >= 0:  # units are taken in id order: the last slots' run last
-        left -= (rows + urows[ia] - 1) // urows[ia]
-        urows[ia] = max(1, urows[ia] // tail)
-        ia -= 1
     ufirst[0] = 0
     for ia in range(na):
         ufirst[ia + 1] = ufirst[ia] + (rows + urows[ia] - 1) // urows[ia]
 
 
 @njit(cache=True, inline="always")
-def _down_unit(e, r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead, pfl2):
+def _down_unit(e, r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead):
     """yb[p, r] for rows r0..r1 of expert e, every task p of e: the down row r on the task's
     quantized intermediate; rows prefetched `ahead` rows on (past r1: expert ne's n0..n1)."""
     hq, hd, hb, h8, hf = acth
@@ -468,14 +416,14 @@ def _down_unit(e, r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead, 
         wr = e * dim + r
         pr = _ahead_row(e, r, r1, ne, n0, n1, dim, ahead)
         if pr >= 0:
-            _prefetch(dw, pr, pfl2)
+            _prefetch(dw, pr)
         for p in range(start[e], cnt[e]):
             yb[p, r] = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
 
 
 @njit(cache=True)
 def _down_expert_dyn(
-    tid, na, dim, start, cnt, active, dfirst, drows, bar, dk, dw, acth, yb, pf, pfl2
+    tid, na, dim, start, cnt, active, dfirst, drows, bar, dk, dw, acth, yb, pf
 ):  # fmt: skip
     """Phase 4a of the expert-major down: units of rows of one expert (`_unit_table` over D,
     taken as `_gate_up_dyn` takes its units, from bar[DN_CTR]); yb[p, r] = the down row r of
@@ -488,46 +436,10 @@ def _down_expert_dyn(
     while u < nu:
         nxt = atomic_add(bar, DN_CTR, 1)
         ia, r0, r1, ne, n0, n1 = _this_and_next(u, nxt, ia, dfirst, drows, dim, na, active)
-        _down_unit(active[ia], r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead, pfl2)
+        _down_unit(active[ia], r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead)
         u = nxt
 
 
-@njit(cache=True)
-def _down_pipe(
-    tid, na, n, dim, rdy, nblk, tok, wt, order, start, cnt, active, dfirst, drows, bar, dk, dw,
-    acth, yb, out, pf, pfl2,
-):  # fmt: skip
-    """Phases 3-4 pipelined (no barrier): the expert-major down's units (`_down_expert_dyn`'s),
-    each started once its expert's intermediate is quantized (bar[rdy + ia] == nblk, counted by
-    `_eager_quant`), so threads done with gate/up run the down of the experts that are ready
-    while the last gate/up units finish. Each finished unit counts its (task, row) results into
-    its rows' chunks of RCHUNK output rows (bar[rdy + na + c]); the thread that completes a
-    chunk sums it (`_reduce_rows`: the same additions in the same order as `_down_reduce`, by
-    one thread). False: a wait timed out."""
-    ahead = max(PREFETCH_ROWS, pf // dw.shape[1])
-    rc = rdy + na
-    nu = dfirst[na]
-    u = np.int64(tid)
-    ia = 0
-    while u < nu:
-        nxt = atomic_add(bar, DN_CTR, 1)
-        ia, r0, r1, ne, n0, n1 = _this_and_next(u, nxt, ia, dfirst, drows, dim, na, active)
-        e = active[ia]
-        # its expert's intermediate quantized (its first rows asked of L2 while it waits)
-        if _wait_at(bar, rdy + ia, nblk, dw, dw[:0], active, ia, 1, r0, min(r1 - r0, ahead),
-                    dim, 0) < 0:  # fmt: skip
-            return False
-        _down_unit(e, r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead, pfl2)
-        n_e = cnt[e] - start[e]
-        c = r0 // RCHUNK
-        while c * RCHUNK < r1:
-            c0, c1 = c * RCHUNK, min(dim, (c + 1) * RCHUNK)
-            done = n_e * (min(r1, c1) - max(r0, c0))
-            if atomic_add(bar, rc + c, done) + done == n * (c1 - c0):
-                _reduce_rows(c0, c1, na, tok, wt, order, start, cnt, active, yb, out)
-            c += 1
-        u = nxt
-    return True
 
 
 @njit(cache=True, inline="always")
@@ -557,31 +469,31 @@ def _down_reduce(tid, nt, na, dim, tok, wt, order, start, cnt, active, yb, out):
 @njit(cache=True)
 def _gate_up_phase(
     tid, nt, dyn, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-    gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth, rdy,
+    gk, gw, actg, uk, uw, actu, h, pf,
 ):  # fmt: skip
     if dyn:
         _gate_up_dyn(
             tid, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-            gk, gw, actg, uk, uw, actu, h, pf, pfl2, eq, ad, acth, rdy,
+            gk, gw, actg, uk, uw, actu, h, pf,
         )  # fmt: skip
     else:
         _gate_up_share(
-            tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, pfl2
+            tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf
         )
 
 
 @njit(cache=True)
 def _down_phase(
     tid, nt, dyn, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out,
-    pf, pfl2,
+    pf,
 ):  # fmt: skip
     if dyn:
         _down_dyn(
-            tid, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out, pf, pfl2
+            tid, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out, pf
         )
     else:
         _down_share(
-            tid, nt, na, dim, run, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, pfl2
+            tid, nt, na, dim, run, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf
         )
 
 
@@ -594,15 +506,13 @@ def _quant_x(tid, nt, x, ag, actg, au, actu):
 
 @njit(cache=True)
 def _fused_share(
-    tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, bx, waitpf, pf, pfl2, x, tok, wt, order, start,
+    tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, bx, waitpf, pf, x, tok, wt, order, start,
     cnt, active, na, ufirst, urows, dfirst, drows, yb, gw, gk, uw, uk, dw, dk, ag, actg, au, actu,
-    ad, acth, h, out, bar, stats, trace, eq,
+    ad, acth, h, out, bar, stats, trace,
 ):  # fmt: skip
     """All four phases for thread tid in one parallel region, a spin barrier between phases.
 
     Phases 1 and 3 run on thread 0 alone when their quantization is not parallel (q1, q3).
-    eq >= 1 (with q3 and dyn_g): phase 3 inside phase 2 (`_eager_quant`), one barrier fewer;
-    eq == 2 (with bx too): phases 2-4 pipelined, no barrier after phase 1 (`_down_pipe`).
     bx: phase 4 expert-major (`_down_expert_dyn` into yb, a barrier, `_down_reduce`).
     trace[tid] gets the cycle counter at entry and at the end of each phase and barrier
     (TRACE_STAMPS; a timestamp costs ~10 ns; without bx the last two equal "down")."""
@@ -630,54 +540,35 @@ def _fused_share(
         stats[2] = 1
         return
     tr[2] = cycle_counter()
-    pl = eq == 2 and q3 and dyn_g and bx
-    eager = eq >= 1 and q3 and dyn_g
-    nblk = f // act_unit(ad)
-    rdy = HB0 + na * nblk if pl else -1  # the pipeline's counters (see `_group`)
     _gate_up_phase(
         tid, nt, dyn_g, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-        gk, gw, actg, uk, uw, actu, h, pf, pfl2, eager, ad, acth, rdy,
+        gk, gw, actg, uk, uw, actu, h, pf,
     )  # fmt: skip
     tr[3] = cycle_counter()
-    if pl:
-        ok = _down_pipe(
-            tid, na, n, dim, rdy, nblk, tok, wt, order, start, cnt, active, dfirst, drows, bar,
-            dk, dw, acth, yb, out, pf, pfl2,
-        )  # fmt: skip
-        if not ok:
-            stats[2] = 1
-        tr[4] = tr[5] = tr[6] = tr[3]  # (no barriers, no quantization phase: inside down)
-        tr[7] = tr[8] = tr[9] = cycle_counter()
-        return
     k = _barrier(bar, 2 * nt, dw, none, active, ja, dn, d0, d1 - d0, dim, 0)
     if k < 0:
         stats[2] = 1
         return
     tr[4] = cycle_counter()
-    nb = 2  # barriers passed
-    if not eager:
-        if q3 or tid == 0:
-            _quant_share(tid if q3 else np.int64(0), nt if q3 else 1, h, n, ad, acth)
-        tr[5] = cycle_counter()
-        if _barrier(bar, 3 * nt, dw, none, active, ja, dn, d0, d1 - d0, dim, k) < 0:
-            stats[2] = 1
-            return
-        nb = 3
-    else:
-        tr[5] = tr[4]
+    if q3 or tid == 0:
+        _quant_share(tid if q3 else np.int64(0), nt if q3 else 1, h, n, ad, acth)
+    tr[5] = cycle_counter()
+    if _barrier(bar, 3 * nt, dw, none, active, ja, dn, d0, d1 - d0, dim, k) < 0:
+        stats[2] = 1
+        return
     tr[6] = cycle_counter()
     if not bx:
         _down_phase(
             tid, nt, dyn_d, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth,
-            out, pf, pfl2,
+            out, pf,
         )  # fmt: skip
         tr[7] = tr[8] = tr[9] = cycle_counter()
         return
     _down_expert_dyn(
-        tid, na, dim, start, cnt, active, dfirst, drows, bar, dk, dw, acth, yb, pf, pfl2
+        tid, na, dim, start, cnt, active, dfirst, drows, bar, dk, dw, acth, yb, pf
     )
     tr[7] = cycle_counter()
-    if _barrier(bar, (nb + 1) * nt, dw, none, active, 0, 0, 0, 0, dim, 0) < 0:
+    if _barrier(bar, 4 * nt, dw, none, active, 0, 0, 0, 0, dim, 0) < 0:
         stats[2] = 1
         return
     tr[8] = cycle_counter()
@@ -688,7 +579,7 @@ def _fused_share(
 @njit(cache=True)
 def _group(
     t_n, n, tok, ex, n_expert, f, dim, order, cnt, start, active, ufirst, urows, dfirst, drows,
-    yb, bar, stats, nt, par_quant, min_tasks, chunk, fused, units, down_units, dx, ad, tail,
+    yb, bar, stats, nt, min_tasks, chunk, fused,
 ):  # fmt: skip
     """Phase 0 (serial): the tasks grouped by expert (ascending), ids checked, the units of the
     dynamic schedule cut and the barrier counters reset. Returns (na, q1, q3, run, dyn_g, dyn_d,
@@ -714,27 +605,22 @@ def _group(
     for j in range(n):
         order[cnt[ex[j]]] = j
         cnt[ex[j]] += 1
-    q1 = par_quant and t_n >= min_tasks
-    q3 = par_quant and n >= min_tasks
+    q1 = t_n >= min_tasks
+    q3 = n >= min_tasks
     run = max(chunk, OUT_BLOCK // max(t_n, 1))  # down: output rows a run
-    dyn_g = units > 0 and nt > 1
-    dyn_d = down_units > 0 and nt > 1
-    if dyn_g:  # units of ~equal work, about `units` a thread (see _gate_up_dyn)
-        _unit_table(n, na, f, units, nt, start, cnt, active, ufirst, urows, tail)
+    dyn_g = nt > 1
+    dyn_d = nt > 1
+    if dyn_g:  # units of ~equal work, about UNITS a thread (see _gate_up_dyn)
+        _unit_table(n, na, f, UNITS, nt, start, cnt, active, ufirst, urows)
     # expert-major down: the fused region, a dynamic schedule, every task's outputs in yb
-    bx = dx and fused and dyn_g and n <= yb.shape[0]
+    bx = fused and dyn_g and n <= yb.shape[0]
     if bx:
-        _unit_table(n, na, dim, units, nt, start, cnt, active, dfirst, drows, tail)
-    if dyn_d:  # about `down_units` runs of output rows a thread (see _down_dyn)
-        run = min(run, max(MIN_DOWN_UNIT, dim // (down_units * nt)))
+        _unit_table(n, na, dim, UNITS, nt, start, cnt, active, dfirst, drows)
+    if dyn_d:  # about DOWN_UNITS runs of output rows a thread (see _down_dyn)
+        run = min(run, max(MIN_DOWN_UNIT, dim // (DOWN_UNITS * nt)))
     bar[GU_CTR] = nt  # units 0..nt-1 are the threads' first, taken without the counter
     bar[DN_CTR] = nt
     bar[0] = 0
-    # the eager quantization's block counters (a call cut short by a barrier timeout leaves
-    # some), then the pipeline's: each active expert's quantized blocks, each RCHUNK rows' results
-    nblk = f // act_unit(ad)
-    for i in range(HB0, min(bar.shape[0], HB0 + na * (nblk + 1) + _chunks(dim))):
-        bar[i] = 0
     return na, q1, q3, run, dyn_g, dyn_d, bx
 
 
@@ -743,8 +629,7 @@ def _run_layer(
     x, tok, ex, wt, out,
     gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
     actg, actu, acth, h, order, cnt, start, active, ufirst, urows, dfirst, drows, yb, bar, stats,
-    trace, nt, par_quant, min_tasks, chunk, pf, pfl2, fused, units, down_units, waitpf, dx, eq,
-    tail,
+    trace, nt, min_tasks, chunk, pf, fused,
 ):  # fmt: skip
     literally(gk)  # one compiled specialization per kernel triple, holding only those kernels
     literally(uk)
@@ -755,27 +640,25 @@ def _run_layer(
     dim = dw.shape[0] // n_expert
     na, q1, q3, run, dyn_g, dyn_d, bx = _group(
         t_n, n, tok, ex, n_expert, f, dim, order, cnt, start, active, ufirst, urows, dfirst,
-        drows, yb, bar, stats, nt, par_quant, min_tasks, chunk, fused, units, down_units, dx, ad,
-        tail,
+        drows, yb, bar, stats, nt, min_tasks, chunk, fused,
     )  # fmt: skip
     if na < 0:
         return na
     trace[nt, 0] = cycle_counter()  # the calling thread: before the region ...
     if nt == 1:  # no parallel region at all (a region of one thread still costs ~2.5 us)
         _fused_share(
-            0, 1, False, False, n, f, dim, run, False, False, False, False, pf, pfl2, x, tok, wt,
+            0, 1, False, False, n, f, dim, run, False, False, False, False, pf, x, tok, wt,
             order, start, cnt, active, na, ufirst, urows, dfirst, drows, yb,
-            gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace, 0,
+            gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
         )  # fmt: skip
         trace[nt, 1] = cycle_counter()
         return na
     if fused:
         for tid in prange(nt):
             _fused_share(
-                tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, bx, waitpf, pf, pfl2, x, tok, wt,
+                tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, bx, True, pf, x, tok, wt,
                 order, start, cnt, active, na, ufirst, urows, dfirst, drows, yb,
                 gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
-                eq,
             )  # fmt: skip
         trace[nt, 1] = cycle_counter()  # ... and after it (row nt: the caller's two stamps)
         return -ERR_BARRIER if stats[2] else na
@@ -791,7 +674,7 @@ def _run_layer(
     for tid in prange(nt):
         _gate_up_phase(
             tid, nt, dyn_g, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-            gk, gw, actg, uk, uw, actu, h, pf, pfl2, False, ad, acth, -1,
+            gk, gw, actg, uk, uw, actu, h, pf,
         )  # fmt: skip
     # ---- 3. quantize the intermediate rows (one per task, in grouped order)
     if q3:
@@ -803,7 +686,7 @@ def _run_layer(
     for tid in prange(nt):
         _down_phase(
             tid, nt, dyn_d, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth,
-            out, pf, pfl2,
+            out, pf,
         )  # fmt: skip
     return na
 
@@ -811,9 +694,8 @@ def _run_layer(
 # ---- the resident team's path (team.py): no parallel region; every array of a call travels by
 # address in one int64 job descriptor that the members read (they run `_team_share` through its
 # native address, which takes only integers)
-J_Q1, J_Q3, J_N, J_F, J_DIM, J_RUN, J_DYNG, J_DYND, J_BX, J_WAITPF, J_PF, J_PFL2 = range(12)
-J_NA, J_AG, J_AU, J_AD = range(12, 16)
-J_EQ = 16
+J_Q1, J_Q3, J_N, J_F, J_DIM, J_RUN, J_DYNG, J_DYND, J_BX, J_PF = range(10)
+J_NA, J_AG, J_AU, J_AD = range(10, 14)
 _JOB_ARRAYS = ("x", "tok", "wt", "out", "gw", "uw", "dw", "order", "cnt", "start", "active")
 _JOB_ARRAYS += ("ufirst", "urows", "dfirst", "drows", "yb", "h", "bar", "stats", "trace")
 _JOB_ARRAYS += tuple(f"{a}{i}" for a in ("actg", "actu", "acth") for i in range(5))
@@ -869,8 +751,8 @@ def _team_share(tid, nt, jaddr, gk, uk, dk):
     job = numba.carray(address(jaddr), (JOB_LEN,), np.int64)
     _fused_share(
         tid, nt, job[J_Q1] != 0, job[J_Q3] != 0, job[J_N], job[J_F], job[J_DIM], job[J_RUN],
-        job[J_DYNG] != 0, job[J_DYND] != 0, job[J_BX] != 0, job[J_WAITPF] != 0, job[J_PF],
-        job[J_PFL2] != 0, _j2(job, A_X, np.float32), _j1(job, A_TOK, np.int32),
+        job[J_DYNG] != 0, job[J_DYND] != 0, job[J_BX] != 0, True, job[J_PF],
+        _j2(job, A_X, np.float32), _j1(job, A_TOK, np.int32),
         _j1(job, A_WT, np.float32), _j1(job, A_ORDER, np.int32), _j1(job, A_START, np.int64),
         _j1(job, A_CNT, np.int64), _j1(job, A_ACTIVE, np.int64), job[J_NA],
         _j1(job, A_UFIRST, np.int64), _j1(job, A_UROWS, np.int64), _j1(job, A_DFIRST, np.int64),
@@ -879,7 +761,7 @@ def _team_share(tid, nt, jaddr, gk, uk, dk):
         _j2(job, A_GW + 6, np.uint8), dk, job[J_AG], _jact(job, A_ACTG), job[J_AU],
         _jact(job, A_ACTU), job[J_AD], _jact(job, A_ACTH), _j2(job, A_H, np.float32),
         _j2(job, A_OUT, np.float32), _j1(job, A_BAR, np.int64), _j1(job, A_STATS, np.int64),
-        _j2(job, A_TRACE, np.int64), job[J_EQ],
+        _j2(job, A_TRACE, np.int64),
     )  # fmt: skip
     return 0
 
@@ -887,7 +769,7 @@ def _team_share(tid, nt, jaddr, gk, uk, dk):
 @njit(cache=True, nogil=True)
 def _run_team(
     x, tok, ex, wt, out, ldesc, job, ctl,
-    nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx, eq, tail,
+    nt, min_tasks, chunk, pf,
 ):  # fmt: skip
     """`_run_layer`'s fused mode on the resident team: phase 0 here, then the job (this call's
     arrays, the layer's weights from ldesc, the workspaces the pool put in job) published to
@@ -906,7 +788,7 @@ def _run_team(
         _j1(job, A_CNT, np.int64), _j1(job, A_START, np.int64), _j1(job, A_ACTIVE, np.int64),
         _j1(job, A_UFIRST, np.int64), _j1(job, A_UROWS, np.int64), _j1(job, A_DFIRST, np.int64),
         _j1(job, A_DROWS, np.int64), _j2(job, A_YB, np.float32), _j1(job, A_BAR, np.int64),
-        stats, nt, par_quant, min_tasks, chunk, True, units, down_units, dx, ldesc[L_AD], tail,
+        stats, nt, min_tasks, chunk, True,
     )  # fmt: skip
     if na < 0:
         return na
@@ -917,8 +799,7 @@ def _run_team(
     for k in range(9):  # gate, up, down
         job[A_GW + k] = ldesc[k]
     job[J_Q1], job[J_Q3], job[J_N], job[J_F], job[J_DIM], job[J_RUN] = q1, q3, n, f, dim, run
-    job[J_DYNG], job[J_DYND], job[J_BX], job[J_WAITPF] = dyn_g, dyn_d, bx, waitpf
-    job[J_PF], job[J_PFL2], job[J_NA], job[J_EQ] = pf, pfl2, na, eq
+    job[J_DYNG], job[J_DYND], job[J_BX], job[J_PF], job[J_NA] = dyn_g, dyn_d, bx, pf, na
     job[J_AG], job[J_AU], job[J_AD] = ldesc[L_AG], ldesc[L_AU], ldesc[L_AD]
     trace[nt, 0] = cycle_counter()  # the calling thread: before the job is published ...
     jaddr = job.ctypes.data
@@ -950,7 +831,9 @@ TRACE_STAMPS = (
     "reduce",
 )
 _LITERAL_ARGS = (6, 8, 10)  # gk, uk, dk in _run_layer's arguments
-DEFAULT_QUANT_MIN_TASKS = 16  # one region per phase; the fused region defaults to 1
+# one region per phase: below this many rows a quantization runs on the calling thread (a region
+# costs ~3-5 us on 2 cores, quantizing a 768-wide row ~0.8 us); the fused region splits from 1
+QUANT_MIN_TASKS = 16
 
 
 class ExpertPool:
@@ -965,49 +848,21 @@ class ExpertPool:
     view into a workspace, overwritten by the next call, unless `out` is given. One pool serves
     one calling thread at a time (the workspaces are shared).
 
-    `fused` (env STRATA_POOL_FUSED, default on) runs the four phases in one parallel region with
-    a spin barrier between them instead of one region per phase; it needs a threading layer that
-    runs prange(nt) one iteration per thread (FUSED_LAYERS: omp, workqueue) and is switched off,
-    with a message, elsewhere. Both ways give the same bits.
-
-    `down_by_expert` (env STRATA_POOL_DOWN_BY_EXPERT, default on) runs phase 4 expert-major while
-    its per-task outputs fit YB_BYTES: a run of rows of all 8 active experts starts 8 short streams
-    (32 rows of 294 bytes at IQ3_XXS), a unit of one expert's rows one long stream, as phase 2 reads
-    them; on the H200's host at T = 1 the down phase went from ~49-66 to ~70 GB/s and the layer
-    5-15% faster (bench/results/session10-h200-20261130.md). The same sums in the same order.
-
-    `team` (env STRATA_POOL_TEAM; default on from TEAM_MIN_THREADS threads where
-    `strata.cpu.team.SUPPORTED`) runs the fused
-    phases on the process's resident team of `n_threads` (shared by pools of that size; calls
-    from two threads take turns) instead of a Numba region: the same bits, no region to start.
-
-    `units` and `down_units` (env STRATA_POOL_UNITS, STRATA_POOL_DOWN_UNITS; defaults
-    DEFAULT_UNITS, DEFAULT_DOWN_UNITS) schedule phases 2 and 4 dynamically: each cut into about
-    that many work units a thread, taken from shared counters, so a thread that streams slower
-    takes fewer (measured on the H200's 16-core host with the static split: at T = 1 the
-    slowest thread's gate/up took 1.5-2x the fastest's, every other thread waiting at the
-    barrier). 0 restores a phase's static split. Same bits either way. `tail_split` (env
-    STRATA_POOL_TAIL_SPLIT, default DEFAULT_TAIL_SPLIT) cuts the units that run last, one a
-    thread's worth, that many times smaller (1: all alike; same bits).
+    `fused` (default on) runs the four phases in one parallel region with a spin barrier between
+    them instead of one region per phase; it needs a threading layer that runs prange(nt) one
+    iteration per thread (FUSED_LAYERS: omp, workqueue) and is switched off, with a message,
+    elsewhere. Both ways give the same bits. `team` (default: from TEAM_MIN_THREADS threads where
+    `strata.cpu.team.SUPPORTED`) runs the fused phases on the process's resident team of
+    `n_threads` (shared by pools of that size; calls from two threads take turns) instead of a
+    Numba region: the same bits, no region to start.
     """
 
     def __init__(
         self,
         n_threads: int | None = None,
-        parallel_quant: bool | None = None,
-        quant_min_tasks: int | None = None,
         row_chunk: int = 32,
-        fused: bool | None = None,
-        prefetch_bytes: int | None = None,
-        prefetch_l2: bool | None = None,
-        units: int | None = None,
-        down_units: int | None = None,
-        tail_split: int | None = None,
-        wait_prefetch: bool | None = None,
-        down_by_expert: bool | None = None,
+        fused: bool = True,
         team: bool | None = None,
-        eager_quant: bool | None = None,
-        pipeline: bool | None = None,
     ):
         limit = numba.config.NUMBA_NUM_THREADS
         n = limit if n_threads is None else int(n_threads)
@@ -1017,55 +872,10 @@ class ExpertPool:
             print(f"strata: CPU pool capped at {limit} threads (NUMBA_NUM_THREADS), {n} asked")
             n = limit
         self.n_threads = n
-        if parallel_quant is None:
-            parallel_quant = _env_flag("STRATA_POOL_PARALLEL_QUANT", True)
-        if quant_min_tasks is None and os.environ.get("STRATA_POOL_QUANT_MIN_TASKS"):
-            quant_min_tasks = int(os.environ["STRATA_POOL_QUANT_MIN_TASKS"])
-        self._min_tasks_set = quant_min_tasks is not None  # else a default per region mode
-        if quant_min_tasks is None:
-            quant_min_tasks = DEFAULT_QUANT_MIN_TASKS
-        if fused is None:
-            fused = _env_flag("STRATA_POOL_FUSED", True)
-        self.parallel_quant = bool(parallel_quant)
-        self.quant_min_tasks = int(quant_min_tasks)
         self.row_chunk = int(row_chunk)
         self.fused = bool(fused)
-        if prefetch_bytes is None:
-            prefetch_bytes = int(os.environ.get("STRATA_POOL_PREFETCH_BYTES", PREFETCH_BYTES))
-        self.prefetch_bytes = int(prefetch_bytes)
-        if prefetch_l2 is None:  # STRATA_POOL_PREFETCH_L2=1: rows ahead go to L2, not L1
-            prefetch_l2 = _env_flag("STRATA_POOL_PREFETCH_L2", False)
-        self.prefetch_l2 = bool(prefetch_l2)
-        # STRATA_POOL_UNITS / STRATA_POOL_DOWN_UNITS = 0: the static split (the A/B arms)
-        if units is None:
-            units = int(os.environ.get("STRATA_POOL_UNITS", DEFAULT_UNITS))
-        if down_units is None:
-            down_units = int(os.environ.get("STRATA_POOL_DOWN_UNITS", DEFAULT_DOWN_UNITS))
-        if units < 0 or down_units < 0:
-            raise ValueError(
-                f"units must be >= 0 (0: the static split), got {units} and {down_units} (down)"
-            )
-        self.units, self.down_units = int(units), int(down_units)
-        if tail_split is None:
-            tail_split = int(os.environ.get("STRATA_POOL_TAIL_SPLIT", DEFAULT_TAIL_SPLIT))
-        if tail_split < 1:
-            raise ValueError(f"tail_split must be >= 1 (1: units alike), got {tail_split}")
-        self.tail_split = int(tail_split)
-        if wait_prefetch is None:  # STRATA_POOL_WAIT_PREFETCH=0: barriers only wait (A/B arm)
-            wait_prefetch = _env_flag("STRATA_POOL_WAIT_PREFETCH", True)
-        self.wait_prefetch = bool(wait_prefetch)
-        if down_by_expert is None:  # STRATA_POOL_DOWN_BY_EXPERT=0: runs of every expert (A/B)
-            down_by_expert = _env_flag("STRATA_POOL_DOWN_BY_EXPERT", True)
-        self.down_by_expert = bool(down_by_expert)
-        if eager_quant is None:  # STRATA_POOL_EAGER_QUANT=1: phase 3 inside phase 2 (A/B arm;
-            # on the H200's host equal at T = 1, 1% faster at 64, 2% slower at 512: off)
-            eager_quant = _env_flag("STRATA_POOL_EAGER_QUANT", False)
-        self.eager_quant = bool(eager_quant)
-        if pipeline is None:  # STRATA_POOL_PIPELINE=0/1: barriers between phases 2-4 / none
-            pipeline = _env_flag("STRATA_POOL_PIPELINE", False)
-        self.pipeline = bool(pipeline)
-        if team is None:  # STRATA_POOL_TEAM=0/1: Numba's parallel regions / the team
-            team = _env_flag("STRATA_POOL_TEAM", n >= TEAM_MIN_THREADS)
+        if team is None:
+            team = n >= TEAM_MIN_THREADS
         self.team = bool(team) and TEAM_SUPPORTED
         self._job = np.zeros(JOB_LEN, np.int64)  # the team's job descriptor
         self._team = None  # the shared team this pool last ran on
@@ -1079,7 +889,7 @@ class ExpertPool:
         self._ws_args: tuple = ()
         self._outs: dict[int, np.ndarray] = {}  # views of the output workspace by T
         self._stats = np.zeros(3, np.int64)
-        self._bar = np.zeros(24, np.int64)  # barrier and unit counters (a cache line each)
+        self._bar = np.zeros(BAR_LEN, np.int64)
         # cycle-counter stamps of the last call: a row of TRACE_STAMPS a thread, then the
         # caller's (before, after); a row is 128 bytes (each thread writes its own)
         self._trace = np.zeros((limit + 1, 16), np.int64)
@@ -1172,7 +982,7 @@ class ExpertPool:
                 out=np.zeros((t_cap, dim), np.float32),
             )
             # barrier and unit counters, the eager quantization's block counters, the pipeline's
-            self._bar = np.zeros(HB0 + n_expert * (max(1, f // 32) + 1) + _chunks(dim), np.int64)
+            self._bar = np.zeros(BAR_LEN, np.int64)
             names = ("actg", "actu", "acth", "h", "order", "cnt", "start", "active")
             names += ("ufirst", "urows", "dfirst", "drows", "yb")
             self._ws_args = (*(ws[k] for k in names), self._bar, self._stats, self._trace)
@@ -1203,24 +1013,9 @@ class ExpertPool:
         return fn
 
     def _knobs(self, fused: bool) -> tuple:
-        mt = self.quant_min_tasks
-        if fused and not self._min_tasks_set:
-            mt = 1  # in the fused region a parallel quantization costs no extra region
-        return (
-            self.n_threads,
-            self.parallel_quant,
-            mt,
-            self.row_chunk,
-            self.prefetch_bytes,
-            self.prefetch_l2,
-            fused,
-            self.units,
-            self.down_units,
-            self.wait_prefetch,
-            self.down_by_expert,
-            2 if self.pipeline else int(self.eager_quant),  # `_fused_share`'s eq
-            self.tail_split,
-        )
+        # in the fused region a parallel quantization costs no extra region
+        min_tasks = 1 if fused else QUANT_MIN_TASKS
+        return (self.n_threads, min_tasks, self.row_chunk, PREFETCH_BYTES, fused)
 
     # ---- where the last call's time went
     def last_phases(self) -> dict[str, np.ndarray] | None:
@@ -1332,8 +1127,7 @@ class ExpertPool:
     def team_knobs(self) -> tuple:
         """`_run_team`'s arguments after ctl: the thread count and the schedule's knobs (not
         `fused`: the team runs the fused phases)."""
-        kn = self._knobs(True)
-        return (*kn[:6], *kn[7:])
+        return self._knobs(True)[:-1]
 
     def _finish(self, na: int, lw: LayerWeights, t_n: int, out: np.ndarray) -> np.ndarray:
         if na < 0:
@@ -1357,20 +1151,8 @@ def _c_array(a, dt: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=dt)
 
 
-@njit(cache=True)
-def _ticks() -> int:
-    return cycle_counter()
 
 
-@functools.cache
-def tick_hz() -> float:
-    """Ticks a second of `cycle_counter` (measured once against perf_counter over ~20 ms; the
-    x86 TSC and Arm's virtual counter run at a constant rate)."""
-    _ticks()  # compiled before the first stamp
-    t0, c0 = time.perf_counter(), _ticks()
-    time.sleep(0.02)
-    t1, c1 = time.perf_counter(), _ticks()
-    return (c1 - c0) / (t1 - t0)
 
 
 def _threading_layer() -> str:
