@@ -27,7 +27,9 @@ from numba import njit
 
 from strata.cpu.clock import tick_hz
 from strata.cpu.kernels.simd import atomic_load, atomic_store, cpu_relax, cycle_counter
-from strata.cpu.pool import ERR_BARRIER, L_GGUF, L_LEN, L_NBYTES, ExpertPool, _run_team
+from strata.cpu.pool import ExpertPool
+from strata.cpu.pool.schedule import ERR_BARRIER
+from strata.cpu.pool.team_job import L_GGUF, L_LEN, L_NBYTES, _run_team
 from strata.cpu.team import address
 
 DONE, WAIT, FILL, BARRIER, BAD_ID = 0, 1, 2, 3, 4  # StepServer.run's status
