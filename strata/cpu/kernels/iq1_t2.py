@@ -97,7 +97,7 @@ def repack_reference(w: np.ndarray) -> np.ndarray:
 
 def planes(codes: np.ndarray, delta: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """Rows [codes | delta dwords | scale words] from codes [n, nb * c], delta [n, nb] uint32
-    and scales [n, nb, 8] (T2's planes; T7's, with its quads as the codes)."""
+    and scales [n, nb, 8] (T2's planes)."""
     n, nb = delta.shape
     return np.concatenate(
         [codes, delta.astype("<u4").view(np.uint8).reshape(n, -1), scales.reshape(n, -1)], axis=1

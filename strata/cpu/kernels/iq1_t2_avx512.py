@@ -1,7 +1,7 @@
 """IQ1_M's T2 layout (iq1_t2.py: 2-bit ternary codes, 76 bytes per 256 weights) with AVX-512 VNNI.
 
 For hosts with avx512f/bw/vl/vbmi/vnni (`HAS_AVX512_VBMI`), in place of `iq1_t2.dot_t2_avx2`.
-One super-block, integers times 8 as in `iq1_t2.dot_t2_portable`:
+One super-block, integers times 8 as in `iq1_t2.dot_t2_avx2`:
 
 1. codes: chunk c (32 bytes: bits 2k..2k+1 of byte i = weight 128 c + 32 k + i) is loaded
    into both 256-bit halves of a zmm (a broadcast load). Masked with `CODE_MASK` (0x03 low

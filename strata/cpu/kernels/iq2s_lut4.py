@@ -11,9 +11,9 @@ of 32-byte chunk j holds weight 64 j + i (low nibble) and 64 j + 32 + i (high ni
 transform is lossless: `unpack` recovers each 10-bit grid index from its 8 levels (the grid's
 1024 rows are distinct level patterns) and each sign byte from its 8 bits.
 
-Why: the AVX2 kernel on the GGUF bytes (iq2_avx2.py) reads a grid row from an 8 KB table per 8
-weights by scalar loads, and inserts them into vectors; one core computes 10.8 Gweights/s so,
-against this kernel's 37.6 (2-vCPU Zen 4, weights in L2; bench/results/cpu-iq2s-lut4-20261207.md).
+Why: an AVX2 kernel on the GGUF bytes reads a grid row from an 8 KB table per 8 weights by
+scalar loads, and inserts them into vectors; one core computes 10.8 Gweights/s so, against this
+kernel's 37.6 (weights in L2).
 Here the weight values come from a 16-entry vpshufb table, as in lut4.py: LUT entry level + 64
 (u8, 72..107), sum((v + 64) x) - 64 sum(x) per 16 weights, sum(x) from the Q8_K bsums, which are
 per 16 weights too. vpmaddwd takes each chunk's two scales as one row of a 256-row table indexed

@@ -1,6 +1,6 @@
 """IQ3_XXS repacked position-major ("pm", 102 bytes per 256 weights, 1.04x) for AVX-512 VBMI + VNNI.
 
-iq3_vbmi.py reads the GGUF bytes and spends most of its shuffle port on putting the weights back
+A kernel on the GGUF bytes spends most of its shuffle port on putting the weights back
 in natural order (grid rows -> level nibbles -> interleaved bytes) and on expanding the 7-bit
 sign fields. This layout keeps the grid indices as they are and stores the signs as plain bits in
 the order the cheapest decode produces, with the activation's quants reordered to match, once per
@@ -28,7 +28,7 @@ xp[256 b + 64 p + g] = xq[256 b + 4 g + p] (`quantize.pm_order`). The kernel per
 The block sum is the portable kernel's integer `isum`, and the row's float steps are those of
 `iq3.dot_iq3_xxs` in the same order, so the result is bit-identical to the portable kernels on the
 GGUF bytes (four blocks at a time, with one transposed reduction and the float steps 4 wide, ran
-at a third of the speed on the H200's host: bench/results/session8-h200-20261130.md). `repack` and
+at a third of the speed). `repack` and
 `unpack` are lossless (the 8th sign bit of each 8 is the parity ksigns adds; `unpack` refuses
 signs that break it).
 """

