@@ -37,7 +37,7 @@ def packed(synth_model, tmp_path_factory):
         if quant not in cache:
             model = load_model(synth_model("tiny", quant))
             d = tmp_path_factory.mktemp(f"pack-{quant}")
-            build_pack(model, d, release="swift", progress=False)
+            build_pack(model, d, release="swift")
             cache[quant] = (model, d)
         return cache[quant]
 

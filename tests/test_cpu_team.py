@@ -63,23 +63,6 @@ def test_every_member_runs_each_job_awake_or_asleep(spin_us):
     assert not team.alive()
 
 
-def test_pinned_members_run_on_their_cpus():
-    import os
-
-    cpus = sorted(os.sched_getaffinity(0))
-    team = tm.Team(3, pin=True)
-    try:
-        assert team.cpus == [cpus[t % len(cpus)] for t in (1, 2)]
-        fn = native_address(_probe, (np.int64(0), np.int64(0), np.int64(0)), ())
-        job = np.zeros(64, np.int64)
-        job[63] = 7
-        _run_probe(team.ctl, fn, job, 3)
-        assert job[:3].tolist() == [7000 + t + 3 for t in range(3)]
-    finally:
-        team.close()
-    assert os.sched_getaffinity(0) == set(cpus)  # the caller's own CPUs are left alone
-
-
 def test_team_refuses_one_thread():
     with pytest.raises(ValueError, match="at least 2"):
         tm.Team(1)
@@ -119,16 +102,13 @@ def test_pool_on_the_team_gives_the_bits_of_regions(quant, threads):
     )
 
 
-def test_team_switch_comes_from_the_environment(monkeypatch):
-    from strata.cpu.pool import TEAM_MIN_THREADS, ExpertPool
+def test_team_is_the_default_from_team_min_threads():
+    from strata.cpu.pool import ExpertPool
+    from strata.cpu.pool.schedule import TEAM_MIN_THREADS
 
-    monkeypatch.delenv("STRATA_POOL_TEAM", raising=False)
     assert not ExpertPool(2).team  # on two threads regions are the default (measured)
     assert TEAM_MIN_THREADS > 2
-    monkeypatch.setenv("STRATA_POOL_TEAM", "0")
-    assert not ExpertPool(2).team
-    monkeypatch.setenv("STRATA_POOL_TEAM", "1")
-    assert ExpertPool(2).team
+    assert ExpertPool(2, team=True).team == tm.SUPPORTED
     assert not ExpertPool(2, team=False).team
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import strata.gpu.host as host
+import strata.cpu.tier as host
 from strata.model.loader import load_model
 
 
