@@ -3,7 +3,6 @@ without allocating per call; `import strata.cpu` stays free of the GPU tier and 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -237,22 +236,6 @@ def test_pool_without_tasks_returns_zeros_and_refuses_bad_ids():
         pool.run_layer(x, np.array([0], np.int32), np.array([E], np.int32), one, lw)
 
 
-def test_cpu_pool_arm_reports_bandwidth(tmp_path):
-    from strata.bench.cpu_pool import run_cpu_pool_arm
-
-    path = tmp_path / "arm.json"
-    res = run_cpu_pool_arm(
-        "tiny", "IQ3_XXS", tokens=1, threads=1, repeats=2, json_path=str(path), print_table=False
-    )
-    assert json.loads(path.read_text())["quant"] == "IQ3_XXS"
-    assert res["tokens"] == 1 and res["experts_per_token"] == 2
-    assert res["weight_bytes_read"] >= res["weight_bytes_gguf"] > 0
-    assert res["gbps_gguf"] > 0 and res["host_read_gbps"] > 0
-    assert res["ratio_gguf"] == pytest.approx(res["gbps_gguf"] / res["host_read_gbps"])
-    own = res["weights_read_gbps"]  # a read of the pool's own weight pages
-    assert own > 0 and res["ratio_gguf_weights"] == pytest.approx(res["gbps_gguf"] / own)
-
-
 def test_importing_strata_cpu_pulls_in_no_gpu_engine_or_server():
     code = (
         "import sys, strata.cpu\n"
@@ -280,18 +263,6 @@ def test_pool_on_the_hosts_layout_gives_the_portable_kernels_bits(quant, t_n):
     got = pool.run_layer(x, *_flat(ids, w), host).copy()
     np.testing.assert_array_equal(got, pool.run_layer(x, *_flat(ids, w), portable))
     assert_matches(got, reference_experts(x, ids, w, mats))
-
-
-def test_bench_routes_at_t1_bring_no_expert_back_within_a_pass():
-    from strata.bench.cpu_pool import _route_seq
-
-    routes = _route_seq(np.random.default_rng(), 40, 1, 128, 8)
-    ids = [r[1] for r in routes]
-    for p in range(2):  # each pass of 16 calls reads every expert exactly once
-        assert sorted(np.concatenate(ids[16 * p : 16 * (p + 1)]).tolist()) == list(range(128))
-    tok, _, w = routes[0]
-    assert tok.tolist() == [0] * 8 and w.dtype == np.float32 and abs(w.sum() - 1) < 1e-6
-    assert len(_route_seq(np.random.default_rng(), 3, 4, 128, 8)[0][0]) == 32  # T > 1: random
 
 
 def test_unit_table_covers_every_row_once():

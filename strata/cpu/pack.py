@@ -201,7 +201,7 @@ def build_pack(
                         raise PackError(f"{p.t.name}: prepared row size changed with the slice")
                     f.write(memoryview(np.ascontiguousarray(rows)).cast("B"))
                     done += rows.nbytes
-                    if progress is not None:
+                    if progress:
                         progress(done, rel)
             f.truncate(data_offset + rel)
             f.flush()
