@@ -4,9 +4,9 @@ Everywhere (no AVX-512 needed): a NumPy emulation of its instructions, on the mo
 tables, equals a plain reference of the T2 block sum (random code bytes, every scale, both delta
 signs, extreme activations) and `iq1.dot_iq1_m` on the GGUF bytes / `dot_t2_avx2` bit for bit
 per row; the kernel's own block IR, its x86 intrinsics swapped for generic IR of the same
-semantics, runs here and gives the reference sums; compiled for an AVX-512 CPU it has the instructions it is
-written for and no trap. Where the host has every feature it uses: the kernel itself against the
-portable and AVX2 kernels (bits) and gguf's dequantization.
+semantics, runs here and gives the reference sums; compiled for an AVX-512 CPU it has the
+instructions it is written for and no trap. Where the host has every feature it uses: the
+kernel itself against the portable and AVX2 kernels (bits) and gguf's dequantization.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from strata.cpu.dequant import dequant
 from strata.cpu.half import round_f16, to_f32
 from strata.cpu.kv import dequantize_kv_rows, quantize_kv_rows
 from strata.cpu.quantize import roundtrip  # NumPy's bits, compiled (float32 Q8_K / Q8_0)
+from strata.cpu.sampling import sample_ref
 from strata.quant import fmt
 
 QT = GGMLQuantizationType
@@ -82,17 +83,14 @@ class HostTier:
         kv_type: str = "f16",
         prefill_stage: int = 0,
         dense: str = "float",
-        sample: Callable | None = None,
         progress: Callable[[int, int], None] | None = None,
     ):
-        """sample(logits [V], params, u) -> token: the sampling chain `output_sample` runs
-        (the GPU tier's NumPy reference); progress(done, total): layers loaded so far."""
+        """progress(done, total): called with the layers loaded so far."""
         a = self.args = model.args
         self.model = model
         if dense not in DENSE_MODES:
             raise ValueError(f"dense must be one of {', '.join(DENSE_MODES)}, not {dense!r}")
         self.dense = dense
-        self._sample = sample
         self.n_ctx = n_ctx
         self.kv_type = check_kv_type(kv_type)
         self.stage_n = int(prefill_stage)  # experts_staged: any expert computes here
@@ -291,7 +289,5 @@ class HostTier:
 
     def output_sample(self, x: np.ndarray, params, u: float) -> int:
         """The sampling chain on the last row's logits with uniform u: the GPU tier's
-        `output_sample` computed with its NumPy reference (the `sample` given at construction)."""
-        if self._sample is None:
-            raise RuntimeError("HostTier was built without a sample function")
-        return self._sample(self.output(x[-1:])[0], params, u)
+        `output_sample` computed with its NumPy reference (sampling.py)."""
+        return sample_ref(self.output(x[-1:])[0], params, u)
