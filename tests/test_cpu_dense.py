@@ -41,8 +41,8 @@ def test_quant_linear_matches_the_float_path(qt):
 def test_host_tier_on_quant_linears_decodes_like_the_float_one(synth_model):
     """First positions of short sequences: float noise apart in nearly all of them (a near tie
     in the router's top-k, flipped by that noise, may move a sequence further)."""
+    from strata.cpu.tier import HostTier
     from strata.engine.forward import Engine
-    from strata.gpu.host import HostTier
     from strata.model.loader import load_model
     from tests.oracle import position_errors
 
@@ -61,14 +61,3 @@ def test_host_tier_on_quant_linears_decodes_like_the_float_one(synth_model):
     assert np.median(errs) < 1e-5 and (errs < 1e-4).mean() >= 0.8, np.sort(errs)[::-1][:6]
     with pytest.raises(ValueError, match="dense must be"):
         HostTier(model, n_ctx=8, dense="fast")
-
-
-def test_auto_takes_the_kernels_past_the_size_threshold(synth_model, monkeypatch):
-    from strata.gpu import host
-    from strata.model.loader import load_model
-
-    model = load_model(synth_model("tiny", "Q4_K", seed=5))
-    assert host.HostTier(model, n_ctx=8, dense="auto").dense == "float"  # a few MB of floats
-    monkeypatch.setattr(host, "DENSE_QUANT_MIN_BYTES", 4 * host._dense_weights(model))
-    tier = host.HostTier(model, n_ctx=8, dense="auto")
-    assert tier.dense == "quant" and type(tier.lm_head).__name__ == "QuantLinear"

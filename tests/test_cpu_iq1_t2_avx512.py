@@ -2,11 +2,11 @@
 
 Everywhere (no AVX-512 needed): a NumPy emulation of its instructions, on the module's own
 tables, equals a plain reference of the T2 block sum (random code bytes, every scale, both delta
-signs, extreme activations) and `iq1_t2.dot_t2_portable` / `dot_t2_avx2` bit for bit per row;
-the kernel's own block IR, its x86 intrinsics swapped for generic IR of the same semantics, runs
-here and gives the reference sums; compiled for an AVX-512 CPU it has the instructions it is
-written for and no trap. Where the host has every feature it uses: the kernel itself against the
-portable and AVX2 kernels (bits) and gguf's dequantization.
+signs, extreme activations) and `iq1.dot_iq1_m` on the GGUF bytes / `dot_t2_avx2` bit for bit
+per row; the kernel's own block IR, its x86 intrinsics swapped for generic IR of the same
+semantics, runs here and gives the reference sums; compiled for an AVX-512 CPU it has the
+instructions it is written for and no trap. Where the host has every feature it uses: the
+kernel itself against the portable and AVX2 kernels (bits) and gguf's dequantization.
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ from strata.cpu import layout as L
 from strata.cpu.kernels import dispatch as K
 from strata.cpu.kernels import iq1_t2
 from strata.cpu.kernels import iq1_t2_avx512 as V
+from strata.cpu.kernels.features import HAS_AVX2, avx512_enabled
 from strata.cpu.kernels.iq1_avx512 import M2_TAB
-from strata.cpu.kernels.simd import HAS_AVX2, avx512_enabled
 from strata.cpu.quantize import quantize_act
 from strata.quant import activation as A
 from strata.quant import random_quantized
 from strata.quant.formats import QT
-from tests.test_cpu_iq1_avx512 import _GENERIC, _RENAME, emulate_d, every_index_delta_and_scale
-from tests.test_cpu_iq3_vbmi import (
+from tests.cpu_avx512_emu import (
     avx512_asm,
     jit_generic,
     needs_avx512,
@@ -37,6 +36,7 @@ from tests.test_cpu_iq3_vbmi import (
     pmultishiftqb,
     vpdpbusd,
 )
+from tests.cpu_iq1_avx512_emu import _GENERIC, _RENAME, emulate_d, every_index_delta_and_scale
 from tests.test_cpu_kernels import _activations, _gemv
 
 BB = iq1_t2.BB
@@ -194,7 +194,7 @@ def test_emulated_rows_equal_the_t2_kernels_bit_for_bit(cols):
     w = t2_rows(rng, 6, cols)
     act = quantize_act(_activations(rng, 5, cols), QT.Q8_K)
     got = emulate_row_dots(w, act).view(np.uint32)
-    assert np.array_equal(got, _gemv(K.K_IQ1_M_T2, w, act, 5).view(np.uint32))
+    assert np.array_equal(got, _gemv(K.K_IQ1_M, iq1_t2.unpack(w), act, 5).view(np.uint32))
     if HAS_AVX2:
         assert np.array_equal(got, _gemv(K.K_IQ1_M_T2_AVX2, w, act, 5).view(np.uint32))
 
@@ -206,8 +206,8 @@ def _check(w, x):
     act = quantize_act(x, QT.Q8_K)
     n = x.shape[0]
     got = _gemv(K.K_IQ1_M_T2_AVX512, w, act, n)
-    for code in (K.K_IQ1_M_T2, K.K_IQ1_M_T2_AVX2):
-        want = _gemv(code, w, act, n)
+    for code, rows in ((K.K_IQ1_M, iq1_t2.unpack(w)), (K.K_IQ1_M_T2_AVX2, w)):
+        want = _gemv(code, rows, act, n)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), np.abs(got - want).max()
     wf = dequantize(iq1_t2.unpack(w), QT.IQ1_M).astype(np.float64)
     ref = A.roundtrip(x.astype(np.float64), QT.Q8_K) @ wf.T
@@ -232,24 +232,19 @@ def test_kernel_every_grid_index_delta_scale_and_extreme():
     _check(w, x)
 
 
-def test_prepare_gives_t2_the_avx512_kernel_where_enabled(monkeypatch):
+def test_prepare_gives_t2_the_avx512_kernel_where_enabled():
     shape = (2, 4, 512)
     w = random_quantized(QT.IQ1_M, shape, np.random.default_rng(), 0.05)
-    monkeypatch.delenv("STRATA_CPU_SIMD", raising=False)
-    monkeypatch.setenv("STRATA_CPU_T2_AVX512", "0")  # the A/B arm: the AVX2 kernel
-    assert L.prepare(QT.IQ1_M, shape, w, layout="auto", simd=True).kernel == K.K_IQ1_M_T2_AVX2
-    monkeypatch.delenv("STRATA_CPU_T2_AVX512", raising=False)  # default: on where the host has it
-    m = L.prepare(QT.IQ1_M, shape, w, layout="auto", simd=True)
+    m = L.prepare(QT.IQ1_M, shape, w, simd=True)
     want = K.K_IQ1_M_T2_AVX512 if avx512_enabled(True) else K.K_IQ1_M_T2_AVX2
     assert (m.layout, m.kernel) == ("t2", want)
-    monkeypatch.setenv("STRATA_CPU_SIMD", "avx2")
-    assert L.prepare(QT.IQ1_M, shape, w, layout="repack", simd=True).kernel == K.K_IQ1_M_T2_AVX2
-    assert L.prepare(QT.IQ1_M, shape, w, layout="gguf", simd=False).kernel == K.K_IQ1_M
+    assert L.prepare(QT.IQ1_M, shape, w, simd=False).kernel == K.K_IQ1_M
 
 
 def test_dispatch_maps_the_code_to_the_kernel():
     assert K.KERNELS[K.K_IQ1_M_T2_AVX512] is V.dot_t2_avx512
-    assert K.AVX512_REPACK[L.REPACKS[QT.IQ1_M][1]] == K.K_IQ1_M_T2_AVX512
+    assert L.KERNEL_TABLE["avx512"][QT.IQ1_M] == ("t2", K.K_IQ1_M_T2_AVX512)
+    assert L.KERNEL_TABLE["avx2"][QT.IQ1_M] == ("t2", K.K_IQ1_M_T2_AVX2)
 
 
 # ---------------------------------------------------------------- the code an AVX-512 CPU gets
@@ -273,7 +268,7 @@ def test_kernel_compiles_to_avx512_vnni_without_activation_shuffles(tmp_path):
 
 # ---------------------------------------------------------------- the kernel's own IR, run here
 # (iq1_t2_avx512.block_sum with its AVX-512 intrinsics swapped for the generic IR of
-# test_cpu_iq1_avx512, which was written from Intel's definitions)
+# cpu_iq1_avx512_emu, which was written from Intel's definitions)
 
 
 def generic_fn(emit, ret, args, cret, cargs, rename=_RENAME, generic=_GENERIC, features=""):

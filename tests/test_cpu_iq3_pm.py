@@ -1,13 +1,11 @@
 """IQ3_XXS repacked position-major ("pm", iq3_pm.py).
 
 Everywhere: the repack is lossless and refuses broken sign parity; the quantizer's
-position-major quants are xq's reordered; the portable pm kernel is the portable IQ3_XXS kernel
-bit for bit (and near float64 dequantization); the layout spec names pm (IQ3_XXS only) and "auto"
-takes it on AVX-512 VBMI + VNNI hosts only; the AVX-512
-kernel's own block IR, its x86 intrinsics swapped for generic IR (test_cpu_iq3_vbmi), gives the
-reference block sums; compiled for Sapphire Rapids it is vpermb and
-VNNI with no trap and no unpack shuffles. Where the host has AVX-512 VBMI + VNNI: the kernel
-itself, bit for bit.
+position-major quants are xq's reordered; AVX-512 VBMI + VNNI hosts take pm for IQ3_XXS; the
+kernel's own block IR, its x86 intrinsics swapped for generic IR (cpu_avx512_emu), gives the
+reference block sums; compiled for Sapphire Rapids it is vpermb and VNNI with no trap and no
+unpack shuffles. Where the host has AVX-512 VBMI + VNNI: the kernel itself against the portable
+IQ3_XXS kernel on the GGUF bytes, bit for bit.
 """
 
 from __future__ import annotations
@@ -17,17 +15,15 @@ import platform
 
 import numpy as np
 import pytest
-from gguf.quants import dequantize
 
 from strata.cpu import layout as L
 from strata.cpu.kernels import dispatch as K
 from strata.cpu.kernels import iq3_pm as P
-from strata.cpu.kernels.simd import HAS_AVX512_VBMI, simd_enabled
+from strata.cpu.kernels.features import avx512_enabled
 from strata.cpu.quantize import quantize_act
-from strata.quant import activation as A
 from strata.quant import random_quantized
 from strata.quant.formats import QT
-from tests.test_cpu_iq3_vbmi import (
+from tests.cpu_avx512_emu import (
     _GENERIC,
     _RENAME,
     avx512_asm,
@@ -61,40 +57,15 @@ def test_quantizer_writes_the_position_major_quants():
     np.testing.assert_array_equal(xp, want)
 
 
-@pytest.mark.parametrize("cols", [256, 768, 2048])
-def test_portable_kernel_is_the_iq3_xxs_kernel_bit_for_bit(cols):
-    rng = np.random.default_rng()
-    w = random_quantized(QT.IQ3_XXS, (7, cols), rng, 0.05)
-    x = _activations(rng, 5, cols)
-    act = quantize_act(x, QT.Q8_K)
-    got = _gemv(K.K_IQ3_XXS_PM, P.repack(w), act, 5)
-    want = _gemv(K.K_IQ3_XXS, w, act, 5)
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
-    ref = A.roundtrip(x.astype(np.float64), QT.Q8_K) @ dequantize(w, QT.IQ3_XXS).T
-    assert np.abs(got - ref).max() <= 2e-6 * np.abs(ref).max()
-
-
-def test_layout_spec_names_pm_for_iq3_xxs_only(monkeypatch):
+def test_avx512_hosts_take_pm_for_iq3_xxs():
     shape = (2, 4, 512)
     w = random_quantized(QT.IQ3_XXS, shape, np.random.default_rng(), 0.05)
-    m = L.prepare(QT.IQ3_XXS, shape, w, layout="IQ3_XXS=pm")
-    assert m.layout == "pm" and m.nbytes == m.gguf_bytes * 102 // 98
-    assert m.kernel == (K.K_IQ3_XXS_PM_AVX512 if HAS_AVX512_VBMI else K.K_IQ3_XXS_PM)
+    assert L.KERNEL_TABLE["avx512"][QT.IQ3_XXS] == ("pm", K.K_IQ3_XXS_PM_AVX512)
+    m = L.prepare(QT.IQ3_XXS, shape, w)
+    if avx512_enabled():
+        assert m.layout == "pm" and m.nbytes == m.gguf_bytes * 102 // 98
+        assert m.kernel == K.K_IQ3_XXS_PM_AVX512
     np.testing.assert_array_equal(m.gguf_rows(), w.reshape(8, -1))
-    assert L.prepare(QT.IQ3_XXS, shape, w, layout="pm", simd=False).kernel == K.K_IQ3_XXS_PM
-    assert L.layout_for("pm", QT.Q4_K) == "repack"  # a bare named layout: others take auto
-    with pytest.raises(ValueError, match="Q4_K has no 'pm' layout"):
-        L.layout_for("auto,Q4_K=pm", QT.Q4_K)
-    # the default ("auto" -> repack): pm where the host has AVX-512 VBMI + VNNI, else LUT4
-    auto = L.prepare(QT.IQ3_XXS, shape, w, layout="auto")
-    assert auto.layout == ("pm" if HAS_AVX512_VBMI else "lut4")
-    lut = L.prepare(QT.IQ3_XXS, shape, w, layout="IQ3_XXS=lut4")
-    assert (lut.layout, lut.kernel) == (
-        "lut4",
-        K.K_IQ3_XXS_LUT4_AVX2 if simd_enabled() else K.K_IQ3_XXS_LUT4,
-    )
-    monkeypatch.setenv("STRATA_CPU_SIMD", "avx2")  # no AVX-512 kernels: LUT4 again
-    assert L.prepare(QT.IQ3_XXS, shape, w, layout="auto").layout == "lut4"
 
 
 # ---------------------------------------------------------------- the kernel's IR, run here
@@ -158,52 +129,6 @@ def test_kernel_ir_gives_the_reference_sums(pm_ir):
     assert got == list(reference_blocks(bl, x))
 
 
-@pytest.fixture(scope="module")
-def pm_row_ir():
-    """row (u8* row, i64 nb, i8* xp, f32* xd) -> float32: the float-lane row kernel's IR
-    (`iq3_pm.row_fv`) with generic twins of its intrinsics, JIT-compiled for this host."""
-    from llvmlite import binding as llb
-    from llvmlite import ir
-
-    from strata.cpu.kernels.simd import FEATURES, I8, I64, Emit
-
-    mod = ir.Module()
-    mod.triple = llb.get_process_triple()
-    p8 = I8.as_pointer()
-    fn = ir.Function(mod, ir.FunctionType(ir.FloatType(), [p8, I64, p8, p8]), "pm_row")
-    b = ir.IRBuilder(fn.append_basic_block())
-    b.ret(P.row_fv(Emit(None, b), *fn.args))
-    rename = dict(_RENAME, **{"llvm.x86.avx512.permvar.qi.512": "generic.permvar"})
-    feats = ",".join("+" + f for f in sorted(FEATURES) if f == "f16c")
-    engine = jit_generic(mod, rename, _GENERIC + _PERMVAR, features=feats)
-    vp = ctypes.c_void_p
-    f = ctypes.CFUNCTYPE(ctypes.c_float, vp, ctypes.c_int64, vp, vp)(
-        engine.get_function_address("pm_row")
-    )
-    yield f, engine
-
-
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
-@pytest.mark.parametrize("cols", [256, 768, 2048])
-def test_float_lane_row_ir_is_close_and_deterministic(pm_row_ir, cols):
-    """The float-lane row kernel's IR against the bit-exact kernel on the GGUF bytes: within
-    2e-6 of the row scale, the same bits on a second call."""
-    f = pm_row_ir[0]
-    rng = np.random.default_rng()
-    rows = random_quantized(QT.IQ3_XXS, (6, cols), rng, 0.05).reshape(6, -1)
-    act = quantize_act(_activations(rng, 5, cols), QT.Q8_K)
-    want = _gemv(K.K_IQ3_XXS, rows, act, 5)
-    pm, xd, xp = P.repack(rows), np.ascontiguousarray(act[1]), act[4].view(np.int8)
-    nb = cols // 256
-
-    def call(r, a):
-        return f(pm[r].ctypes.data, nb, xp[a].ctypes.data, xd[a].ctypes.data)
-
-    got = np.array([[call(r, a) for r in range(6)] for a in range(5)], np.float32)
-    assert np.abs(got - want).max() <= 2e-6 * np.abs(want).max()
-    assert np.float32(call(5, 4)).view(np.uint32) == got[4, 5].view(np.uint32)
-
-
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
 def test_kernel_compiles_to_vpermb_and_vnni(tmp_path):
     asm, ops = avx512_asm(tmp_path, "iq3_pm", "dot_pm_avx512", 102)
@@ -231,7 +156,3 @@ def test_kernel_matches_the_portable_kernels(cols):
         got = _gemv(K.K_IQ3_XXS_PM_AVX512, P.repack(rows), act, 5)
         want = _gemv(K.K_IQ3_XXS, rows, act, 5)
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
-        fv = _gemv(K.K_IQ3_XXS_PM_AVX512_FV, P.repack(rows), act, 5)  # close, repeatable
-        assert np.abs(fv - want).max() <= 2e-6 * np.abs(want).max()
-        again = _gemv(K.K_IQ3_XXS_PM_AVX512_FV, P.repack(rows), act, 5)
-        np.testing.assert_array_equal(fv.view(np.uint32), again.view(np.uint32))

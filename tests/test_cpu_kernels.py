@@ -1,8 +1,11 @@
 """CPU kernels: activation quantizers bit-exact with the NumPy oracle, quantized dots against
-gguf's dequantization, SIMD kernels against their plain twins, repacks lossless."""
+gguf's dequantization, SIMD kernels against the portable ones, repacks lossless, the kernel
+table per host class."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,8 +26,8 @@ from strata.cpu.kernels import (
     q8_0,
     reference,
 )
-from strata.cpu.kernels.simd import HAS_AVX2, avx512_enabled
-from strata.cpu.layout import gguf_kernel, prepare
+from strata.cpu.kernels.features import HAS_AVX2, avx512_enabled, simd_enabled
+from strata.cpu.layout import prepare
 from strata.cpu.quantize import (
     act_code,
     act_unit,
@@ -159,7 +162,7 @@ def test_portable_kernel_matches_dequant_matmul(qtype):
     x = _activations(rng, 5, d)[1:4]
     vd = fmt(qtype).vec_dot
     act = quantize_act(x, vd)
-    y = _gemv(K.PORTABLE[qtype], w, act, n)
+    y = _gemv(L.KERNEL_TABLE["portable"][qtype][1], w, act, n)
     # the float64 matmul on the activation as ggml rounds it: the integer dot is exact
     want = A.roundtrip(x.astype(np.float64), vd) @ dequantize(w, qtype).astype(np.float64).T
     scale = np.abs(want).max()
@@ -172,9 +175,9 @@ def test_portable_kernel_matches_dequant_matmul(qtype):
 
 # ---------------------------------------------------------------- repacks and SIMD kernels
 
-REPACKS = [
-    pytest.param(QT.IQ3_XXS, lut4, K.K_IQ3_XXS_LUT4, K.K_IQ3_XXS_LUT4_AVX2, id="IQ3_XXS"),
-    pytest.param(QT.IQ1_M, iq1_t2, K.K_IQ1_M_T2, K.K_IQ1_M_T2_AVX2, id="IQ1_M"),
+REPACKS = [  # (format, repack module, the AVX2 kernel that reads the repack)
+    pytest.param(QT.IQ3_XXS, lut4, K.K_IQ3_XXS_LUT4_AVX2, id="IQ3_XXS"),
+    pytest.param(QT.IQ1_M, iq1_t2, K.K_IQ1_M_T2_AVX2, id="IQ1_M"),
     pytest.param(
         QT.IQ3_S,
         SimpleNamespace(
@@ -183,7 +186,6 @@ REPACKS = [
             repack_reference=lut4.repack_s_reference,
             BB=lut4.BB,
         ),
-        K.K_IQ3_S_LUT4,
         K.K_IQ3_S_LUT4_AVX2,
         id="IQ3_S",
     ),
@@ -195,16 +197,16 @@ REPACKS = [
             repack_reference=lut4.repack_2xxs_reference,
             BB=lut4.BB,
         ),
-        K.K_IQ2_XXS_LUT4,
         K.K_IQ2_XXS_LUT4_AVX2,
         id="IQ2_XXS",
     ),
-    pytest.param(QT.IQ2_S, iq2s_lut4, K.K_IQ2_S_LUT4, K.K_IQ2_S_LUT4_AVX2, id="IQ2_S"),
+    pytest.param(QT.IQ2_S, iq2s_lut4, K.K_IQ2_S_LUT4_AVX2, id="IQ2_S"),
 ]
+AVX2_GGUF = [q for q, (lay, _) in L.KERNEL_TABLE["avx2"].items() if lay == "gguf"]
 
 
-@pytest.mark.parametrize("qtype,mod,_p,_s", REPACKS)
-def test_repack_is_lossless(qtype, mod, _p, _s):
+@pytest.mark.parametrize("qtype,mod,_s", REPACKS)
+def test_repack_is_lossless(qtype, mod, _s):
     w = random_quantized(qtype, (7, 1024), np.random.default_rng(), 0.05)
     p = mod.repack(w)
     assert p.shape == (7, 1024 // 256 * mod.BB)
@@ -221,35 +223,26 @@ def test_iq3_xxs_repack_covers_every_grid_entry_and_sign_field():
     assert np.array_equal(lut4.unpack(lut4.repack(w)), w)
 
 
-@pytest.mark.parametrize("qtype,mod,portable,_s", REPACKS)
-def test_repacked_portable_kernel_matches_gguf_kernel(qtype, mod, portable, _s):
-    rng = np.random.default_rng()
-    w = random_quantized(qtype, (5, 768), rng, 0.05)
-    act = quantize_act(_activations(rng, 5, 768)[1:4], QT.Q8_K)
-    want = _gemv(K.PORTABLE[qtype], w, act, 3)
-    got = _gemv(portable, mod.repack(w), act, 3)
-    assert np.array_equal(got, want)  # same integer sums, same float steps
-
-
 @needs_avx2
-@pytest.mark.parametrize("qtype,mod,portable,simd", REPACKS)
-def test_avx2_kernel_is_bit_identical_to_its_portable_twin(qtype, mod, portable, simd):
+@pytest.mark.parametrize("qtype,mod,simd", REPACKS)
+def test_avx2_kernel_on_the_repack_is_the_portable_kernel_bit_for_bit(qtype, mod, simd):
     rng = np.random.default_rng()
-    w = mod.repack(random_quantized(qtype, (9, 1024), rng, 0.05))
+    w = random_quantized(qtype, (9, 1024), rng, 0.05)
     act = quantize_act(_activations(rng, 5, 1024), QT.Q8_K)
-    assert np.array_equal(_gemv(simd, w, act, 5), _gemv(portable, w, act, 5))
+    want = _gemv(L.KERNEL_TABLE["portable"][qtype][1], w, act, 5)
+    assert np.array_equal(_gemv(simd, mod.repack(w), act, 5), want)  # same sums, same steps
 
 
 @needs_avx2
-@pytest.mark.parametrize("qtype", list(K.SIMD_GGUF), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", AVX2_GGUF, ids=lambda q: q.name)
 def test_avx2_kernel_on_gguf_bytes_matches_the_portable_kernel(qtype):
     rng = np.random.default_rng()
     w = random_quantized(qtype, (9, 1024), rng, 0.05)
     if qtype in (QT.Q4_K, QT.Q5_K):
         w.reshape(-1, fmt(qtype).block_bytes)[:3, 4:16] = 0xFF  # 6-bit scales and mins at max
     act = quantize_act(_activations(rng, 5, 1024), fmt(qtype).vec_dot)
-    got = _gemv(K.SIMD_GGUF[qtype], w, act, 5)
-    want = _gemv(K.PORTABLE[qtype], w, act, 5)
+    got = _gemv(L.KERNEL_TABLE["avx2"][qtype][1], w, act, 5)
+    want = _gemv(L.KERNEL_TABLE["portable"][qtype][1], w, act, 5)
     assert np.array_equal(got, want)  # same integer sums, same float steps
 
 
@@ -284,10 +277,9 @@ def test_iq2_avx2_kernels_are_exact_at_the_extremes(qtype):
     x = np.ones((3, 512), np.float32) * np.array([[1], [-1], [0.5]], np.float32)
     x[2, ::3] = -1.0
     act = quantize_act(x, QT.Q8_K)
-    want = _gemv(K.PORTABLE[qtype], w, act, 3)
-    assert np.array_equal(_gemv(K.SIMD_GGUF[qtype], w, act, 3), want)
-    if qtype == QT.IQ2_S:  # and its lut4 repack (largest LUT entry 107 against +-127)
-        assert np.array_equal(_gemv(K.K_IQ2_S_LUT4_AVX2, iq2s_lut4.repack(w), act, 3), want)
+    want = _gemv(L.KERNEL_TABLE["portable"][qtype][1], w, act, 3)
+    lay, code = L.KERNEL_TABLE["avx2"][qtype]  # the lut4 repack (largest LUT entry 107)
+    assert np.array_equal(_gemv(code, L.REPACKS[(qtype, lay)][0](w), act, 3), want)
     xr = A.roundtrip(x.astype(np.float64), QT.Q8_K)  # the activation as Q8_K rounds it
     ref = xr @ dequantize(w, qtype).astype(np.float64).T
     assert np.abs(want - ref).max() <= 2e-6 * np.abs(ref).max()
@@ -309,30 +301,26 @@ def test_iq2_s_repack_covers_every_grid_entry_and_refuses_foreign_codes():
         iq2s_lut4.unpack(bad)
 
 
-def test_iq2_s_auto_layout_is_lut4_on_every_simd_host():
-    rng = np.random.default_rng()
-    shape = (2, 8, 512)
-    w = random_quantized(QT.IQ2_S, shape, rng, 0.05)
-    assert L.layout_for("auto", QT.IQ2_S) == "repack"
-    assert L.layout_for("IQ2_S=lut4", QT.IQ2_S) == "lut4"
-    assert L.layout_for("auto,IQ2_S=gguf", QT.IQ2_S) == "gguf"
-    m = prepare(QT.IQ2_S, shape, w, layout="IQ2_S=lut4", simd=False)  # by name: any host
-    assert (m.layout, m.kernel) == ("lut4", K.K_IQ2_S_LUT4)
-    assert m.nbytes == w.nbytes // 82 * 138 and m.gguf_bytes == w.nbytes
-    assert np.array_equal(m.gguf_rows(), w.reshape(16, -1))
-    auto = prepare(QT.IQ2_S, shape, w, simd=True)
-    assert (auto.layout, auto.kernel) == ("lut4", K.K_IQ2_S_LUT4_AVX2)
-    gguf = prepare(QT.IQ2_S, shape, w, layout="IQ2_S=gguf", simd=True)
-    assert (gguf.layout, gguf.kernel) == ("gguf", gguf_kernel(QT.IQ2_S, True))
+def test_kernel_table_covers_every_format_on_every_host_class():
+    formats = set(L.KERNEL_TABLE["portable"])
+    for cls, row in L.KERNEL_TABLE.items():
+        assert set(row) == formats, cls
+        for q, (lay, code) in row.items():
+            assert code in K.KERNELS
+            assert lay == "gguf" or (q, lay) in L.REPACKS
+    assert all(lay == "gguf" for lay, _ in L.KERNEL_TABLE["portable"].values())
+    used = {code for row in L.KERNEL_TABLE.values() for _, code in row.values()}
+    assert used == set(K.KERNELS)  # winners only: every kernel is some host's choice
 
 
-def test_prepare_picks_the_simd_layout_only_when_asked(monkeypatch):
+def test_prepare_takes_the_host_class_row():
     rng = np.random.default_rng()
     shape = (2, 8, 512)
     w = random_quantized(QT.IQ3_XXS, shape, rng, 0.05)
     off = prepare(QT.IQ3_XXS, shape, w, simd=False)
     assert (off.layout, off.kernel) == ("gguf", K.K_IQ3_XXS)
     assert off.nbytes == off.gguf_bytes == w.nbytes
+    assert np.shares_memory(off.data, w)
     on = prepare(QT.IQ3_XXS, shape, w, simd=True)
     if avx512_enabled(True):  # hosts with AVX-512 VBMI + VNNI: the position-major repack
         assert (on.layout, on.kernel) == ("pm", K.K_IQ3_XXS_PM_AVX512)
@@ -341,11 +329,31 @@ def test_prepare_picks_the_simd_layout_only_when_asked(monkeypatch):
         assert (on.layout, on.kernel) == ("lut4", K.K_IQ3_XXS_LUT4_AVX2)
         assert on.gguf_bytes == w.nbytes and on.nbytes == w.nbytes // 98 * 134
     assert np.array_equal(on.gguf_rows(), w.reshape(16, -1))
-    kept = prepare(QT.IQ3_XXS, shape, w, layout="gguf", simd=True)
-    assert (kept.layout, kept.kernel) == ("gguf", gguf_kernel(QT.IQ3_XXS))  # gather or VBMI
-    assert np.shares_memory(kept.data, w)
-    monkeypatch.setenv("STRATA_CPU_LAYOUT", "gguf")
-    assert prepare(QT.IQ3_XXS, shape, w, simd=True).layout == "gguf"
-    monkeypatch.setenv("STRATA_CPU_SIMD", "0")
-    assert prepare(QT.Q4_K, shape, random_quantized(QT.Q4_K, shape, rng, 0.1)).kernel == K.K_Q4_K
+    w2 = random_quantized(QT.IQ2_S, shape, rng, 0.05)
+    m = prepare(QT.IQ2_S, shape, w2, simd=True)  # lut4 on every SIMD host
+    assert (m.layout, m.kernel) == ("lut4", K.K_IQ2_S_LUT4_AVX2)
+    assert m.nbytes == w2.nbytes // 82 * 138 and np.array_equal(m.gguf_rows(), w2.reshape(16, -1))
     assert act_code(fmt(QT.Q4_K).vec_dot) == act_code(QT.Q8_K)
+
+
+_FORCED = """
+import numpy as np
+from strata.cpu import force_level, prepare
+from strata.quant import random_quantized
+from strata.quant.formats import QT
+force_level({level!r})
+w = random_quantized(QT.Q4_K, (1, 4, 256), np.random.default_rng(0), 0.1)
+print(prepare(QT.Q4_K, (1, 4, 256), w).kernel)
+"""
+
+
+@pytest.mark.parametrize("level", ["portable", "avx2"])
+def test_force_level_picks_that_row(level):
+    out = subprocess.run(
+        [sys.executable, "-c", _FORCED.format(level=level)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    cls = {"portable": "portable", "avx2": "avx2" if simd_enabled() else "portable"}[level]
+    assert int(out) == L.KERNEL_TABLE[cls][QT.Q4_K][1]

@@ -25,7 +25,7 @@ from strata.cpu.quantize import quantize_act
 from strata.quant import activation as A
 from strata.quant import random_quantized
 from strata.quant.formats import QT
-from tests.test_cpu_iq3_vbmi import avx512_asm, needs_avx512, pmultishiftqb
+from tests.cpu_avx512_emu import avx512_asm, needs_avx512, pmultishiftqb
 from tests.test_cpu_kernels import _activations, _gemv
 
 BB = {QT.Q4_K: 144, QT.Q5_K: 176, QT.Q6_K: 210}
@@ -106,14 +106,15 @@ def test_q6_k_controls_give_each_weight_its_high_bits_and_scale():
 
 
 def test_avx512_hosts_map_the_k_quants_gguf_to_the_kernels():
-    assert K.AVX512_GGUF[QT.Q4_K] == K.K_Q4_K_AVX512 == 53
-    assert K.AVX512_GGUF[QT.Q5_K] == K.K_Q5_K_AVX512 == 54
-    assert K.AVX512_GGUF[QT.Q6_K] == K.K_Q6_K_AVX512 == 55
+    row = L.KERNEL_TABLE["avx512"]
+    assert row[QT.Q4_K] == ("gguf", K.K_Q4_K_AVX512) and K.K_Q4_K_AVX512 == 53
+    assert row[QT.Q5_K] == ("gguf", K.K_Q5_K_AVX512) and K.K_Q5_K_AVX512 == 54
+    assert row[QT.Q6_K] == ("gguf", K.K_Q6_K_AVX512) and K.K_Q6_K_AVX512 == 55
     assert K.KERNELS[K.K_Q6_K_AVX512] is V.dot_q6_k_avx512
     assert K.KERNELS[K.K_Q4_K_AVX512] is V.dot_q4_k_avx512
     assert K.KERNELS[K.K_Q5_K_AVX512] is V.dot_q5_k_avx512
-    assert K.SIMD_GGUF[QT.Q4_K] == K.K_Q4_K_AVX2  # AVX2 hosts keep their kernels
-    assert K.SIMD_GGUF[QT.Q5_K] == K.K_Q5_K_AVX2
+    avx2 = L.KERNEL_TABLE["avx2"]  # AVX2 hosts keep their kernels
+    assert avx2[QT.Q4_K] == ("gguf", K.K_Q4_K_AVX2) and avx2[QT.Q5_K] == ("gguf", K.K_Q5_K_AVX2)
 
 
 # ---------------------------------------------------------------- the kernel (hosts with it)
@@ -121,10 +122,10 @@ def test_avx512_hosts_map_the_k_quants_gguf_to_the_kernels():
 
 def _check(qt, w, x):
     act = quantize_act(x, QT.Q8_K)
-    got = _gemv(K.AVX512_GGUF[qt], w, act, x.shape[0])
-    avx2 = _gemv(K.SIMD_GGUF[qt], w, act, x.shape[0])
+    got = _gemv(L.KERNEL_TABLE["avx512"][qt][1], w, act, x.shape[0])
+    avx2 = _gemv(L.KERNEL_TABLE["avx2"][qt][1], w, act, x.shape[0])
     assert np.array_equal(got.view(np.uint32), avx2.view(np.uint32)), np.abs(got - avx2).max()
-    want = _gemv(K.PORTABLE[qt], w, act, x.shape[0])
+    want = _gemv(L.KERNEL_TABLE["portable"][qt][1], w, act, x.shape[0])
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), np.abs(got - want).max()
     ref = A.roundtrip(x.astype(np.float64), QT.Q8_K) @ dequantize(w, qt).astype(np.float64).T
     assert np.abs(got - ref).max() <= 2e-5 * np.abs(ref).max()
@@ -161,12 +162,12 @@ def test_kernel_at_the_largest_quants_scales_and_mins(qt):
 
 @needs_avx512
 @pytest.mark.parametrize("qt", KIND)
-def test_prepare_gives_the_avx512_kernel_on_the_file_bytes(qt, monkeypatch):
+def test_prepare_gives_the_avx512_kernel_on_the_file_bytes(qt):
     shape = (2, 4, 512)
     w = random_quantized(qt, shape, np.random.default_rng(), 0.05)
-    assert L.prepare(qt, shape, w, simd=True).kernel == K.AVX512_GGUF[qt]
-    monkeypatch.setenv("STRATA_CPU_SIMD", "avx2")
-    assert L.prepare(qt, shape, w).kernel == K.SIMD_GGUF[qt]
+    m = L.prepare(qt, shape, w, simd=True)
+    assert (m.layout, m.kernel) == L.KERNEL_TABLE[L.host_class(True)][qt]
+    assert np.shares_memory(m.data, w)
 
 
 # ---------------------------------------------------------------- the code an AVX-512 CPU gets

@@ -37,7 +37,9 @@ def packed(synth_model, tmp_path_factory):
         if quant not in cache:
             model = load_model(synth_model("tiny", quant))
             d = tmp_path_factory.mktemp(f"pack-{quant}")
-            build_pack(model, d, release="swift", progress=False)
+            seen = []
+            build_pack(model, d, release="swift", progress=lambda done, total: seen.append(done))
+            assert seen and seen == sorted(seen)  # bytes written so far, after each chunk
             cache[quant] = (model, d)
         return cache[quant]
 

@@ -63,23 +63,6 @@ def test_every_member_runs_each_job_awake_or_asleep(spin_us):
     assert not team.alive()
 
 
-def test_pinned_members_run_on_their_cpus():
-    import os
-
-    cpus = sorted(os.sched_getaffinity(0))
-    team = tm.Team(3, pin=True)
-    try:
-        assert team.cpus == [cpus[t % len(cpus)] for t in (1, 2)]
-        fn = native_address(_probe, (np.int64(0), np.int64(0), np.int64(0)), ())
-        job = np.zeros(64, np.int64)
-        job[63] = 7
-        _run_probe(team.ctl, fn, job, 3)
-        assert job[:3].tolist() == [7000 + t + 3 for t in range(3)]
-    finally:
-        team.close()
-    assert os.sched_getaffinity(0) == set(cpus)  # the caller's own CPUs are left alone
-
-
 def test_team_refuses_one_thread():
     with pytest.raises(ValueError, match="at least 2"):
         tm.Team(1)
@@ -91,13 +74,41 @@ def test_shared_team_is_one_per_size():
     assert tm.shared_team(2) is not a
 
 
+class _Tensor:
+    def __init__(self, qtype, shape, data):
+        self.qtype, self.shape, self.data = qtype, shape, data
+
+
+def _make_layer(shape: str, quant: str, seed: int = 0):
+    """Random gate/up/down expert tensors of one layer of a named model shape, prepared."""
+    from strata.cpu.pool import prepare_layer
+    from strata.model.synth import SHAPES
+    from strata.quant import fmt, random_quantized
+
+    s = SHAPES[shape]
+    e, f, d = s["n_expert"], s["expert_ff"], s["n_embd"]
+    qt = fmt(quant).qtype
+    rng = np.random.default_rng(seed)
+    shapes = ((e, f, d), (e, f, d), (e, d, f))
+    return prepare_layer(
+        *(_Tensor(qt, sh, random_quantized(qt, sh, rng, 1.0 / np.sqrt(sh[-1]))) for sh in shapes)
+    )
+
+
+def _routes(rng, t_n: int, n_expert: int, k: int):
+    ids = np.argsort(rng.random((t_n, n_expert)), axis=1)[:, :k]  # K distinct experts per token
+    tok = np.repeat(np.arange(t_n, dtype=np.int32), k)
+    w = rng.random((t_n, k)).astype(np.float32)
+    w /= w.sum(axis=1, keepdims=True)
+    return tok, ids.ravel().astype(np.int32), w.ravel()
+
+
 @pytest.mark.parametrize("quant,threads", [("IQ3_XXS", 3), ("Q4_K", 2)])
 def test_pool_on_the_team_gives_the_bits_of_regions(quant, threads):
-    from strata.bench.cpu_pool import _routes, make_layer
     from strata.cpu.pool import ExpertPool
 
     threads = min(threads, numba.config.NUMBA_NUM_THREADS)  # (the pool's cap)
-    lw = make_layer("qwen3-30b-a3b", quant, seed=int(np.random.default_rng().integers(1 << 30)))
+    lw = _make_layer("qwen3-30b-a3b", quant, seed=int(np.random.default_rng().integers(1 << 30)))
     rng = np.random.default_rng()
     team, region = ExpertPool(threads, team=True), ExpertPool(threads, team=False)
     for t in (1, 2, 9):
@@ -119,16 +130,13 @@ def test_pool_on_the_team_gives_the_bits_of_regions(quant, threads):
     )
 
 
-def test_team_switch_comes_from_the_environment(monkeypatch):
-    from strata.cpu.pool import TEAM_MIN_THREADS, ExpertPool
+def test_team_is_the_default_from_team_min_threads():
+    from strata.cpu.pool import ExpertPool
+    from strata.cpu.pool.schedule import TEAM_MIN_THREADS
 
-    monkeypatch.delenv("STRATA_POOL_TEAM", raising=False)
     assert not ExpertPool(2).team  # on two threads regions are the default (measured)
     assert TEAM_MIN_THREADS > 2
-    monkeypatch.setenv("STRATA_POOL_TEAM", "0")
-    assert not ExpertPool(2).team
-    monkeypatch.setenv("STRATA_POOL_TEAM", "1")
-    assert ExpertPool(2).team
+    assert ExpertPool(2, team=True).team == tm.SUPPORTED
     assert not ExpertPool(2, team=False).team
 
 
@@ -137,10 +145,9 @@ def test_a_forked_child_starts_its_own_team():
     a team there instead of waiting for members that do not exist."""
     import multiprocessing as mp
 
-    from strata.bench.cpu_pool import _routes, make_layer
     from strata.cpu.pool import ExpertPool
 
-    lw = make_layer("qwen3-30b-a3b", "IQ3_XXS", seed=int(np.random.default_rng().integers(1000)))
+    lw = _make_layer("qwen3-30b-a3b", "IQ3_XXS", seed=int(np.random.default_rng().integers(1000)))
     rng = np.random.default_rng()
     x = rng.standard_normal((1, lw.gate.cols)).astype(np.float32)
     r = _routes(rng, 1, lw.gate.n_expert, 8)

@@ -17,11 +17,11 @@ import pytest
 
 from strata.cli import DEFAULT_MODEL, _engine_config, build_parser
 from strata.config import ConfigError, resolve
+from strata.cpu.kv import dequantize_kv_rows, quantize_kv_rows
+from strata.cpu.tier import HostTier
 from strata.engine.builder import build_engine
 from strata.engine.forward import Engine
 from strata.gpu.attention import attention_int8_ref, attention_ref
-from strata.gpu.host import HostTier
-from strata.gpu.rope_kv import dequantize_kv_rows, quantize_kv_rows
 from strata.model.loader import load_model
 from strata.model.synth import make_args
 

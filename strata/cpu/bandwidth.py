@@ -79,8 +79,8 @@ def read_bandwidth(arrays, n_threads: int, repeats: int = 5) -> dict:
     """The same two reads over existing C-contiguous arrays, one after another (each cut to
     whole 4 KiB rows): e.g. the pool's own weights, read from the same pages the pool reads.
     On a virtual machine two buffers of one process can sit in memory of different speed
-    (bench/results/session12-h200-20261130.md: 89-135 GB/s between processes for the same
-    read), so the pool's figure is also given against a read of its own bytes."""
+    (89-135 GB/s between processes for the same read were seen), so the pool's figure is also
+    given against a read of its own bytes."""
     bufs = []
     for a in arrays:
         b = a.reshape(-1).view(np.uint8)  # (raises for a non-contiguous array: no copy)

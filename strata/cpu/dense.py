@@ -40,9 +40,9 @@ class QuantLinear:
 
     __slots__ = ("m", "bias", "vec_dot", "_fn", "_act")
 
-    def __init__(self, t, vec_dot, bias: np.ndarray | None = None, layout: str | None = None):
+    def __init__(self, t, vec_dot, bias: np.ndarray | None = None):
         r, c = (int(s) for s in t.shape)
-        self.m: ExpertMatrix = prepare(t.qtype, (1, r, c), t.data, layout)
+        self.m: ExpertMatrix = prepare(t.qtype, (1, r, c), t.data)
         self.bias = None if bias is None else np.ascontiguousarray(bias, np.float32)
         self.vec_dot = vec_dot
         self._fn = None

@@ -4,7 +4,7 @@ rounding of q and of the softmax probabilities that llama.cpp's f16 attention im
 NumPy's float16 casts run ~1-2 ns an element on the dev VM (no F16C path): at 4K positions they
 cost more than the attention's arithmetic. `to_f32` and `round_f16` give NumPy's results bit for
 bit (IEEE conversions, round to nearest even) through F16C (vcvtph2ps / vcvtps2ph, 8 lanes),
-with NumPy's casts where the host lacks F16C or STRATA_CPU_SIMD=0.
+with NumPy's casts where the host lacks F16C or the portable kernels are forced.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from strata.cpu.kernels.simd import f16x8_to_f32, f32x8_round_f16, simd_enabled
+from strata.cpu.kernels.features import simd_enabled
+from strata.cpu.kernels.simd import f16x8_to_f32, f32x8_round_f16
 
 
 @njit(cache=True)

@@ -36,6 +36,7 @@ import struct
 import uuid
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,10 +44,9 @@ import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
-from strata.cpu.kernels.simd import simd_enabled
+from strata.cpu.kernels.features import simd_enabled
 from strata.cpu.layout import ExpertMatrix, prepare
 from strata.cpu.pool import LayerWeights
-from strata.progress import bar
 
 FORMAT = "strata-experts-1"  # the pack layout and src.json schema; bump on any change
 MAGIC = b"STRXPAK1"
@@ -79,16 +79,16 @@ def _align(n: int) -> int:
 # ---- the model side: expert tensors, their prepared rows, provenance ----
 
 
-def probe(t, layout: str | None = None, simd: bool | None = None) -> ExpertMatrix:
+def probe(t, simd: bool | None = None) -> ExpertMatrix:
     """What `prepare` makes of tensor t's first row on this host: layout, kernel, row bytes."""
     c = t.shape[-1]
-    return prepare(t.qtype, (1, 1, c), t.data[0, :1], layout, simd)
+    return prepare(t.qtype, (1, 1, c), t.data[0, :1], simd)
 
 
-def expert_rows(t, e0: int, e1: int, layout: str | None = None, simd: bool | None = None):
+def expert_rows(t, e0: int, e1: int, simd: bool | None = None):
     """Experts e0..e1 of tensor t [E, R, C] as the kernels read them: uint8 [(e1-e0) * R, B]."""
     _, r, c = t.shape
-    return prepare(t.qtype, (e1 - e0, r, c), t.data[e0:e1], layout, simd).data
+    return prepare(t.qtype, (e1 - e0, r, c), t.data[e0:e1], simd).data
 
 
 def expert_quant(model) -> str:
@@ -144,15 +144,15 @@ def build_pack(
     *,
     release: str | None = None,
     model_id: str | None = None,
-    progress: bool = True,
-    layout: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
     simd: bool | None = None,
 ) -> Path:
     """Write out_dir/experts.bin and experts.bin.src.json; returns the experts.bin path.
 
     Both files are written to temporary names and renamed at the end: after any failure neither
     is left half-written (an older pack in out_dir stays whole; a directory this call created
-    is removed again). layout/simd as in `prepare` (None: the host's).
+    is removed again). simd as in `prepare` (None: the host's). `progress(done, total)` is
+    called with the bytes written so far after each chunk.
     """
     out = Path(out_dir)
     created = not out.exists()
@@ -161,7 +161,7 @@ def build_pack(
     for i in range(model.args.n_layer):
         for role, m in ROLES:
             t = model.tensor(m, i)
-            p = _Plan(i, role, t, probe(t, layout, simd), rel)
+            p = _Plan(i, role, t, probe(t, simd), rel)
             plans.append(p)
             rel += _align(p.nbytes)
     pack_id = uuid.uuid4().hex
@@ -188,18 +188,21 @@ def build_pack(
     tmp_bin = out / f".{PACK_FILE}.{pack_id}.tmp"
     tmp_src = out / f".{SRC_FILE}.{pack_id}.tmp"
     try:
-        with open(tmp_bin, "wb") as f, bar(rel, "pack experts", progress, unit="B") as pb:
+        done = 0
+        with open(tmp_bin, "wb") as f:
             f.write(_HEAD.pack(MAGIC, HEADER_VERSION, 0, data_offset, len(blob)) + blob)
             for p in plans:
                 f.seek(data_offset + p.offset)
                 e = p.t.shape[0]
                 step = max(1, CHUNK_BYTES // max(1, p.nbytes // e))
                 for e0 in range(0, e, step):
-                    rows = expert_rows(p.t, e0, min(e, e0 + step), layout, simd)
+                    rows = expert_rows(p.t, e0, min(e, e0 + step), simd)
                     if rows.shape[1] != p.m.data.shape[1]:  # prepare must not depend on E
                         raise PackError(f"{p.t.name}: prepared row size changed with the slice")
                     f.write(memoryview(np.ascontiguousarray(rows)).cast("B"))
-                    pb.update(rows.nbytes)
+                    done += rows.nbytes
+                    if progress:
+                        progress(done, rel)
             f.truncate(data_offset + rel)
             f.flush()
             os.fsync(f.fileno())
@@ -354,14 +357,13 @@ def open_pack(
     model,
     *,
     release: str | None = None,
-    layout: str | None = None,
     simd: bool | None = None,
 ) -> Pack:
     """Memory-map pack_dir/experts.bin for `model` after checking its provenance and layout.
 
     Refuses (`PackError`) a pack of other shards, another quant, another release (when `release`
-    is given), another format, or a layout this host's kernels would not pick (layout/simd as
-    in `prepare`; None: the host's).
+    is given), another format, or a layout this host's kernels would not pick (simd as in
+    `prepare`; None: the host's).
     """
     d = Path(pack_dir)
     path = d / PACK_FILE
@@ -378,9 +380,6 @@ def open_pack(
     mm = np.memmap(path, dtype=np.uint8, mode="r")
     by_key = {(r["layer"], r["role"]): r for r in regions}
     host = _simd_name(simd)
-    for var in ("STRATA_CPU_LAYOUT", "STRATA_CPU_SIMD"):  # say when the choice is the user's
-        if os.environ.get(var) and (var != "STRATA_CPU_LAYOUT" or layout is None):
-            host += f", {var}={os.environ[var]}"
     layers = []
     for i in range(model.args.n_layer):
         mats = []
@@ -394,14 +393,14 @@ def open_pack(
                     f"{path}: {r['tensor']} is {r['qtype']} {r['shape']}, the model's "
                     f"{t.name} is {t.qtype.name} {list(t.shape)}"
                 )
-            mats.append(_matrix(path, mm, data_offset, r, t, index.get("simd"), host, layout, simd))
+            mats.append(_matrix(path, mm, data_offset, r, t, index.get("simd"), host, simd))
         layers.append(LayerWeights(*mats))
     return Pack(path, layers, index, src, mm)
 
 
-def _matrix(path, mm, data_offset, r, t, built_simd, host_simd, layout, simd) -> ExpertMatrix:
+def _matrix(path, mm, data_offset, r, t, built_simd, host_simd, simd) -> ExpertMatrix:
     """Region r as an ExpertMatrix view, after checking this host's kernels read its layout."""
-    p = probe(t, layout, simd)
+    p = probe(t, simd)
     qt = GGMLQuantizationType[r["qtype"]]
     if p.layout != r["layout"]:
         raise PackError(

@@ -25,8 +25,11 @@ import numba
 import numpy as np
 from numba import njit
 
+from strata.cpu.clock import tick_hz
 from strata.cpu.kernels.simd import atomic_load, atomic_store, cpu_relax, cycle_counter
-from strata.cpu.pool import ERR_BARRIER, L_GGUF, L_LEN, L_NBYTES, ExpertPool, _run_team, tick_hz
+from strata.cpu.pool import ExpertPool
+from strata.cpu.pool.schedule import ERR_BARRIER
+from strata.cpu.pool.team_job import L_GGUF, L_LEN, L_NBYTES, _run_team
 from strata.cpu.team import address
 
 DONE, WAIT, FILL, BARRIER, BAD_ID = 0, 1, 2, 3, 4  # StepServer.run's status
@@ -54,7 +57,7 @@ def record_views(recs: np.ndarray, k: int) -> dict[str, np.ndarray]:
 def _serve(
     recs_i, recs_f, k, d, ready, release, step, first, spins, y, loaded, hist, ldescs,
     tokb, exb, wtb, cnt, stamps, job, ctl,
-    nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx, eq, tail,
+    nt, min_tasks, chunk, pf,
 ):  # fmt: skip
     """Layers first.. of step `step`: (status, layer) as `StepServer.run` documents."""
     n_layer = ready.shape[0]
@@ -91,7 +94,7 @@ def _serve(
             h = numba.carray(address(haddr + i * row + o_h * 4), (1, d), np.float32)
             na = _run_team(
                 h, tokb[:n], exb[:n], wtb[:n], y, ldescs[i], job, ctl,
-                nt, par_quant, min_tasks, chunk, pf, pfl2, units, down_units, waitpf, dx, eq, tail,
+                nt, min_tasks, chunk, pf,
             )  # fmt: skip
             if na == -ERR_BARRIER:
                 return BARRIER, i  # not counted: the Python round runs this layer again

@@ -31,6 +31,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from strata.cpu.clock import tick_hz
 from strata.cpu.kernels.simd import (
     I32,
     I64,
@@ -228,39 +229,25 @@ def shared_team(n: int) -> Team:
         return team
 
 
-def _member_thread(tid: int, ctl: np.ndarray, ticks: int, cpu: int | None) -> None:
-    if cpu is not None:
-        os.sched_setaffinity(0, {cpu})  # (0: this thread)
-    _member(tid, ctl, ticks)
-
-
 class Team:
     """n - 1 member threads (ids 1..n-1; the caller is 0) parked in `_member` until `close()`
     (or the Team is collected). `ctl` is the control block `team_go` / `team_join` take; `lock`
     is held by whoever is running a job on it."""
 
-    def __init__(self, n: int, spin_us: float | None = None, pin: bool | None = None):
+    def __init__(self, n: int, spin_us: float = DEFAULT_SPIN_US):
         if not SUPPORTED:
             raise RuntimeError(f"no resident team on {sys.platform}/{platform.machine()}")
         if n < 2:
             raise ValueError(f"a team needs at least 2 threads, got {n}")
-        from strata.cpu.pool import tick_hz
-
-        if spin_us is None:
-            spin_us = float(os.environ.get("STRATA_POOL_SPIN_US", DEFAULT_SPIN_US))
         self.n = n
         self.pid = os.getpid()
         self.ctl = np.zeros(CTL_LEN, np.int64)
         self.lock = threading.Lock()
         ticks = int(max(0.0, spin_us) * 1e-6 * tick_hz())
-        if pin is None:  # STRATA_POOL_PIN=1: member t on the t-th CPU this process may use
-            pin = os.environ.get("STRATA_POOL_PIN", "0").strip().lower() in ("1", "on", "yes")
-        cpus = sorted(os.sched_getaffinity(0)) if pin else []
-        self.cpus = [cpus[t % len(cpus)] for t in range(1, n)] if cpus else None
         self._threads = [
             threading.Thread(
-                target=_member_thread,
-                args=(t, self.ctl, ticks, self.cpus[t - 1] if self.cpus else None),
+                target=_member,
+                args=(t, self.ctl, ticks),
                 name=f"strata-pool-{t}",
                 daemon=True,
             )

@@ -6,7 +6,6 @@ Numba has no float16 scalar on the CPU; these intrinsics emit plain (target-inde
 
 from __future__ import annotations
 
-import os
 import platform
 
 import numpy as np
@@ -15,7 +14,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from strata.cpu.kernels.simd import FEATURES
+from strata.cpu.kernels.features import FEATURES
 
 F32 = ir.FloatType()
 HALF = ir.HalfType()
@@ -26,17 +25,9 @@ I32 = ir.IntType(32)
 # x86 with F16C: a scalar half -> float as `fpext` lowers to vpinsrw into whatever register LLVM
 # picks for the undefined lanes (often a loop's float accumulator), then vcvtph2ps: a false
 # dependency that chains every block's scale onto the previous block's sums (the Q4_K, Q5_K,
-# Q6_K and IQ4_XS AVX2 kernels 5-14% slower on one EPYC core:
-# bench/results/cpu-f16-asm-2core-epyc-avx2-20261203.md). vmovd from a general register zeroes
-# the rest of the vector.
-# STRATA_CPU_F16_ASM=0 keeps the plain fpext (the A/B arm; a Numba cache holds either form, so
-# switching arms drops strata's cache, strata/jitcache.py: give each arm its own NUMBA_CACHE_DIR
-# to keep both)
-X86_F16C = (
-    "f16c" in FEATURES
-    and platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
-    and os.environ.get("STRATA_CPU_F16_ASM", "1") != "0"
-)
+# Q6_K and IQ4_XS AVX2 kernels 5-14% slower on one EPYC core). vmovd from a general register
+# zeroes the rest of the vector.
+X86_F16C = "f16c" in FEATURES and platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 if X86_F16C:
     llb.initialize_native_asmparser()  # the JIT's streamer parses inline asm only with it
 

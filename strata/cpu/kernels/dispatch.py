@@ -14,103 +14,32 @@ from numba import literally, njit, types
 from numba.extending import overload
 
 from strata.cpu.kernels.floats import dot_bf16, dot_f16, dot_f32
-from strata.cpu.kernels.gather import dot_iq1_m_gather, dot_iq2_xxs_gather, dot_iq3_xxs_gather
 from strata.cpu.kernels.iq1 import dot_iq1_m
-from strata.cpu.kernels.iq1_avx512 import dot_iq1_m_avx512
-from strata.cpu.kernels.iq1_t2 import dot_t2_avx2, dot_t2_portable
-from strata.cpu.kernels.iq1_t2_avx512 import dot_t2_avx512, dot_t2_avx512_fv
-from strata.cpu.kernels.iq1_t7 import dot_t7_portable
-from strata.cpu.kernels.iq1_t7_avx512 import dot_t7_avx512, dot_t7_avx512_fv
+from strata.cpu.kernels.iq1_t2 import dot_t2_avx2
+from strata.cpu.kernels.iq1_t2_avx512 import dot_t2_avx512
 from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
-from strata.cpu.kernels.iq2_avx2 import dot_iq2_s_avx2
-from strata.cpu.kernels.iq2s_avx512 import dot_iq2_s_avx512
-from strata.cpu.kernels.iq2s_lut4 import dot_iq2s_lut4_avx2, dot_iq2s_lut4_portable
+from strata.cpu.kernels.iq2s_lut4 import dot_iq2s_lut4_avx2
 from strata.cpu.kernels.iq3 import dot_iq3_s, dot_iq3_xxs
-from strata.cpu.kernels.iq3_pm import dot_pm_avx512, dot_pm_avx512_fv, dot_pm_portable
-from strata.cpu.kernels.iq3_vbmi import dot_iq3_xxs_vbmi
+from strata.cpu.kernels.iq3_pm import dot_pm_avx512
 from strata.cpu.kernels.iq4 import dot_iq4_xs
 from strata.cpu.kernels.iq4_avx2 import dot_iq4_xs_avx2, dot_q8_0_avx2
 from strata.cpu.kernels.kquants import dot_q4_k, dot_q5_k, dot_q6_k
 from strata.cpu.kernels.kquants_avx2 import dot_q4_k_avx2, dot_q5_k_avx2, dot_q6_k_avx2
 from strata.cpu.kernels.kquants_avx512 import dot_q4_k_avx512, dot_q5_k_avx512, dot_q6_k_avx512
-from strata.cpu.kernels.lut4 import (
-    dot_lut4_2xxs_avx2,
-    dot_lut4_2xxs_portable,
-    dot_lut4_avx2,
-    dot_lut4_portable,
-    dot_lut4_s_avx2,
-    dot_lut4_s_portable,
-)
+from strata.cpu.kernels.lut4 import dot_lut4_2xxs_avx2, dot_lut4_avx2, dot_lut4_s_avx2
 from strata.cpu.kernels.q8_0 import dot_q8_0
-from strata.quant.formats import QT
 
 # portable kernels, on the GGUF bytes as they are
 K_F32, K_F16, K_BF16, K_Q8_0 = 0, 1, 2, 3
 K_Q4_K, K_Q5_K, K_Q6_K, K_IQ4_XS = 4, 5, 6, 7
 K_IQ3_XXS, K_IQ3_S, K_IQ2_XXS, K_IQ2_S, K_IQ1_M = 8, 9, 10, 11, 12
-
-# SIMD kernels and repacked layouts (see layout.py for which one a matrix gets)
+# AVX2 kernels: on the GGUF bytes, or on a repacked layout (lut4, t2: see layout.py)
 K_Q4_K_AVX2, K_Q5_K_AVX2, K_Q6_K_AVX2, K_IQ4_XS_AVX2, K_Q8_0_AVX2 = 20, 25, 26, 27, 28
-K_IQ3_XXS_LUT4, K_IQ3_XXS_LUT4_AVX2 = 21, 22
-K_IQ1_M_T2, K_IQ1_M_T2_AVX2 = 23, 24
-K_IQ3_S_LUT4, K_IQ3_S_LUT4_AVX2 = 29, 30
-K_IQ2_XXS_LUT4, K_IQ2_XXS_LUT4_AVX2 = 31, 32
-K_IQ2_S_AVX2 = 34
-# the GGUF bytes through AVX2 gathers (gather.py; 33 and 35 were their slower predecessors)
-K_IQ3_XXS_GATHER, K_IQ2_XXS_GATHER, K_IQ1_M_GATHER = 36, 37, 38
-SIMD_GGUF = {  # AVX2 kernels on the GGUF bytes
-    QT.Q4_K: K_Q4_K_AVX2,
-    QT.Q5_K: K_Q5_K_AVX2,
-    QT.Q6_K: K_Q6_K_AVX2,
-    QT.IQ4_XS: K_IQ4_XS_AVX2,
-    QT.Q8_0: K_Q8_0_AVX2,
-    QT.IQ3_XXS: K_IQ3_XXS_GATHER,
-    QT.IQ2_S: K_IQ2_S_AVX2,
-    QT.IQ2_XXS: K_IQ2_XXS_GATHER,
-    QT.IQ1_M: K_IQ1_M_GATHER,
-}
-# AVX-512 VBMI + VNNI on the GGUF bytes (iq3_vbmi.py, iq1_avx512.py, iq2s_avx512.py): replace
-# SIMD_GGUF's kernel where the host has the features (`simd.avx512_enabled`)
-K_IQ3_XXS_VBMI, K_IQ1_M_AVX512, K_IQ2_S_AVX512 = 39, 40, 45
-# Q4_K, Q5_K and Q6_K on the GGUF bytes, AVX-512 VBMI + VNNI (kquants_avx512.py)
+K_IQ3_XXS_LUT4_AVX2, K_IQ3_S_LUT4_AVX2, K_IQ2_XXS_LUT4_AVX2 = 22, 30, 32
+K_IQ2_S_LUT4_AVX2, K_IQ1_M_T2_AVX2 = 52, 24
+# AVX-512 VBMI + VNNI kernels: IQ1_M's T2, IQ3_XXS position-major (pm), K-quants' GGUF bytes
+K_IQ1_M_T2_AVX512, K_IQ3_XXS_PM_AVX512 = 41, 44
 K_Q4_K_AVX512, K_Q5_K_AVX512, K_Q6_K_AVX512 = 53, 54, 55
-AVX512_GGUF = {
-    QT.IQ3_XXS: K_IQ3_XXS_VBMI,
-    QT.IQ1_M: K_IQ1_M_AVX512,
-    QT.IQ2_S: K_IQ2_S_AVX512,
-    QT.Q4_K: K_Q4_K_AVX512,
-    QT.Q5_K: K_Q5_K_AVX512,
-    QT.Q6_K: K_Q6_K_AVX512,
-}
-# the same hosts, on a repacked layout (iq1_t2_avx512.py): replace layout.REPACKS' kernel
-K_IQ1_M_T2_AVX512 = 41
-# IQ3_XXS repacked position-major (iq3_pm.py): portable, AVX-512 VBMI + VNNI (42 was an A/B arm)
-K_IQ3_XXS_PM, K_IQ3_XXS_PM_AVX512 = 43, 44
-AVX512_REPACK = {K_IQ1_M_T2_AVX2: K_IQ1_M_T2_AVX512}
-# IQ1_M repacked as 7-bit ternary quads (iq1_t7.py): portable, AVX-512 VBMI + VNNI (block sums,
-# bit-identical; float lanes across the row, `iq1_t7_avx512.dot_t7_avx512_fv`)
-K_IQ1_M_T7, K_IQ1_M_T7_AVX512, K_IQ1_M_T7_AVX512_FV = 46, 47, 48
-K_IQ1_M_T2_AVX512_FV = 49  # T2 with the float-lane row kernel (`iq1_t2_avx512.row_fv`)
-K_IQ3_XXS_PM_AVX512_FV = 50  # pm with the float-lane row kernel (`iq3_pm.row_fv`)
-# IQ2_S repacked as 4-bit codes with its 16 scales (iq2s_lut4.py): portable, AVX2
-K_IQ2_S_LUT4, K_IQ2_S_LUT4_AVX2 = 51, 52
-
-PORTABLE = {
-    QT.F32: K_F32,
-    QT.F16: K_F16,
-    QT.BF16: K_BF16,
-    QT.Q8_0: K_Q8_0,
-    QT.Q4_K: K_Q4_K,
-    QT.Q5_K: K_Q5_K,
-    QT.Q6_K: K_Q6_K,
-    QT.IQ4_XS: K_IQ4_XS,
-    QT.IQ3_XXS: K_IQ3_XXS,
-    QT.IQ3_S: K_IQ3_S,
-    QT.IQ2_XXS: K_IQ2_XXS,
-    QT.IQ2_S: K_IQ2_S,
-    QT.IQ1_M: K_IQ1_M,
-}
-
 
 KERNELS = {
     K_F32: dot_f32,
@@ -131,31 +60,13 @@ KERNELS = {
     K_Q6_K_AVX2: dot_q6_k_avx2,
     K_IQ4_XS_AVX2: dot_iq4_xs_avx2,
     K_Q8_0_AVX2: dot_q8_0_avx2,
-    K_IQ3_XXS_LUT4: dot_lut4_portable,
     K_IQ3_XXS_LUT4_AVX2: dot_lut4_avx2,
-    K_IQ1_M_T2: dot_t2_portable,
-    K_IQ1_M_T2_AVX2: dot_t2_avx2,
-    K_IQ3_S_LUT4: dot_lut4_s_portable,
     K_IQ3_S_LUT4_AVX2: dot_lut4_s_avx2,
-    K_IQ2_XXS_LUT4: dot_lut4_2xxs_portable,
     K_IQ2_XXS_LUT4_AVX2: dot_lut4_2xxs_avx2,
-    K_IQ2_S_AVX2: dot_iq2_s_avx2,
-    K_IQ3_XXS_GATHER: dot_iq3_xxs_gather,
-    K_IQ2_XXS_GATHER: dot_iq2_xxs_gather,
-    K_IQ1_M_GATHER: dot_iq1_m_gather,
-    K_IQ3_XXS_VBMI: dot_iq3_xxs_vbmi,
-    K_IQ1_M_AVX512: dot_iq1_m_avx512,
-    K_IQ1_M_T2_AVX512: dot_t2_avx512,
-    K_IQ3_XXS_PM: dot_pm_portable,
-    K_IQ3_XXS_PM_AVX512: dot_pm_avx512,
-    K_IQ2_S_AVX512: dot_iq2_s_avx512,
-    K_IQ1_M_T7: dot_t7_portable,
-    K_IQ1_M_T7_AVX512: dot_t7_avx512,
-    K_IQ1_M_T7_AVX512_FV: dot_t7_avx512_fv,
-    K_IQ1_M_T2_AVX512_FV: dot_t2_avx512_fv,
-    K_IQ3_XXS_PM_AVX512_FV: dot_pm_avx512_fv,
-    K_IQ2_S_LUT4: dot_iq2s_lut4_portable,
     K_IQ2_S_LUT4_AVX2: dot_iq2s_lut4_avx2,
+    K_IQ1_M_T2_AVX2: dot_t2_avx2,
+    K_IQ1_M_T2_AVX512: dot_t2_avx512,
+    K_IQ3_XXS_PM_AVX512: dot_pm_avx512,
     K_Q4_K_AVX512: dot_q4_k_avx512,
     K_Q5_K_AVX512: dot_q5_k_avx512,
     K_Q6_K_AVX512: dot_q6_k_avx512,

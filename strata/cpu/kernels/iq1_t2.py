@@ -22,9 +22,10 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from strata.cpu.kernels.features import HAS_AVX2
 from strata.cpu.kernels.iq1 import iq1m_d
 from strata.cpu.kernels.lut4 import _chunked
-from strata.cpu.kernels.simd import HAS_AVX2, I16, I32, V8I32, V16I16, V32I8, Emit
+from strata.cpu.kernels.simd import I16, I32, V8I32, V16I16, V32I8, Emit
 from strata.cpu.kernels.tables import IQ1S_GRID
 
 BB_GGUF, BB = 56, 76
@@ -96,7 +97,7 @@ def repack_reference(w: np.ndarray) -> np.ndarray:
 
 def planes(codes: np.ndarray, delta: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """Rows [codes | delta dwords | scale words] from codes [n, nb * c], delta [n, nb] uint32
-    and scales [n, nb, 8] (T2's planes; T7's, with its quads as the codes)."""
+    and scales [n, nb, 8] (T2's planes)."""
     n, nb = delta.shape
     return np.concatenate(
         [codes, delta.astype("<u4").view(np.uint8).reshape(n, -1), scales.reshape(n, -1)], axis=1
@@ -140,48 +141,6 @@ def gguf_blocks(u: np.ndarray, delta: np.ndarray, scales: np.ndarray, what: str)
 
 
 # ---------------------------------------------------------------- kernels
-
-
-@njit(cache=True, inline="always")
-def sub_scale(w, r, so, s):
-    """2 ls + 1 of sub-block s (16 weights) from the scale words at w[r, so:so+8]."""
-    word = np.int32(w[r, so + 2 * (s // 4)]) | (np.int32(w[r, so + 2 * (s // 4) + 1]) << 8)
-    return 2 * ((word >> (3 * (s & 3))) & 7) + 1
-
-
-@njit(cache=True, inline="always")
-def delta_term(w, r, do, s, x8, a, go):
-    """sum over sub-block s's two groups g of (delta_g - 8) X8_g, times 8 (delta bits at w[r,
-    do:do+4], the activation's sums of 8 at x8[a, go:])."""
-    t = 0
-    for h in range(2):
-        g = 2 * s + h
-        neg = (w[r, do + g // 8] >> (g % 8)) & 1
-        t += (-9 if neg else -7) * x8[a, go + g]
-    return t
-
-
-@njit(cache=True)
-def dot_t2_portable(w, r, xq, xd, xb, x8, xf, a):
-    """The T2 layout in plain @njit (fallback and oracle of the SIMD kernel)."""
-    nb = w.shape[1] // BB
-    acc = np.float32(0.0)
-    for b in range(nb):
-        so = 68 * nb + 8 * b
-        do = 64 * nb + 4 * b
-        isum = 0
-        for s in range(16):
-            c = s // 8  # chunk
-            k = (s % 8) // 2  # plane
-            i0 = 16 * (s & 1)
-            t = 0
-            for i in range(i0, i0 + 16):
-                u = (w[r, 64 * b + 32 * c + i] >> (2 * k)) & 3
-                t += u * xq[a, 256 * b + 128 * c + 32 * k + i]
-            isum += sub_scale(w, r, so, s) * (8 * t + delta_term(w, r, do, s, x8, a, 32 * b))
-        d = iq1m_d(w, r, so - 48)
-        acc += np.float32(xd[a, b] * d) * np.float32(isum) * np.float32(0.125)
-    return acc
 
 
 @intrinsic

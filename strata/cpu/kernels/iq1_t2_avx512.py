@@ -1,7 +1,7 @@
 """IQ1_M's T2 layout (iq1_t2.py: 2-bit ternary codes, 76 bytes per 256 weights) with AVX-512 VNNI.
 
 For hosts with avx512f/bw/vl/vbmi/vnni (`HAS_AVX512_VBMI`), in place of `iq1_t2.dot_t2_avx2`.
-One super-block, integers times 8 as in `iq1_t2.dot_t2_portable`:
+One super-block, integers times 8 as in `iq1_t2.dot_t2_avx2`:
 
 1. codes: chunk c (32 bytes: bits 2k..2k+1 of byte i = weight 128 c + 32 k + i) is loaded
    into both 256-bit halves of a zmm (a broadcast load). Masked with `CODE_MASK` (0x03 low
@@ -38,26 +38,22 @@ The tables are module-level arrays shared with the test's NumPy emulation of the
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from strata.cpu.kernels.common import f16_to_f32_ir
+from strata.cpu.kernels.features import HAS_AVX512_VBMI
 from strata.cpu.kernels.iq1_avx512 import (
     M2_TAB,
     _dpbusd,
-    _fence,
     _i8,
     _iq1m_d_pext,
     _multishift,
     _pmaddwd,
-    d_bits,
 )
 from strata.cpu.kernels.iq1_t2 import BB
-from strata.cpu.kernels.simd import HAS_AVX512_VBMI, I8, I16, I32, I64, Emit, float_lane_loop
+from strata.cpu.kernels.simd import I8, I16, I32, I64, Emit
 
 V32I8 = ir.VectorType(I8, 32)
 V64I8 = ir.VectorType(I8, 64)
@@ -196,58 +192,6 @@ _blk_t2_avx512 = block_intrinsic(
 )
 
 
-def row_fv(e: Emit, block_sum_fn, code_bytes: int, pw, nb, px, p8, pxd):
-    """A float32 row dot over a layout of three planes ([nb x code_bytes codes] [nb x 4 delta]
-    [nb x 8 scale words]: T2's, T7's) by `simd.float_lane_loop`: per block the 16 int32 lanes of
-    block_sum_fn (reduce False) times f32(xd d) / 8. i8* pw: the row; i64 nb >= 1 its blocks;
-    px / p8 / pxd: the act row's quants, sums of 8 and block scales. No per-block horizontal sum
-    (4 shuffle-port uops a block), other roundings than the block-sum kernels (deterministic)."""
-    b = e.b
-    c = functools.partial(ir.Constant, I64)
-
-    def block(i):
-        so = b.add(b.mul(nb, c(code_bytes + 4)), b.mul(i, c(8)))
-        pq = e.off(pw, b.mul(i, c(code_bytes)))
-        pd = e.off(pw, b.add(b.mul(nb, c(code_bytes)), b.mul(i, c(4))))
-        ps = e.off(pw, so)
-        px_i, p8_i = e.off(px, b.shl(i, c(8))), e.off(p8, b.shl(i, c(6)))
-        lanes = block_sum_fn(e, pq, pd, ps, px_i, p8_i, reduce=False)
-        _fence(e, ps)  # d's own load (not the scale broadcast's qword moved through a shuffle)
-        d = f16_to_f32_ir(b, d_bits(e, e.off(pw, b.sub(so, c(48)))))
-        xd = b.load(b.bitcast(e.off(pxd, b.shl(i, c(2))), F32.as_pointer()))
-        return lanes, b.fmul(b.fmul(xd, d), ir.Constant(F32, 0.125))  # f32(xd d) / 8: exact
-
-    return float_lane_loop(e, nb, block)
-
-
-def row_intrinsic(block_sum_fn, code_bytes: int):
-    """A Numba intrinsic (w, r, nb, xq, xd, x8, a) -> float32: `row_fv` of block_sum_fn over
-    row r of w (nb blocks, `code_bytes` code bytes each) against act row a."""
-
-    def row(typingctx, w, r, nb, xq, xd, x8, a):
-        n = types.intp
-        sig = types.float32(w, n, n, xq, xd, x8, n)
-
-        def codegen(context, builder, sg, args):
-            e = Emit(context, builder)
-            if not HAS_AVX512_VBMI:
-                e.trap()
-                return ir.Constant(F32, 0.0)
-            zero = ir.Constant(I64, 0)
-            pw = e.ptr(sg.args[0], args[0], args[1], zero)
-            px = e.ptr(sg.args[3], args[3], args[6], zero)
-            pxd = e.ptr(sg.args[4], args[4], args[6], zero)
-            p8 = e.ptr(sg.args[5], args[5], args[6], zero)
-            return row_fv(e, block_sum_fn, code_bytes, pw, args[2], px, p8, pxd)
-
-        return sig, codegen
-
-    return intrinsic(row)
-
-
-_row_t2_fv = row_intrinsic(block_sum, 64)
-
-
 # ---------------------------------------------------------------- row kernel (the float steps of
 # iq1_t2.dot_t2_avx2, in the same order)
 
@@ -262,9 +206,3 @@ def dot_t2_avx512(w, r, xq, xd, xb, x8, xf, a):
         d = _iq1m_d_pext(w, r, so - 48)
         acc += np.float32(xd[a, b] * d) * np.float32(isum) * np.float32(0.125)
     return acc
-
-
-@njit(cache=True)
-def dot_t2_avx512_fv(w, r, xq, xd, xb, x8, xf, a):
-    """A float-lane accumulator across the row's blocks (`row_fv`)."""
-    return _row_t2_fv(w, r, w.shape[1] // BB, xq, xd, x8, a)

@@ -11,9 +11,9 @@ of 32-byte chunk j holds weight 64 j + i (low nibble) and 64 j + 32 + i (high ni
 transform is lossless: `unpack` recovers each 10-bit grid index from its 8 levels (the grid's
 1024 rows are distinct level patterns) and each sign byte from its 8 bits.
 
-Why: the AVX2 kernel on the GGUF bytes (iq2_avx2.py) reads a grid row from an 8 KB table per 8
-weights by scalar loads, and inserts them into vectors; one core computes 10.8 Gweights/s so,
-against this kernel's 37.6 (2-vCPU Zen 4, weights in L2; bench/results/cpu-iq2s-lut4-20261207.md).
+Why: an AVX2 kernel on the GGUF bytes reads a grid row from an 8 KB table per 8 weights by
+scalar loads, and inserts them into vectors; one core computes 10.8 Gweights/s so, against this
+kernel's 37.6 (weights in L2).
 Here the weight values come from a 16-entry vpshufb table, as in lut4.py: LUT entry level + 64
 (u8, 72..107), sum((v + 64) x) - 64 sum(x) per 16 weights, sum(x) from the Q8_K bsums, which are
 per 16 weights too. vpmaddwd takes each chunk's two scales as one row of a 256-row table indexed
@@ -31,20 +31,10 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
+from strata.cpu.kernels.features import HAS_AVX2
 from strata.cpu.kernels.iq2 import S_BB
 from strata.cpu.kernels.lut4 import _chunked
-from strata.cpu.kernels.simd import (
-    HAS_AVX2,
-    I8,
-    I16,
-    I32,
-    I64,
-    V8I32,
-    V16I16,
-    V32I8,
-    Emit,
-    const_table,
-)
+from strata.cpu.kernels.simd import I8, I16, I32, I64, V8I32, V16I16, V32I8, Emit, const_table
 from strata.cpu.kernels.tables import IQ2S_GRID
 
 BB = 138  # repacked bytes per super-block of 256 weights
@@ -151,30 +141,6 @@ def unpack(p: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- kernels
-
-_CV = CODE_VALUES.astype(np.int32)
-
-
-@njit(cache=True)
-def dot_iq2s_lut4_portable(w, r, xq, xd, xb, x8, xf, a):
-    """IQ2_S in its lut4 layout, plain @njit (fallback and oracle of the AVX2 kernel)."""
-    nb = w.shape[1] // BB
-    acc = np.float32(0.0)
-    for b in range(nb):
-        isum = 0
-        for j in range(4):
-            for half in range(2):  # low nibbles: weights 64 j + 0..31, high: 64 j + 32..63
-                for q in range(2):  # 16 weights, one scale
-                    t = 0
-                    for i in range(16 * q, 16 * q + 16):
-                        c = (w[r, 128 * b + 32 * j + i] >> (4 * half)) & 15
-                        t += _CV[c] * xq[a, 256 * b + 64 * j + 32 * half + i]
-                    h = 4 * j + 2 * half + q
-                    ls = (w[r, 128 * nb + 8 * b + h // 2] >> (4 * (h & 1))) & 15
-                    isum += (2 * np.int32(ls) + 1) * t
-        d = f16_at(w, r, 136 * nb + 2 * b)
-        acc += np.float32(xd[a, b] * d) * np.float32(isum) * np.float32(0.125)
-    return acc
 
 
 @intrinsic

@@ -1,6 +1,6 @@
 """IQ3_XXS repacked position-major ("pm", 102 bytes per 256 weights, 1.04x) for AVX-512 VBMI + VNNI.
 
-iq3_vbmi.py reads the GGUF bytes and spends most of its shuffle port on putting the weights back
+A kernel on the GGUF bytes spends most of its shuffle port on putting the weights back
 in natural order (grid rows -> level nibbles -> interleaved bytes) and on expanding the 7-bit
 sign fields. This layout keeps the grid indices as they are and stores the signs as plain bits in
 the order the cheapest decode produces, with the activation's quants reordered to match, once per
@@ -28,14 +28,12 @@ xp[256 b + 64 p + g] = xq[256 b + 4 g + p] (`quantize.pm_order`). The kernel per
 The block sum is the portable kernel's integer `isum`, and the row's float steps are those of
 `iq3.dot_iq3_xxs` in the same order, so the result is bit-identical to the portable kernels on the
 GGUF bytes (four blocks at a time, with one transposed reduction and the float steps 4 wide, ran
-at a third of the speed on the H200's host: bench/results/session8-h200-20261130.md). `repack` and
+at a third of the speed). `repack` and
 `unpack` are lossless (the 8th sign bit of each 8 is the parity ksigns adds; `unpack` refuses
 signs that break it).
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 from llvmlite import ir
@@ -43,10 +41,11 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from strata.cpu.kernels import iq3_vbmi as V
-from strata.cpu.kernels.common import f16_at, f16_to_f32_ir
+from strata.cpu.kernels.common import f16_at
+from strata.cpu.kernels.features import HAS_AVX512_VBMI
 from strata.cpu.kernels.lut4 import _chunked
-from strata.cpu.kernels.simd import HAS_AVX512_VBMI, I32, V8I32, Emit, float_lane_loop
-from strata.cpu.kernels.tables import IQ3XXS_GRID, KSIGNS
+from strata.cpu.kernels.simd import I32, V8I32, Emit
+from strata.cpu.kernels.tables import KSIGNS
 from strata.cpu.quantize import pm_order
 
 BB_GGUF, BB = 98, 102
@@ -107,32 +106,6 @@ def unpack(p: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- portable kernel (the oracle)
-
-_GRID = IQ3XXS_GRID.astype(np.int32)  # [256, 4] magnitudes
-
-
-@njit(cache=True)
-def dot_pm_portable(w, r, xq, xd, xb, x8, xf, a):
-    """IQ3_XXS in the pm layout, plain @njit, on the natural-order quants xq: the float steps of
-    iq3.dot_iq3_xxs in the same order."""
-    nb = w.shape[1] // BB
-    acc = np.float32(0.0)
-    for b in range(nb):
-        o = b * BB
-        scales = np.uint32(0)
-        for k in range(4):
-            scales |= np.uint32(w[r, o + SCALE_OFF + k]) << (8 * k)
-        isum = np.int32(0)
-        for s in range(8):
-            t = np.int32(0)
-            for i in range(32 * s, 32 * s + 32):
-                g, p = i // 4, i % 4
-                bit = (w[r, o + SIGN_OFF + 8 * p + g // 8] >> (g % 8)) & 1
-                v = _GRID[w[r, o + 2 + g], p]
-                t += (-v if bit else v) * np.int32(xq[a, 256 * b + i])
-            isum += t * np.int32(2 * ((scales >> (4 * s)) & 15) + 1)
-        acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum) * np.float32(0.25)
-    return acc
 
 
 # ---------------------------------------------------------------- AVX-512 VBMI + VNNI
@@ -216,49 +189,3 @@ def dot_pm_avx512(w, r, xq, xd, xb, x8, xf, a):
         isum = _blk_pm(w, r, o, xf, a, 256 * b)
         acc += np.float32(xd[a, b] * f16_at(w, r, o)) * np.float32(isum) * np.float32(0.25)
     return acc
-
-
-def row_fv(e: Emit, pw, nb, pxp, pxd):
-    """The float32 row dot of `dot_pm_avx512_fv`: `simd.float_lane_loop` over the row's blocks,
-    each block's 16 lanes (`block_acc`) times f32(xd d) / 4. i8* pw: the row; i64 nb >= 1 its
-    blocks; pxp / pxd: the act row's position-major quants and block scales."""
-    b = e.b
-    c = functools.partial(ir.Constant, ir.IntType(64))
-
-    def block(i):
-        pb = e.off(pw, b.mul(i, c(BB)))
-        lanes = block_acc(e, pb, e.off(pxp, b.shl(i, c(8))))
-        d = f16_to_f32_ir(b, e.load(pb, ir.IntType(16)))
-        xd = b.load(b.bitcast(e.off(pxd, b.shl(i, c(2))), ir.FloatType().as_pointer()))
-        return lanes, b.fmul(b.fmul(xd, d), ir.Constant(ir.FloatType(), 0.25))  # exact / 4
-
-    return float_lane_loop(e, nb, block)
-
-
-@intrinsic
-def _row_pm_fv(typingctx, w, r, nb, xf, xd, a):
-    """`row_fv` over row r of pm matrix w (nb blocks) against act row a (xf: its position-major
-    quants' bytes)."""
-    n = types.intp
-    sig = types.float32(w, n, n, xf, xd, n)
-
-    def codegen(context, builder, sg, args):
-        e = Emit(context, builder)
-        if not HAS_AVX512_VBMI:
-            e.trap()
-            return ir.Constant(ir.FloatType(), 0.0)
-        zero = ir.Constant(ir.IntType(64), 0)
-        pw = e.ptr(sg.args[0], args[0], args[1], zero)
-        pxp = _xp_ptr(e, sg.args[3], args[3], args[5], zero)
-        pxd = e.ptr(sg.args[4], args[4], args[5], zero)
-        return row_fv(e, pw, args[2], pxp, pxd)
-
-    return sig, codegen
-
-
-@njit(cache=True)
-def dot_pm_avx512_fv(w, r, xq, xd, xb, x8, xf, a):
-    """`dot_pm_avx512` with a float-lane accumulator across the row's blocks (`row_fv`): no
-    per-block horizontal sum, other roundings (deterministic; within 2e-6 of the float64
-    product)."""
-    return _row_pm_fv(w, r, w.shape[1] // BB, xf, xd, a)

@@ -16,8 +16,9 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
+from strata.cpu.kernels.features import HAS_AVX2
 from strata.cpu.kernels.kquants import Q4K_BB, Q5K_BB, Q6K_BB, kmin_block
-from strata.cpu.kernels.simd import HAS_AVX2, I32, V8I32, V16I16, V32I8, Emit
+from strata.cpu.kernels.simd import I32, V8I32, V16I16, V32I8, Emit
 
 _V4I32 = ir.VectorType(I32, 4)
 _V16I8 = ir.VectorType(ir.IntType(8), 16)

@@ -44,9 +44,10 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
+from strata.cpu.kernels.features import HAS_AVX512_VBMI
 from strata.cpu.kernels.iq1_avx512 import _dpbusd, _i8, _multishift, _pmaddwd
 from strata.cpu.kernels.kquants import Q4K_BB, Q5K_BB, Q6K_BB, kmin_block
-from strata.cpu.kernels.simd import HAS_AVX512_VBMI, I8, I16, I32, Emit
+from strata.cpu.kernels.simd import I8, I16, I32, Emit
 
 V16I8 = ir.VectorType(I8, 16)
 V32I8 = ir.VectorType(I8, 32)

@@ -27,7 +27,8 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
-from strata.cpu.kernels.simd import HAS_AVX2, I32, V8I32, V16I16, V32I8, Emit
+from strata.cpu.kernels.features import HAS_AVX2
+from strata.cpu.kernels.simd import I32, V8I32, V16I16, V32I8, Emit
 from strata.cpu.kernels.tables import IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, IQ3XXS_LEVELS, KSIGNS
 
 BB_GGUF, BB_GGUF_S, BB_GGUF_2XXS, BB = 98, 110, 66, 134
@@ -352,49 +353,7 @@ def unpack_s(p: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- kernels
 
 
-@njit(cache=True, inline="always")
-def _row_portable(w, r, xq, xd, a, values, factor):
-    nb = w.shape[1] // BB
-    acc = np.float32(0.0)
-    for b in range(nb):
-        sc = np.uint32(w[r, 128 * nb + 4 * b]) | (np.uint32(w[r, 128 * nb + 4 * b + 1]) << 8)
-        sc |= (np.uint32(w[r, 128 * nb + 4 * b + 2]) << 16) | (
-            np.uint32(w[r, 128 * nb + 4 * b + 3]) << 24
-        )
-        isum = 0
-        for j in range(4):
-            t0 = 0
-            t1 = 0
-            for i in range(32):
-                c = w[r, 128 * b + 32 * j + i]
-                t0 += values[c & 15] * xq[a, 256 * b + 64 * j + i]
-                t1 += values[c >> 4] * xq[a, 256 * b + 64 * j + 32 + i]
-            isum += (2 * np.int32((sc >> (8 * j)) & 15) + 1) * t0
-            isum += (2 * np.int32((sc >> (8 * j + 4)) & 15) + 1) * t1
-        d = f16_at(w, r, 132 * nb + 2 * b)
-        acc += np.float32(xd[a, b] * d) * np.float32(isum) * factor
-    return acc
-
-
 _CV_XXS, _CV_S, _CV_2XXS = (CODE_VALUES[k].copy() for k in range(3))
-
-
-@njit(cache=True)
-def dot_lut4_portable(w, r, xq, xd, xb, x8, xf, a):
-    """IQ3_XXS in the LUT4 layout, plain @njit (fallback and oracle of the SIMD kernel)."""
-    return _row_portable(w, r, xq, xd, a, _CV_XXS, np.float32(FACTOR[0]))
-
-
-@njit(cache=True)
-def dot_lut4_s_portable(w, r, xq, xd, xb, x8, xf, a):
-    """IQ3_S in the LUT4 layout, plain @njit."""
-    return _row_portable(w, r, xq, xd, a, _CV_S, np.float32(FACTOR[1]))
-
-
-@njit(cache=True)
-def dot_lut4_2xxs_portable(w, r, xq, xd, xb, x8, xf, a):
-    """IQ2_XXS in the LUT4 layout, plain @njit."""
-    return _row_portable(w, r, xq, xd, a, _CV_2XXS, np.float32(FACTOR[2]))
 
 
 @intrinsic(prefer_literal=True)

@@ -6,70 +6,26 @@ integer dot products run 32 bytes at a time instead of being widened to int64 la
 
 Every SIMD kernel has a plain @njit twin (the portable path and the test oracle). Codegen checks
 the host features: on a machine without AVX2 the intrinsics emit a trap, and the dispatcher never
-selects them (`SIMD` is False there). STRATA_CPU_SIMD=0 forces the portable kernels,
-STRATA_CPU_SIMD=avx2 the AVX2 ones where the host also has the AVX-512 kernels' features.
+selects them (features.py).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
-from llvmlite import binding as llb
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.core import config as numba_config
 from numba.extending import intrinsic
+
+from strata.cpu.kernels.common import f16_to_f32_ir
+from strata.cpu.kernels.features import FEATURES, HAS_AVX2
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 V32I8 = ir.VectorType(I8, 32)
 V16I8 = ir.VectorType(I8, 16)
 V16I16 = ir.VectorType(I16, 16)
 V8I32 = ir.VectorType(I32, 8)
-
-
-def host_features() -> set[str]:
-    """The features Numba compiles for, as LLVM names ("avx2", "avx512vnni", ...): the host
-    CPU's, or NUMBA_CPU_FEATURES ("+avx2,+fma,...") where that is set (Numba then targets those,
-    so the kernels emitted must match them: e.g. AVX-512 code compiled on an AVX2 host for asm
-    inspection)."""
-    override = numba_config.CPU_FEATURES
-    if override is not None:
-        flat = override
-    else:
-        try:
-            flat = llb.get_host_cpu_features().flatten()
-        except RuntimeError:  # some platforms cannot report features
-            return set()
-    return {f.strip()[1:] for f in flat.split(",") if f.strip().startswith("+")}
-
-
-FEATURES = host_features()
-HAS_AVX2 = {"avx2", "fma", "f16c"} <= FEATURES
-# what the AVX-512 kernels use (iq3_vbmi.py): vpermi2b/vpmultishiftqb (vbmi), vpdpbusd (vnni),
-# byte ops and 64-bit masks (bw), a 256-bit EVEX form (vl)
-AVX512_VBMI_FEATURES = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512vnni"})
-HAS_AVX512_VBMI = AVX512_VBMI_FEATURES <= FEATURES
-
-
-def simd_enabled() -> bool:
-    """Whether the pool should pick the SIMD kernels (AVX2 present and not switched off)."""
-    return HAS_AVX2 and os.environ.get("STRATA_CPU_SIMD", "1") not in ("0", "off", "no")
-
-
-def avx512_enabled(simd: bool | None = None) -> bool:
-    """Whether the pool should pick the AVX-512 VBMI kernels (iq3_vbmi.py) over the AVX2 ones:
-    SIMD is on (simd; None: `simd_enabled()`), the host has `AVX512_VBMI_FEATURES`, and
-    STRATA_CPU_SIMD is not "avx2"."""
-    on = simd_enabled() if simd is None else simd
-    return on and HAS_AVX512_VBMI and os.environ.get("STRATA_CPU_SIMD", "1") != "avx2"
-
-
-def simd_level() -> str:
-    if avx512_enabled():
-        return "avx512vbmi"
-    return "avx2" if simd_enabled() else "portable"
 
 
 class Emit:
@@ -153,34 +109,6 @@ class Emit:
         self._call("llvm.trap", ir.VoidType(), [])
 
 
-def float_lane_loop(e: Emit, nb, block):
-    """sum over blocks i < nb (an i64 >= 1) of f32(lanes_i) * scale_i, as one IR loop with a
-    16-lane float accumulator whose lanes are added in lane order once at the end (ordered: the
-    same bits on every call), where (lanes_i <16 x i32>, scale_i float) = block(i) (block emits
-    straight-line IR). The row loop of the float-lane kernels: no horizontal integer sum a
-    block."""
-    b = e.b
-    f32 = ir.FloatType()
-    v16f = ir.VectorType(f32, 16)
-    entry = b.block
-    loop = b.append_basic_block("lanes.loop")
-    done = b.append_basic_block("lanes.done")
-    b.branch(loop)
-    b.position_at_end(loop)
-    i = b.phi(I64)
-    acc = b.phi(v16f)
-    lanes, scale = block(i)
-    nxt = b.fadd(acc, b.fmul(b.sitofp(lanes, v16f), e.bcast(scale, v16f)))
-    i1 = b.add(i, ir.Constant(I64, 1))
-    i.add_incoming(ir.Constant(I64, 0), entry)
-    i.add_incoming(i1, loop)
-    acc.add_incoming(ir.Constant(v16f, [0.0] * 16), entry)
-    acc.add_incoming(nxt, loop)
-    b.cbranch(b.icmp_signed("<", i1, nb), loop, done)
-    b.position_at_end(done)
-    return e._call("llvm.vector.reduce.fadd.v16f32", f32, [ir.Constant(f32, 0.0), nxt])
-
-
 def const_table(e: Emit, name: str, ty, values):
     """i8* to an internal constant table (64-byte aligned) in the module being built, made once
     per module: the grid and sign tables of the i-quant kernels."""
@@ -198,8 +126,6 @@ def const_table(e: Emit, name: str, ty, values):
 
 def f16_load(e: Emit, p):
     """float32 from the f16 at i8* p."""
-    from strata.cpu.kernels.common import f16_to_f32_ir  # common imports this module
-
     return f16_to_f32_ir(e.b, e.load(p, I16))
 
 

@@ -6,9 +6,9 @@ inlines every kernel through `dispatch.dot`) keeps running the helper's old code
 existing cache after the helper changed, on an upgraded checkout as well as in development.
 
 `guard()` hashes every strata source that holds jitted code (`@njit` / `@intrinsic` /
-`@overload`), the Numba version and the environment knobs read while code is generated
-(`CODEGEN_ENV`); where the stamp beside a cache directory differs, that directory's `*.nbi` /
-`*.nbc` files are deleted before any of them is loaded, and the new stamp is written. Runs once
+`@overload`) and the Numba version; where the stamp beside a cache directory differs, that
+directory's `*.nbi` / `*.nbc` files are deleted before any of them is loaded, and the new stamp
+is written. Runs once
 a process (from `strata.cpu`'s import, which every module whose jitted code inlines another
 file's imports first); costs ~2 ms. A fresh clone has no cache: nothing to drop.
 """
@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the strata package
 JIT_MARKERS = (b"@njit", b"@intrinsic", b"@overload", b"@jit")
-CODEGEN_ENV = ("STRATA_CPU_F16_ASM",)  # read when IR is built (strata/cpu/kernels/common.py)
 STAMP = "strata-jit-sources.sha256"
 
 
@@ -38,12 +36,10 @@ def jitted_sources(root: Path = ROOT) -> list[Path]:
 
 
 def sources_digest(files: list[Path], root: Path = ROOT) -> str:
-    """One hash of the files (names and bytes), Numba's version and the codegen knobs."""
+    """One hash of the files (names and bytes) and Numba's version."""
     import numba
 
     h = hashlib.sha256(f"numba {numba.__version__}\n".encode())
-    for k in CODEGEN_ENV:
-        h.update(f"{k}={os.environ.get(k, '')}\n".encode())
     for p in files:
         h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
@@ -101,8 +97,6 @@ def drop_stale(cache_dirs: list[Path], digest: str) -> list[Path]:
 @functools.cache
 def guard() -> list[Path]:
     """Drop strata's stale Numba caches (once a process); the directories cleaned."""
-    if os.environ.get("STRATA_JIT_CACHE_GUARD", "1") == "0":
-        return []
     files = jitted_sources()
     dirs = {cache_dir_of(p) for p in files}
     return drop_stale(sorted(d for d in dirs if d is not None), sources_digest(files))

@@ -1,28 +1,32 @@
-"""Host-emulated device tier: the interface of the GPU tier, computed with NumPy in float32.
+"""The CPU-only tier (`HostTier`): the interface of the GPU tier, computed with NumPy in float32.
 
 It copies llama.cpp CPU's roundings (activations through the weight's vec_dot type, an f16 KV
 cache, f16 softmax probabilities), so its greedy tokens match llama.cpp's on the same file.
 `kv_type="int8"` keeps the KV rows as int8 with a float32 scale per row instead
-(strata.gpu.rope_kv.quantize_kv_rows: the rounding the GPU tier's int8 cache uses).
-"Resident" experts are dequantized slot copies kept in an LRU bounded in bytes: an emulation for
-tests and CPU-only runs, never the CPU pool.
+(kv.py: the rounding the GPU tier's int8 cache uses). Dense matrices run on the CPU pool's
+kernels from their own bytes (`dense="quant"`, production) or dequantized to float32
+(`dense="float"`, the reference the tests pin). "Resident" experts are dequantized slot copies
+kept in an LRU bounded in bytes: an emulation for tests, never the CPU pool.
+
+The model is duck-typed: `.args` (its hyper-parameters) and `.tensor(name, layer)` (objects with
+`.qtype`, `.shape`, `.data`, `.nbytes`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
+from strata.cpu.dense import QuantLinear
+from strata.cpu.dequant import dequant
 from strata.cpu.half import round_f16, to_f32
+from strata.cpu.kv import dequantize_kv_rows, quantize_kv_rows
 from strata.cpu.quantize import roundtrip  # NumPy's bits, compiled (float32 Q8_K / Q8_0)
-from strata.gpu.rope_kv import dequantize_kv_rows, quantize_kv_rows
-from strata.gpu.sample import sample_ref
-from strata.model.loader import Model
-from strata.model.weights import dequant
-from strata.progress import bar
+from strata.cpu.sampling import sample_ref
 from strata.quant import fmt
 
 QT = GGMLQuantizationType
@@ -49,24 +53,7 @@ def rope_inv_freq(head_dim: int, base: float) -> np.ndarray:
 
 # the attention's score rows of one query chunk stay under this (H x rows x keys float32)
 HOST_ATTN_SCORES_BYTES = 64 << 20
-DENSE_MODES = ("float", "quant", "auto")  # HostTier(dense=...): see HostTier._linear
-# dense="auto" takes the kernels ("quant") once the float32 copies would reach this many bytes:
-# there the copies' RAM and bandwidth dominate (Qwen3-30B-A3B: 4.9 GB, decode 1.7-1.9x faster on
-# the kernels, 2-vCPU dev VM); below it the float path, the reference numerics the tests pin, is
-# kept (the embedded model decoded faster on the kernels too: bench/results/host-dense-2core-*)
-DENSE_QUANT_MIN_BYTES = 1 << 30
-
-
-def _dense_weights(model: Model) -> int:
-    """Weights the host tier's dense matrices hold (attention, router, shared expert, head)."""
-    a = model.args
-    names = [MT.ATTN_Q, MT.ATTN_K, MT.ATTN_V, MT.ATTN_OUT, MT.FFN_GATE_INP]
-    if a.shared_ff:
-        names += [MT.FFN_GATE_SHEXP, MT.FFN_UP_SHEXP, MT.FFN_DOWN_SHEXP]
-    n = int(np.prod(model.tensor(MT.OUTPUT).shape))
-    for i in range(a.n_layer):
-        n += sum(int(np.prod(model.tensor(t, i).shape)) for t in names)
-    return n
+DENSE_MODES = ("float", "quant")  # HostTier(dense=...): see HostTier._linear
 
 
 class _Linear:
@@ -74,9 +61,7 @@ class _Linear:
 
     __slots__ = ("w", "vec_dot", "bias")
 
-    def __init__(
-        self, model: Model, t: MT | str, layer: int | None = None, bias: str | None = None
-    ):
+    def __init__(self, model, t: MT | str, layer: int | None = None, bias: str | None = None):
         ref = model.tensor(t, layer)
         self.w = dequant(ref)  # [out, in] float32
         self.vec_dot = fmt(ref.qtype).vec_dot
@@ -92,19 +77,19 @@ class HostTier:
 
     def __init__(
         self,
-        model: Model,
+        model,
         n_ctx: int = 4096,
         expert_cache_mib: int = 2048,
         kv_type: str = "f16",
         prefill_stage: int = 0,
         dense: str = "float",
+        progress: Callable[[int, int], None] | None = None,
     ):
+        """progress(done, total): called with the layers loaded so far."""
         a = self.args = model.args
         self.model = model
         if dense not in DENSE_MODES:
             raise ValueError(f"dense must be one of {', '.join(DENSE_MODES)}, not {dense!r}")
-        if dense == "auto":  # float32 copies past DENSE_QUANT_MIN_BYTES: the kernels instead
-            dense = "quant" if 4 * _dense_weights(model) >= DENSE_QUANT_MIN_BYTES else "float"
         self.dense = dense
         self.n_ctx = n_ctx
         self.kv_type = check_kv_type(kv_type)
@@ -113,23 +98,21 @@ class HostTier:
         self.eps = np.float32(a.rms_eps)
         self.embd = model.tensor(MT.TOKEN_EMBD)
         self.layers = []
-        with bar(a.n_layer + 1, "loading dense weights", unit="layer") as pb:
-            for i in range(a.n_layer):
-                self.layers.append(self._load_layer(i))
-                pb.update()
-            self.out_norm = dequant(model.tensor(MT.OUTPUT_NORM))
-            self.lm_head = self._linear(MT.OUTPUT)
-            pb.update()
+        for i in range(a.n_layer):
+            self.layers.append(self._load_layer(i))
+            if progress is not None:
+                progress(i + 1, a.n_layer + 1)
+        self.out_norm = dequant(model.tensor(MT.OUTPUT_NORM))
+        self.lm_head = self._linear(MT.OUTPUT)
+        if progress is not None:
+            progress(a.n_layer + 1, a.n_layer + 1)
         self._init_rest(model)
 
     def _linear(self, t: MT | str, layer: int | None = None, bias: str | None = None):
         """A dense weight as the tier computes it: dequantized to float32 (`dense="float"`, the
-        reference) or on the CPU pool's kernels from its own bytes (`"quant"`, QuantLinear;
-        `"auto"` picks by size, DENSE_QUANT_MIN_BYTES)."""
+        reference) or on the CPU pool's kernels from its own bytes (`"quant"`, QuantLinear)."""
         if self.dense == "float":
             return _Linear(self.model, t, layer, bias)
-        from strata.cpu.dense import QuantLinear
-
         ref = self.model.tensor(t, layer)
         b = dequant(self.model.tensor(bias)) if bias else None
         return QuantLinear(ref, fmt(ref.qtype).vec_dot, bias=b)
@@ -159,7 +142,7 @@ class HostTier:
             L["sh_inp"] = dequant(model.tensor(MT.FFN_GATE_INP_SHEXP, i))
         return L
 
-    def _init_rest(self, model: Model) -> None:
+    def _init_rest(self, model) -> None:
         a, n_ctx = self.args, self.n_ctx
         self.inv_freq = rope_inv_freq(a.head_dim, a.rope_theta)  # [Dh/2]
         # KV cache, allocated once: [L, S, G, Dh] f16, or int8 with scales [L, S, G] float32
@@ -306,5 +289,5 @@ class HostTier:
 
     def output_sample(self, x: np.ndarray, params, u: float) -> int:
         """The sampling chain on the last row's logits with uniform u: the GPU tier's
-        `output_sample` computed with its NumPy reference (strata/gpu/sample.py)."""
+        `output_sample` computed with its NumPy reference (sampling.py)."""
         return sample_ref(self.output(x[-1:])[0], params, u)
