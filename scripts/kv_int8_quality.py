@@ -5,8 +5,8 @@ Run from the repo root: PYTHONPATH=. python scripts/kv_int8_quality.py
 
 import numpy as np
 
+from strata.cpu.tier import HostTier
 from strata.engine.engine import Engine
-from strata.gpu.host import HostTier
 from strata.model.loader import load_model
 from tests.test_kv_int8 import DEFAULT_MODEL, HELDOUT
 

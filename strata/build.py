@@ -65,7 +65,6 @@ def make_tier(
     widen_budget: bool = False,
     kv_type: str = "f16",
     prefill_stage: int = 0,
-    host_dense: str = "quant",
 ) -> Tier:
     """The GPU tier on `info` (the primary device, or None), else the CPU-only tier.
 
@@ -92,11 +91,19 @@ def make_tier(
         )
     if device == "gpu":
         raise DeviceError("--device gpu: no usable GPU (CuPy and a CUDA/ROCm device needed)")
-    from strata.gpu.host import HostTier
+    from strata.cpu.tier import HostTier
+    from strata.progress import reporter
 
-    return HostTier(
-        model, n_ctx=n_ctx, kv_type=kv_type, prefill_stage=prefill_stage, dense=host_dense
-    )
+    # the dense matrices on the CPU pool's kernels, from the weights' own bytes
+    with reporter("loading dense weights", unit="layer") as progress:
+        return HostTier(
+            model,
+            n_ctx,
+            kv_type=kv_type,
+            prefill_stage=prefill_stage,
+            dense="quant",
+            progress=progress,
+        )
 
 
 def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -> Engine:
@@ -130,7 +137,6 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
         widen_budget=cfg.vram_budget_widen,
         kv_type=cfg.kv_type,
         prefill_stage=prefill_stage_slots(cfg, a.n_expert, on_gpu and slots < total),
-        host_dense=cfg.host_dense,
     )
     card = is_card(tier)
     if cache == "auto" and card:

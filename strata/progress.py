@@ -29,3 +29,20 @@ def bar(total: int, desc: str, enabled: bool = True, unit: str = "it"):
         file=sys.stderr,
     ) as pb:
         yield pb
+
+
+@contextmanager
+def reporter(desc: str, enabled: bool = True, unit: str = "it"):
+    """A `progress(done, total)` callable drawing a bar, for code that counts its own work (the
+    CPU tier's loading, the pack writer) and must not import this module."""
+    with bar(0, desc, enabled, unit) as pb:
+        seen = 0
+
+        def report(done: int, total: int) -> None:
+            nonlocal seen
+            if getattr(pb, "total", None) != total:
+                pb.total = total
+            pb.update(done - seen)
+            seen = done
+
+        yield report

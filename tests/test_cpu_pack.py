@@ -260,8 +260,9 @@ def test_pack_flags_reach_the_engine_config_and_beat_the_environment():
 
 
 def test_the_engine_builds_its_pool_on_the_pack(packed):
-    from strata.config import resolve
     from strata.engine.builder import build_engine
+
+    from strata.config import resolve
 
     model, d = packed("IQ3_XXS")
     flags = dict(device="host", expert_cache="4", pack=str(d), release="swift")

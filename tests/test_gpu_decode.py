@@ -19,6 +19,8 @@ from gguf.constants import GGMLQuantizationType
 
 cp = pytest.importorskip("cupy")
 
+from strata.gpu.host import rope_inv_freq  # noqa: E402
+
 from strata.gpu.attention import (  # noqa: E402
     DEC_CL_GRID,
     DEC_SHORT_GRID,
@@ -36,7 +38,6 @@ from strata.gpu.gemv import (  # noqa: E402
     gemv_ref,
     warps_per_row,
 )
-from strata.gpu.host import rope_inv_freq  # noqa: E402
 from strata.gpu.norm_quant import ActBuf, norm_quant  # noqa: E402
 from strata.gpu.rope_kv import qk_norm_rope_kv  # noqa: E402
 from strata.quant import random_quantized  # noqa: E402

@@ -16,6 +16,7 @@ from gguf.constants import GGMLQuantizationType
 cp = pytest.importorskip("cupy")
 
 from gguf.quants import dequantize  # noqa: E402
+from strata.gpu.host import rope_inv_freq  # noqa: E402
 
 from strata.gpu.attention import AttnWorkspace, attention, attention_ref  # noqa: E402
 from strata.gpu.elementwise import (  # noqa: E402
@@ -27,7 +28,6 @@ from strata.gpu.elementwise import (  # noqa: E402
 from strata.gpu.embed import embed, embed_ref  # noqa: E402
 from strata.gpu.experts import SlotStore, expert_ref, moe_experts  # noqa: E402
 from strata.gpu.gemv import DeviceWeight, gemv, gemv_ref  # noqa: E402
-from strata.gpu.host import rope_inv_freq  # noqa: E402
 from strata.gpu.norm_quant import (  # noqa: E402
     BLOCK,
     ActBuf,

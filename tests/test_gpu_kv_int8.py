@@ -22,6 +22,8 @@ import pytest
 cp = pytest.importorskip("cupy")
 
 from strata.engine.forward import Engine  # noqa: E402
+from strata.gpu.host import HostTier, rope_inv_freq  # noqa: E402
+
 from strata.gpu.attention import (  # noqa: E402
     DEC_CL_GRID,
     DEC_SHORT_GRID,
@@ -32,7 +34,6 @@ from strata.gpu.attention import (  # noqa: E402
     attention_int8_ref,
 )
 from strata.gpu.cupy_tier import CupyTier  # noqa: E402
-from strata.gpu.host import HostTier, rope_inv_freq  # noqa: E402
 from strata.gpu.rope_kv import (  # noqa: E402
     dequantize_kv_rows,
     qk_norm_rope_kv,
@@ -300,8 +301,9 @@ def test_int8_greedy_decode_matches_host_tier_for_32_steps(synth_model, device, 
 
 
 def test_int8_graph_decode_equals_its_eager_launches(synth_model, device):
-    from strata.config import resolve
     from strata.engine.builder import build_engine
+
+    from strata.config import resolve
 
     model = load_model(synth_model("tiny", "Q4_K", seed=21))
 

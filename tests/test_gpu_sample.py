@@ -16,6 +16,7 @@ import pytest
 cp = pytest.importorskip("cupy")
 
 from strata.engine.forward import Engine  # noqa: E402
+
 from strata.engine.sampling import SamplingParams  # noqa: E402
 from strata.gpu.cupy_tier import CupyTier  # noqa: E402
 from strata.gpu.decode_graph import Pinned  # noqa: E402

@@ -14,13 +14,13 @@ import argparse
 
 import numpy as np
 import pytest
+from strata.engine.builder import build_engine
+from strata.engine.forward import Engine
 
 from strata.cli import DEFAULT_MODEL, _engine_config, build_parser
 from strata.config import ConfigError, resolve
 from strata.cpu.kv import dequantize_kv_rows, quantize_kv_rows
 from strata.cpu.tier import HostTier
-from strata.engine.builder import build_engine
-from strata.engine.forward import Engine
 from strata.gpu.attention import attention_int8_ref, attention_ref
 from strata.model.loader import load_model
 from strata.model.synth import make_args

@@ -22,7 +22,7 @@ import numpy as np
 
 from strata.bench.common import commit
 from strata.cpu.bandwidth import host_read_bandwidth, read_bandwidth
-from strata.cpu.kernels.simd import simd_level
+from strata.cpu.kernels.features import simd_level
 from strata.cpu.pool import ExpertPool, prepare_layer
 from strata.model.synth import SHAPES
 from strata.quant import fmt, random_quantized

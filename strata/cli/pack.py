@@ -24,6 +24,7 @@ def add_parser(subparsers) -> None:
 
 def cmd_pack(ns: argparse.Namespace) -> int:
     from strata.cpu.pack import SRC_FILE, build_pack
+    from strata.progress import reporter
 
     out = Path(ns.out)
     if out.exists() and not out.is_dir():
@@ -33,7 +34,8 @@ def cmd_pack(ns: argparse.Namespace) -> int:
     release = setting("release", ns.release or None)
     model = load(ns.model)
     t0 = time.perf_counter()
-    path = build_pack(model, out, release=release, model_id=ns.model_id)
+    with reporter("pack experts", unit="B") as progress:
+        path = build_pack(model, out, release=release, model_id=ns.model_id, progress=progress)
     size = path.stat().st_size
     print(
         f"wrote {path} ({size / 2**20:.1f} MiB) and {out / SRC_FILE} "

@@ -58,7 +58,7 @@ class Engine:
         self.model, self.args = model, model.args
         a = self.args
         if tier is None:
-            from strata.gpu.host import HostTier
+            from strata.cpu.tier import HostTier
 
             tier = HostTier(model, n_ctx=n_ctx or min(a.n_ctx_train, 4096))
         self.tier = tier

@@ -1,6 +1,6 @@
 """The tier protocols the engine drives.
 
-`Tier`: what every tier has (the CPU-only tier, `strata.gpu.host.HostTier`, computes it on the
+`Tier`: what every tier has (the CPU-only tier, `strata.cpu.tier.HostTier`, computes it on the
 host; the GPU tier, `strata.gpu.cupy_tier.CupyTier`, on the card). `CardTier`: what a tier on a
 GPU adds (graph decode steps, routing on the card, expert slots and their uploads, the host
 boundary). Which of the two a tier is, is its `name`, read once when the engine is built
