@@ -12,8 +12,9 @@ import pytest
 
 from strata.cpu import team as tm
 from strata.cpu.pool import ExpertPool, prepare_layer
-from strata.cpu.serve import BAD_ID, DONE, FILL, WAIT, StepServer, record_views
+from strata.cpu.serve import StepServer
 from strata.quant import fmt, random_quantized
+from strata.quant.plan_record import BAD_ID, DONE, FILL, WAIT, record_views
 
 pytestmark = pytest.mark.skipif(not tm.SUPPORTED, reason="no futex on this platform")
 

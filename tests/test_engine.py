@@ -252,7 +252,7 @@ def test_the_decode_step_is_chosen_once_from_the_tier_and_the_config(tmp_path):
 
 def test_the_plan_record_layout():
     """ids0 | ids | weights | pair_slot [K] | stats [4] | h [D]: views share the record's words."""
-    from strata.engine.plan import N_STATS, offsets, plan_views, record_views, words
+    from strata.quant.plan_record import N_STATS, offsets, plan_views, record_views, words
 
     k, d = 3, 5
     assert words(k, d) == 4 * k + 4 + d and N_STATS == 4

@@ -175,7 +175,8 @@ def time_served(pool: ExpertPool, lws: list, d: int, k: int, repeats: int, seed:
     serves every layer, no Python between layers): each step's records hold fresh T = 1
     routings (`_route_seq`), every pick the pool's, all published before the step. None where
     the pool cannot serve steps (no resident team)."""
-    from strata.cpu.serve import DONE, StepServer, record_views
+    from strata.cpu.serve import StepServer
+    from strata.quant.plan_record import DONE, record_views
 
     n = len(lws)
     recs = np.zeros((n, 4 * k + 4 + d), np.uint32)

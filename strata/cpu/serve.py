@@ -14,9 +14,7 @@ and publish the ticket with a release store. It returns to Python only when done
 runs long (the caller checks that the card still runs, then calls again), or when a layer needs
 something Python does (an expert not yet copied to RAM, a pool that fell back to regions).
 
-A record (`strata.gpu.route_car.pack_words`): ids0 [K] i32 (the router's picks), ids [K] i32
-(after cache-aware routing), weights [K] f32, pair_slot [K] i32 (-1: the pool's), stats [4] f32
-(misses before CAR, substitutions, misses after, ratio sum), h [D] f32 (the pool's input row).
+A record's layout and the statuses `run` returns are defined once, in `strata.quant.plan_record`.
 """
 
 from __future__ import annotations
@@ -31,26 +29,12 @@ from strata.cpu.pool import ExpertPool
 from strata.cpu.pool.schedule import ERR_BARRIER
 from strata.cpu.pool.team_job import L_GGUF, L_LEN, L_NBYTES, _run_team
 from strata.cpu.team import address
+from strata.quant.plan_record import BAD_ID, BARRIER, DONE, FILL, WAIT, words
 
-DONE, WAIT, FILL, BARRIER, BAD_ID = 0, 1, 2, 3, 4  # StepServer.run's status
 # counters [C_LEN] f64 that `run` adds to
 C_BEFORE, C_SUBST, C_MISSES, C_RATIO, C_BYTES, C_GGUF, C_LAYERS = range(7)
 C_LEN = 8
 WAIT_SPINS = 1 << 16  # checks of a ready word before `run` returns WAIT (~1-10 ms)
-
-
-def record_views(recs: np.ndarray, k: int) -> dict[str, np.ndarray]:
-    """Named views [L, ...] of records recs [L, R] uint32 (the layout above; a writer's or a
-    reader's: ids0, ids, weights, pair_slot [L, K], stats [L, 4], h [L, D])."""
-    ri, rf = recs.view(np.int32), recs.view(np.float32)
-    return {
-        "ids0": ri[:, :k],
-        "ids": ri[:, k : 2 * k],
-        "weights": rf[:, 2 * k : 3 * k],
-        "pair_slot": ri[:, 3 * k : 4 * k],
-        "stats": rf[:, 4 * k : 4 * k + 4],
-        "h": rf[:, 4 * k + 4 :],
-    }
 
 
 @njit(cache=True, nogil=True)
@@ -61,7 +45,7 @@ def _serve(
 ):  # fmt: skip
     """Layers first.. of step `step`: (status, layer) as `StepServer.run` documents."""
     n_layer = ready.shape[0]
-    o_ids, o_w, o_slot, o_st, o_h = k, 2 * k, 3 * k, 4 * k, 4 * k + 4
+    o_ids, o_w, o_slot, o_st, o_h = k, 2 * k, 3 * k, 4 * k, 4 * k + 4  # plan_record.offsets(k)
     haddr = recs_f.ctypes.data
     row = recs_f.shape[1] * 4  # bytes a record
     for i in range(first, n_layer):
@@ -166,7 +150,7 @@ class StepServer:
         if y.dtype != np.float32 or y.ndim != 2 or y.shape[0] != 1 or not y.flags.c_contiguous:
             return None
         k = (recs.shape[1] - y.shape[1] - 4) // 4
-        if k < 1 or recs.shape[1] != 4 * k + 4 + y.shape[1]:
+        if k < 1 or recs.shape[1] != words(k, y.shape[1]):
             return None
         if not recs.flags.c_contiguous:
             return None

@@ -1,5 +1,5 @@
 """A hybrid decode step routed on the card: top-k, CAR and the slots on the card; the host reads
-each layer's plan record (strata/engine/plan.py), counts it and runs the CPU pool on the misses
+each layer's plan record (strata.quant.plan_record), counts it and runs the CPU pool on the misses
 while the card goes on. Queued whole where the decoder runs ahead (the card waits for the host
 only at layers with misses), else per layer (two graphs, the resident experts queued behind the
 plan). With the adaptive cache the step's router picks are observed after it and the swaps'
@@ -12,10 +12,10 @@ import time
 import numpy as np
 
 from strata.engine.moe import MissRunner
-from strata.engine.plan import DONE, ST_AFTER, ST_BEFORE, ST_RATIO, ST_SUBST, WAIT
 from strata.engine.stats import EngineStats
 from strata.engine.tier import CardTier
 from strata.model.args import ModelArgs
+from strata.quant.plan_record import DONE, ST_AFTER, ST_BEFORE, ST_RATIO, ST_SUBST, WAIT
 from strata.routing.car import CarKnobs
 from strata.routing.profile import AdaptiveCache, observe_step
 from strata.routing.topk import count_picks

@@ -1,5 +1,6 @@
 """The routed-plan record: one token's plan for one layer, as the card's routing writes it and the
-host (the engine, the CPU pool's step server) reads it. Defined here once.
+host (the engine, the CPU pool's step server) reads it. Defined here once, beside the block
+formats, because it too is a layout both tiers share.
 
 A record is R = 4 K + 4 + D 32-bit words (K = picks a token, D = hidden):
 
@@ -10,7 +11,7 @@ A record is R = 4 K + 4 + D 32-bit words (K = picks a token, D = hidden):
     stats [4] f32      misses before CAR, substitutions, misses after CAR, sum of the ratios
     h [D] f32          ffn_norm(x): the pool's input row
 
-This module imports NumPy only, so that either tier may read the layout from it.
+The routing kernel (`strata/gpu/kernels/route_car.cu`) writes the same layout.
 """
 
 from __future__ import annotations
