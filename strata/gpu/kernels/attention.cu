@@ -410,7 +410,7 @@ __device__ __forceinline__ void dec_load_kd(float (&kd)[U], const float* __restr
 
 // The scores of keys [k0, k1) of KV head blockIdx.y for its rep query heads into scores
 // [H, ss], and their (max, sum exp) per head h: m_dst[h * mstride], l_dst[h * mstride] (a split
-// of attn_dec_scores, or a block of attn_dec_cl). Every thread of the block calls it.
+// of attn_dec_scores). Every thread of the block calls it.
 template <int R, typename KV>
 __device__ __forceinline__ void dec_scores_run(const float* __restrict__ q,
                                                const typename KV::T* __restrict__ k_cache,
@@ -668,7 +668,7 @@ struct SplitStats {
 };
 
 // p.V over keys [k0, k1) of KV head blockIdx.y, the (max, sum) of every head from `stats`
-// (Stats::run<R>: the split partials of attn_dec_scores, or a cluster's blocks), into o_dst:
+// (Stats::run<R>: the split partials of attn_dec_scores), into o_dst:
 // head r's Dv sums at o_dst + o_off + r * o_stride. Every thread of the block calls it.
 template <int R, typename KV, typename Stats>
 __device__ __forceinline__ void dec_pv_run(const float* __restrict__ scores, int ss,
@@ -871,134 +871,6 @@ ATTN_DEC_KERNELS(2)
 ATTN_DEC_KERNELS(4)
 ATTN_DEC_KERNELS(8)
 ATTN_DEC_KERNELS(16)
-
-// ---- decode over one thread-block cluster per KV head (CUDA sm_90+), one launch ----
-//
-// attn_dec_cl_r<R>  grid (C, G) in clusters of C blocks (the launch asks for that shape:
-//   attention.py DEC_CL; C <= 8 is portable, 16 where the device allows it), DEC_THREADS, R <= 8
-//   (the shared memory of both phases and the block's p.V sums fit 48 KiB). Block c takes keys
-//   [c * chunk, ..) of KV head g (chunk = ceil(S / C) rounded up to 32): it asks L2 for all of
-//   its K and V rows before the PDL wait, computes its scores (dec_scores_run, into the
-//   workspace's scores as the split kernels do) and keeps its (max, sum exp) per head in shared
-//   memory; after a cluster barrier every block reads all the blocks' pairs through distributed
-//   shared memory (in rank order: every block gets the same M and L), then p.V (dec_pv_run)
-//   into its shared memory; after a second barrier block c sums its slice of the rep * Dv
-//   outputs over the blocks in rank order into out; a third barrier keeps each block's shared
-//   memory until the others have read it. No split partials in global memory, no counters, no
-//   second launch. Same roundings as attn_dec_* (p = f16(exp(s - M) / L)); deterministic.
-#if HAS_CLUSTERS
-#define DEC_CL_MAX 16  // blocks a cluster may have (attention.py DEC_CL_MAX)
-
-// the (max, sum) of each head from the cluster's live blocks' pairs, read before any is used
-struct ClusterStats {
-    const float* cm;  // this block's pair per head: the same offsets in every block's memory
-    const float* cl;
-    int nlive;
-    template <int R>
-    __device__ __forceinline__ void run(float* Ms, float* Ls, int, int rep) const {
-        const int r = threadIdx.x;
-        if (r >= rep) return;
-        float mj[DEC_CL_MAX], lj[DEC_CL_MAX];
-#pragma unroll
-        for (int j = 0; j < DEC_CL_MAX; ++j) {
-            if (j < nlive) {
-                mj[j] = ld_cluster(cluster_addr(cm + r, j));
-                lj[j] = ld_cluster(cluster_addr(cl + r, j));
-            }
-        }
-        float m = NEG_INF;
-#pragma unroll
-        for (int j = 0; j < DEC_CL_MAX; ++j)
-            if (j < nlive) m = fmaxf(m, mj[j]);
-        float l = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DEC_CL_MAX; ++j)
-            if (j < nlive) l += lj[j] * expf(mj[j] - m);
-        Ms[r] = m;
-        Ls[r] = l;
-    }
-};
-
-template <int R, typename KV>
-__device__ __forceinline__ void dec_cl(const float* __restrict__ q,
-                                       const typename KV::T* __restrict__ k_cache,
-                                       const float* __restrict__ k_scale,
-                                       const typename KV::T* __restrict__ v_cache,
-                                       const float* __restrict__ v_scale,
-                                       const int* __restrict__ pos_dev, int S_cap, int Dh, int Dv,
-                                       int H, int G, float scale, float* __restrict__ scores,
-                                       int ss, float* __restrict__ out) {
-    static_assert(R <= 8, "attn_dec_cl: R <= 8 (its shared memory)");
-    __shared__ float cm[R], cl[R];
-    __shared__ f32x4 os4[R * ATT_MAX_DH / 4];  // the block's p.V sums, head r at r * Dv
-    const int C = gridDim.x, c = blockIdx.x, g = blockIdx.y, tid = threadIdx.x;
-    const int rep = H / G;
-    const int S = min(max(pos_dev[0] + 1, 1), S_cap);
-    const int chunk = ((S + C - 1) / C + 31) & ~31;
-    const int nlive = (S + chunk - 1) / chunk;
-    const int k0 = c * chunk, k1 = min(S, k0 + chunk);
-    const bool live = c < nlive;
-    if (live) {  // see dec_enter: the position is old, a prefetch only warms L2
-        const i64 row = (i64)g * S_cap + k0;
-        const i64 tb = (i64)sizeof(typename KV::T) * (k1 - k0);
-        const int kl = (int)((tb * Dh + 127) / 128), vl = (int)((tb * Dv + 127) / 128);
-        const char* kb = (const char*)(k_cache + row * Dh);
-        const char* vb = (const char*)(v_cache + row * Dv);
-        for (int i = tid; i < kl + vl; i += blockDim.x)
-            PREFETCH_L2(i < kl ? kb + (i64)i * 128 : vb + (i64)(i - kl) * 128);
-    }
-    PDL_WAIT();
-    PDL_TRIGGER();
-    if (live)
-        dec_scores_run<R, KV>(q, k_cache, k_scale, S_cap, Dh, H, G, scale, scores, ss, k0, k1,
-                              cm, cl, 1);
-    cluster_sync();
-    if (live)
-        dec_pv_run<R, KV>(scores, ss, ClusterStats{cm, cl, nlive}, v_cache, v_scale, S_cap, Dv,
-                          H, G, k0, k1, (float*)os4, 0, Dv);
-    cluster_sync();
-    const int t4 = Dv / 4, items = rep * t4, per = (items + C - 1) / C;
-    const int i1 = min(items, (c + 1) * per);
-    for (int k = c * per + tid; k < i1; k += blockDim.x) {
-        const int r = k / t4, d = k - r * t4;
-        f32x4 a[DEC_CL_MAX];
-#pragma unroll
-        for (int j = 0; j < DEC_CL_MAX; ++j)
-            if (j < nlive) a[j] = ld_cluster4(cluster_addr(os4 + r * t4 + d, j));
-        f32x4 o = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int j = 0; j < DEC_CL_MAX; ++j) {
-            if (j < nlive) {
-                o.x += a[j].x;
-                o.y += a[j].y;
-                o.z += a[j].z;
-                o.w += a[j].w;
-            }
-        }
-        *(f32x4*)(out + ((i64)g * rep + r) * Dv + 4 * d) = o;
-    }
-    cluster_sync();
-}
-
-#define ATTN_DEC_CL_KERNELS(R)                                                                  \
-    extern "C" __global__ void attn_dec_cl_r##R(                                                \
-        const float* q, const u16* k_cache, const u16* v_cache, const int* pos_dev, int S_cap,  \
-        int Dh, int Dv, int H, int G, float scale, float* scores, int ss, float* out) {         \
-        dec_cl<R, KvF16>(q, k_cache, nullptr, v_cache, nullptr, pos_dev, S_cap, Dh, Dv, H, G,   \
-                         scale, scores, ss, out);                                               \
-    }                                                                                           \
-    extern "C" __global__ void attn_dec_cl_i8_r##R(                                             \
-        const float* q, const i8* k_cache, const float* k_scale, const i8* v_cache,             \
-        const float* v_scale, const int* pos_dev, int S_cap, int Dh, int Dv, int H, int G,      \
-        float scale, float* scores, int ss, float* out) {                                       \
-        dec_cl<R, KvI8>(q, k_cache, k_scale, v_cache, v_scale, pos_dev, S_cap, Dh, Dv, H, G,    \
-                        scale, scores, ss, out);                                                \
-    }
-ATTN_DEC_CL_KERNELS(1)
-ATTN_DEC_CL_KERNELS(2)
-ATTN_DEC_CL_KERNELS(4)
-ATTN_DEC_CL_KERNELS(8)
-#endif  // HAS_CLUSTERS
 
 // ---- decode at short positions: one block per query head, every key, one launch ----
 //

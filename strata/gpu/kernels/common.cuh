@@ -88,42 +88,6 @@ __device__ __forceinline__ bool block_arrive_last(int* cnt, int n, int& flag) {
 #endif
 }
 
-// ---- thread-block clusters (CUDA sm_90+): the blocks of a cluster run at once on one GPC and
-// read each other's shared memory (distributed shared memory). HAS_CLUSTERS is 1 where the
-// kernels may use them; the launcher asks for a cluster shape only there (rawmod.py
-// Kernels.clusters; HIP and the emulator have none, and their builds leave such kernels out).
-#if !defined(__HIP__) && !defined(GPU_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define HAS_CLUSTERS 1
-// every thread of every block of the cluster: the shared (and global) writes before it are
-// visible to every thread of the cluster after it
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
-                 ::: "memory");
-}
-// the address of this block's shared object `p` in the shared memory of the cluster's block `rank`
-__device__ __forceinline__ u32 cluster_addr(const void* p, int rank) {
-    u32 a, r;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ float ld_cluster(u32 a) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ f32x4 ld_cluster4(u32 a) {
-    f32x4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(a)
-                 : "memory");
-    return v;
-}
-#else
-#define HAS_CLUSTERS 0
-#endif
-
 // ---- warp shuffles (full warp; `width` keeps CDNA's wave64 honest) ----
 #if defined(GPU_EMU)
 #define SHFL_XOR(v, m) emu::shfl_xor((v), (m))
