@@ -272,13 +272,15 @@ def test_routed_hybrid_steps(synth_model, device, car):
 
 def test_routed_ahead_keeps_the_bits(synth_model, device, monkeypatch):
     """The routed step queued whole, the card waiting for the host only at layers with misses
-    (the default), gives the bits of the per-layer arm (STRATA_GPU_ROUTED_AHEAD=0: two graphs a
+    (CUDA's way), gives the bits of the per-layer form (ROCm's and the emulator's: two graphs a
     layer, the pool's rows uploaded at the next layer's start)."""
+    from strata.gpu import decode_graph
+
     model = load_model(synth_model("tiny", "IQ3_XXS", seed=27, skew=1.0))
     flags = dict(expert_cache="7", car_threshold=1.0)  # CAR off: misses for the pool
     g = engine(model, True, **flags)
     assert g.tier.graph_decoder().ahead
-    monkeypatch.setenv("STRATA_GPU_ROUTED_AHEAD", "0")
+    monkeypatch.setattr(decode_graph, "routed_ahead", lambda cp: False)
     e = engine(model, True, **flags)
     assert not e.tier.graph_decoder().ahead
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
@@ -420,7 +422,8 @@ def test_decode_greedy_takes_the_argmax_on_the_card(synth_model, device, cache):
 
 def test_graph_steps_launch_with_pdl_where_the_device_has_it(synth_model, device, monkeypatch):
     """On sm_90+ the captured kernels go out with programmatic dependent launch (the tests above
-    then hold its order to the eager bits); STRATA_GPU_PDL=0 keeps CuPy's launches."""
+    then hold its order to the eager bits); elsewhere CuPy's launches."""
+    from strata.gpu import pdl
     from strata.gpu.rawmod import Kernels
 
     model = load_model(synth_model("tiny", "IQ3_XXS", seed=23))
@@ -437,5 +440,5 @@ def test_graph_steps_launch_with_pdl_where_the_device_has_it(synth_model, device
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 4).tolist()
     lockstep(g, e, prompt, 12)
     assert len(calls) > 10 * model.args.n_layer  # every kernel of the captured step
-    monkeypatch.setenv("STRATA_GPU_PDL", "0")
+    monkeypatch.setattr(pdl, "supported", lambda cp, arch: False)
     assert not Kernels(cp, device.warp_size, device.sm_count, arch=device.arch).pdl_available

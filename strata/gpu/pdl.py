@@ -71,9 +71,15 @@ class Launcher:
         self._launch.restype = ctypes.c_int
         self._err_name = lib.cuGetErrorName
         self._err_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        self._attrs = (_Attr * 1)()
-        self._attrs[0].id = ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
-        self._attrs[0].value[0] = 1  # programmaticStreamSerializationAllowed
+        self._attrs = self.pdl_attrs()
+
+    @staticmethod
+    def pdl_attrs():
+        """The launch attribute list: programmaticStreamSerializationAllowed = 1."""
+        arr = (_Attr * 1)()
+        arr[0].id = ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
+        arr[0].value[0] = 1
+        return arr
 
     @staticmethod
     def _param(a) -> np.ndarray:

@@ -21,9 +21,7 @@
 // passes, so nothing is allocated and the one read-back is the id.
 #include "common.cuh"
 
-#ifndef SAMPLE_THREADS
 #define SAMPLE_THREADS 1024
-#endif
 #define SAMPLE_NWARP (SAMPLE_THREADS / WARP_SIZE)
 #define FIX_SCALE 1099511627776.0  // 2^40
 #define HIST_COPIES 16  // copies of the radix histogram: lanes of a warp rarely share an address
