@@ -571,12 +571,9 @@ __device__ __forceinline__ f32x4 ld_cg4(const float* p) {
 // dst[r * dst_h + 4 d] = the sum of rows 0..n) of src[r * src_h + 4 d + j * row] (floats), added
 // in row order; a thread takes the items k = tid + i * blockDim.x one at a time, DEC_SUM_U
 // of an item's rows loaded together (ceil(n / DEC_SUM_U) L2 round trips an item).
-// Measured on the H200 (bench/results/session23-h200-20261202.md, QB and QC; graph + PDL, 132
-// splits): 8 rows with teams of 8 (the defaults) against 16 rows with teams of 16 (one round trip a
-// level, but 150 registers against 131: fewer blocks a SM, 62.1 against 46.6 us a call at 32K)
-// and 8 rows with teams of 16 (a round trip more at 4K: 20.9 against 19.1 us); staging the rows
-// in shared memory by cp.async, every item at once, slowed the whole kernel (48.7 against 29.7 us
-// of attn_dec_pv at 32K).
+// 8 rows with teams of 8: 16 rows with teams of 16 (one round trip a level) took 150 registers
+// against 131 and ran slower (62.1 against 46.6 us at 32K on the H200); staging the rows in
+// shared memory by cp.async slowed the whole kernel.
 #define DEC_SUM_U 8
 __device__ __forceinline__ void dec_sum_rows(const float* src, i64 src_h, i64 row, int n, int rep,
                                              int t4, float* dst, i64 dst_h) {
@@ -837,7 +834,7 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
     if (tid == 0) cnt[g] = 0;
 }
 
-#define ATTN_DEC_KERNELS(R)                                                                 \
+#define ATTN_DEC_KERNELS(R)                                                                     \
     extern "C" __global__ void attn_dec_scores_r##R(                                            \
         const float* q, const u16* k_cache, const int* pos_dev, int S_cap, int Dh, int H,       \
         int G, float scale, float* scores, int ss, float* pm, float* pl, int nsplit,            \
@@ -845,7 +842,7 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         dec_scores<R, KvF16>(q, k_cache, nullptr, pos_dev, S_cap, Dh, H, G, scale, scores, ss,  \
                              pm, pl, nsplit, min_chunk);                                        \
     }                                                                                           \
-    extern "C" __global__ void attn_dec_pv_r##R(                                               \
+    extern "C" __global__ void attn_dec_pv_r##R(                                                \
         const float* scores, int ss, const float* pm, const float* pl, const u16* v_cache,      \
         const int* pos_dev, int S_cap, int Dv, int H, int G, float* o_part, int nsplit,         \
         int min_chunk, int* cnt, float* tpart, float* out) {                                    \
@@ -859,7 +856,7 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         dec_scores<R, KvI8>(q, k_cache, k_scale, pos_dev, S_cap, Dh, H, G, scale, scores, ss,   \
                             pm, pl, nsplit, min_chunk);                                         \
     }                                                                                           \
-    extern "C" __global__ void attn_dec_pv_i8_r##R(                                            \
+    extern "C" __global__ void attn_dec_pv_i8_r##R(                                             \
         const float* scores, int ss, const float* pm, const float* pl, const i8* v_cache,       \
         const float* v_scale, const int* pos_dev, int S_cap, int Dv, int H, int G,              \
         float* o_part, int nsplit, int min_chunk, int* cnt, float* tpart, float* out) {         \

@@ -228,7 +228,7 @@ __device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
 // byte aligned. Q4_K / Q5_K blocks (144 / 176 bytes) are 16-byte aligned and IQ4_XS blocks (136)
 // 8-byte aligned in every row that starts so; their decoders check the block's address and
 // fall back to 2-byte loads (ncu at attn_q: Q4_K's sixteen 16-bit loads a sub-block queued on
-// the LSU, bench/results/session8-h200-20261130.md).
+// the LSU).
 // N consecutive words at a 2-byte aligned p from N + 1 aligned 4-byte loads (2N 16-bit loads
 // otherwise): words of p & ~3, each pair funnel-shifted by p's offset (0 or 16 bits). Where p is
 // 4-byte aligned the extra load re-reads the last word, so nothing past p + 4N is touched.

@@ -18,8 +18,8 @@ __device__ __forceinline__ void embed_q(const u8* __restrict__ E, const i32* __r
 }
 
 #define EMBED_Q_KERNEL(name, QT)                                                               \
-    extern "C" __global__ void embed_##name(const u8* E, const i32* ids, int D, float* out) { \
-        PDL_ENTER();                                                                   \
+    extern "C" __global__ void embed_##name(const u8* E, const i32* ids, int D, float* out) {  \
+        PDL_ENTER();                                                                           \
         embed_q<QT>(E, ids, D, out);                                                           \
     }
 QFORMATS(EMBED_Q_KERNEL)

@@ -72,31 +72,6 @@ __device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u
     if (lane == 0) act[(i64)p * F + f] = a;
 }
 
-// one warp: sum_sb dx(sb) * dot(row f of expert slot `slot` of matrix w, h[t]), as
-// moe_gate_up_row sums each of its two rows (every lane holds the result)
-template <int QT, class G>
-__device__ __forceinline__ float moe_row_sum(const u8* __restrict__ w, int slot, i64 slot_stride,
-                                             const i8* __restrict__ hq,
-                                             const float* __restrict__ hd, int xd_shift, i64 t,
-                                             int f, int D, int lane, const G tab) {
-    const int nsub = D / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
-    const i64 row_bytes = (i64)(D / Fmt<QT>::QK) * Fmt<QT>::BB;
-    const u8* wr = w + slot * slot_stride + f * row_bytes;
-    float acc = 0.0f;
-#pragma unroll 2
-    for (int sb = lane; sb < nsub; sb += WARP_SIZE) {
-        const i32x4* xp = (const i32x4*)(hq + t * D + sb * 32);
-        const i32x4 a = xp[0], b = xp[1];
-        const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        const float dx = hd[t * nxd + (sb >> xd_shift)];
-        int q[8];
-        float s0, s1, mn;
-        Fmt<QT>::decode(wr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, q, s0, s1, mn, tab);
-        acc += dx * dot32<QT>(q, s0, s1, mn, xv);
-    }
-    return warp_sum(acc);
-}
-
 template <int QT>
 __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_stride,
                                          const i8* __restrict__ aq, const float* __restrict__ ad,
@@ -242,12 +217,12 @@ __device__ __forceinline__ void moe_down_sp(const u8* __restrict__ down, i64 slo
 }
 
 #define MOE_SP_KERNEL(name, QT, W)                                                             \
-    extern "C" __global__ void __launch_bounds__(MOE_SP_R(W) * W * WARP_SIZE)                \
-        moe_down_sp##W##_##name(const u8* down, i64 slot_stride, const i8* aq, const float* ad,  \
+    extern "C" __global__ void __launch_bounds__(MOE_SP_R(W) * W * WARP_SIZE)                  \
+        moe_down_sp##W##_##name(const u8* down, i64 slot_stride, const i8* aq, const float* ad, \
                                 int xd_shift, const i32* pair_slot, const float* pair_w, int K, \
                                 float* out, int D, int F, const float* resid) {                \
-        PDL_ENTER();                                                                    \
-        moe_down_sp<QT, W>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, \
+        PDL_ENTER();                                                                           \
+        moe_down_sp<QT, W>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out,     \
                                D, F, resid);                                                   \
     }
 #define MOE_SP_KERNELS(name, QT) \
@@ -258,27 +233,27 @@ QFORMATS(MOE_SP_KERNELS)
     extern "C" __global__ void moe_gate_up_##name(                                             \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
-        PDL_ENTER();                                                                    \
-        moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D); \
+        PDL_ENTER();                                                                           \
+        moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D);     \
     }                                                                                          \
     extern "C" __global__ void moe_down_##name(const u8* down, i64 slot_stride, const i8* aq,  \
                                                const float* ad, int xd_shift,                  \
                                                const i32* pair_slot, const float* pair_w,      \
                                                int K, float* out, int D, int F,                \
                                                const float* resid) {                           \
-        PDL_ENTER();                                                                    \
-        moe_down<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F, \
+        PDL_ENTER();                                                                           \
+        moe_down<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F,     \
                          resid);                                                               \
     }
 QFORMATS(MOE_KERNELS)
 
 #define MOE_ST_KERNELS(name, QT)                                                               \
-    extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* WARP_SIZE)                    \
+    extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* WARP_SIZE)                      \
         moe_gate_up_st1_##name(const u8* gate, const u8* up, i64 slot_stride, const i8* hq,    \
                                const float* hd, int xd_shift, const i32* pair_slot, int K,     \
                                float* act, int F, int D) {                                     \
-        PDL_ENTER();                                                                    \
-        moe_gate_up_st<QT, 1>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,  \
+        PDL_ENTER();                                                                           \
+        moe_gate_up_st<QT, 1>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,      \
                                   F, D);                                                       \
     }
 QFORMATS(MOE_ST_KERNELS)

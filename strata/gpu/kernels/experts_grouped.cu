@@ -112,7 +112,7 @@ __device__ __forceinline__ void moe_down_tiles(
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* tile_slot, const i32* tile_first, const i32* tile_n,          \
         const i32* pair_order, int K, float* act, int F, int D, const i32* ntiles) {           \
-        PDL_ENTER();                                                                    \
+        PDL_ENTER();                                                                           \
         if (ntiles && (int)blockIdx.y >= ntiles[0]) return; /* past the card-grouped tiles */  \
         moe_gate_up_tiles<QT>(gate, up, slot_stride, hq, hd, xd_shift, tile_slot, tile_first,  \
                               tile_n, pair_order, K, act, F, D);                               \
@@ -121,7 +121,7 @@ __device__ __forceinline__ void moe_down_tiles(
         const u8* down, i64 slot_stride, const i8* aq, const float* ad, int xd_shift,          \
         const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
         float* y, int D, int F, const i32* ntiles) {                                           \
-        PDL_ENTER();                                                                    \
+        PDL_ENTER();                                                                           \
         if (ntiles && (int)blockIdx.y >= ntiles[0]) return;                                    \
         moe_down_tiles<QT>(down, slot_stride, aq, ad, xd_shift, tile_slot, tile_first, tile_n, \
                            pair_order, y, D, F);                                               \

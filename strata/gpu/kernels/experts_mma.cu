@@ -239,9 +239,9 @@ __device__ __forceinline__ void moe_tiles_mma(
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* tile_slot, const i32* tile_first, const i32* tile_n,          \
         const i32* pair_order, int K, float* act, int F, int D, const i32* ntiles) {           \
-        PDL_ENTER();                                                                    \
+        PDL_ENTER();                                                                           \
         if (ntiles && (int)blockIdx.y >= ntiles[0]) return; /* past the card-grouped tiles */  \
-        MMA_BODY(QT, true, MMA_NT / 8, false)(gate, up, slot_stride, hq, hd,                  \
+        MMA_BODY(QT, true, MMA_NT / 8, false)(gate, up, slot_stride, hq, hd,                   \
                                                        xd_shift, tile_slot,                    \
                                        tile_first, tile_n, pair_order, K, act, F, D, nullptr,  \
                                        nullptr, F);                                            \
@@ -251,9 +251,9 @@ __device__ __forceinline__ void moe_tiles_mma(
         const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
         float* y, int D, int F, const float* bias, const float* resid, int ldo,                \
         const i32* ntiles) {                                                                   \
-        PDL_ENTER();                                                                    \
+        PDL_ENTER();                                                                           \
         if (ntiles && (int)blockIdx.y >= ntiles[0]) return;                                    \
-        MMA_BODY(QT, false, MMA_NT / 8, false)(down, down, slot_stride, aq, ad,               \
+        MMA_BODY(QT, false, MMA_NT / 8, false)(down, down, slot_stride, aq, ad,                \
                                                         xd_shift, tile_slot,                   \
                                         tile_first, tile_n, pair_order, 1, y, D, F, bias,      \
                                         resid, ldo);                                           \
@@ -262,7 +262,7 @@ __device__ __forceinline__ void moe_tiles_mma(
         const u8* w, i64 slot_stride, const i8* aq, const float* ad, int xd_shift,             \
         const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
         float* y, int D, int F, const float* bias, const float* resid, int ldo) {              \
-        PDL_ENTER();                                                                    \
+        PDL_ENTER();                                                                           \
         MMA_BODY(QT, false, MMA_DENSE_NT / 8, MMA_WS_DENSE(QT))(w, w, slot_stride, aq, ad,     \
                                                                 xd_shift, tile_slot,           \
                                               tile_first, tile_n, pair_order, 1, y, D, F,      \

@@ -107,7 +107,7 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
     extern "C" __global__ void gemv_##name(const u8* W, const i8* xq, const float* xd,          \
                                            int xd_shift, const float* bias, const float* resid, \
                                            float* out, int rows, int cols, int ntok, int ldo) { \
-        PDL_ENTER();                                                                     \
+        PDL_ENTER();                                                                            \
         gemv_q<QT, GEMV_NT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok, ldo);      \
     }
 QFORMATS(GEMV_Q_KERNEL)
@@ -116,7 +116,7 @@ QFORMATS(GEMV_Q_KERNEL)
     extern "C" __global__ void gemv_##name(const u8* W, const float* x, const float* bias,      \
                                            const float* resid, float* out, int rows, int cols,  \
                                            int ntok, int ldo) {                                 \
-        PDL_ENTER();                                                                     \
+        PDL_ENTER();                                                                            \
         gemv_f<QT>(W, x, bias, resid, out, rows, cols, ntok, ldo);                              \
     }
 GEMV_F_KERNEL(f32, QT_F32)
@@ -162,7 +162,7 @@ struct Gemv1Tab<QT, false> {
 // gemv_*'s loads and arithmetic for one token, with `wpr` warps of a block sharing a row
 // (sub-blocks dealt round-robin across the row's warps, so neighbouring warps read neighbouring
 // bytes). The row's warp sums are added in a fixed order. Warps a block: blockDim
-// (gemv.py gemv1_warps). PDL in the split form (common.cuh): the row asked of L2 before the
+// (gemv.py GEMV1_WARPS, GEMV1_WARPS_BY_TYPE). PDL in the split form (common.cuh): the row asked of L2 before the
 // wait, the next kernel let in at once (`early`) or after the main loop.
 template <int QT>
 __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* __restrict__ xq,

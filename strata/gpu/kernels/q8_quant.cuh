@@ -1,8 +1,7 @@
 // Q8 quantization of one activation row as ggml quantizes a matmul's input (bit-identical to
 // strata.quant.activation), by the warps of a block: Q8_K blocks of 256 (d float32) and Q8_0
 // blocks of 32 (d an f16 value stored as float). `y(i)` gives element i of the row; q [n] and
-// d [n / block] are the row's outputs. Used by norm_quant.cu and by experts.cu's fused
-// moe_gate_up_fq (the block that finishes a pair's intermediate row quantizes it).
+// d [n / block] are the row's outputs. Used by norm_quant.cu.
 #pragma once
 #include "common.cuh"
 

@@ -63,13 +63,6 @@ __device__ __forceinline__ u32 iq_signs(u32 i) {
     return (i & 127u) | (par << 7);
 }
 
-// bytes b of `g` whose bit in the 4-bit `s` is set are negated (values are 1..127: no carries)
-__device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
-    const u32 t = ((s & 15u) * 0x00204081u) & 0x01010101u;
-    const u32 m = t * 0xffu;
-    return (int)((g ^ m) + t);
-}
-
 // the sign masks of 8 values: byte k of m0 (k < 4) / of m1 (byte k - 4) is 0xFF where value k
 // is negative. Signs 0-6 are bits 0-6 of s7 (bits above ignored); sign 7 is bit 7 of byte KB of
 // s8w (apply_signs8: the sign byte itself, or byte KB of a word of them; apply_signs7p: the
@@ -206,7 +199,7 @@ struct Pick<false, X, Y> {
 };
 // a grid format's table: its codes (type CT) or its bytes (BT), by GRID_CODES
 #define FMT_GRID(QT, CT, N, CODE, BT, GRID)                                                     \
-    enum { CODES = (int)GRID_CODES_ON(QT) };                                                     \
+    enum { CODES = (int)GRID_CODES_ON(QT) };                                                    \
     typedef typename Pick<CODES != 0, CT, BT>::T grid_t;                                        \
     FMT_TAB(grid_t, N, FMT_GRID_PTR(CODES, CODE, GRID))
 #define FMT_GRID_PTR(C, CODE, GRID) ((const tab_t*)((C) ? (const void*)CODE : (const void*)GRID))
@@ -613,7 +606,7 @@ __device__ __forceinline__ float dot32(const int* w, float s0, float s1, float m
 // side of the chunk within its 16-byte-aligned span (inside the allocation: it is 256-aligned).
 
 #if defined(__HIP__)
-#define WARP_SYNC()                                   \
+#define WARP_SYNC()                                          \
     do {                                                     \
         __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront"); \
         __builtin_amdgcn_wave_barrier();                     \
@@ -623,7 +616,7 @@ __device__ __forceinline__ float dot32(const int* w, float s0, float s1, float m
 #define WARP_SYNC() emu::syncwarp()
 #elif !defined(__CUDA_ARCH__)
 #define WARP_SYNC() \
-    do {                   \
+    do {            \
     } while (0)
 #else
 #define WARP_SYNC() __syncwarp()
