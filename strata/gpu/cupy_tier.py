@@ -25,6 +25,11 @@ capped pool). Experts live in fixed slots ((layer, expert) -> slot, least recent
 a missing expert is uploaded into a slot when it is first needed (synchronously: eager steps);
 the adaptive cache's admits upload on a copy stream (`prefetch`), off the compute streams.
 
+The class is composed by concern: the dense weights (dense.py), the workspace (workspace.py),
+the expert slots and their uploads (expert_slots.py), a prompt's steps (prefill.py); the graph
+decode steps are decode_graph.py's. This module holds the per-layer forward the eager steps
+and the graph captures share.
+
 T = tokens, D = hidden, H/G = query/KV heads, Dh/Dv = head dims, E = experts, K = used,
 F = expert FFN, V = vocab, L = layers, S = context.
 """

@@ -20,7 +20,7 @@ from strata.quant.activation import roundtrip
 
 QT = GGMLQuantizationType
 THREADS = 128
-ST_WARPS = 4  # experts.cu MOE_ST_WARPS: warps a block of the staged (*_st*) kernels
+ST_WARPS = 4  # experts.cu MOE_ST_WARPS: warps a block of moe_gate_up_st1
 
 # Decode (T <= GROUPED_MIN_T) kernels by the gate/up experts' type: (gate/up, down). moe_gate_up /
 # moe_down: one warp a row, weights read straight from global memory; moe_gate_up_st1: the row's
