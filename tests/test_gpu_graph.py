@@ -80,7 +80,7 @@ def test_hybrid_graph_steps_equal_eager(synth_model, device, arch, car):
     g, e = engine(model, True, **flags), engine(model, False, **flags)
     # the host routes between the graphs, as the eager path does; and both route their prompt on
     # the host: an eager engine's would take the card's top-k (weights to ~1e-7 of the host's), a
-    # prefill apart about one run in ten (session 23, qwen2moe-1.0)
+    # prefill apart about one run in ten (qwen2moe-1.0)
     g.device_routing = e.device_routing = False
     assert 0 < g.resident.sum() < g.resident.size
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
@@ -99,7 +99,7 @@ def test_eager_decode_takes_the_graph_steps_decode_attention(synth_model, device
     """Eager decode (no graphs) picks the decode attention the graph step picks for the same
     position (attention.dec_grid_for, as GraphDecoder._begin): the short kernel's sums are its
     own (rare last-bit differences from the split kernels'), so an eager engine on the full
-    split grid drifted from the replayed steps now and then (a flaky lockstep, session 22)."""
+    split grid drifted from the replayed steps now and then (a flaky lockstep)."""
     model = load_model(synth_model("tiny", "Q4_K", seed=25))
     e = engine(model, False, expert_cache="6")
     ws = e.tier.attn_ws
@@ -231,9 +231,9 @@ def test_adaptive_cache_on_the_routed_step(synth_model, device):
     print(f"logit errors over 40 steps: max {max(errs):.4g}, median {np.median(errs):.4g}")
     assert same >= 32, f"greedy tokens agree at only {same} of 40 steps"
     # The pool's misses join the card's sums in another float order: the logits are mostly the
-    # same bits (session 23 on the H200: 0 at all 40 steps in 4 of 4 runs), but a Q8 rounding
-    # flipped by that noise is carried by the KV cache to every later step (session 22: 0.0107
-    # once, past the 1e-2 this test held then): the oracle's flip bound, as the card-against-host
+    # same bits (on the H200: 0 at all 40 steps in 4 of 4 runs), but a Q8 rounding flipped by
+    # that noise is carried by the KV cache to every later step (0.0107 once, past the 1e-2 this
+    # test held then): the oracle's flip bound, as the card-against-host
     # decode tests (test_gpu_tier.py) hold theirs.
     assert max(errs) <= FLIP_BOUND, max(errs)
 

@@ -12,7 +12,7 @@ cache that reaches every later position. So:
   ~1e-5), none beyond a flip (FLIP_BOUND = 0.15) unless the two sides' routers picked
   different experts at or before that position (a near-tie: one expert swapped for another
   moves logits by more than a flip).
-  Measured on the H200 over 60 sequences a case (bench/results/session27-h200-20261204.md):
+  Measured on the H200 over 60 sequences a case:
   86-94% of prompt positions and 99-100% of decode steps within 1e-4; a flip makes every later
   position of its sequence miss, so the fraction of few sequences spreads wide (with 6, as this
   test had, 8% of draws fell below 60% for two cases); with 30, below 60% is <= 7e-4 a case;
