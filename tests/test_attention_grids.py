@@ -1,5 +1,5 @@
-"""attention.dec_grid_for, host side: short positions take the one-launch kernel, the next
-ones (up to dec_cl_keys) the cluster kernel; otherwise the grid it picks for a position splits
+"""attention.dec_grid_for, host side: short positions take the one-launch kernel; otherwise the
+grid it picks for a position splits
 that position's keys exactly as the full grid does (dec_split of attention.cu, written out
 below), and no smaller grid of the workspace would; the card's bits are held equal in
 tests/test_gpu_decode.py."""
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from strata.gpu.attention import DEC_CL_GRID, DEC_SHORT_GRID, dec_grid_for
+from strata.gpu.attention import DEC_SHORT_GRID, dec_grid_for
 
 
 def _dec_split(s: int, nsplit: int, min_chunk: int) -> tuple[int, int]:
@@ -22,7 +22,7 @@ def _dec_split(s: int, nsplit: int, min_chunk: int) -> tuple[int, int]:
 
 @pytest.mark.parametrize("grids,mc", [((8, 32, 132), 64), ((4, 66), 32), ((132,), 64)])
 def test_the_picked_grid_splits_as_the_full_one(grids, mc):
-    ws = SimpleNamespace(dec_grids=grids, dec_min_chunk=mc, dec_short=0, dec_cl_keys=0)
+    ws = SimpleNamespace(dec_grids=grids, dec_min_chunk=mc, dec_short=0)
     full = grids[-1]
     for pos in range(0, 12000, 7):
         n = dec_grid_for(ws, pos)
@@ -34,25 +34,9 @@ def test_the_picked_grid_splits_as_the_full_one(grids, mc):
 
 @pytest.mark.parametrize("short", [1, 1024, 2048])
 def test_short_positions_take_the_one_launch_kernel(short):
-    ws = SimpleNamespace(dec_grids=(8, 32, 132), dec_min_chunk=64, dec_short=short, dec_cl_keys=0)
+    ws = SimpleNamespace(dec_grids=(8, 32, 132), dec_min_chunk=64, dec_short=short)
     for pos in range(0, 5000, 3):
         n = dec_grid_for(ws, pos)
         assert (n == DEC_SHORT_GRID) == (pos + 1 <= short), (pos, n)
         if n != DEC_SHORT_GRID:
             assert n == dec_grid_for(SimpleNamespace(**{**vars(ws), "dec_short": 0}), pos)
-
-
-@pytest.mark.parametrize("short,cl", [(768, 4096), (0, 2048), (768, 0), (1024, 512)])
-def test_middle_positions_take_the_cluster_kernel(short, cl):
-    """Past dec_short keys and up to dec_cl_keys (0: never, as on a card without clusters) the
-    cluster kernel; past both, the split grid the workspace would pick without it."""
-    ws = SimpleNamespace(dec_grids=(8, 32, 132), dec_min_chunk=64, dec_short=short, dec_cl_keys=cl)
-    plain = SimpleNamespace(**{**vars(ws), "dec_cl_keys": 0})
-    for pos in range(0, 9000, 5):
-        n, s = dec_grid_for(ws, pos), pos + 1
-        if s <= short:
-            assert n == DEC_SHORT_GRID, pos
-        elif s <= cl:
-            assert n == DEC_CL_GRID, pos
-        else:
-            assert n == dec_grid_for(plain, pos) and n > 0, pos

@@ -41,9 +41,8 @@ def test_quant_linear_matches_the_float_path(qt):
 def test_host_tier_on_quant_linears_decodes_like_the_float_one(synth_model):
     """First positions of short sequences: float noise apart in nearly all of them (a near tie
     in the router's top-k, flipped by that noise, may move a sequence further)."""
-    from strata.engine.forward import Engine
-
     from strata.cpu.tier import HostTier
+    from strata.engine.engine import Engine
     from strata.model.loader import load_model
     from tests.oracle import position_errors
 

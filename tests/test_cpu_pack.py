@@ -198,7 +198,7 @@ def test_a_pack_without_src_json_loads_with_a_warning_naming_it(packed, tmp_path
 
 
 def test_strata_pack_refuses_a_non_empty_dir_without_force(synth_model, tmp_path, capsys):
-    from strata.cli import main
+    from strata.cli.main import main
 
     gguf = str(synth_model("tiny", "Q4_K"))
     out = tmp_path / "p"
@@ -214,7 +214,7 @@ def test_strata_pack_refuses_a_non_empty_dir_without_force(synth_model, tmp_path
 
 def test_a_failed_build_leaves_nothing_half_written(synth_model, tmp_path, monkeypatch, capsys):
     import strata.cpu.pack as pk
-    from strata.cli import main
+    from strata.cli.main import main
 
     gguf = str(synth_model("tiny", "Q4_K"))
     old = tmp_path / "old"
@@ -240,7 +240,8 @@ def test_a_failed_build_leaves_nothing_half_written(synth_model, tmp_path, monke
 
 
 def test_pack_flags_reach_the_engine_config_and_beat_the_environment():
-    from strata.cli import _engine_config, build_parser
+    from strata.cli.common import engine_config as _engine_config
+    from strata.cli.main import build_parser
     from strata.config import resolve
 
     env = {"STRATA_PACK": "packs/env", "STRATA_RELEASE": "qwen", "STRATA_RESIDENT_EXPERTS": "1"}
@@ -253,15 +254,14 @@ def test_pack_flags_reach_the_engine_config_and_beat_the_environment():
     cfg = _engine_config(ns)
     assert (cfg.pack, cfg.release, cfg.resident_experts) == ("packs/flag", "swift", True)
     ns = build_parser().parse_args(["serve", "--pack", "packs/s", "--resident-experts"])
-    from strata.serve.cli import serve_options
+    from strata.cli.serve import serve_options
 
     cfg = serve_options(ns, environ={"STRATA_RELEASE": "coder"})["config"]
     assert (cfg.pack, cfg.release, cfg.resident_experts) == ("packs/s", "coder", True)
 
 
 def test_the_engine_builds_its_pool_on_the_pack(packed):
-    from strata.engine.builder import build_engine
-
+    from strata.build import build_engine
     from strata.config import resolve
 
     model, d = packed("IQ3_XXS")

@@ -22,7 +22,6 @@ cp = pytest.importorskip("cupy")
 from strata.gpu.host import rope_inv_freq  # noqa: E402
 
 from strata.gpu.attention import (  # noqa: E402
-    DEC_CL_GRID,
     DEC_SHORT_GRID,
     DEC_SHORT_MAX,
     AttnWorkspace,
@@ -91,31 +90,19 @@ SHAPES = [  # (G, H/G, Dh): rep 1/4/8 as asked, 6 (not a power of two) and 16 (t
 SHORT_SIZES = [1, 2, 31, 63, 64, 65, 255, 513, 1024, DEC_SHORT_MAX - 1, DEC_SHORT_MAX]
 
 
-def cluster_ws(K, c: Case, n: int | None = None) -> AttnWorkspace:
-    """A workspace set to launch the cluster kernel (n blocks a KV head; None: the default), or
-    a skip where the card or the head shape has none (attention.AttnWorkspace dec_cl)."""
-    ws = AttnWorkspace(cp, K, c.h, c.gk, S_CAP, c.dh, 1)
-    if not ws.dec_cl:
-        pytest.skip(f"no cluster decode kernel here (clusters {K.clusters}, H/G {c.h // c.gk})")
-    ws.dec_nsplit = DEC_CL_GRID
-    ws.dec_cl = n or ws.dec_cl
-    return ws
-
-
-@pytest.mark.parametrize("kernel", ["splits", "short", "cluster"])
+@pytest.mark.parametrize("kernel", ["splits", "short"])
 @pytest.mark.parametrize("gk,rep,dh", SHAPES, ids=lambda v: str(v))
 def test_attention_decode_matches_reference(K, gk, rep, dh, kernel):
     """The split kernels (the workspace's full grid), attn_dec_short (one launch, a block per
-    query head: key counts around its lane and row steps, up to the most it holds) and
-    attn_dec_cl (one launch, a cluster of blocks a KV head; sm_90+, H/G <= 8)."""
+    query head: key counts around its lane and row steps, up to the most it holds)."""
     g = np.random.default_rng()
     c = Case(g, gk, rep, dh, S_CAP)
-    ws = cluster_ws(K, c) if kernel == "cluster" else AttnWorkspace(cp, K, c.h, gk, S_CAP, dh, 1)
+    ws = AttnWorkspace(cp, K, c.h, gk, S_CAP, dh, 1)
     if kernel == "short":
         ws.dec_nsplit = DEC_SHORT_GRID
     out = cp.full((1, c.h * dh), np.nan, np.float32)
     pos = cp.zeros(1, np.int32)
-    for s in SHORT_SIZES if kernel == "short" else SIZES + [769, 2049] * (kernel == "cluster"):
+    for s in SHORT_SIZES if kernel == "short" else SIZES:
         pos[...] = s - 1
         attention_decode(K, ws, cp.asarray(c.q), c.kc, c.vc, pos, c.dims, c.scale, out)
         c.check(out, s)
@@ -165,8 +152,7 @@ def test_attention_decode_smaller_grids_give_the_full_grids_bits(K, gk, rep, dh)
     g = np.random.default_rng()
     c = Case(g, gk, rep, dh, S_CAP)
     ws = AttnWorkspace(cp, K, c.h, gk, S_CAP, dh, 1)
-    ws.dec_short = ws.dec_cl_keys = 0  # the split grids alone (the one-launch kernels' sums
-    # are their own)
+    ws.dec_short = 0  # the split grids alone (the one-launch kernel's sums are its own)
     full = ws.dec_nsplit
     q = cp.asarray(c.q)
     pos = cp.zeros(1, np.int32)
@@ -195,19 +181,13 @@ def test_attention_decode_smaller_grids_give_the_full_grids_bits(K, gk, rep, dh)
     assert len(picked) == len(ws.dec_grids)  # every grid was picked by some position
 
 
-@pytest.mark.parametrize("kernel", ["short", "cluster"])
-def test_attention_decode_one_launch_kernels_are_deterministic_and_replay_in_a_graph(K, kernel):
-    """attn_dec_short and attn_dec_cl: repeated calls give the same bits; one capture (with PDL
-    where the card has it, as the graph decoder captures: a cluster launch then carries both
-    launch attributes) replays at other positions."""
+def test_attention_decode_one_launch_kernel_is_deterministic_and_replays_in_a_graph(K):
+    """attn_dec_short: repeated calls give the same bits; one capture (with PDL where the card
+    has it, as the graph decoder captures) replays at other positions."""
     c = Case(np.random.default_rng(), 4, 8, 128, S_CAP)
-    if kernel == "short":
-        ws = AttnWorkspace(cp, K, c.h, 4, S_CAP, 128, 1)
-        ws.dec_nsplit = DEC_SHORT_GRID
-        s0, sizes = 1500, (700, 65, 1, DEC_SHORT_MAX, 1024)
-    else:
-        ws = cluster_ws(K, c)
-        s0, sizes = 3000, (700, 65, 1, 4096, S_CAP)
+    ws = AttnWorkspace(cp, K, c.h, 4, S_CAP, 128, 1)
+    ws.dec_nsplit = DEC_SHORT_GRID
+    s0, sizes = 1500, (700, 65, 1, DEC_SHORT_MAX, 1024)
     q, out = cp.asarray(c.q), cp.empty((1, c.h * 128), np.float32)
     pos = cp.asarray(np.array([s0], np.int32))
     outs = []
@@ -229,21 +209,6 @@ def test_attention_decode_one_launch_kernels_are_deterministic_and_replay_in_a_g
             c.check(out, s)
             if s == s0 + 1:  # the eager calls' position: the replay gives their bits
                 np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), outs[0])
-
-
-@pytest.mark.parametrize("n", [2, 8, 16])
-def test_attention_decode_cluster_sizes_match_reference(K, n):
-    """attn_dec_cl at 2, 8 (the portable most) and 16 blocks a cluster (the opt-in size): key
-    counts that leave some of the cluster's blocks without keys (S < 32 n) and uneven chunks."""
-    c = Case(np.random.default_rng(), 4, 8, 128, S_CAP)
-    ws = cluster_ws(K, c, n)
-    out = cp.full((1, c.h * 128), np.nan, np.float32)
-    pos = cp.zeros(1, np.int32)
-    for s in (1, 33, 32 * n - 1, 32 * n + 1, 1000, 4096 + 17, S_CAP):
-        pos[...] = s - 1
-        out.fill(np.nan)
-        attention_decode(K, ws, cp.asarray(c.q), c.kc, c.vc, pos, c.dims, c.scale, out)
-        c.check(out, s)
 
 
 def test_attention_decode_refuses_a_small_workspace(K):
@@ -318,7 +283,7 @@ GEMV_QUANTS = [
 
 
 @pytest.mark.parametrize("qt", GEMV_QUANTS, ids=lambda q: q.name)
-def test_gemv1w_matches_reference_and_gemv1(K, qt):
+def test_gemv1w_matches_reference(K, qt):
     g = np.random.default_rng()
     # rows and columns that give 1 and 2 warps per row on this device (the second warp of a
     # 1792-column row gets 24 of the 56 sub-blocks)
@@ -334,12 +299,10 @@ def test_gemv1w_matches_reference_and_gemv1(K, qt):
         seen.add(warps_per_row(K, w))
         act = ActBuf(cp, cols, 1, w.vec_dot)
         norm_quant(K, cp.asarray(x), 1, act=act)
-        out, old = cp.empty((1, rows), np.float32), cp.empty((1, rows), np.float32)
+        out = cp.empty((1, rows), np.float32)
         gemv(K, w, act, out, 1, resid=cp.asarray(resid))
-        gemv(K, w, act, old, 1, resid=cp.asarray(resid), legacy=True)
         want = gemv_ref(raw, qt, x, bias, resid)
         assert rel(cp.asnumpy(out), want) < 1e-5, (rows, cols)
-        assert rel(cp.asnumpy(out), cp.asnumpy(old)) < 1e-6, (rows, cols)
     assert seen == {1, 2}
 
 

@@ -99,7 +99,7 @@ def test_eager_decode_takes_the_graph_steps_decode_attention(synth_model, device
     """Eager decode (no graphs) picks the decode attention the graph step picks for the same
     position (attention.dec_grid_for, as GraphDecoder._begin): the short kernel's sums are its
     own (rare last-bit differences from the split kernels'), so an eager engine on the full
-    split grid drifted from the replayed steps now and then (a flaky lockstep, session 22)."""
+    split grid drifted from the replayed steps now and then (a flaky lockstep)."""
     model = load_model(synth_model("tiny", "Q4_K", seed=25))
     e = engine(model, False, expert_cache="6")
     ws = e.tier.attn_ws
@@ -230,9 +230,9 @@ def test_adaptive_cache_on_the_routed_step(synth_model, device):
     print(f"logit errors over 40 steps: max {max(errs):.4g}, median {np.median(errs):.4g}")
     assert same >= 32, f"greedy tokens agree at only {same} of 40 steps"
     # The pool's misses join the card's sums in another float order: the logits are mostly the
-    # same bits (session 23 on the H200: 0 at all 40 steps in 4 of 4 runs), but a Q8 rounding
-    # flipped by that noise is carried by the KV cache to every later step (session 22: 0.0107
-    # once, past the 1e-2 this test held then): the oracle's flip bound, as the card-against-host
+    # same bits (on the H200: 0 at all 40 steps in 4 of 4 runs), but a Q8 rounding flipped by
+    # that noise is carried by the KV cache to every later step (0.0107 once, past the 1e-2 this
+    # test held then): the oracle's flip bound, as the card-against-host
     # decode tests (test_gpu_tier.py) hold theirs.
     assert max(errs) <= FLIP_BOUND, max(errs)
 
@@ -271,13 +271,15 @@ def test_routed_hybrid_steps(synth_model, device, car):
 
 def test_routed_ahead_keeps_the_bits(synth_model, device, monkeypatch):
     """The routed step queued whole, the card waiting for the host only at layers with misses
-    (the default), gives the bits of the per-layer arm (STRATA_GPU_ROUTED_AHEAD=0: two graphs a
+    (CUDA's way), gives the bits of the per-layer form (ROCm's and the emulator's: two graphs a
     layer, the pool's rows uploaded at the next layer's start)."""
+    from strata.gpu import decode_graph
+
     model = load_model(synth_model("tiny", "IQ3_XXS", seed=27, skew=1.0))
     flags = dict(expert_cache="7", car_threshold=1.0)  # CAR off: misses for the pool
     g = engine(model, True, **flags)
     assert g.tier.graph_decoder().ahead
-    monkeypatch.setenv("STRATA_GPU_ROUTED_AHEAD", "0")
+    monkeypatch.setattr(decode_graph, "routed_ahead", lambda cp: False)
     e = engine(model, True, **flags)
     assert not e.tier.graph_decoder().ahead
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
@@ -288,13 +290,12 @@ def test_routed_ahead_keeps_the_bits(synth_model, device, monkeypatch):
     assert g.stats.window_layers == e.stats.window_layers == 24 * model.args.n_layer
 
 
-def test_routed_ahead_served_in_one_call_keeps_the_bits(synth_model, device, monkeypatch):
+def test_routed_ahead_served_in_one_call_keeps_the_bits(synth_model, device):
     """The queued step served by the pool's step server (strata/cpu/serve.py: every layer's
     wait, counts, misses and release in one compiled call, the pool on its team) gives the bits,
     counts and windows of the Python round a layer (a step without a step server)."""
     model = load_model(synth_model("tiny", "IQ3_XXS", seed=31, skew=1.0))
     flags = dict(expert_cache="7", car_threshold=0.35)
-    monkeypatch.setenv("STRATA_POOL_TEAM", "1")  # (2 threads: regions by default)
     g, e = engine(model, True, **flags), engine(model, True, **flags)
     e.step._make_server = None  # every layer a Python round
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
@@ -417,7 +418,8 @@ def test_decode_greedy_takes_the_argmax_on_the_card(synth_model, device, cache):
 
 def test_graph_steps_launch_with_pdl_where_the_device_has_it(synth_model, device, monkeypatch):
     """On sm_90+ the captured kernels go out with programmatic dependent launch (the tests above
-    then hold its order to the eager bits); STRATA_GPU_PDL=0 keeps CuPy's launches."""
+    then hold its order to the eager bits); elsewhere CuPy's launches."""
+    from strata.gpu import pdl
     from strata.gpu.rawmod import Kernels
 
     model = load_model(synth_model("tiny", "IQ3_XXS", seed=23))
@@ -434,5 +436,5 @@ def test_graph_steps_launch_with_pdl_where_the_device_has_it(synth_model, device
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 4).tolist()
     lockstep(g, e, prompt, 12)
     assert len(calls) > 10 * model.args.n_layer  # every kernel of the captured step
-    monkeypatch.setenv("STRATA_GPU_PDL", "0")
+    monkeypatch.setattr(pdl, "supported", lambda cp, arch: False)
     assert not Kernels(cp, device.warp_size, device.sm_count, arch=device.arch).pdl_available

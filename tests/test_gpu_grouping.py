@@ -20,30 +20,21 @@ def test_group_pairs_tiles_cover_each_valid_pair_once():
         assert np.all(flat[order[a : a + n]] == s)
 
 
-def test_moe_decode_variant_defaults_by_type_and_env_overrides(monkeypatch):
+def test_moe_decode_kernels_by_type():
     from gguf.constants import GGMLQuantizationType as QT
 
     import strata.gpu.experts as ex
 
-    monkeypatch.setattr(ex, "MOE_VARIANT", None)
     for q in (QT.Q8_0, QT.IQ3_XXS, QT.IQ2_XXS, QT.IQ2_S):
-        assert ex.parse_variant(None, q) == ("legacy", "sp2")
-    assert ex.parse_variant(None, QT.IQ1_M) == ("st1", "legacy")
+        assert ex.moe_kernels(q) == ("moe_gate_up", "moe_down_sp2")
+    assert ex.moe_kernels(QT.IQ1_M) == ("moe_gate_up_st1", "moe_down")
     for q in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.IQ3_S):
-        assert ex.parse_variant(None, q) == ("st1", "sp2")
-    assert ex.parse_variant("st2+st", QT.Q8_0) == ("st2", "st")  # an explicit variant wins
-    monkeypatch.setattr(ex, "MOE_VARIANT", "fq")  # STRATA_MOE_VARIANT: every type
-    assert ex.parse_variant(None, QT.Q8_0) == ex.parse_variant(None, QT.IQ3_XXS) == ("fq", "legacy")
-    with pytest.raises(ValueError, match="unknown MoE decode variant 'st3' \\(gate/up"):
-        ex.parse_variant("st3", QT.Q4_K)
-    monkeypatch.setattr(ex, "MOE_VARIANT", "st9+legacy")
-    with pytest.raises(ValueError, match="'st9\\+legacy' \\(STRATA_MOE_VARIANT\\)"):
-        ex.parse_variant(None, QT.Q4_K)
+        assert ex.moe_kernels(q) == ("moe_gate_up_st1", "moe_down_sp2")
 
 
 def test_moe_launch_shapes_and_fallback():
-    """The gate/up kernels' launch shapes; moe_down_sp<W>: MOE_SP_R(W) rows of W warps a block,
-    past SP_IT warp-widths of items a row moe_down's launch instead (wave32 and wave64)."""
+    """The gate/up kernels' launch shapes; moe_down_sp2: two rows of two warps a block, past
+    SP_IT warp-widths of items a row moe_down's launch instead (wave32 and wave64)."""
     from types import SimpleNamespace
 
     import strata.gpu.experts as ex
@@ -51,45 +42,25 @@ def test_moe_launch_shapes_and_fallback():
     for warp in (32, 64):
         K = SimpleNamespace(warp=warp, warps_per_block=lambda n, w=warp: max(1, n // w))
         d, t = 2048, 3
-        assert ex.down_launch(K, "sp2", d, t, 8, 768) == ("moe_down_sp2", (1024, 3), (4 * warp,))
-        assert ex.down_launch(K, "sp3", d, t, 8, 768) == ("moe_down_sp3", (2048, 3), (3 * warp,))
-        assert ex.down_launch(K, "sp6", d, t, 8, 768) == ("moe_down_sp6", (2048, 3), (6 * warp,))
-        f_big = (ex.SP_IT * warp // 8 + 1) * 32  # K = 8: one warp-width of items past SP_IT
-        legacy = ex.down_launch(K, "legacy", d, t, 8, f_big)
-        assert ex.down_launch(K, "sp2", d, t, 8, f_big) == legacy
-        assert legacy == (
-            "moe_down",
-            (-(-d // max(1, 128 // warp)), 3),
-            (max(1, 128 // warp) * warp,),
-        )
-        assert ex.down_launch(K, "st", d, t, 8, 768) == ("moe_down_st", (512, 3), (4 * warp,))
-        # gate/up: a row a warp (legacy, fq), a row a pair of warps (gs), staged rows (st1, st2)
         wpb = max(1, 128 // warp)
+        plain = ("moe_down", (-(-d // wpb), 3), (wpb * warp,))
+        assert ex.down_launch(K, "moe_down_sp2", d, t, 8, 768) == (
+            "moe_down_sp2",
+            (1024, 3),
+            (4 * warp,),
+        )
+        assert ex.down_launch(K, "moe_down", d, t, 8, 768) == plain
+        f_big = (ex.SP_IT * warp // 8 + 1) * 32  # K = 8: one warp-width of items past SP_IT
+        assert ex.down_launch(K, "moe_down_sp2", d, t, 8, f_big) == plain
+        # gate/up: a row a warp (moe_gate_up), staged rows of ST_WARPS warps a block (st1)
         f, pairs = 768, 24
-        assert ex.gate_up_launch(K, "legacy", f, pairs) == (
-            "moe_gate_up",
+        assert ex.gate_up_launch(K, "moe_gate_up", f, pairs) == (
             (-(-f // wpb), pairs),
             (wpb * warp,),
         )
-        assert ex.gate_up_launch(K, "fq", f, pairs) == (
-            "moe_gate_up_fq",
-            (-(-f // wpb), pairs),
-            (wpb * warp,),
-        )
-        assert ex.gate_up_launch(K, "gs", f, pairs) == (
-            "moe_gate_up_gs",
-            (-(-f // (wpb // 2)), pairs),
-            (wpb * warp,),
-        )
-        assert ex.gate_up_launch(K, "st1", f, pairs) == (
-            "moe_gate_up_st1",
-            (192, pairs),
-            (4 * warp,),
-        )
-        assert ex.gate_up_launch(K, "st2", f, pairs) == (
-            "moe_gate_up_st2",
-            (96, pairs),
-            (4 * warp,),
+        assert ex.gate_up_launch(K, "moe_gate_up_st1", f, pairs) == (
+            (-(-f // ex.ST_WARPS), pairs),
+            (ex.ST_WARPS * warp,),
         )
 
 
@@ -115,18 +86,3 @@ def test_compiled_grouping_gives_group_pairs_arrays():
         np.testing.assert_array_equal(got, np.unique(slots[slots >= 0]))
     with pytest.raises(ValueError, match="int32 \\[4"):
         group_pairs_into(cases[0], 8, np.zeros((4, 3), np.int32))
-
-
-def test_dense_mma_tile_knob(monkeypatch):
-    """STRATA_GPU_DENSE_MMA_NT: 64 (default) or 32; anything else refused with the knob named
-    (read when a CupyTier is made, before any prompt runs)."""
-    from strata.gpu.gemv import MMA_DENSE_NT, MMA_NT, dense_mma_nt
-
-    monkeypatch.delenv("STRATA_GPU_DENSE_MMA_NT", raising=False)
-    assert dense_mma_nt() == MMA_DENSE_NT == 64
-    monkeypatch.setenv("STRATA_GPU_DENSE_MMA_NT", "32")
-    assert dense_mma_nt() == MMA_NT == 32
-    for bad in ("48", "x", "0"):
-        monkeypatch.setenv("STRATA_GPU_DENSE_MMA_NT", bad)
-        with pytest.raises(ValueError, match="STRATA_GPU_DENSE_MMA_NT"):
-            dense_mma_nt()

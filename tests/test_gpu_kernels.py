@@ -189,16 +189,11 @@ def test_gemv_matches_reference(K, qt, t):
 
 @pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
 @pytest.mark.parametrize("t", [9, 40, 75, 130])
-@pytest.mark.parametrize("nt", ["64", "32"])
-def test_gemm_mma_matches_reference(device, qt, t, nt, monkeypatch):
+def test_gemm_mma_matches_reference(device, qt, t):
     """A prompt chunk's GEMM on the int8 tensor cores (gemv.gemm_mma: experts_mma.cu's
-    dense_mma, tiles of 64 tokens, or the MoE's down kernel and tiles of 32, the last one
-    partial) with bias, residual and an output stride wider than the rows, against HostTier's
-    formula."""
-    from strata.gpu.gemv import dense_mma_nt, gemm_mma
-
-    monkeypatch.setenv("STRATA_GPU_DENSE_MMA_NT", nt)
-    nt = dense_mma_nt()
+    dense_mma, tiles of 64 tokens, the last one partial) with bias, residual and an output
+    stride wider than the rows, against HostTier's formula."""
+    from strata.gpu.gemv import gemm_mma
 
     K = Kernels(cp, device.warp_size, device.sm_count, arch=device.arch)
     if not K.int8_mma:
@@ -213,19 +208,10 @@ def test_gemm_mma_matches_reference(device, qt, t, nt, monkeypatch):
     act = ActBuf(cp, cols, 140, w.vec_dot)
     norm_quant(K, cp.asarray(x), t, act=act)
     out = cp.full((140, ldo), np.nan, np.float32)
-    gemm_mma(K, w, act, out, t, resid=cp.asarray(resid), ldo=ldo, nt=nt)
+    gemm_mma(K, w, act, out, t, resid=cp.asarray(resid), ldo=ldo)
     got = cp.asnumpy(out)
     assert rel(got[:t, :rows], gemv_ref(raw, qt, x, bias, resid[:, :rows])) < 1e-5
     assert np.isnan(got[:t, rows:]).all() and np.isnan(got[t:]).all()  # nothing else written
-    if t == 40:
-        # the grid's bytes, not its codes, the signs spread by shifts, not a multiply, and each
-        # lane decoding from global memory, not its warp's staged rows (STRATA_GRID_CODES=0,
-        # STRATA_SIGN_SPREAD=0, STRATA_MMA_WSTAGE=0): the same integers, so the same bits
-        off = ("-DSTRATA_GRID_CODES=0", "-DSTRATA_SIGN_SPREAD=0", "-DSTRATA_MMA_WSTAGE=0")
-        K0 = Kernels(cp, device.warp_size, device.sm_count, off, arch=device.arch)
-        out0 = cp.full((140, ldo), np.nan, np.float32)
-        gemm_mma(K0, w, act, out0, t, resid=cp.asarray(resid), ldo=ldo, nt=nt)
-        np.testing.assert_array_equal(cp.asnumpy(out0), got)
 
 
 @pytest.mark.parametrize("qt", [QT.Q8_0, QT.IQ3_XXS, QT.F32], ids=lambda q: q.name)
@@ -542,16 +528,31 @@ def test_f16_conversions_are_exact(K):
 
 
 # ---- resident experts ----
+# the decode kernel pairs experts.MOE_KERNELS_BY_TYPE picks from (gate/up, down)
+MOE_PAIRS = [
+    ("moe_gate_up", "moe_down"),
+    ("moe_gate_up", "moe_down_sp2"),
+    ("moe_gate_up_st1", "moe_down"),
+    ("moe_gate_up_st1", "moe_down_sp2"),
+]
+
+
+def use_moe_kernels(monkeypatch, qt, pair) -> None:
+    """Make moe_experts take the decode kernel pair `pair` for gate/up experts of type qt."""
+    from strata.gpu import experts as ex
+
+    monkeypatch.setitem(ex.MOE_KERNELS_BY_TYPE, QT(int(qt)), tuple(pair))
+
+
 @pytest.mark.parametrize(
     "qts",
     [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.IQ3_XXS, QT.IQ3_XXS, QT.IQ3_XXS), (QT.Q8_0,) * 3]
     + [(q, q, q) for q in (QT.Q5_K, QT.IQ4_XS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S, QT.IQ1_M)],
     ids=lambda q: "-".join(x.name for x in q),
 )
-@pytest.mark.parametrize(
-    "variant", ["legacy+legacy", "st1+st", "st2+st", "fq+legacy", "st1+sp2", "gs+sp2"]
-)
-def test_moe_experts_match_reference(K, qts, variant):
+@pytest.mark.parametrize("pair", MOE_PAIRS, ids=lambda p: "+".join(p))
+def test_moe_experts_match_reference(K, qts, pair, monkeypatch):
+    use_moe_kernels(monkeypatch, qts[0], pair)
     g = rng()
     d, f, n_exp, t, k = 512, 256, 6, 3, 4
     raws = [
@@ -588,7 +589,6 @@ def test_moe_experts_match_reference(K, qts, variant):
         act,
         aact,
         out,
-        variant=variant,
     )
     # the intermediate: silu(gate) * up from the same Q8 h (bit-exact quantization) -> 1e-5
     gq = fmt(qts[0]).vec_dot
@@ -634,37 +634,16 @@ def test_moe_experts_match_reference(K, qts, variant):
     resid = g.standard_normal((8, d)).astype(np.float32)
     out_r = cp.empty((8, d), np.float32)
     moe_experts(K, qts, (d, f), stores, hact, cp.asarray(slots.ravel()), cp.asarray(w.ravel()),
-                t, k, act, aact, out_r, variant=variant, resid=cp.asarray(resid))  # fmt: skip
+                t, k, act, aact, out_r, resid=cp.asarray(resid))  # fmt: skip
     np.testing.assert_array_equal(cp.asnumpy(out_r)[:t], resid[:t] + cp.asnumpy(out)[:t])
 
 
-# ---- decode variants: staged kernels and the compile-time decode knobs, bit for bit ----
-@pytest.fixture(scope="module")
-def K_plain(K):
-    """The original decode build (every decode knob off; the default build has them on)."""
-    knobs = ("FAST_DECODE", "SMEM_GRID", "REG_DECODE", "GEMV1_SMEM_GRID", "GEMV1_SMEM_FMTS")
-    knobs += ("GRID_CODES",)
-    knobs += ("SIGN_SPREAD", "GEMV1_STEP")
-    return Kernels(cp, K.warp, K.sm_count, tuple(f"-DSTRATA_{k}=0" for k in knobs))
-
-
-@pytest.fixture(scope="module")
-def K_codes(K):
-    """The grid-code arm (off by default but for IQ1_M and IQ2_S): every grid format's codes, and
-    up to 16 KiB of lane-banked shared-memory copies of them a block (quant_blocks.cuh GridTab,
-    STRATA_GRID_COPIES=32: the default keeps one), the decode GEMV (gemv1w) staging them too
-    (STRATA_GEMV1_SMEM_FMTS: every format); with the signs spread a nibble at a time
-    (STRATA_SIGN_SPREAD=1: the default is 2, K_plain's 0)."""
-    arm = ("-DSTRATA_GRID_CODES=4294967295", "-DSTRATA_GRID_SMEM_BYTES=16384")
-    arm += ("-DSTRATA_GRID_COPIES=32",)
-    arm += ("-DSTRATA_GEMV1_SMEM_FMTS=18446744073709551615",)
-    arm += ("-DSTRATA_SIGN_SPREAD=1",)
-    return Kernels(cp, K.warp, K.sm_count, arm)
-
-
+# ---- the decode GEMV and the MoE decode kernels, bit for bit ----
 @pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
 @pytest.mark.parametrize("cols_blocks", [3, 10])  # one chunk; several with a short last one
-def test_gemv1_staged_and_plain_decode_equal_split(K, K_plain, K_codes, qt, cols_blocks):
+def test_gemv1_misaligned_rows_give_the_same_bits(K, qt, cols_blocks):
+    """gemv1w_* on rows 2 bytes off any wider alignment (decoders that take 8- or 16-byte loads
+    on aligned blocks fall back to 2-byte loads) gives the aligned rows' bits."""
     g = rng()
     rows, cols = 67, cols_blocks * fmt(qt).block_elems * (8 if fmt(qt).block_elems == 32 else 1)
     raw = random_quantized(qt, (rows, cols), g, 1 / np.sqrt(cols))
@@ -673,23 +652,16 @@ def test_gemv1_staged_and_plain_decode_equal_split(K, K_plain, K_codes, qt, cols
     w = DeviceWeight(cp, raw, qt, rows, cols, bias=bias)
     act = ActBuf(cp, cols, 1, w.vec_dot)
     norm_quant(K, cp.asarray(x), 1, act=act)
-    outs = {}
-    for name, kk in (("base", K), ("plain", K_plain), ("codes", K_codes)):
-        for variant in ("split", "staged"):
-            out = cp.zeros((1, rows), np.float32)
-            gemv(kk, w, act, out, 1, variant=variant)
-            outs[(name, variant)] = cp.asnumpy(out)
-    # the same rows 2 bytes off any wider alignment (decoders that take 8- or 16-byte loads on
-    # aligned blocks fall back to 2-byte loads): the same bits
+    out = cp.zeros((1, rows), np.float32)
+    gemv(K, w, act, out, 1)
+    aligned = cp.asnumpy(out)
     shifted = cp.zeros(w.buf.size + 16, np.uint8)
     w.buf = shifted[2 : 2 + w.buf.size].reshape(w.buf.shape)
     w.buf[...] = cp.asarray(np.ascontiguousarray(raw).view(np.uint8).reshape(w.buf.shape))
     out = cp.zeros((1, rows), np.float32)
     gemv(K, w, act, out, 1)
-    outs[("base", "misaligned")] = cp.asnumpy(out)
-    assert rel(outs[("base", "split")], gemv_ref(raw, qt, x, bias)) < 1e-5
-    for key, o in outs.items():
-        np.testing.assert_array_equal(o, outs[("base", "split")], err_msg=str(key))
+    assert rel(aligned, gemv_ref(raw, qt, x, bias)) < 1e-5
+    np.testing.assert_array_equal(cp.asnumpy(out), aligned)
 
 
 def _expert_slots(g, qt, n_exp: int, d: int, f: int) -> list:
@@ -704,8 +676,9 @@ def _expert_slots(g, qt, n_exp: int, d: int, f: int) -> list:
 
 
 @pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
-def test_moe_decode_variants_equal_legacy(K, K_plain, K_codes, qt):
-    """Every decode kernel pair, either build, gives the legacy kernels' bits (K = 8, T = 2)."""
+def test_moe_decode_kernel_pairs_give_the_same_bits(K, qt, monkeypatch):
+    """Every decode kernel pair gives moe_gate_up + moe_down's bits (K = 8, T = 2), with and
+    without the residual added by the down kernel."""
     g = rng()
     d, f, n_exp, t, k = 1024, 768, 9, 2, 8  # f = 768: the Qwen3 down row, one short chunk
     stores = _expert_slots(g, qt, n_exp, d, f)
@@ -715,60 +688,19 @@ def test_moe_decode_variants_equal_legacy(K, K_plain, K_codes, qt):
     vd = fmt(qt).vec_dot
     hact = ActBuf(cp, d, t, vd)
     norm_quant(K, cp.asarray(act_input(g, t, d)), t, act=hact)
-    outs = {}
-    for name, kk in (("base", K), ("plain", K_plain), ("codes", K_codes)):
-        for variant in ("legacy+legacy", "st1+st", "st2+st", "st2+legacy", "legacy+st", "fq+legacy",
-                        "fq+st", "st1+sp2", "legacy+sp3", "fq+sp6", "gs+sp2",
-                        "gs+legacy"):  # fmt: skip
-            act = cp.zeros((t * k, f), np.float32)
-            aact = ActBuf(cp, f, t * k, vd)
-            out = cp.zeros((t, d), np.float32)
-            moe_experts(kk, (qt,) * 3, (d, f), stores, hact, ps, pw, t, k, act, aact, out,
-                        variant=variant)  # fmt: skip
-            outs[(name, variant)] = (cp.asnumpy(act), cp.asnumpy(out))
-    a0, o0 = outs[("base", "legacy+legacy")]
-    for key, (a, o) in outs.items():
-        np.testing.assert_array_equal(a, a0, err_msg=str(key))
-        np.testing.assert_array_equal(o, o0, err_msg=str(key))
-    # the residual added by the down kernel: resid + the sum, bit for bit
     resid = g.standard_normal((t, d)).astype(np.float32)
-    for variant in ("legacy+legacy", "st2+st", "st1+sp2"):
-        act, aact = cp.zeros((t * k, f), np.float32), ActBuf(cp, f, t * k, vd)
-        out = cp.zeros((t, d), np.float32)
-        moe_experts(K, (qt,) * 3, (d, f), stores, hact, ps, pw, t, k, act, aact, out,
-                    variant=variant, resid=cp.asarray(resid))  # fmt: skip
-        np.testing.assert_array_equal(cp.asnumpy(out), resid + o0, err_msg=variant)
-
-
-@pytest.mark.parametrize("qt", QUANTS, ids=lambda q: q.name)
-@pytest.mark.parametrize("t", [1, 3])
-def test_moe_fused_quant_equals_legacy(K, qt, t):
-    """gate/up "fq" (the intermediate quantized by the gate/up kernel's last block of each pair)
-    gives legacy's act, Q8 intermediate and output bit for bit, launch after launch (its
-    counters go back to 0: a fixed buffer, as CupyTier's moe_cnt and a graph replay use it)."""
-    g = rng()
-    d, f, n_exp, k = 1024, 768, 10, 8
-    stores = _expert_slots(g, qt, n_exp, d, f)
-    vd = fmt(qt).vec_dot
-    nb = f // (256 if vd == QT.Q8_K else 32)
-    hact = ActBuf(cp, d, t, vd)
-    bufs = {v: (cp.zeros((t * k, f), np.float32), ActBuf(cp, f, t * k, vd)) for v in ("l", "f")}
-    cnt = cp.zeros((t * k + 5,), np.int32)
-    for rep in range(3):  # new tokens and slots each launch, the same buffers and counters
-        slots = np.stack([g.permutation(n_exp)[:k] for _ in range(t)]).astype(np.int32)
-        slots[t - 1, (rep + 2) % k] = -1  # a skipped pair
-        live = slots.ravel() >= 0
-        ps, pw = cp.asarray(slots.ravel()), cp.asarray(g.uniform(0.1, 1, t * k).astype(np.float32))
-        norm_quant(K, cp.asarray(act_input(g, t, d)), t, act=hact)
-        res = {}
-        for v, variant in (("l", "legacy+legacy"), ("f", "fq+legacy")):
-            act, aact = bufs[v]
-            out = cp.zeros((t, d), np.float32)
-            moe_experts(K, (qt,) * 3, (d, f), stores, hact, ps, pw, t, k, act, aact, out,
-                        variant=variant, cnt=cnt)  # fmt: skip
-            q = cp.asnumpy(aact.q)[: t * k][live]
-            dd = cp.asnumpy(aact.d).ravel()[: t * k * nb].reshape(t * k, nb)[live]
-            res[v] = (cp.asnumpy(act)[: t * k][live], q, dd, cp.asnumpy(out))
-        assert not cp.asnumpy(cnt).any(), "fq left a counter set"
-        for name, a, b in zip(("act", "q", "d", "out"), res["l"], res["f"], strict=True):
-            np.testing.assert_array_equal(b, a, err_msg=f"{name}, launch {rep}")
+    outs = {}
+    for pair in MOE_PAIRS:
+        use_moe_kernels(monkeypatch, qt, pair)
+        act = cp.zeros((t * k, f), np.float32)
+        aact = ActBuf(cp, f, t * k, vd)
+        out, out_r = cp.zeros((t, d), np.float32), cp.zeros((t, d), np.float32)
+        moe_experts(K, (qt,) * 3, (d, f), stores, hact, ps, pw, t, k, act, aact, out)
+        moe_experts(K, (qt,) * 3, (d, f), stores, hact, ps, pw, t, k, act, aact, out_r,
+                    resid=cp.asarray(resid))  # fmt: skip
+        outs[pair] = (cp.asnumpy(act), cp.asnumpy(out), cp.asnumpy(out_r))
+    a0, o0, _ = outs[MOE_PAIRS[0]]
+    for pair, (a, o, o_r) in outs.items():
+        np.testing.assert_array_equal(a, a0, err_msg=str(pair))
+        np.testing.assert_array_equal(o, o0, err_msg=str(pair))
+        np.testing.assert_array_equal(o_r, resid + o0, err_msg=str(pair))

@@ -25,7 +25,6 @@ from strata.engine.forward import Engine  # noqa: E402
 from strata.gpu.host import HostTier, rope_inv_freq  # noqa: E402
 
 from strata.gpu.attention import (  # noqa: E402
-    DEC_CL_GRID,
     DEC_SHORT_GRID,
     DEC_SHORT_MAX,
     AttnWorkspace,
@@ -221,22 +220,6 @@ def test_attention_decode_int8_short_kernel_matches_reference(K, gk, rep, dh):
     out = cp.full((1, c.h * dh), np.nan, np.float32)
     pos = cp.zeros(1, np.int32)
     for s in (1, 63, 65, 700, DEC_SHORT_MAX):
-        pos[...] = s - 1
-        c.run(K, ws, pos, out)
-        c.check(out, s)
-
-
-@pytest.mark.parametrize("gk,rep,dh", [(4, 8, 128), (2, 2, 80), (4, 6, 128)], ids=str)
-def test_attention_decode_int8_cluster_kernel_matches_reference(K, gk, rep, dh):
-    """attn_dec_cl_i8 (a cluster of blocks a KV head; sm_90+, H/G <= 8)."""
-    c = Case(np.random.default_rng(), gk, rep, dh, S_CAP)
-    ws = AttnWorkspace(cp, K, c.h, gk, S_CAP, dh, 1)
-    if not ws.dec_cl:
-        pytest.skip(f"no cluster decode kernel here (clusters {K.clusters}, H/G {rep})")
-    ws.dec_nsplit = DEC_CL_GRID
-    out = cp.full((1, c.h * dh), np.nan, np.float32)
-    pos = cp.zeros(1, np.int32)
-    for s in (1, 65, 255, 769, 2049, 4096 + 17, S_CAP):
         pos[...] = s - 1
         c.run(K, ws, pos, out)
         c.check(out, s)

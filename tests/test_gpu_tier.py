@@ -12,7 +12,7 @@ cache that reaches every later position. So:
   ~1e-5), none beyond a flip (FLIP_BOUND = 0.15) unless the two sides' routers picked
   different experts at or before that position (a near-tie: one expert swapped for another
   moves logits by more than a flip).
-  Measured on the H200 over 60 sequences a case (bench/results/session27-h200-20261204.md):
+  Measured on the H200 over 60 sequences a case:
   86-94% of prompt positions and 99-100% of decode steps within 1e-4; a flip makes every later
   position of its sequence miss, so the fraction of few sequences spreads wide (with 6, as this
   test had, 8% of draws fell below 60% for two cases); with 30, below 60% is <= 7e-4 a case;
@@ -29,6 +29,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
+import strata.gpu.workspace as gws  # noqa: E402
 from strata.engine.forward import Engine  # noqa: E402
 
 from strata.gpu.budget import MIB, BudgetExceeded, DeviceBudget  # noqa: E402
@@ -261,13 +262,10 @@ def test_staged_experts_equal_the_cached_ones_and_leave_the_cache_alone(synth_mo
     assert few.stage_uploads == a.n_layer * np.unique(ids[ids >= 0]).size
 
 
-def test_a_prompt_with_staged_misses_gives_the_same_bits_in_either_order(
-    synth_model, device, monkeypatch
-):
-    """A prompt whose misses run from the staging slots: its resident experts launched first
-    (the default: the card computes them while the host gathers the misses' bytes) or last
-    (STRATA_PREFILL_RESIDENT_FIRST=0), on one stream, with workspaces shared: the same logits,
-    bit for bit, and near an all-resident tier's."""
+def test_a_prompt_with_staged_misses_is_near_the_all_resident_logits(synth_model, device):
+    """A prompt whose misses run from the staging slots (its resident experts launched first:
+    the card computes them while the host gathers the misses' bytes), on one stream, with
+    workspaces shared: logits near an all-resident tier's."""
     model = load_model(synth_model("tiny", "IQ3_XXS", seed=13))
     a = model.args
     rng = np.random.default_rng()
@@ -275,33 +273,29 @@ def test_a_prompt_with_staged_misses_gives_the_same_bits_in_either_order(
     mask = rng.random((a.n_layer, a.n_expert)) < 0.5  # [L, E]: the resident half
     full = Engine(model, tier=CupyTier(model, n_ctx=64, budget=small_budget(), device=device))
     want = full.forward(prompt, all_logits=True)
-    got = {}
-    for first in ("1", "0"):
-        monkeypatch.setenv("STRATA_PREFILL_RESIDENT_FIRST", first)
-        tier = CupyTier(
-            model, n_ctx=64, budget=small_budget(), expert_slots=int(mask.sum()), device=device,
-            prefill_stage=3,
-        )  # fmt: skip
-        resident = tier.load_resident(mask)
-        np.testing.assert_array_equal(resident, mask)
-        eng = Engine(model, tier=tier, resident=resident, graphs=False)
-        got[first] = eng.forward(prompt, all_logits=True)
-        assert 0 < eng.stats.offloaded < eng.stats.hits + eng.stats.misses
-    np.testing.assert_array_equal(got["1"], got["0"])
-    assert position_errors(got["1"], want).max() <= FLIP_BOUND
+    tier = CupyTier(
+        model, n_ctx=64, budget=small_budget(), expert_slots=int(mask.sum()), device=device,
+        prefill_stage=3,
+    )  # fmt: skip
+    resident = tier.load_resident(mask)
+    np.testing.assert_array_equal(resident, mask)
+    eng = Engine(model, tier=tier, resident=resident, graphs=False)
+    got = eng.forward(prompt, all_logits=True)
+    assert 0 < eng.stats.offloaded < eng.stats.hits + eng.stats.misses
+    assert position_errors(got, want).max() <= FLIP_BOUND
 
 
-@pytest.mark.parametrize("moe_tmax", ["512", "8"])
+@pytest.mark.parametrize("moe_tmax", [512, 8])
 def test_prompt_grouped_on_card_equals_the_host_grouping(
     synth_model, device, monkeypatch, moe_tmax
 ):
     """Every expert resident: a prompt's picks grouped on the card (moe_on_card: nothing read
     back between the layers) against the host's grouping after the per-layer read-back
-    (STRATA_PREFILL_GROUP_ON_CARD=0): the same logits bit for bit, the same expert histogram and
+    (moe_on_card_ok made False): the same logits bit for bit, the same expert histogram and
     hit count; one read-back of the counts instead of one a layer. moe_tmax 8: several chunks."""
     model = load_model(synth_model("tiny", "IQ3_XXS", seed=17))
     a = model.args
-    monkeypatch.setenv("STRATA_GPU_MOE_TMAX", moe_tmax)
+    monkeypatch.setattr(gws, "MOE_TMAX", moe_tmax)
     prompt = np.random.default_rng().integers(0, a.n_vocab, 37).tolist()
     real = cp.asnumpy
     got, stats, backs = {}, {}, {}
@@ -312,8 +306,9 @@ def test_prompt_grouped_on_card_equals_the_host_grouping(
         return real(x, *args, **kw)
 
     for on in ("1", "0"):
-        monkeypatch.setenv("STRATA_PREFILL_GROUP_ON_CARD", on)
         tier = CupyTier(model, n_ctx=64, budget=small_budget(), device=device, tmax=8)
+        if on == "0":
+            monkeypatch.setattr(tier, "moe_on_card_ok", lambda: False)
         assert tier.moe_on_card_ok() == (on == "1")
         eng = Engine(model, tier=tier, graphs=False)
         n[0] = 0
@@ -333,9 +328,9 @@ def test_router_of_a_long_prompt_reads_back_once(synth_model, device, monkeypatc
     """A prompt longer than the tier's chunk: the router's chunks queue into one device array,
     read back once (no wait for the card between chunks), with the logits and h of one chunk."""
     model = load_model(synth_model("tiny", "Q4_K", seed=11))
-    monkeypatch.setenv("STRATA_GPU_MOE_TMAX", "8")  # the prompt chunk (ptmax): 8 rows
+    monkeypatch.setattr(gws, "MOE_TMAX", 8)  # the prompt chunk (ptmax): 8 rows
     chunked = CupyTier(model, n_ctx=64, budget=small_budget(), device=device, tmax=8)
-    monkeypatch.delenv("STRATA_GPU_MOE_TMAX")
+    monkeypatch.setattr(gws, "MOE_TMAX", 512)
     whole = CupyTier(model, n_ctx=64, budget=small_budget(), device=device, tmax=32)
     assert (chunked.ptmax, whole.ptmax) == (8, 512)
     x = np.random.default_rng().standard_normal((21, model.args.n_embd)).astype(np.float32)
@@ -351,19 +346,19 @@ def test_router_of_a_long_prompt_reads_back_once(synth_model, device, monkeypatc
         np.testing.assert_array_equal(cp.asnumpy(hc), cp.asnumpy(hw))
 
 
-@pytest.mark.parametrize("attn_mma", ["1", "0"])
+@pytest.mark.parametrize("attn_mma", [True, False])
 def test_prompt_attention_in_chunks_matches_one_pass(synth_model, device, monkeypatch, attn_mma):
     """A prompt's attention with its projections and RoPE over chunks of ptmax rows and the
     attention kernels over query chunks of att_tmax inside them (attention.cu; attention_mma.cu
     takes a chunk's rows at once where the card has tensor cores), against a tier taking the
     rows in one chunk: the same KV cache bits (a (row, token) sum does not depend on the chunk),
     the outputs to float noise (most rows to 1e-5 of the scale, every row to 1e-2)."""
-    monkeypatch.setenv("STRATA_GPU_ATTN_MMA", attn_mma)
     model = load_model(synth_model("tiny", "Q4_K", seed=12))
-    monkeypatch.setenv("STRATA_GPU_MOE_TMAX", "24")
+    monkeypatch.setattr(gws, "MOE_TMAX", 24)
     small = CupyTier(model, n_ctx=128, budget=small_budget(), device=device, tmax=8)
-    monkeypatch.delenv("STRATA_GPU_MOE_TMAX")
+    monkeypatch.setattr(gws, "MOE_TMAX", 512)
     big = CupyTier(model, n_ctx=128, budget=small_budget(), device=device)
+    small.attn_mma = big.attn_mma = big.attn_mma and attn_mma  # False: attention.cu's kernels
     assert (small.ptmax, small.att_tmax, big.ptmax) == (24, 8, 512)
     rng = np.random.default_rng()
     # chunks of 24 rows and a remainder of more than GROUPED_MIN_T: every chunk's projections
@@ -392,7 +387,7 @@ def test_router_picks_are_the_host_top_k_of_the_router(synth_model, device, monk
 
     model = load_model(synth_model("tiny", "Q4_K", seed=13))
     a = model.args
-    monkeypatch.setenv("STRATA_GPU_MOE_TMAX", "8")
+    monkeypatch.setattr(gws, "MOE_TMAX", 8)
     tier = CupyTier(model, n_ctx=64, budget=small_budget(), device=device, tmax=8)
     rng = np.random.default_rng()
     backs = []

@@ -59,9 +59,7 @@ def test_decoder_step_counter_starts_over_before_int32_runs_out():
     arr = lambda *v: SimpleNamespace(a=np.array(v, np.int32))  # noqa: E731
     g.stream, g.cp, g.tokpos_h = stream, cp, arr(0, 0, 0)
     g.ready_h, g.release_h = arr(5, 6, 7), SimpleNamespace(a=np.array([9], np.uint32))
-    ws = SimpleNamespace(
-        dec_grids=(8, 32, 132), dec_min_chunk=64, dec_short=0, dec_cl_keys=0, dec_nsplit=132
-    )
+    ws = SimpleNamespace(dec_grids=(8, 32, 132), dec_min_chunk=64, dec_short=0, dec_nsplit=132)
     g.t = SimpleNamespace(attn_ws=ws)  # the tier: its decode attention workspace (_begin)
     g.step = 0
     g._begin(11, 3)

@@ -14,13 +14,15 @@ import argparse
 
 import numpy as np
 import pytest
-from strata.engine.builder import build_engine
-from strata.engine.forward import Engine
 
-from strata.cli import DEFAULT_MODEL, _engine_config, build_parser
+from strata.build import build_engine
+from strata.cli.common import DEFAULT_MODEL
+from strata.cli.common import engine_config as _engine_config
+from strata.cli.main import build_parser
 from strata.config import ConfigError, resolve
 from strata.cpu.kv import dequantize_kv_rows, quantize_kv_rows
 from strata.cpu.tier import HostTier
+from strata.engine.engine import Engine
 from strata.gpu.attention import attention_int8_ref, attention_ref
 from strata.model.loader import load_model
 from strata.model.synth import make_args
@@ -199,7 +201,8 @@ def test_kv_type_on_the_command_lines(monkeypatch):
     assert _engine_config(build_parser().parse_args(["chat", "x"])).kv_type == "int8"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "x", "--kv-type", "int4"])
-    from strata.serve.cli import add_serve_parser, serve_options
+    from strata.cli.serve import add_parser as add_serve_parser
+    from strata.cli.serve import serve_options
 
     ap = argparse.ArgumentParser()
     add_serve_parser(ap.add_subparsers(dest="cmd"))

@@ -1,5 +1,5 @@
 """The PDL launcher's host side without a GPU: argument bytes as CuPy passes them, the launch
-attributes of each (PDL, cluster) form, the switch."""
+attribute, where PDL is supported."""
 
 from __future__ import annotations
 
@@ -29,16 +29,6 @@ def test_param_bytes_follow_cupys_conversions():
         pdl.Launcher._param("x")
 
 
-def test_switch(monkeypatch):
-    monkeypatch.delenv("STRATA_GPU_PDL", raising=False)
-    assert pdl.enabled_by_env()
-    monkeypatch.setenv("STRATA_GPU_PDL", "0")
-    assert not pdl.enabled_by_env()
-    monkeypatch.setenv("STRATA_GPU_PDL", "maybe")
-    with pytest.raises(ValueError, match="STRATA_GPU_PDL"):
-        pdl.enabled_by_env()
-
-
 def test_supported_needs_cuda_sm90_and_a_new_driver():
     def cp(hip=False, driver=13000):
         rt = type("RT", (), {"is_hip": hip, "driverGetVersion": staticmethod(lambda: driver)})
@@ -51,28 +41,8 @@ def test_supported_needs_cuda_sm90_and_a_new_driver():
     assert not pdl.supported(cp(hip=True), "gfx1100")
 
 
-def test_env_switch(monkeypatch):
-    from strata.gpu.device import env_switch
-
-    monkeypatch.delenv("STRATA_GPU_ROUTED_AHEAD", raising=False)
-    assert env_switch("STRATA_GPU_ROUTED_AHEAD") and not env_switch("STRATA_X_UNSET", False)
-    for v, want in (("0", False), ("off", False), ("1", True), (" ON ", True)):
-        monkeypatch.setenv("STRATA_GPU_ROUTED_AHEAD", v)
-        assert env_switch("STRATA_GPU_ROUTED_AHEAD") is want
-    monkeypatch.setenv("STRATA_GPU_ROUTED_AHEAD", "yes please")
-    with pytest.raises(ValueError, match="STRATA_GPU_ROUTED_AHEAD='yes please'"):
-        env_switch("STRATA_GPU_ROUTED_AHEAD")
-
-
-@pytest.mark.parametrize("use_pdl,cluster", [(True, None), (False, (8, 1, 1)), (True, (16, 1, 1))])
-def test_launch_attributes_of_each_form(use_pdl, cluster):
-    """cuLaunchKernelEx's attribute list: the programmatic-serialization flag and/or the cluster
-    shape (CUlaunchAttributeID 6 / 4, cuda.h), one array per form, reused by later launches."""
-    la = pdl.Launcher.__new__(pdl.Launcher)  # no driver: only the host-side tables
-    la._attrs = {}
-    arr, n = la._attr_array(use_pdl, cluster)
-    got = [(arr[i].id, tuple(arr[i].value[:3])) for i in range(n)]
-    want = [(6, (1, 0, 0))] if use_pdl else []
-    want += [(4, cluster)] if cluster else []
-    assert got == want
-    assert la._attr_array(use_pdl, cluster)[0] is arr
+def test_launch_attribute_is_programmatic_serialization():
+    """cuLaunchKernelEx's attribute list: the programmatic-serialization flag (CUlaunchAttributeID
+    6, cuda.h) set to 1."""
+    arr = pdl.Launcher.pdl_attrs()
+    assert len(arr) == 1 and (arr[0].id, tuple(arr[0].value[:2])) == (6, (1, 0))

@@ -17,8 +17,6 @@ and its launches depend only on S_cap and the workspace, so one capture serves e
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from strata.gpu.rawmod import Kernels, f32, i32
@@ -57,11 +55,6 @@ class AttnWorkspace:
         self.dec_grids = tuple(sorted({n for n in DEC_GRIDS if 0 < n < full})) + (full,)
         # positions whose keys (at most this many) the one-launch kernel takes (DEC_SHORT_GRID)
         self.dec_short = DEC_SHORT_KEYS
-        # the cluster kernel's blocks a KV head (0: not on this device or head shape) and the
-        # positions it takes (past dec_short keys, at most dec_cl_keys): DEC_CL_GRID
-        rep_ok = rep_bucket(n_head // max(1, n_kv)) <= DEC_CL_MAX_REP
-        self.dec_cl = DEC_CL if K.clusters and rep_ok else 0
-        self.dec_cl_keys = DEC_CL_KEYS if self.dec_cl else 0
 
     @staticmethod
     def bytes_for(K: Kernels, n_head: int, n_kv: int, s_cap: int, dv: int, tmax: int) -> int:
@@ -203,55 +196,24 @@ def attention_mma(
 
 
 DEC_THREADS = 128  # attention.cu's DEC_THREADS
-# keys a split takes at least (short contexts: fewer splits to combine); STRATA_GPU_DEC_MIN_CHUNK
-# (a multiple of 32) for sweeps (bench/h200/attn_dec_sweep.py)
-DEC_MIN_CHUNK = int(os.environ.get("STRATA_GPU_DEC_MIN_CHUNK", "64"))
-if DEC_MIN_CHUNK < 32 or DEC_MIN_CHUNK % 32:
-    raise ValueError(f"STRATA_GPU_DEC_MIN_CHUNK={DEC_MIN_CHUNK}: a multiple of 32 expected")
+DEC_MIN_CHUNK = 64  # keys a split takes at least (a multiple of 32: fewer splits to combine)
 DEC_BLOCKS_PER_SM = 4  # at long contexts: nsplit * G blocks, this many per SM
 # The split counts of the smaller decode grids (`dec_grid_for`) the graph decoder captures for
-# short positions, comma-separated (STRATA_GPU_DEC_GRIDS; "0": the one full grid). A grid's
-# blocks past the live splits only read the position and leave, yet cost: at 4096 keys the
-# same 64 live splits took 19.1 us on 66 blocks a KV head and 22.0 on 132 (H200,
-# bench/results/session20-h200-20261202.md).
-DEC_GRIDS = tuple(
-    int(v) for v in os.environ.get("STRATA_GPU_DEC_GRIDS", "8,32").split(",") if v.strip()
-)
-if any(n < 0 for n in DEC_GRIDS):
-    raise ValueError(f"STRATA_GPU_DEC_GRIDS={DEC_GRIDS}: split counts (0 = none) expected")
-# attention.cu's STRATA_DEC_TEAM (splits summed together first; default 8) is at least this:
+# short positions. A grid's blocks past the live splits only read the position and leave, yet
+# cost: at 4096 keys the same 64 live splits took 19.1 us on 66 blocks a KV head and 22.0 on 132.
+DEC_GRIDS = (8, 32)
+# attention.cu's DEC_TEAM (splits summed together first) is at least this:
 # the decode workspace holds the team partials and counters of teams this small
 DEC_TEAM_MIN = 8
 # The one-launch decode kernel (attn_dec_short: a block per query head over every key) for
-# positions of at most STRATA_GPU_DEC_SHORT keys (0: never); a workspace's dec_nsplit of
-# DEC_SHORT_GRID launches it. DEC_SHORT_MAX: attention.cu's (the keys its shared memory holds).
-# H200, Qwen3-30B-A3B heads, graph + PDL: 5.6 / 7.2 / 10.3 / 13.4 / 16.5 us at 64 / 256 / 512 /
-# 768 / 1024 keys against the best split grid's 12.0 / 12.5 / 12.9 / 16.0 / 16.5 (past 1024 the
-# splits win): default 768 (bench/results/session21-h200-20261202.md).
+# positions of at most DEC_SHORT_KEYS keys; a workspace's dec_nsplit of DEC_SHORT_GRID launches
+# it. DEC_SHORT_MAX: attention.cu's (the keys its shared memory holds). H200, Qwen3-30B-A3B heads,
+# graph + PDL: 5.6 / 10.3 / 13.4 / 16.5 us at 64 / 512 / 768 / 1024 keys against the best split
+# grid's 12.0 / 12.9 / 16.0 / 16.5 (past 1024 the splits win).
 DEC_SHORT_MAX = 2048
 DEC_SHORT_GRID = 0
-DEC_SHORT_KEYS = int(os.environ.get("STRATA_GPU_DEC_SHORT", "768"))
-if not 0 <= DEC_SHORT_KEYS <= DEC_SHORT_MAX:
-    raise ValueError(f"STRATA_GPU_DEC_SHORT={DEC_SHORT_KEYS}: 0..{DEC_SHORT_MAX} keys expected")
+DEC_SHORT_KEYS = 768
 DS_THREADS = 512  # attention.cu's DS_THREADS
-# The one-launch cluster kernel (attn_dec_cl: STRATA_GPU_DEC_CL blocks a KV head in one
-# thread-block cluster, their (max, sum) and p.V sums exchanged through distributed shared
-# memory; CUDA sm_90+ and H/G <= 8 only) for positions past STRATA_GPU_DEC_SHORT keys up to
-# STRATA_GPU_DEC_CL_KEYS keys; a workspace's dec_nsplit of DEC_CL_GRID launches it. Off by
-# default (0 keys): alone it is faster at 512-2560 keys (H200, 16 blocks, graph + PDL: 11.3 against
-# the split grid's 16.4 us at 1024 keys, 15.5 against 18.0 at 2048), but in the engine's chain of
-# launches it was not (48 layers at positions 1024-1152: 314-317 against 333 tok/s; 2048-2176:
-# 287-294 against 319; launched without PDL level with the splits):
-# bench/results/session24-h200-20261203.md.
-DEC_CL_GRID = -1
-DEC_CL_MAX = 16  # attention.cu's DEC_CL_MAX (8 is the portable cluster size; 16 needs the opt-in)
-DEC_CL_MAX_REP = 8  # attn_dec_cl's R (its shared memory)
-DEC_CL = int(os.environ.get("STRATA_GPU_DEC_CL", "16"))
-if not 0 <= DEC_CL <= DEC_CL_MAX:
-    raise ValueError(f"STRATA_GPU_DEC_CL={DEC_CL}: 0..{DEC_CL_MAX} blocks expected")
-DEC_CL_KEYS = int(os.environ.get("STRATA_GPU_DEC_CL_KEYS", "0"))
-if DEC_CL_KEYS < 0:
-    raise ValueError(f"STRATA_GPU_DEC_CL_KEYS={DEC_CL_KEYS}: a key count (0: never) expected")
 
 
 def dec_splits(K: Kernels, s_cap: int, g: int, per_sm: int = DEC_BLOCKS_PER_SM) -> int:
@@ -262,15 +224,13 @@ def dec_splits(K: Kernels, s_cap: int, g: int, per_sm: int = DEC_BLOCKS_PER_SM) 
 
 def dec_grid_for(ws: AttnWorkspace, pos: int) -> int:
     """DEC_SHORT_GRID (the one-launch kernel) for a position of at most ws.dec_short keys,
-    DEC_CL_GRID (the cluster kernel) for one of at most ws.dec_cl_keys, else the smallest of
+    else the smallest of
     ws.dec_grids that splits keys 0..pos as the full grid does: dec_split
     (attention.cu) cuts S keys into min(nsplit, ceil(S / min_chunk)) splits, so every grid of
     n >= ceil(S / min_chunk) splits gives the same chunks, the same sums in the same order:
     the same bits, from fewer blocks."""
     if pos + 1 <= ws.dec_short:
         return DEC_SHORT_GRID
-    if pos + 1 <= ws.dec_cl_keys:
-        return DEC_CL_GRID
     need = -(-(pos + 1) // ws.dec_min_chunk)
     for n in ws.dec_grids:
         if n >= need:
@@ -347,8 +307,7 @@ def decode_launches(
     """attention_decode's launches as (kernel, grid, block, args), for benchmarks to time one by
     one: two (scores, then p.V and the splits' sum), or with ws.dec_nsplit == DEC_SHORT_GRID the
     one of attn_dec_short (keys 0..pos, pos + 1 <= DEC_SHORT_MAX: the caller's to ensure, as
-    dec_grid_for does), or with DEC_CL_GRID the one of attn_dec_cl (ws.dec_cl blocks a KV head
-    in a cluster: a workspace with dec_cl > 0)."""
+    dec_grid_for does)."""
     h, g, dh, dv = dims
     s_cap = k_cache.shape[1]
     r = rep_bucket(h // g)
@@ -366,22 +325,6 @@ def decode_launches(
                 (
                     q, k_cache, *ks, v_cache, *vs, pos_dev, i32(s_cap), i32(dh), i32(dv), i32(h),
                     i32(g), f32(scale), out,
-                ),
-            )
-        ]  # fmt: skip
-    if nsplit == DEC_CL_GRID:
-        c = ws.dec_cl
-        if c <= 0:
-            raise ValueError("the cluster decode kernel is off for this workspace (dec_cl 0)")
-        cl = K.fn_cluster("attention.cu", f"attn_dec_cl{sfx}_r{r}", (c, 1, 1))
-        return [
-            (
-                cl,
-                (c, g),
-                (DEC_THREADS,),
-                (
-                    q, k_cache, *ks, v_cache, *vs, pos_dev, i32(s_cap), i32(dh), i32(dv), i32(h),
-                    i32(g), f32(scale), ws.scores, i32(ws.s_cap), out,
                 ),
             )
         ]  # fmt: skip

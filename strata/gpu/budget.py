@@ -13,15 +13,16 @@ The accounting is plain Python (serializable, testable without a GPU); only the 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 
 MIB = 1 << 20
 DEFAULT_BUDGET_MIB = 10240
 MIN_BUDGET_MIB = 1281
 MAX_BUDGET_MIB = 10240  # unless widened (--vram-budget-mib above it needs widen=True)
-DEFAULT_RUNTIME_RESERVE_MIB = 1024
-DEFAULT_SLACK_MIB = 256
+# what the CUDA/HIP context, modules and libraries take outside CuPy's pool, and a margin inside
+# it for transient arrays
+RUNTIME_RESERVE_MIB = 1024
+SLACK_MIB = 256
 
 
 class BudgetError(ValueError):
@@ -35,8 +36,8 @@ class BudgetExceeded(MemoryError):
 @dataclass
 class DeviceBudget:
     total_mib: int = DEFAULT_BUDGET_MIB
-    runtime_reserve_mib: int = DEFAULT_RUNTIME_RESERVE_MIB
-    slack_mib: int = DEFAULT_SLACK_MIB
+    runtime_reserve_mib: int = RUNTIME_RESERVE_MIB
+    slack_mib: int = SLACK_MIB
     widen: bool = False  # allow a total above MAX_BUDGET_MIB
     reservations: dict[str, int] = field(default_factory=dict)  # name -> bytes
 
@@ -55,32 +56,6 @@ class DeviceBudget:
                 f"VRAM budget {self.total_mib} MiB leaves nothing after the runtime reserve "
                 f"({self.runtime_reserve_mib} MiB) and slack ({self.slack_mib} MiB)"
             )
-
-    # ---- construction ----
-    @classmethod
-    def from_env(
-        cls, total_mib: int | None = None, env: dict | None = None, widen: bool = False
-    ) -> DeviceBudget:
-        """Flag value (`total_mib`) > `STRATA_VRAM_BUDGET_MIB` > 10240; reserve and slack from
-        `STRATA_VRAM_RUNTIME_RESERVE_MIB` / `STRATA_VRAM_SLACK_MIB`."""
-        env = os.environ if env is None else env
-
-        def num(key: str, default: int) -> int:
-            raw = env.get(key, "").strip()
-            if not raw:
-                return default
-            try:
-                return int(raw)
-            except ValueError:
-                raise BudgetError(f"{key}={raw!r} is not a whole number of MiB") from None
-
-        total = total_mib if total_mib is not None else num("STRATA_VRAM_BUDGET_MIB", 10240)
-        return cls(
-            total_mib=int(total),
-            runtime_reserve_mib=num("STRATA_VRAM_RUNTIME_RESERVE_MIB", DEFAULT_RUNTIME_RESERVE_MIB),
-            slack_mib=num("STRATA_VRAM_SLACK_MIB", DEFAULT_SLACK_MIB),
-            widen=widen,
-        )
 
     # ---- sizes ----
     @property
@@ -152,8 +127,8 @@ class DeviceBudget:
     def from_dict(cls, d: dict) -> DeviceBudget:
         b = cls(
             total_mib=int(d["total_mib"]),
-            runtime_reserve_mib=int(d.get("runtime_reserve_mib", DEFAULT_RUNTIME_RESERVE_MIB)),
-            slack_mib=int(d.get("slack_mib", DEFAULT_SLACK_MIB)),
+            runtime_reserve_mib=int(d.get("runtime_reserve_mib", RUNTIME_RESERVE_MIB)),
+            slack_mib=int(d.get("slack_mib", SLACK_MIB)),
             widen=bool(d.get("widen", False)),
         )
         for k, v in d.get("reservations", {}).items():

@@ -12,8 +12,8 @@ Two shapes of step (T = 1):
   host-ward) and graph B_i (the host's (slot, weight) pairs come in; the resident experts run).
   Between them the host routes (top-k, cache-aware routing, statistics); while B_i runs on the
   card the host runs the pool on the missed picks: the two tiers overlap.
-- **hybrid routed on the card, queued ahead** (the default on CUDA; on ROCm opt in with
-  `STRATA_GPU_ROUTED_AHEAD=1`: not yet run on an AMD card): one graph per token, as the
+- **hybrid routed on the card, queued ahead** (CUDA; not on ROCm, where the card reading pinned
+  host memory while the host writes it has not run on an AMD card): one graph per token, as the
   all-resident one, with top-k + CAR on the card writing each layer's plan (and h) into pinned
   memory, then a ready word (the step's number). The host polls the ready words, counts the
   plans and runs the pool on the missed picks; the next layer starts with `pool_join`, which
@@ -24,7 +24,7 @@ Two shapes of step (T = 1):
   sends the card a slot table without the experts whose uploads are still in flight (their picks
   go to the pool meanwhile), so no step waits for a copy. An evicted expert leaves the table at
   once; its slot is overwritten only after the steps already queued.
-- **hybrid routed on the card, per layer** (`STRATA_GPU_ROUTED_AHEAD=0`, the A/B arm): graph A_i
+- **hybrid routed on the card, per layer** (ROCm and the emulator): graph A_i
   up to the plan and graph B_i, the resident experts of the device-side plan, queued right behind
   it; the host waits on an event between them, reads the plan, runs the pool, and launches A_i+1
   with the pool's rows.
@@ -43,7 +43,6 @@ from __future__ import annotations
 import numpy as np
 
 from strata.gpu.attention import dec_grid_for
-from strata.gpu.device import env_switch
 from strata.gpu.elementwise import argmax_rows
 from strata.gpu.embed import embed
 from strata.gpu.host_wait import SPINS, wait_word
@@ -74,6 +73,14 @@ class Pinned:
         self.mem = cp.cuda.alloc_pinned_memory(max(1, n * np.dtype(dtype).itemsize))
         self.a = np.frombuffer(self.mem, dtype, n).reshape(shape)
         self.a[...] = 0
+
+
+def routed_ahead(cp) -> bool:
+    """Whether routed steps are queued ahead: on CUDA only. The emulator runs a kernel at its
+    launch (nothing to wait on); HIP builds it, but the card reading pinned host memory while the
+    host writes it has not run on an AMD card."""
+    emulated = getattr(cp, "__emulated__", False)
+    return not emulated and not getattr(cp.cuda.runtime, "is_hip", False)
 
 
 class GraphDecoder:
@@ -136,11 +143,7 @@ class GraphDecoder:
         self.ready_h = Pinned(cp, (n_layer,), np.int32)
         self.release_h = Pinned(cp, (1,), np.uint32)
         self.step = 0
-        emulated = getattr(cp, "__emulated__", False)  # kernels run at launch: nothing to wait on
-        # on by default where validated (CUDA); HIP builds it, but the card reading pinned host
-        # memory while the host writes it has not run on an AMD card here: opt in with =1
-        hip = bool(getattr(cp.cuda.runtime, "is_hip", False))
-        self.ahead = env_switch("STRATA_GPU_ROUTED_AHEAD", default=not hip) and not emulated
+        self.ahead = routed_ahead(cp)
         if self.ahead:
             wait_word(self.ready_h.a, 0, -1, 1)  # compiled now, not inside the first step
         self.graphs: dict[object, object] = {}

@@ -2,15 +2,14 @@
 
 `primary_device()` returns a `DeviceInfo` for the card the engine runs on, or None where there is
 no usable GPU (no CuPy, no driver, no device): the engine then uses the host tier, and says so
-once. `STRATA_PRIMARY_DEVICE=N` picks the visible ordinal; it is applied before any context or
-allocation exists on another device (this module makes the first CUDA/HIP call of the process
-that touches a device). Code here is written for any number of devices; helper-device caches
-use the ordinals other than the primary one (`other_devices`).
+once. Its `index` (EngineConfig.primary_device) picks the visible ordinal; it is applied before
+any context or allocation exists on another device (this module makes the first CUDA/HIP call of
+the process that touches a device). Code here is written for any number of devices; helper-device
+caches use the ordinals other than the primary one (`other_devices`).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from types import ModuleType
@@ -29,14 +28,6 @@ def say_once(msg: str) -> None:
     if msg not in _said:
         _said.add(msg)
         print(f"strata: {msg}", file=sys.stderr)
-
-
-def env_switch(name: str, default: bool = True) -> bool:
-    """An on/off A/B switch from the environment: 1/on, 0/off, unset = `default`; else refused."""
-    v = os.environ.get(name, "1" if default else "0").strip().lower()
-    if v not in ("0", "1", "off", "on"):
-        raise ValueError(f"{name}={v!r}: use 1 (on) or 0 (off)")
-    return v in ("1", "on")
 
 
 class DeviceError(RuntimeError):
@@ -106,22 +97,12 @@ def check_arch(backend: str, arch: str) -> bool:
     )
 
 
-def primary_ordinal(env: dict | None = None) -> int:
-    env = os.environ if env is None else env
-    raw = env.get("STRATA_PRIMARY_DEVICE", "").strip()
-    if not raw:
-        return 0
-    try:
-        n = int(raw)
-    except ValueError:
-        raise DeviceError(f"STRATA_PRIMARY_DEVICE={raw!r} is not a device number") from None
+def primary_device(index: int = 0) -> DeviceInfo | None:
+    """Visible device `index`, made current: the device the engine runs on; None (said once)
+    when there is no GPU."""
+    n = int(index)
     if n < 0:
-        raise DeviceError(f"STRATA_PRIMARY_DEVICE={n} must be 0 or more")
-    return n
-
-
-def primary_device(env: dict | None = None) -> DeviceInfo | None:
-    """The device the engine runs on, made current; None (said once) when there is no GPU."""
+        raise DeviceError(f"primary device {n}: the ordinal must be 0 or more")
     cp = import_cupy()
     if cp is None:
         say_once("no GPU tier: CuPy is not installed (or cannot load); using the host tier")
@@ -134,10 +115,9 @@ def primary_device(env: dict | None = None) -> DeviceInfo | None:
     if count == 0:
         say_once("no GPU tier: no device is visible; using the host tier")
         return None
-    n = primary_ordinal(env)
     if n >= count:
         raise DeviceError(
-            f"STRATA_PRIMARY_DEVICE={n} but only {count} device(s) are visible (0..{count - 1})"
+            f"primary device {n} but only {count} device(s) are visible (0..{count - 1})"
         )
     cp.cuda.Device(n).use()  # before any allocation: the pool and the modules live here
     return device_info(n)

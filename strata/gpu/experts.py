@@ -2,19 +2,17 @@
 (kernels/experts.cu): slot storage, launcher, NumPy reference.
 
 T = tokens, K = experts per token, P = T*K pairs, D = hidden, F = expert FFN size, S = slots.
-Decode kernels: MOE_VARIANT ("<gate/up>+<down>", STRATA_MOE_VARIANT overrides the default).
+Decode kernels: by the experts' type (MOE_KERNELS_BY_TYPE).
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from strata.gpu.gemv import MMA_NT, MMA_WARPS, Q_NAMES
-from strata.gpu.norm_quant import MODES, ActBuf, norm_quant, xd_shift
+from strata.gpu.norm_quant import ActBuf, norm_quant, xd_shift
 from strata.gpu.pairs_fast import group_pairs_into
 from strata.gpu.rawmod import NULL, Kernels, i32, i64, ptr
 from strata.quant import fmt
@@ -22,86 +20,50 @@ from strata.quant.activation import roundtrip
 
 QT = GGMLQuantizationType
 THREADS = 128
-ST_WARPS = 4  # experts.cu MOE_ST_WARPS: warps a block of the staged (*_st*) kernels
+ST_WARPS = 4  # experts.cu MOE_ST_WARPS: warps a block of moe_gate_up_st1
 
-# Decode (T <= GROUPED_MIN_T) kernel pairs, "<gate/up>+<down>": legacy = moe_gate_up / moe_down
-# (one warp a row, weights read straight from global memory); st1 / st2 = moe_gate_up_st1/2
-# (1 or 2 rows a warp, row chunks staged through shared memory with 16-byte loads); st =
-# moe_down_st; fq = moe_gate_up_fq (moe_gate_up that also quantizes the intermediate, the last
-# block of each pair through a counter: no separate norm_quant launch, the same bits); gs =
-# moe_gate_up_gs (gate and up of a row on two warps, each summed as moe_gate_up sums it); sp2 /
-# sp3 / sp6 = moe_down_sp<W> (W warps a row, warp 0 adding the others' items in moe_down's order;
-# a row of more than SP_IT warp-widths of items runs moe_down). Same sums in the same order;
-# bench/experts_decode_sweep.py times them.
-GATE_UP_VARIANTS = {"legacy": ("moe_gate_up", 0), "st1": ("moe_gate_up_st1", 1),
-                    "st2": ("moe_gate_up_st2", 2), "fq": ("moe_gate_up_fq", 0),
-                    "gs": ("moe_gate_up_gs", 0)}  # fmt: skip
-FUSED_QUANT = {"fq"}  # gate/up variants that quantize the intermediate themselves (need `cnt`)
-DOWN_VARIANTS = {"legacy": "moe_down", "st": "moe_down_st", "sp2": "moe_down_sp2",
-                 "sp3": "moe_down_sp3", "sp6": "moe_down_sp6"}  # fmt: skip
-SP_IT = 16  # experts.cu MOE_SP_IT: item iterations a row of moe_down_sp<W> holds at most
+# Decode (T <= GROUPED_MIN_T) kernels by the gate/up experts' type: (gate/up, down). moe_gate_up /
+# moe_down: one warp a row, weights read straight from global memory; moe_gate_up_st1: the row's
+# chunks staged through shared memory with 16-byte loads (ST_WARPS warps a block); moe_down_sp2:
+# two warps a row, warp 0 adding the other's items in moe_down's order (a row of more than SP_IT
+# warp-widths of items runs moe_down). The same sums in the same order whichever pair. st1 took
+# 4-26% off the MoE time of IQ3_XXS, Q4_K, Q6_K, IQ1_M at T = 1 and 4 on the H200 but cost Q8_0
+# 5-11%; sp2 took 1-10% off every type's layer but IQ1_M's (level).
+DEFAULT_MOE_KERNELS = ("moe_gate_up_st1", "moe_down_sp2")
+MOE_KERNELS_BY_TYPE = {
+    QT.Q8_0: ("moe_gate_up", "moe_down_sp2"),
+    QT.IQ3_XXS: ("moe_gate_up", "moe_down_sp2"),
+    QT.IQ2_XXS: ("moe_gate_up", "moe_down_sp2"),
+    QT.IQ2_S: ("moe_gate_up", "moe_down_sp2"),
+    QT.IQ1_M: ("moe_gate_up_st1", "moe_down"),
+}
+SP_IT = 16  # experts.cu MOE_SP_IT: item iterations a row of moe_down_sp2 holds at most
+SP_WARPS = 2  # moe_down_sp2's warps a row
+SP_ROWS = 2  # experts.cu MOE_SP_R(2): rows a block of moe_down_sp2
 
 
-def gate_up_launch(K: Kernels, gu: str, f: int, pairs: int) -> tuple[str, tuple, tuple]:
-    """(kernel name prefix, grid, block) of the gate/up kernel `gu` for F = f and `pairs` (T * K)
-    pairs: the staged kernels ST_WARPS warps of `rows` rows each, the others THREADS threads of
-    one row a warp, or (gs) one row a pair of warps."""
-    name, rows = GATE_UP_VARIANTS[gu]
-    if rows:
-        return name, (-(-f // (ST_WARPS * rows)), pairs), (ST_WARPS * K.warp,)
+def moe_kernels(qtype) -> tuple[str, str]:
+    """The decode (gate/up, down) kernel names for gate/up experts of `qtype`."""
+    return MOE_KERNELS_BY_TYPE.get(QT(int(qtype)), DEFAULT_MOE_KERNELS)
+
+
+def gate_up_launch(K: Kernels, gu: str, f: int, pairs: int) -> tuple[tuple, tuple]:
+    """(grid, block) of the gate/up kernel `gu` for F = f and `pairs` (T * K) pairs: st1 runs
+    ST_WARPS warps of one row each, moe_gate_up THREADS threads of one row a warp."""
+    if gu == "moe_gate_up_st1":
+        return (-(-f // ST_WARPS), pairs), (ST_WARPS * K.warp,)
     wpb = K.warps_per_block(THREADS)
-    return name, (-(-f // (wpb // 2 if gu == "gs" else wpb)), pairs), (wpb * K.warp,)
+    return (-(-f // wpb), pairs), (wpb * K.warp,)
 
 
 def down_launch(K: Kernels, dn: str, d: int, t: int, k: int, f: int) -> tuple[str, tuple, tuple]:
-    """(kernel name prefix, grid, block) of the down kernel `dn` for D = d, T = t, K = k,
-    F = f: moe_down_sp<W> runs MOE_SP_R(W) rows of W warps a block, and falls back to moe_down
-    where a row's K * F / 32 items exceed SP_IT warp-widths."""
-    if dn.startswith("sp"):
-        w = int(dn[2:])
-        if -(-k * (f // 32) // K.warp) <= SP_IT:
-            rows = 1 if w >= 4 else 4 // w
-            return DOWN_VARIANTS[dn], (-(-d // rows), t), (rows * w * K.warp,)
-        dn = "legacy"
-    rows = K.warps_per_block(THREADS) if dn == "legacy" else ST_WARPS
-    return DOWN_VARIANTS[dn], (-(-d // rows), t), (rows * K.warp,)
-
-
-# the engine's choice by the gate/up experts' type (STRATA_MOE_VARIANT overrides it for all):
-# st1+sp2; legacy+sp2 for Q8_0 (whose plain loads the staging only slows), IQ3_XXS, IQ2_XXS and
-# IQ2_S; st1+legacy for IQ1_M. On the H200 (bench/results/session7-h200-20261130.md) st1 took
-# 4-26% off the T = 1 and T = 4 MoE time of IQ3_XXS, Q4_K, Q6_K, IQ1_M, was level for IQ4_XS and
-# IQ2_XXS and cost Q8_0 5-11%. Session 28 (bench/results/session28-h200-20261204.md, call VD: a
-# decode layer's MoE at T = 1, graph + PDL) measured the down kernel sp2 against moe_down: best
-# pair against st1+legacy 0.90x-0.99x for every type (IQ3_XXS legacy+sp2 0.92x, Q4_K 0.97x) but
-# IQ1_M (level: kept); the all-resident IQ3_XXS engine went 337.0 / 332.0 -> 347.5 / 347.6 tok/s.
-DEFAULT_MOE_VARIANT = "st1+sp2"
-MOE_VARIANT_BY_TYPE = {
-    QT.Q8_0: "legacy+sp2",
-    QT.IQ3_XXS: "legacy+sp2",
-    QT.IQ2_XXS: "legacy+sp2",
-    QT.IQ2_S: "legacy+sp2",
-    QT.IQ1_M: "st1+legacy",
-}
-MOE_VARIANT = os.environ.get("STRATA_MOE_VARIANT")
-
-
-def default_variant(qtype) -> str:
-    """The decode kernel pair for gate/up experts of `qtype`: STRATA_MOE_VARIANT, else by type."""
-    return MOE_VARIANT or MOE_VARIANT_BY_TYPE.get(QT(int(qtype)), DEFAULT_MOE_VARIANT)
-
-
-def parse_variant(variant: str | None, qtype) -> tuple[str, str]:
-    """'st2+st' -> ('st2', 'st'); a lone gate/up name keeps the legacy down kernel; None: the
-    default for gate/up experts of `qtype`."""
-    name = variant or default_variant(qtype)
-    gu, _, dn = name.partition("+")
-    dn = dn or "legacy"
-    if gu not in GATE_UP_VARIANTS or dn not in DOWN_VARIANTS:
-        src = "" if variant else " (STRATA_MOE_VARIANT)"
-        raise ValueError(f"unknown MoE decode variant {name!r}{src} (gate/up: "
-                         f"{sorted(GATE_UP_VARIANTS)}, down: {sorted(DOWN_VARIANTS)})")  # fmt: skip
-    return gu, dn
+    """(kernel name, grid, block) of the down kernel `dn` for D = d, T = t, K = k, F = f:
+    moe_down_sp2 runs SP_ROWS rows of two warps a block, and falls back to moe_down where a
+    row's K * F / 32 items exceed SP_IT warp-widths."""
+    if dn == "moe_down_sp2" and -(-k * (f // 32) // K.warp) <= SP_IT:
+        return dn, (-(-d // SP_ROWS), t), (SP_ROWS * SP_WARPS * K.warp,)
+    rows = K.warps_per_block(THREADS)
+    return "moe_down", (-(-d // rows), t), (rows * K.warp,)
 
 
 class SlotStore:
@@ -125,35 +87,22 @@ def moe_experts(
     act,
     aact: ActBuf,
     out,
-    variant: str | None = None,
-    cnt=None,
     resid=None,
 ) -> None:
     """out[:t] = sum_k pair_w[t, k] * expert_{pair_slot[t, k]}(h[t]) (+ resid[:t], the residual
     add in the down kernel, where nothing else joins the sum); hact holds h quantized for
-    the gate/up vec_dot, act [P, F] float32 and aact [P, F] are the intermediate's buffers.
-    `variant`: the decode kernels, "<gate/up>+<down>" (default MOE_VARIANT). `cnt`: int32 [>= P]
-    zeros, the per-pair counters of a fused-quant gate/up (left zeroed after every launch, so a
-    fixed buffer serves every call and graph replay); None: one kept with aact (fq_counters)."""
+    the gate/up vec_dot, act [P, F] float32 and aact [P, F] are the intermediate's buffers."""
     qg, qu, qd = (QT(int(q)) for q in qtypes)
     if qg != qu:
         raise ValueError(f"gate ({qg.name}) and up ({qu.name}) experts must share a type")
     d, f = dims
     gate, up, down = stores
-    gu, dn = parse_variant(variant, qg)
+    gu, dn = moe_kernels(qg)
     args = (gate.buf, up.buf, i64(gate.slot_bytes), hact.q, hact.d, i32(xd_shift(hact.mode)),
             pair_slot, i32(k), act, i32(f), i32(d))  # fmt: skip
-    if gu in FUSED_QUANT:  # the intermediate quantized by the gate/up kernel itself
-        if cnt is None:
-            cnt = fq_counters(K, aact)
-        if cnt.size < t * k or aact.tmax < t * k:
-            raise ValueError(f"fused-quant MoE: {t * k} pairs for {cnt.size} counters / "
-                             f"{aact.tmax} intermediate rows")  # fmt: skip
-        args += (aact.q, aact.d, i32(MODES[aact.mode]), cnt)
-    gu_name, gu_grid, gu_block = gate_up_launch(K, gu, f, t * k)
-    K.fn("experts.cu", f"{gu_name}_{Q_NAMES[qg]}")(gu_grid, gu_block, args)
-    if gu not in FUSED_QUANT:
-        norm_quant(K, act, t * k, act=aact)  # the intermediate, Q8 as ggml quantizes it
+    gu_grid, gu_block = gate_up_launch(K, gu, f, t * k)
+    K.fn("experts.cu", f"{gu}_{Q_NAMES[qg]}")(gu_grid, gu_block, args)
+    norm_quant(K, act, t * k, act=aact)  # the intermediate, Q8 as ggml quantizes it
     dname, dgrid, dblock = down_launch(K, dn, d, t, k, f)
     K.fn("experts.cu", f"{dname}_{Q_NAMES[qd]}")(
         dgrid,
@@ -173,16 +122,6 @@ def moe_experts(
             ptr(resid),
         ),
     )
-
-
-def fq_counters(K: Kernels, aact: ActBuf):
-    """The fused-quant counters kept with `aact` ([aact.tmax] int32 zeros), allocated on its first
-    use: for callers without a workspace of their own (tests, benches; CupyTier passes its own
-    preallocated moe_cnt)."""
-    c = getattr(aact, "fq_cnt", None)
-    if c is None:
-        c = aact.fq_cnt = K.cp.zeros((aact.tmax,), np.int32)
-    return c
 
 
 def expert_ref(h, gate_raw, up_raw, down_raw, qtypes) -> np.ndarray:

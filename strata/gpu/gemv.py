@@ -4,23 +4,18 @@ A `DeviceWeight` is a GGUF tensor's bytes uploaded unchanged ([rows, row_bytes] 
 activation type llama.cpp pairs it with (`vec_dot`); `gemv()` multiplies it by an activation
 already prepared in an `ActBuf` (norm_quant.py), as ggml's mmvq does with its q8_1 input.
 Decode (T = 1) of float weights (the router) takes gemv1f_*: a block per row, 16-byte loads.
-Decode (T = 1) of quantized weights takes gemv1w_*: gemv1_*'s one-warp-per-row loop with a row
-split over two warps when the rows alone leave the SMs short of warps (attn_k/v, attn_o);
-`legacy=True` keeps gemv1_*.
-gemv1s_* (variant "staged", STRATA_GEMV1_VARIANT=staged) is gemv1w_* with the row bytes staged
-through shared memory by 16-byte loads; same sums, same order (bit-identical output).
+Decode (T = 1) of quantized weights takes gemv1w_*: one warp a row, the row split over two warps
+when the rows alone leave the SMs short of warps (attn_k/v, attn_o).
 """
 
 from __future__ import annotations
-
-import os
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from strata.gpu.norm_quant import ActBuf, xd_shift
-from strata.gpu.rawmod import NULL, Kernels, i32, ptr
+from strata.gpu.rawmod import Kernels, i32, ptr
 from strata.quant import fmt
 from strata.quant.activation import roundtrip
 
@@ -41,33 +36,21 @@ F_NAMES = {QT.F32: "f32", QT.F16: "f16", QT.BF16: "bf16"}
 SUPPORTED = tuple(Q_NAMES) + tuple(F_NAMES)
 THREADS = 128
 GEMV1F_THREADS = 128  # gemv.cu's GEMV1F_THREADS: gemv1f_* (T = 1, float weights), a block per row
-# warps per block of gemv1w_* (read from blockDim there; 2, 4, 8 or 16): 4 decodes fastest in
-# the engine on the H200 (16: -3% all resident, though a lone K-quant GEMV at attention shapes
-# gains; bench/results/session16-h200-20261201.md)
-_WARPS_ENV = os.environ.get("STRATA_GPU_GEMV1_WARPS")
-GEMV1_WARPS = int(_WARPS_ENV or 4)
-if GEMV1_WARPS not in (2, 4, 8, 16):
-    raise ValueError(f"STRATA_GPU_GEMV1_WARPS={GEMV1_WARPS}: one of 2, 4, 8, 16")
-# ... by weight type where STRATA_GPU_GEMV1_WARPS is unset: IQ1_M's block stages one copy of its
-# 8 KiB of codes in shared memory (gemv.cu STRATA_GEMV1_SMEM_FMTS), which 16 warps share (its
-# GEMVs 0.91-1.01x the time of 8 warps', 0.82-0.87x of 4 warps' on the H100: session 30); IQ2_S
-# stages its 4 KiB of codes the same way (measured at 16 warps only: session 31)
-GEMV1_WARPS_BY_TYPE = {} if _WARPS_ENV else {QT.IQ1_M: 16, QT.IQ2_S: 16}
+# warps per block of gemv1w_* (read from blockDim there): 4 decodes fastest in the engine (16:
+# -3% all resident, though a lone K-quant GEMV at attention shapes gains) ...
+GEMV1_WARPS = 4
+# ... but IQ1_M and IQ2_S stage their code table in shared memory (gemv.cu GEMV1_SMEM_FMTS),
+# which 16 warps share (IQ1_M's GEMVs 0.82-0.87x the time of 4 warps')
+GEMV1_WARPS_BY_TYPE = {QT.IQ1_M: 16, QT.IQ2_S: 16}
 # gemv1w_*'s PDL trigger (common.cuh's split form): at once for Q8_0 (a cheap decode) and for
-# grids of at most this many warps; after the main loop for the rest (measured, session 16)
+# grids of at most this many warps; after the main loop for the rest
 PDL_EARLY_WARPS = 2048
-GEMV1S_WARPS = 4  # gemv.cu's GEMV1_WARPS: warps per block of gemv1s_* (compiled in)
 GEMV_NT = 8  # gemv.cu's GEMV_NT: tokens a pass of gemv_* (T > 1)
 MMA_NT, MMA_WARPS = 32, 4  # experts_mma.cu: rows of x a tile, warps (16 weight rows each) a block
 MMA_DENSE_NT = 64  # experts_mma.cu dense_mma: tokens a tile of a prompt's dense GEMM
 FULL_WARPS_PER_SM = 64  # resident warps an SM holds (sm_80 .. sm_90); prefill GEMV's token split
 WARPS_PER_SM = 16  # gemv1w_*: below this many warps per SM, a row is split over two warps
-MAX_WPR = 2  # measured on the H200 (bench/results/gpu-decode-kernels-h200-20261129.md)
-# decode (T = 1) kernel: "split" = gemv1w_*, "staged" = gemv1s_* (the same rows and warp split,
-# the row bytes staged through shared memory with 16-byte loads); bench/experts_decode_sweep.py
-DEFAULT_GEMV1 = "split"  # the engine's choice: set from the sweep's winner
-GEMV1_VARIANT = os.environ.get("STRATA_GEMV1_VARIANT", DEFAULT_GEMV1)
-GEMV1_PREFIX = {"split": "gemv1w", "staged": "gemv1s"}
+MAX_WPR = 2  # warps a row at most (more lost on the H200)
 
 
 def kernel_name(prefix: str, qtype) -> str:
@@ -121,7 +104,7 @@ def pdl_early(w: DeviceWeight, wpr: int) -> bool:
 def token_groups(K: Kernels, rows: int, t: int) -> int:
     """Blocks along the tokens (grid y) of a T > 1 GEMV, each taking passes of GEMV_NT tokens:
     with a warp a row, few rows leave most SMs idle (the router's 128 rows ran on 32 blocks:
-    100 us a 32-token call on the H200, bench/results/session13-h200-20261130.md), so the
+    100 us a 32-token call on the H200), so the
     passes are spread until the rows times the groups give about a full card of warps."""
     passes = -(-t // GEMV_NT)
     want = -(-(FULL_WARPS_PER_SM * K.sm_count) // max(rows, 1))
@@ -136,37 +119,31 @@ def gemv(
     t: int,
     resid=None,
     ldo: int | None = None,
-    legacy: bool = False,
-    variant: str | None = None,
     groups: int | None = None,
 ) -> None:
     """out[:t] = act[:t] @ w.T (+ w.bias) (+ resid[:t]); out and resid rows `ldo` floats apart
     (default: rows). `act` is an ActBuf prepared for w.vec_dot; for F32 weights it may also be
-    the float activation itself. `legacy`: decode through gemv1_* (benchmarks compare);
-    `variant`: the T = 1 kernel, "split" or "staged" (default GEMV1_VARIANT); `groups`: blocks
-    along the tokens of a T > 1 call (default `token_groups`; the same bits for any)."""
-    if t == 1 and w.quantized and not legacy:
+    the float activation itself. `groups`: blocks along the tokens of a T > 1 call (default
+    `token_groups`; the same bits for any)."""
+    if t == 1 and w.quantized:
         wpr = warps_per_row(K, w)
-        variant = variant or GEMV1_VARIANT
-        nw = GEMV1_WARPS_BY_TYPE.get(w.qtype, GEMV1_WARPS) if variant == "split" else GEMV1S_WARPS
+        nw = GEMV1_WARPS_BY_TYPE.get(w.qtype, GEMV1_WARPS)
         rpb = nw // wpr
         args = (w.buf, act.q, act.d, i32(xd_shift(act.mode)), ptr(w.bias), ptr(resid), out)
-        K.fn("gemv.cu", kernel_name(GEMV1_PREFIX[variant], w.qtype))(
+        K.fn("gemv.cu", kernel_name("gemv1w", w.qtype))(
             (-(-w.rows // rpb),),
             (nw * K.warp,),
-            args
-            + (i32(w.rows), i32(w.cols), i32(wpr))
-            + ((i32(pdl_early(w, wpr)),) if variant == "split" else ()),
+            args + (i32(w.rows), i32(w.cols), i32(wpr), i32(pdl_early(w, wpr))),
         )
         return
-    if t == 1 and not w.quantized and w.cols % 8 == 0 and not legacy:
+    if t == 1 and not w.quantized and w.cols % 8 == 0:
         x = act.r if isinstance(act, ActBuf) else act
         K.fn("gemv.cu", kernel_name("gemv1f", w.qtype))(
             (w.rows,), (GEMV1F_THREADS,), (w.buf, x, ptr(w.bias), ptr(resid), out, i32(w.cols))
         )
         return
     wpb = K.warps_per_block(THREADS)
-    gy = 1 if t == 1 and w.quantized else groups or token_groups(K, w.rows, t)
+    gy = groups or token_groups(K, w.rows, t)
     grid = ((w.rows + wpb - 1) // wpb, gy)
     block = (wpb * K.warp,)
     if w.quantized:
@@ -174,42 +151,22 @@ def gemv(
     else:
         x = act.r if isinstance(act, ActBuf) else act
         args = (w.buf, x, ptr(w.bias), ptr(resid), out)
-    prefix = "gemv1" if t == 1 and w.quantized else "gemv"  # decode: the 1-token variant
-    K.fn("gemv.cu", kernel_name(prefix, w.qtype))(
+    K.fn("gemv.cu", kernel_name("gemv", w.qtype))(
         grid, block, args + (i32(w.rows), i32(w.cols), i32(t), i32(ldo or w.rows))
     )
 
 
-def dense_mma_nt() -> int:
-    """Tokens per tile of gemm_mma: MMA_DENSE_NT, or STRATA_GPU_DENSE_MMA_NT=32 (the MoE's down
-    kernel and tile, the A/B arm)."""
-    v = os.environ.get("STRATA_GPU_DENSE_MMA_NT", "").strip()
-    if v in ("", str(MMA_DENSE_NT)):
-        return MMA_DENSE_NT
-    if v == str(MMA_NT):
-        return MMA_NT
-    raise ValueError(f"STRATA_GPU_DENSE_MMA_NT={v!r}: give {MMA_DENSE_NT} or {MMA_NT}")
-
-
-def gemm_mma(
-    K: Kernels, w: DeviceWeight, act: ActBuf, out, t: int, resid=None, ldo=None,
-    nt: int = MMA_DENSE_NT,
-) -> None:  # fmt: skip
+def gemm_mma(K: Kernels, w: DeviceWeight, act: ActBuf, out, t: int, resid=None, ldo=None) -> None:
     """`gemv` of a prompt chunk (quantized w, T > 1) on the int8 tensor cores: experts_mma.cu's
-    dense_mma, w as its one slot and tiles of nt = MMA_DENSE_NT consecutive tokens (MMA_NT: the
-    MoE's down kernel; CUDA sm_80+: `K.int8_mma`). Each sub-block's integer sum is exact; float
-    order differs from gemv_*."""
-    if nt not in (MMA_DENSE_NT, MMA_NT):
-        raise ValueError(f"gemm_mma: tiles of {MMA_DENSE_NT} or {MMA_NT} tokens, not {nt}")
-    kern = "dense_mma" if nt == MMA_DENSE_NT else "moe_down_mma"
-    slot, first, n, order = K.token_tiles(t, nt)
-    K.fn("experts_mma.cu", f"{kern}_{Q_NAMES[QT(int(w.qtype))]}")(
+    dense_mma, w as its one slot and tiles of MMA_DENSE_NT consecutive tokens (CUDA sm_80+:
+    `K.int8_mma`). Each sub-block's integer sum is exact; float order differs from gemv_*."""
+    slot, first, n, order = K.token_tiles(t, MMA_DENSE_NT)
+    K.fn("experts_mma.cu", f"dense_mma_{Q_NAMES[QT(int(w.qtype))]}")(
         (-(-w.rows // (16 * MMA_WARPS)), first.size),
         (32 * MMA_WARPS,),
         (
             w.buf, np.int64(0), act.q, act.d, i32(xd_shift(act.mode)), slot, first, n, order,
             out, i32(w.rows), i32(w.cols), ptr(w.bias), ptr(resid), i32(ldo or w.rows),
-            *((NULL,) if kern == "moe_down_mma" else ()),
         ),
     )  # fmt: skip
 

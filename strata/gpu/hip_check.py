@@ -3,7 +3,7 @@
     python -m strata.gpu.hip_check [--arch gfx1030 --arch gfx1100 ...] [--hipcc PATH] [--jobs N]
 
 Each `.cu` under strata/gpu/kernels is expanded exactly as the runtime does (strata.gpu.source)
-and compiled device-only with `hipcc -x hip --offload-arch=<arch> -DSTRATA_WARP=<32|64>`,
+and compiled device-only with `hipcc -x hip --offload-arch=<arch> -DWARP_SIZE=<32|64>`,
 HIP_PLATFORM=amd (else hipcc picks nvcc), with hip_runtime.h force-included as hipRTC does.
 Debian 12's `hipcc` + `rocm-device-libs` (ROCm 5.2) build gfx1030 (RDNA2, wave32) and gfx90a
 (CDNA2, wave64: checks that nothing assumes a 32-wide warp); their device libraries stop short
@@ -36,13 +36,14 @@ def compile_one(
     hipcc: str, src: Path, arch: str, out: Path, isa_only: bool = False
 ) -> subprocess.CompletedProcess:
     warp = 64 if arch in WAVE64 else 32
+    # through env(1): HIP_PLATFORM=amd added to the inherited environment (else hipcc picks nvcc)
     cmd = [
-        hipcc, "-x", "hip", "-std=c++17", f"--offload-arch={arch}", "--offload-device-only",
-        f"-DSTRATA_WARP={warp}", "-include", "hip/hip_runtime.h", str(src), "-o", str(out),
+        "env", "HIP_PLATFORM=amd", hipcc, "-x", "hip", "-std=c++17", f"--offload-arch={arch}",
+        "--offload-device-only", f"-DWARP_SIZE={warp}", "-include", "hip/hip_runtime.h",
+        str(src), "-o", str(out),
     ]  # fmt: skip
     cmd += ["-nogpulib", "-S"] if isa_only else ["-c"]
-    env = dict(os.environ, HIP_PLATFORM="amd")
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
 def check_one(hipcc: str, src: Path, arch: str, tmp: Path) -> tuple[str, bool, bool]:

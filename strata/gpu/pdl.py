@@ -7,7 +7,7 @@ has completed and its writes are visible. A decode step is a chain of ~600 small
 paying the launch and block-scheduling latency once: with PDL the next kernel's blocks are already
 resident when the previous one ends.
 
-The kernels' side is `STRATA_PDL_ENTER()` (common.cuh), the first statement of every kernel: wait,
+The kernels' side is `PDL_ENTER()` (common.cuh), the first statement of every kernel: wait,
 then allow the next kernel in. Waiting before anything else (no early return before it) keeps
 the order transitive: a kernel cannot complete before the kernel it waits on, so a later kernel
 that reads an older kernel's output is still ordered after it. Off sm_90 (and on HIP) the macro
@@ -17,7 +17,6 @@ The host side: CuPy launches through cuLaunchKernel, without attributes, so `lau
 driver's cuLaunchKernelEx through ctypes with the kernel's CUfunction. `Kernels` (rawmod.py) takes
 this path only inside `pdl_scope()`, which the graph decoder opens while it captures a step
 (CUDA >= 12.3 records the programmatic edges in the graph); eager launches keep CuPy's path.
-`STRATA_GPU_PDL=0` turns it off (the A/B arm).
 """
 
 from __future__ import annotations
@@ -26,12 +25,7 @@ import ctypes
 
 import numpy as np
 
-from strata.gpu.device import env_switch
-
 ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h CUlaunchAttributeID
-ATTR_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID: value = (x, y, z) blocks a cluster
-FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute
-PORTABLE_CLUSTER = 8  # blocks a cluster may have on any sm_90+ device
 MIN_DRIVER = 12030  # graphs keep programmatic edges from stream capture since CUDA 12.3
 
 
@@ -50,11 +44,6 @@ class _Config(ctypes.Structure):  # CUlaunchConfig
     ]
 
 
-def enabled_by_env() -> bool:
-    """STRATA_GPU_PDL: 1 (default) on where supported, 0 off."""
-    return env_switch("STRATA_GPU_PDL")
-
-
 def supported(cp, arch: str) -> bool:
     """PDL on this device: CUDA (not HIP), sm_90 or newer, a driver >= 12.3."""
     if getattr(cp.cuda.runtime, "is_hip", False) or not arch.startswith("sm_"):
@@ -66,8 +55,8 @@ def supported(cp, arch: str) -> bool:
 
 
 class Launcher:
-    """cuLaunchKernelEx with the PDL attribute and/or a cluster shape, for CuPy's RawKernels
-    (`.kernel.ptr`: the CUfunction)."""
+    """cuLaunchKernelEx with the PDL attribute, for CuPy's RawKernels (`.kernel.ptr`: the
+    CUfunction)."""
 
     def __init__(self, cp):
         self.cp = cp
@@ -82,11 +71,15 @@ class Launcher:
         self._launch.restype = ctypes.c_int
         self._err_name = lib.cuGetErrorName
         self._err_name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        self._set_attr = lib.cuFuncSetAttribute
-        self._set_attr.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-        self._set_attr.restype = ctypes.c_int
-        self._non_portable: set[int] = set()
-        self._attrs: dict[tuple, tuple] = {}  # (pdl, cluster) -> (attribute array, count)
+        self._attrs = self.pdl_attrs()
+
+    @staticmethod
+    def pdl_attrs():
+        """The launch attribute list: programmaticStreamSerializationAllowed = 1."""
+        arr = (_Attr * 1)()
+        arr[0].id = ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
+        arr[0].value[0] = 1
+        return arr
 
     @staticmethod
     def _param(a) -> np.ndarray:
@@ -108,46 +101,14 @@ class Launcher:
             return np.array(a, np.float64)
         raise TypeError(f"kernel argument of type {type(a).__name__} (PDL launch)")
 
-    def _attr_array(self, pdl: bool, cluster) -> tuple:
-        """The launch attributes (array, count) of one (pdl, cluster) form, made once."""
-        key = (pdl, cluster)
-        entry = self._attrs.get(key)
-        if entry is None:
-            arr, n = (_Attr * 2)(), 0
-            if pdl:
-                arr[n].id = ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
-                arr[n].value[0] = 1  # programmaticStreamSerializationAllowed
-                n += 1
-            if cluster:
-                arr[n].id = ATTR_CLUSTER_DIMENSION
-                arr[n].value[0], arr[n].value[1], arr[n].value[2] = cluster
-                n += 1
-            self._attrs[key] = entry = (arr, n)
-        return entry
-
-    def _allow_cluster(self, fn, cluster) -> None:
-        """Clusters past the portable size need the function's opt-in (once per function)."""
-        ptr = int(fn.kernel.ptr)
-        blocks = cluster[0] * cluster[1] * cluster[2]
-        if blocks > PORTABLE_CLUSTER and ptr not in self._non_portable:
-            self._check(self._set_attr(ptr, FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
-                        "cuFuncSetAttribute (non-portable cluster size)")  # fmt: skip
-            self._non_portable.add(ptr)
-
     def _check(self, rc: int, what: str) -> None:
         if rc:
             name = ctypes.c_char_p()
             self._err_name(rc, ctypes.byref(name))
             raise RuntimeError(f"{what}: {(name.value or b'?').decode()} ({rc})")
 
-    def __call__(
-        self, fn, grid, block, args, shared_mem: int = 0, pdl: bool = True, cluster=None
-    ) -> None:
-        """Launch fn with PDL (`pdl`) and/or in clusters of `cluster` = (x, y, z) blocks."""
-        if cluster:
-            cluster = tuple(int(c) for c in cluster)
-            self._allow_cluster(fn, cluster)
-        attrs, n_attrs = self._attr_array(bool(pdl), cluster or None)
+    def __call__(self, fn, grid, block, args, shared_mem: int = 0) -> None:
+        """Launch fn with the PDL attribute."""
         vals = [self._param(a) for a in args]  # alive until the call returns
         ptrs = (ctypes.c_void_p * max(1, len(vals)))(*[v.ctypes.data for v in vals])
         g = tuple(grid) + (1,) * (3 - len(grid))
@@ -157,8 +118,8 @@ class Launcher:
             block=(ctypes.c_uint32 * 3)(*b),
             shared_mem=shared_mem,
             stream=self.cp.cuda.get_current_stream().ptr,
-            attrs=ctypes.cast(attrs, ctypes.POINTER(_Attr)),
-            n_attrs=n_attrs,
+            attrs=ctypes.cast(self._attrs, ctypes.POINTER(_Attr)),
+            n_attrs=1,
         )
         rc = self._launch(ctypes.byref(cfg), fn.kernel.ptr, ptrs, None)
-        self._check(rc, f"cuLaunchKernelEx ({'PDL' if pdl else 'no PDL'}, cluster {cluster})")
+        self._check(rc, "cuLaunchKernelEx (PDL)")

@@ -1,23 +1,20 @@
 """Compiled kernel modules of one device, built on first use (`cupy.RawModule`).
 
-Every source is compiled with `-DSTRATA_WARP=<the device's warp size>`; nothing in the kernels
-hard-codes 32. CuPy caches the compiled binaries on disk, so a second process starts fast.
+Every source is compiled with `-DWARP_SIZE=<the device's warp size>` and nothing else; nothing
+in the kernels hard-codes 32. CuPy caches the compiled binaries on disk, so a second process
+starts fast.
 """
 
 from __future__ import annotations
 
-import os
-import re
 from contextlib import contextmanager
 
 import numpy as np
 
+from strata.gpu import pdl
 from strata.gpu.source import expand
 
 NULL = np.uint64(0)  # a null pointer argument
-# cluster launches inside a pdl_scope carry the PDL attribute too (STRATA_GPU_CLUSTER_PDL=0: they
-# wait for the kernel before them as plain launches do; the A/B arm)
-CLUSTER_PDL = os.environ.get("STRATA_GPU_CLUSTER_PDL", "1") != "0"
 
 
 def i32(v) -> np.int32:
@@ -45,20 +42,16 @@ def host_ptr(a: np.ndarray) -> np.uint64:
 
 class Kernel:
     """One kernel of a module, called as CuPy's: `k(grid, block, args)`. Inside the owner's
-    `pdl_scope()` it goes out with programmatic dependent launch (pdl.py); with `cluster` (x, y,
-    z) every launch asks for thread-block clusters of that shape (`Kernels.fn_cluster`)."""
+    `pdl_scope()` it goes out with programmatic dependent launch (pdl.py)."""
 
-    __slots__ = ("f", "owner", "cluster")
+    __slots__ = ("f", "owner")
 
-    def __init__(self, f, owner: Kernels, cluster: tuple[int, int, int] | None = None):
-        self.f, self.owner, self.cluster = f, owner, cluster
+    def __init__(self, f, owner: Kernels):
+        self.f, self.owner = f, owner
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
         o = self.owner
-        if self.cluster is not None:
-            pdl_on = o.pdl is not None and CLUSTER_PDL
-            o.cluster_launcher()(self.f, grid, block, args, shared_mem, pdl_on, self.cluster)
-        elif o.pdl is not None:
+        if o.pdl is not None:
             o.pdl(self.f, grid, block, args, shared_mem)
         else:
             self.f(grid, block, args, shared_mem=shared_mem)
@@ -67,36 +60,18 @@ class Kernel:
 class Kernels:
     """The RawModules of one device; `fn(source, name)` returns a launchable `Kernel`."""
 
-    def __init__(
-        self,
-        cp,
-        warp_size: int,
-        sm_count: int = 1,
-        extra: tuple[str, ...] = (),
-        arch: str = "",
-    ):
+    def __init__(self, cp, warp_size: int, sm_count: int = 1, arch: str = ""):
         self.cp = cp
         self.warp = int(warp_size)
         self.sm_count = int(sm_count)
-        # more compiler options (-D knobs of a build under test); STRATA_KERNEL_DEFINES adds
-        # its own ("-DSTRATA_FAST_DECODE=0 ..."): the engine's kernels built as a bench arm's
-        env = os.environ.get("STRATA_KERNEL_DEFINES", "").split()
-        bad = [o for o in env if not re.fullmatch(r"-DSTRATA_[A-Z0-9_]+(=[0-9]+)?", o)]
-        if bad:
-            raise ValueError(f"STRATA_KERNEL_DEFINES: {' '.join(bad)} is not -DSTRATA_NAME[=N]")
-        self.extra = tuple(extra) + tuple(env)
         self._mods: dict[str, object] = {}
         self._fns: dict[tuple, Kernel] = {}
         self._token_tiles: dict[tuple[int, int], tuple] = {}
         self.arch = arch
         self.pdl = None  # the PDL launcher while a pdl_scope is open
         self._pdl_launcher = None
-        self._cl_launcher = None
-        if arch:
-            from strata.gpu import pdl
-
-            if pdl.enabled_by_env() and pdl.supported(cp, arch):
-                self._pdl_launcher = pdl.Launcher(cp)
+        if arch and pdl.supported(cp, arch):
+            self._pdl_launcher = pdl.Launcher(cp)
 
     def token_tiles(self, t: int, nt: int):
         """Device int32 arrays (slot, first, n, order) tiling tokens 0..t-1 in runs of nt, all
@@ -123,35 +98,6 @@ class Kernels:
         return a.startswith("sm_") and a[3:].isdigit() and int(a[3:]) >= 80
 
     @property
-    def clusters(self) -> bool:
-        """Whether kernels may run in thread-block clusters (`fn_cluster`): CUDA sm_90 or newer
-        (not HIP, not the emulator: common.cuh STRATA_CLUSTERS builds their kernels there only)."""
-        cp = self.cp
-        if getattr(cp, "__emulated__", False) or getattr(cp.cuda.runtime, "is_hip", False):
-            return False
-        a = self.arch
-        return a.startswith("sm_") and a[3:].isdigit() and int(a[3:]) >= 90
-
-    def cluster_launcher(self):
-        """The cuLaunchKernelEx launcher that cluster launches go through (made on first use)."""
-        if self._cl_launcher is None:
-            from strata.gpu import pdl
-
-            self._cl_launcher = pdl.Launcher(self.cp)
-        return self._cl_launcher
-
-    def fn_cluster(self, source: str, name: str, cluster: tuple[int, int, int]) -> Kernel:
-        """`fn`'s kernel, launched in clusters of `cluster` blocks (the grid a multiple of it)."""
-        if not self.clusters:
-            raise RuntimeError(f"{name}: thread-block clusters need CUDA sm_90+ ({self.arch})")
-        key = (source, name, tuple(cluster))
-        f = self._fns.get(key)
-        if f is None:
-            f = Kernel(self.module(source).get_function(name), self, tuple(cluster))
-            self._fns[key] = f
-        return f
-
-    @property
     def pdl_available(self) -> bool:
         return self._pdl_launcher is not None
 
@@ -165,7 +111,7 @@ class Kernels:
             self.pdl = prev
 
     def options(self) -> tuple[str, ...]:
-        return (f"-DSTRATA_WARP={self.warp}", *self.extra)
+        return (f"-DWARP_SIZE={self.warp}",)
 
     def module(self, source: str):
         m = self._mods.get(source)

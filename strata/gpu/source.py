@@ -66,7 +66,7 @@ def _grid(cls, dtype) -> np.ndarray:
 
 def _codes(g: np.ndarray, levels) -> np.ndarray:
     """Each grid row as selector codes: nibble k = the index in `levels` of value k (byte_perm
-    selectors into the level bytes, quant_blocks.cuh STRATA_GRID_CODES); rows of 4 values give
+    selectors into the level bytes, quant_blocks.cuh GRID_CODES); rows of 4 values give
     16-bit codes, rows of 8 give 32-bit ones."""
     lv = np.asarray(levels)
     idx = np.searchsorted(lv, g)
@@ -101,7 +101,7 @@ def iq_tables() -> str:
         _c_array("kvalues_iq4nl", "i8", np.array(gq.IQ4_NL.kvalues, np.int8), 16),
         _words_define("KVALUES_IQ4NL_W", pack(np.array(gq.IQ4_NL.kvalues, np.int8), "<u4")),
     ]
-    # the same grids as selector codes into their level bytes (STRATA_GRID_CODES): IQ3's eight
+    # the same grids as selector codes into their level bytes (GRID_CODES): IQ3's eight
     # magnitudes in two words, IQ2's three in one, IQ1's -1/0/1 as 8 * g + delta in a word per
     # delta sign (quant_blocks.cuh builds those two from the delta)
     lv3xxs, lv3s, lv2 = (4, 12, 20, 28, 36, 44, 52, 62), tuple(range(1, 16, 2)), (8, 25, 43, 0)

@@ -10,7 +10,7 @@
 #include <functional>
 #include <vector>
 #include <algorithm>
-#define STRATA_EMU 1
+#define GPU_EMU 1
 struct uint3 { unsigned x, y, z; };
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };

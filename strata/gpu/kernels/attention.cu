@@ -119,7 +119,7 @@ __device__ __forceinline__ void attn_scores_t(const float* __restrict__ q,
     __shared__ f32x4 qs4[ATT_MAX_REP * ATT_MAX_DH / 4];
     __shared__ u32 ks[ATT_TILE * (ATT_MAX_DH / 2 + 1)];  // +1 word per row: no bank conflicts
     float* qs = (float*)qs4;
-    __shared__ float red[1024 / STRATA_WARP];
+    __shared__ float red[1024 / WARP_SIZE];
     const int tile = blockIdx.x, g = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
     const int rep = H / G, ld = KV::words(Dh) + 1;
     const int s0 = tile * ATT_TILE, s = s0 + tid;
@@ -167,7 +167,7 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE)
     attn_scores(const float* __restrict__ q, const u16* __restrict__ k_cache, int S_cap, int Dh,
                 int H, int G, int pos0, int S, float scale, float* __restrict__ scores, int ss,
                 float* __restrict__ pmax, float* __restrict__ psum, int ntc) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     attn_scores_t<KvF16>(q, k_cache, nullptr, S_cap, Dh, H, G, pos0, S, scale, scores, ss, pmax,
                          psum, ntc);
 }
@@ -177,7 +177,7 @@ extern "C" __global__ void __launch_bounds__(ATT_TILE)
                    const float* __restrict__ k_scale, int S_cap, int Dh, int H, int G, int pos0,
                    int S, float scale, float* __restrict__ scores, int ss,
                    float* __restrict__ pmax, float* __restrict__ psum, int ntc) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     attn_scores_t<KvI8>(q, k_cache, k_scale, S_cap, Dh, H, G, pos0, S, scale, scores, ss, pmax,
                         psum, ntc);
 }
@@ -194,7 +194,7 @@ __device__ __forceinline__ void attn_pv_t(const float* __restrict__ scores, int 
     __shared__ f32x4 p4[ATT_TILE * ATT_MAX_REP / 4];  // p[i][r]: a key's rep probabilities
     float* p = (float*)p4;
     __shared__ u32 vs[ATT_TILE * (ATT_MAX_DH / 2)];
-    __shared__ float red[1024 / STRATA_WARP];
+    __shared__ float red[1024 / WARP_SIZE];
     const int split = blockIdx.x, g = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
     const int rep = H / G;
     for (int r = 0; r < rep; ++r) {  // global max and sum of one head, the block together
@@ -260,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(ATT_MAX_DH)
             const float* __restrict__ psum, int ntc, int ntiles, const u16* __restrict__ v_cache,
             int S_cap, int Dv, int H, int G, int S, int chunk, float* __restrict__ o_part,
             int nsplit) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     attn_pv_t<KvF16>(scores, ss, pmax, psum, ntc, ntiles, v_cache, nullptr, S_cap, Dv, H, G, S,
                      chunk, o_part, nsplit);
 }
@@ -270,14 +270,14 @@ extern "C" __global__ void __launch_bounds__(ATT_MAX_DH)
                const float* __restrict__ psum, int ntc, int ntiles, const i8* __restrict__ v_cache,
                const float* __restrict__ v_scale, int S_cap, int Dv, int H, int G, int S,
                int chunk, float* __restrict__ o_part, int nsplit) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     attn_pv_t<KvI8>(scores, ss, pmax, psum, ntc, ntiles, v_cache, v_scale, S_cap, Dv, H, G, S,
                     chunk, o_part, nsplit);
 }
 
 extern "C" __global__ void attn_combine(const float* __restrict__ o_part, int nsplit, int Dv,
                                         float* __restrict__ out) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     const i64 row = blockIdx.x;  // t * H + h
     const int d = threadIdx.x;
     if (d >= Dv) return;
@@ -305,29 +305,11 @@ extern "C" __global__ void attn_combine(const float* __restrict__ o_part, int ns
 //                         deterministic, and no third launch.
 // R is H/G rounded up to a power of two (1..16): the accumulator count, a template argument.
 #define DEC_THREADS 128
-#ifndef DEC_TILE
 #define DEC_TILE 32  // keys a tile of attn_dec_pv (32: fewer registers, 51 against 64 us at 32K)
-#endif
-#ifndef DEC_U
-#define DEC_U 4  // keys a lane group of attn_dec_scores takes per step (halved for R = 16)
-#endif
-#ifndef STRATA_DEC_TEAM
-#define STRATA_DEC_TEAM 8  // splits summed by the last of them to finish (then the teams)
-#endif
-#define DEC_TEAM STRATA_DEC_TEAM
+#define DEC_U 4      // keys a lane group of attn_dec_scores takes per step (halved for R = 16)
+#define DEC_TEAM 8   // splits summed by the last of them to finish (then the teams)
 static_assert(DEC_TEAM >= 8, "the decode workspace holds teams of 8 (attention.py DEC_TEAM_MIN)");
-#ifdef DEC_PV_MINB  // a register bound for attn_dec_pv (benchmark sweeps)
-#define DEC_PV_BOUNDS __launch_bounds__(DEC_THREADS, DEC_PV_MINB)
-#else
-#define DEC_PV_BOUNDS
-#endif
-
-#ifndef STRATA_DEC_PREFETCH
-#define STRATA_DEC_PREFETCH 64  // keys of its split a decode block asks of L2 before the PDL wait
-#endif
-#ifndef STRATA_DEC_PV_AHEAD
-#define STRATA_DEC_PV_AHEAD 1  // attn_dec_pv issues a tile's loads before the tile ahead's math
-#endif
+#define DEC_PREFETCH 64  // keys of its split a decode block asks of L2 before the PDL wait
 
 __device__ __forceinline__ void dec_split(const int* __restrict__ pos_dev, int S_cap, int nsplit,
                                           int min_chunk, int& S, int& chunk, int& nlive) {
@@ -337,8 +319,8 @@ __device__ __forceinline__ void dec_split(const int* __restrict__ pos_dev, int S
     nlive = (S + chunk - 1) / chunk;
 }
 
-// A decode kernel's entry: the split of this position, then the PDL wait (common.cuh). With
-// STRATA_DEC_PREFETCH > 0 the position is read and the first STRATA_DEC_PREFETCH rows of the
+// A decode kernel's entry: the split of this position, then the PDL wait (common.cuh). The
+// position is read and the first DEC_PREFETCH rows of the
 // block's split of `cache` (a [S_cap, D] slice of KV head blockIdx.y) are asked of L2 *before*
 // the wait, so their DRAM latency overlaps the kernel before (under PDL; without it the wait is
 // a no-op). Both are safe there: the position is written at the step's start, many launches
@@ -349,21 +331,16 @@ template <typename KV>
 __device__ __forceinline__ void dec_enter(const int* __restrict__ pos_dev, int S_cap, int nsplit,
                                           int min_chunk, const typename KV::T* __restrict__ cache,
                                           int D, int& S, int& chunk, int& nlive) {
-#if STRATA_DEC_PREFETCH > 0
     dec_split(pos_dev, S_cap, nsplit, min_chunk, S, chunk, nlive);
     const int k0 = blockIdx.x * chunk;
     if ((int)blockIdx.x < nlive) {
-        const int n = min(min(chunk, STRATA_DEC_PREFETCH), S - k0);
+        const int n = min(min(chunk, DEC_PREFETCH), S - k0);
         const char* rows = (const char*)(cache + ((i64)blockIdx.y * S_cap + k0) * D);
         const int lines = (int)(((i64)n * D * (i64)sizeof(typename KV::T) + 127) / 128);
-        for (int i = threadIdx.x; i < lines; i += blockDim.x) STRATA_PREFETCH_L2(rows + (i64)i * 128);
+        for (int i = threadIdx.x; i < lines; i += blockDim.x) PREFETCH_L2(rows + (i64)i * 128);
     }
-    STRATA_PDL_WAIT();
-    STRATA_PDL_TRIGGER();
-#else
-    STRATA_PDL_ENTER();
-    dec_split(pos_dev, S_cap, nsplit, min_chunk, S, chunk, nlive);
-#endif
+    PDL_WAIT();
+    PDL_TRIGGER();
 }
 
 // Sums v[0..N) over the 8 lanes of an aligned lane group, halving the values each step (a lane
@@ -433,7 +410,7 @@ __device__ __forceinline__ void dec_load_kd(float (&kd)[U], const float* __restr
 
 // The scores of keys [k0, k1) of KV head blockIdx.y for its rep query heads into scores
 // [H, ss], and their (max, sum exp) per head h: m_dst[h * mstride], l_dst[h * mstride] (a split
-// of attn_dec_scores, or a block of attn_dec_cl). Every thread of the block calls it.
+// of attn_dec_scores). Every thread of the block calls it.
 template <int R, typename KV>
 __device__ __forceinline__ void dec_scores_run(const float* __restrict__ q,
                                                const typename KV::T* __restrict__ k_cache,
@@ -578,7 +555,7 @@ __device__ __forceinline__ void dec_scores(const float* __restrict__ q,
 
 // a load that skips the (non-coherent) L1: other blocks' partials, read by a finishing block
 __device__ __forceinline__ f32x4 ld_cg4(const float* p) {
-#if defined(__CUDA_ARCH__) && !defined(__HIP__) && !defined(STRATA_EMU)
+#if defined(__CUDA_ARCH__) && !defined(__HIP__) && !defined(GPU_EMU)
     f32x4 v;
     asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
@@ -592,30 +569,25 @@ __device__ __forceinline__ f32x4 ld_cg4(const float* p) {
 
 // The split sums of attn_dec_pv: for each of the block's rep * t4 items (head r, 4 dims d),
 // dst[r * dst_h + 4 d] = the sum of rows 0..n) of src[r * src_h + 4 d + j * row] (floats), added
-// in row order; a thread takes the items k = tid + i * blockDim.x one at a time, STRATA_DEC_SUM_U
-// of an item's rows loaded together (ceil(n / STRATA_DEC_SUM_U) L2 round trips an item).
-// Measured on the H200 (bench/results/session23-h200-20261202.md, QB and QC; graph + PDL, 132
-// splits): 8 rows with teams of 8 (the defaults) against 16 rows with teams of 16 (one round trip a
-// level, but 150 registers against 131: fewer blocks a SM, 62.1 against 46.6 us a call at 32K)
-// and 8 rows with teams of 16 (a round trip more at 4K: 20.9 against 19.1 us); staging the rows
-// in shared memory by cp.async, every item at once, slowed the whole kernel (48.7 against 29.7 us
-// of attn_dec_pv at 32K).
-#ifndef STRATA_DEC_SUM_U
-#define STRATA_DEC_SUM_U 8
-#endif
+// in row order; a thread takes the items k = tid + i * blockDim.x one at a time, DEC_SUM_U
+// of an item's rows loaded together (ceil(n / DEC_SUM_U) L2 round trips an item).
+// 8 rows with teams of 8: 16 rows with teams of 16 (one round trip a level) took 150 registers
+// against 131 and ran slower (62.1 against 46.6 us at 32K on the H200); staging the rows in
+// shared memory by cp.async slowed the whole kernel.
+#define DEC_SUM_U 8
 __device__ __forceinline__ void dec_sum_rows(const float* src, i64 src_h, i64 row, int n, int rep,
                                              int t4, float* dst, i64 dst_h) {
     for (int k = threadIdx.x; k < rep * t4; k += blockDim.x) {
         const int r = k / t4, d = k - r * t4;
         const float* s = src + r * src_h + 4 * d;
         f32x4 o = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
-        for (int j0 = 0; j0 < n; j0 += STRATA_DEC_SUM_U) {
-            f32x4 a[STRATA_DEC_SUM_U];
+        for (int j0 = 0; j0 < n; j0 += DEC_SUM_U) {
+            f32x4 a[DEC_SUM_U];
 #pragma unroll
-            for (int u = 0; u < STRATA_DEC_SUM_U; ++u)
+            for (int u = 0; u < DEC_SUM_U; ++u)
                 if (j0 + u < n) a[u] = ld_cg4(s + (i64)(j0 + u) * row);
 #pragma unroll
-            for (int u = 0; u < STRATA_DEC_SUM_U; ++u) {
+            for (int u = 0; u < DEC_SUM_U; ++u) {
                 if (j0 + u < n) {
                     o.x += a[u].x;
                     o.y += a[u].y;
@@ -693,7 +665,7 @@ struct SplitStats {
 };
 
 // p.V over keys [k0, k1) of KV head blockIdx.y, the (max, sum) of every head from `stats`
-// (Stats::run<R>: the split partials of attn_dec_scores, or a cluster's blocks), into o_dst:
+// (Stats::run<R>: the split partials of attn_dec_scores), into o_dst:
 // head r's Dv sums at o_dst + o_off + r * o_stride. Every thread of the block calls it.
 template <int R, typename KV, typename Stats>
 __device__ __forceinline__ void dec_pv_run(const float* __restrict__ scores, int ss,
@@ -733,7 +705,6 @@ __device__ __forceinline__ void dec_pv_run(const float* __restrict__ scores, int
     __syncthreads();
     for (int base = k0; base < k1; base += DEC_TILE) {
         const int n = min(DEC_TILE, k1 - base);
-#if STRATA_DEC_PV_AHEAD
         // the next tile's loads go out before this tile's math (block-uniform condition)
         const int nn = min(DEC_TILE, k1 - base - DEC_TILE);
         typename KV::Chunk vn[MAXRPT];
@@ -741,11 +712,6 @@ __device__ __forceinline__ void dec_pv_run(const float* __restrict__ scores, int
         if (nn > 0)
             dec_pv_load<KV>(vn, scn, vdn, vg, srow, ss, v_scale, vrow0, base + DEC_TILE, nn, rep,
                             Dv, slot, rpi, d8, active);
-#else
-        if (base != k0)
-            dec_pv_load<KV>(vv, sc, vd, vg, srow, ss, v_scale, vrow0, base, n, rep, Dv, slot,
-                            rpi, d8, active);
-#endif
 #pragma unroll
         for (int j = 0; j < SCN; ++j) {
             const int k = tid + j * DEC_THREADS;
@@ -780,7 +746,6 @@ __device__ __forceinline__ void dec_pv_run(const float* __restrict__ scores, int
             }
         }
         __syncthreads();
-#if STRATA_DEC_PV_AHEAD
         if (nn > 0) {
 #pragma unroll
             for (int j = 0; j < MAXRPT; ++j) vv[j] = vn[j];
@@ -790,7 +755,6 @@ __device__ __forceinline__ void dec_pv_run(const float* __restrict__ scores, int
                 vd[j] = vdn[j];
             }
         }
-#endif
     }
     // the row slots' partial sums, added in a fixed order, RC heads a round (32 KB of smem)
     const int t4 = Dv / 4;
@@ -870,7 +834,7 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
     if (tid == 0) cnt[g] = 0;
 }
 
-#define ATTN_DEC_KERNELS(R)                                                                 \
+#define ATTN_DEC_KERNELS(R)                                                                     \
     extern "C" __global__ void attn_dec_scores_r##R(                                            \
         const float* q, const u16* k_cache, const int* pos_dev, int S_cap, int Dh, int H,       \
         int G, float scale, float* scores, int ss, float* pm, float* pl, int nsplit,            \
@@ -878,7 +842,7 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         dec_scores<R, KvF16>(q, k_cache, nullptr, pos_dev, S_cap, Dh, H, G, scale, scores, ss,  \
                              pm, pl, nsplit, min_chunk);                                        \
     }                                                                                           \
-    extern "C" __global__ void DEC_PV_BOUNDS attn_dec_pv_r##R(                                  \
+    extern "C" __global__ void attn_dec_pv_r##R(                                                \
         const float* scores, int ss, const float* pm, const float* pl, const u16* v_cache,      \
         const int* pos_dev, int S_cap, int Dv, int H, int G, float* o_part, int nsplit,         \
         int min_chunk, int* cnt, float* tpart, float* out) {                                    \
@@ -892,7 +856,7 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
         dec_scores<R, KvI8>(q, k_cache, k_scale, pos_dev, S_cap, Dh, H, G, scale, scores, ss,   \
                             pm, pl, nsplit, min_chunk);                                         \
     }                                                                                           \
-    extern "C" __global__ void DEC_PV_BOUNDS attn_dec_pv_i8_r##R(                               \
+    extern "C" __global__ void attn_dec_pv_i8_r##R(                                             \
         const float* scores, int ss, const float* pm, const float* pl, const i8* v_cache,       \
         const float* v_scale, const int* pos_dev, int S_cap, int Dv, int H, int G,              \
         float* o_part, int nsplit, int min_chunk, int* cnt, float* tpart, float* out) {         \
@@ -905,138 +869,6 @@ ATTN_DEC_KERNELS(4)
 ATTN_DEC_KERNELS(8)
 ATTN_DEC_KERNELS(16)
 
-// ---- decode over one thread-block cluster per KV head (CUDA sm_90+), one launch ----
-//
-// attn_dec_cl_r<R>  grid (C, G) in clusters of C blocks (the launch asks for that shape:
-//   attention.py DEC_CL; C <= 8 is portable, 16 where the device allows it), DEC_THREADS, R <= 8
-//   (the shared memory of both phases and the block's p.V sums fit 48 KiB). Block c takes keys
-//   [c * chunk, ..) of KV head g (chunk = ceil(S / C) rounded up to 32): it asks L2 for all of
-//   its K and V rows before the PDL wait, computes its scores (dec_scores_run, into the
-//   workspace's scores as the split kernels do) and keeps its (max, sum exp) per head in shared
-//   memory; after a cluster barrier every block reads all the blocks' pairs through distributed
-//   shared memory (in rank order: every block gets the same M and L), then p.V (dec_pv_run)
-//   into its shared memory; after a second barrier block c sums its slice of the rep * Dv
-//   outputs over the blocks in rank order into out; a third barrier keeps each block's shared
-//   memory until the others have read it. No split partials in global memory, no counters, no
-//   second launch. Same roundings as attn_dec_* (p = f16(exp(s - M) / L)); deterministic.
-#if STRATA_CLUSTERS
-#define DEC_CL_MAX 16  // blocks a cluster may have (attention.py DEC_CL_MAX)
-
-// the (max, sum) of each head from the cluster's live blocks' pairs, read before any is used
-struct ClusterStats {
-    const float* cm;  // this block's pair per head: the same offsets in every block's memory
-    const float* cl;
-    int nlive;
-    template <int R>
-    __device__ __forceinline__ void run(float* Ms, float* Ls, int, int rep) const {
-        const int r = threadIdx.x;
-        if (r >= rep) return;
-        float mj[DEC_CL_MAX], lj[DEC_CL_MAX];
-#pragma unroll
-        for (int j = 0; j < DEC_CL_MAX; ++j) {
-            if (j < nlive) {
-                mj[j] = ld_cluster(cluster_addr(cm + r, j));
-                lj[j] = ld_cluster(cluster_addr(cl + r, j));
-            }
-        }
-        float m = NEG_INF;
-#pragma unroll
-        for (int j = 0; j < DEC_CL_MAX; ++j)
-            if (j < nlive) m = fmaxf(m, mj[j]);
-        float l = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DEC_CL_MAX; ++j)
-            if (j < nlive) l += lj[j] * expf(mj[j] - m);
-        Ms[r] = m;
-        Ls[r] = l;
-    }
-};
-
-template <int R, typename KV>
-__device__ __forceinline__ void dec_cl(const float* __restrict__ q,
-                                       const typename KV::T* __restrict__ k_cache,
-                                       const float* __restrict__ k_scale,
-                                       const typename KV::T* __restrict__ v_cache,
-                                       const float* __restrict__ v_scale,
-                                       const int* __restrict__ pos_dev, int S_cap, int Dh, int Dv,
-                                       int H, int G, float scale, float* __restrict__ scores,
-                                       int ss, float* __restrict__ out) {
-    static_assert(R <= 8, "attn_dec_cl: R <= 8 (its shared memory)");
-    __shared__ float cm[R], cl[R];
-    __shared__ f32x4 os4[R * ATT_MAX_DH / 4];  // the block's p.V sums, head r at r * Dv
-    const int C = gridDim.x, c = blockIdx.x, g = blockIdx.y, tid = threadIdx.x;
-    const int rep = H / G;
-    const int S = min(max(pos_dev[0] + 1, 1), S_cap);
-    const int chunk = ((S + C - 1) / C + 31) & ~31;
-    const int nlive = (S + chunk - 1) / chunk;
-    const int k0 = c * chunk, k1 = min(S, k0 + chunk);
-    const bool live = c < nlive;
-#if STRATA_DEC_PREFETCH > 0
-    if (live) {  // see dec_enter: the position is old, a prefetch only warms L2
-        const i64 row = (i64)g * S_cap + k0;
-        const i64 tb = (i64)sizeof(typename KV::T) * (k1 - k0);
-        const int kl = (int)((tb * Dh + 127) / 128), vl = (int)((tb * Dv + 127) / 128);
-        const char* kb = (const char*)(k_cache + row * Dh);
-        const char* vb = (const char*)(v_cache + row * Dv);
-        for (int i = tid; i < kl + vl; i += blockDim.x)
-            STRATA_PREFETCH_L2(i < kl ? kb + (i64)i * 128 : vb + (i64)(i - kl) * 128);
-    }
-    STRATA_PDL_WAIT();
-    STRATA_PDL_TRIGGER();
-#else
-    STRATA_PDL_ENTER();
-#endif
-    if (live)
-        dec_scores_run<R, KV>(q, k_cache, k_scale, S_cap, Dh, H, G, scale, scores, ss, k0, k1,
-                              cm, cl, 1);
-    cluster_sync();
-    if (live)
-        dec_pv_run<R, KV>(scores, ss, ClusterStats{cm, cl, nlive}, v_cache, v_scale, S_cap, Dv,
-                          H, G, k0, k1, (float*)os4, 0, Dv);
-    cluster_sync();
-    const int t4 = Dv / 4, items = rep * t4, per = (items + C - 1) / C;
-    const int i1 = min(items, (c + 1) * per);
-    for (int k = c * per + tid; k < i1; k += blockDim.x) {
-        const int r = k / t4, d = k - r * t4;
-        f32x4 a[DEC_CL_MAX];
-#pragma unroll
-        for (int j = 0; j < DEC_CL_MAX; ++j)
-            if (j < nlive) a[j] = ld_cluster4(cluster_addr(os4 + r * t4 + d, j));
-        f32x4 o = f32x4{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int j = 0; j < DEC_CL_MAX; ++j) {
-            if (j < nlive) {
-                o.x += a[j].x;
-                o.y += a[j].y;
-                o.z += a[j].z;
-                o.w += a[j].w;
-            }
-        }
-        *(f32x4*)(out + ((i64)g * rep + r) * Dv + 4 * d) = o;
-    }
-    cluster_sync();
-}
-
-#define ATTN_DEC_CL_KERNELS(R)                                                                  \
-    extern "C" __global__ void attn_dec_cl_r##R(                                                \
-        const float* q, const u16* k_cache, const u16* v_cache, const int* pos_dev, int S_cap,  \
-        int Dh, int Dv, int H, int G, float scale, float* scores, int ss, float* out) {         \
-        dec_cl<R, KvF16>(q, k_cache, nullptr, v_cache, nullptr, pos_dev, S_cap, Dh, Dv, H, G,   \
-                         scale, scores, ss, out);                                               \
-    }                                                                                           \
-    extern "C" __global__ void attn_dec_cl_i8_r##R(                                             \
-        const float* q, const i8* k_cache, const float* k_scale, const i8* v_cache,             \
-        const float* v_scale, const int* pos_dev, int S_cap, int Dh, int Dv, int H, int G,      \
-        float scale, float* scores, int ss, float* out) {                                       \
-        dec_cl<R, KvI8>(q, k_cache, k_scale, v_cache, v_scale, pos_dev, S_cap, Dh, Dv, H, G,    \
-                        scale, scores, ss, out);                                                \
-    }
-ATTN_DEC_CL_KERNELS(1)
-ATTN_DEC_CL_KERNELS(2)
-ATTN_DEC_CL_KERNELS(4)
-ATTN_DEC_CL_KERNELS(8)
-#endif  // STRATA_CLUSTERS
-
 // ---- decode at short positions: one block per query head, every key, one launch ----
 //
 // attn_dec_short<KV>  grid (H), DS_THREADS: block h takes all S <= DEC_SHORT_MAX keys of its KV
@@ -1046,16 +878,12 @@ ATTN_DEC_CL_KERNELS(8)
 // a fixed order) straight into out: no split partials, no counters, no second launch. The
 // blocks of a KV head read its rows from L2 (one of them from DRAM): at short positions the
 // split kernels' chain of launches and partial round trips costs more than those reads.
-// Rows go out DS_U a lane at a time, the next DS_U in flight while these are used; with
-// STRATA_DEC_PREFETCH > 0 all S rows of K and V are asked of L2 before the PDL wait (shared out
+// Rows go out DS_U a lane at a time, the next DS_U in flight while these are used; and
+// all S rows of K and V are asked of L2 before the PDL wait (shared out
 // over the head's rep blocks). Same roundings as attn_dec_*; deterministic.
 #define DS_THREADS 512
 #define DEC_SHORT_MAX 2048  // keys attn_dec_short holds (its scores: 8 KiB; attention.py's too)
-#ifndef STRATA_DS_U
-#define STRATA_DS_U 4  // rows a lane has in flight (twice: the next ones load while these are used;
-                       // 4 beat 8 at 64-1024 keys on the H200: session21-h200-20261202.md)
-#endif
-#define DS_U STRATA_DS_U
+#define DS_U 4  // rows a lane has in flight (the next DS_U load while these are used)
 
 template <typename KV>
 __device__ __forceinline__ void ds_load(typename KV::Chunk (&c)[DS_U], float (&d)[DS_U],
@@ -1094,25 +922,21 @@ __device__ __forceinline__ void dec_short(const float* __restrict__ q,
                                           float* __restrict__ out) {
     __shared__ float ps[DEC_SHORT_MAX];
     __shared__ float red[DS_THREADS * 8];  // PV row slots: slots * Dv <= DS_THREADS * 8
-    __shared__ float wred[1024 / STRATA_WARP];
+    __shared__ float wred[1024 / WARP_SIZE];
     const int h = blockIdx.x, rep = H / G, g = h / rep, tid = threadIdx.x;
     const int S = min(min(max(pos_dev[0] + 1, 1), S_cap), DEC_SHORT_MAX);
     const typename KV::T* kg = k_cache + (i64)g * S_cap * Dh;
     const typename KV::T* vg = v_cache + (i64)g * S_cap * Dv;
     const i64 row0 = (i64)g * S_cap;
-#if STRATA_DEC_PREFETCH > 0
     {  // see dec_enter: the position is old, a prefetch only warms L2
         const int kl = (int)(((i64)S * Dh * (i64)sizeof(typename KV::T) + 127) / 128);
         const int vl = (int)(((i64)S * Dv * (i64)sizeof(typename KV::T) + 127) / 128);
         for (int i = (h % rep) * DS_THREADS + tid; i < kl + vl; i += rep * DS_THREADS)
-            STRATA_PREFETCH_L2(i < kl ? (const char*)kg + (i64)i * 128
+            PREFETCH_L2(i < kl ? (const char*)kg + (i64)i * 128
                                       : (const char*)vg + (i64)(i - kl) * 128);
     }
-    STRATA_PDL_WAIT();
-    STRATA_PDL_TRIGGER();
-#else
-    STRATA_PDL_ENTER();
-#endif
+    PDL_WAIT();
+    PDL_TRIGGER();
     // scores: lpk lanes a key (a power of two >= Dh / 8), kstep keys a block step
     int lpk = 1;
     while (lpk * 8 < Dh) lpk <<= 1;

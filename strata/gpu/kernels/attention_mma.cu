@@ -28,13 +28,13 @@
 #define AMMA_MAX_D 128                // Dh, Dv at most (attention.cu's ATT_MAX_DH)
 #define AMMA_LD (AMMA_MAX_D / 2 + 4)  // words per staged row at most (D / 2 + 4 in use)
 
-#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define STRATA_MMA_F16 1
+#if !defined(__HIP__) && !defined(GPU_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define HAS_MMA_F16 1
 #else
-#define STRATA_MMA_F16 0
+#define HAS_MMA_F16 0
 #endif
 
-#if STRATA_MMA_F16
+#if HAS_MMA_F16
 __device__ __forceinline__ void mma_f16_k16(float* c, const u32* a, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};"
@@ -253,14 +253,14 @@ __device__ __forceinline__ void attn_prefill_mma_t(const float* __restrict__ q,
         }
     }
 }
-#endif  // STRATA_MMA_F16
+#endif  // HAS_MMA_F16
 
 extern "C" __global__ void __launch_bounds__(AMMA_THREADS)
     attn_prefill_mma(const float* __restrict__ q, const u16* __restrict__ k_cache,
                      const u16* __restrict__ v_cache, int S_cap, int Dh, int Dv, int H, int G,
                      int T, int pos0, float scale, float* __restrict__ out) {
-    STRATA_PDL_ENTER();
-#if STRATA_MMA_F16
+    PDL_ENTER();
+#if HAS_MMA_F16
     attn_prefill_mma_t(q, k_cache, v_cache, S_cap, Dh, Dv, H, G, T, pos0, scale, out);
 #endif
 }

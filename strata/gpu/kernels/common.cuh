@@ -1,10 +1,10 @@
 // Shared by every Strata kernel: integer types, warp primitives, f16/bf16 conversions, dp4a.
 // One source for CUDA (NVRTC) and HIP (hipRTC/hipcc): no vendor header is included, and every
-// vendor intrinsic sits behind a guard with a portable fallback. STRATA_WARP (the device's warp
-// size: 32 on NVIDIA and RDNA, 64 on CDNA) is passed by the launcher as -DSTRATA_WARP=N.
+// vendor intrinsic sits behind a guard with a portable fallback. WARP_SIZE (the device's warp
+// size: 32 on NVIDIA and RDNA, 64 on CDNA) is passed by the launcher as -DWARP_SIZE=N.
 #pragma once
-#ifndef STRATA_WARP
-#define STRATA_WARP 32
+#ifndef WARP_SIZE
+#define WARP_SIZE 32
 #endif
 
 typedef unsigned char u8;
@@ -28,44 +28,31 @@ struct alignas(16) f32x4 {
 // Wait for the kernel before this one in the stream (a no-op when launched without PDL), then let
 // the next one's blocks in. Nothing may run before the wait: a kernel that returned before it
 // could complete ahead of its predecessor and break the chain's order.
-// -DSTRATA_PDL_ENTRY_TRIGGER=0 (an A/B arm) leaves the trigger out: the next kernel's blocks come
-// in as this one's exit.
-#ifndef STRATA_PDL_ENTRY_TRIGGER
-#define STRATA_PDL_ENTRY_TRIGGER 1
-#endif
-#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#if STRATA_PDL_ENTRY_TRIGGER
-#define STRATA_PDL_ENTER() \
+#if !defined(__HIP__) && !defined(GPU_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTER() \
     asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#define PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#define PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p))
 #else
-#define STRATA_PDL_ENTER() asm volatile("griddepcontrol.wait;" ::: "memory")
-#endif
-#define STRATA_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
-#define STRATA_PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
-#define STRATA_PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p))
-#else
-#define STRATA_PDL_ENTER() ((void)0)
-#define STRATA_PDL_WAIT() ((void)0)
-#define STRATA_PDL_TRIGGER() ((void)0)
-#define STRATA_PREFETCH_L2(p) ((void)(p))
+#define PDL_ENTER() ((void)0)
+#define PDL_WAIT() ((void)0)
+#define PDL_TRIGGER() ((void)0)
+#define PREFETCH_L2(p) ((void)(p))
 #endif
 // The split form, for a kernel whose weights do not depend on its predecessor (the T = 1 GEMVs,
-// gemv.cu): it asks L2 for its weight rows (STRATA_PREFETCH_L2), STRATA_PDL_WAIT()s, and lets the
-// next kernel in (STRATA_PDL_TRIGGER()) either at once or only after its main loop, so that a
+// gemv.cu): it asks L2 for its weight rows (PREFETCH_L2), PDL_WAIT()s, and lets the
+// next kernel in (PDL_TRIGGER()) either at once or only after its main loop, so that a
 // large grid's successor does not squat on the SMs while its own blocks are still reading (which
 // the launcher picks: gemv.py pdl_early). Every thread still waits before any store or return.
-// -DSTRATA_GEMV_PDL_SPLIT=0 builds the GEMVs with STRATA_PDL_ENTER() (the A/B arm).
-#ifndef STRATA_GEMV_PDL_SPLIT
-#define STRATA_GEMV_PDL_SPLIT 1
-#endif
 
 // ---- a system-scope fence: this thread's writes (to pinned host memory too) are visible to the
 // host before its later ones; the host-device handshakes of a step queued ahead (route_car.cu,
 // pool_join.cu). The emulator runs a kernel to its end at launch: nothing to order against.
-#if defined(STRATA_EMU)
-#define STRATA_FENCE_SYSTEM() ((void)0)
+#if defined(GPU_EMU)
+#define FENCE_SYSTEM() ((void)0)
 #else
-#define STRATA_FENCE_SYSTEM() __threadfence_system()
+#define FENCE_SYSTEM() __threadfence_system()
 #endif
 
 // ---- the last of n blocks at a counter: `block_arrive_last(cnt, n, flag)` is true in every
@@ -75,13 +62,10 @@ struct alignas(16) f32x4 {
 // CUDA (sm_70+): bar.sync, one atom.add.acq_rel.gpu by thread 0 (its release cumulative over the
 // block's writes ordered before it by the barrier, its acquire over the earlier arrivals' through
 // the counter's chain of read-modify-writes), bar.sync: CUTLASS's semaphore pattern, without the
-// two sequentially consistent fences (fence.sc.gpu) of the portable form. HIP, the emulator and
-// -DSTRATA_ARRIVE_FENCES=1 (the A/B arm): __threadfence(), a relaxed atomicAdd, __threadfence().
-#ifndef STRATA_ARRIVE_FENCES
-#define STRATA_ARRIVE_FENCES 0
-#endif
+// two sequentially consistent fences (fence.sc.gpu) of the portable form. HIP and the emulator:
+// __threadfence(), a relaxed atomicAdd, __threadfence().
 __device__ __forceinline__ bool block_arrive_last(int* cnt, int n, int& flag) {
-#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && !STRATA_ARRIVE_FENCES
+#if !defined(__HIP__) && !defined(GPU_EMU) && defined(__CUDA_ARCH__)
     __syncthreads();
     if (threadIdx.x == 0) {
         int old;
@@ -104,73 +88,37 @@ __device__ __forceinline__ bool block_arrive_last(int* cnt, int n, int& flag) {
 #endif
 }
 
-// ---- thread-block clusters (CUDA sm_90+): the blocks of a cluster run at once on one GPC and
-// read each other's shared memory (distributed shared memory). STRATA_CLUSTERS is 1 where the
-// kernels may use them; the launcher asks for a cluster shape only there (rawmod.py
-// Kernels.clusters; HIP and the emulator have none, and their builds leave such kernels out).
-#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define STRATA_CLUSTERS 1
-// every thread of every block of the cluster: the shared (and global) writes before it are
-// visible to every thread of the cluster after it
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
-                 ::: "memory");
-}
-// the address of this block's shared object `p` in the shared memory of the cluster's block `rank`
-__device__ __forceinline__ u32 cluster_addr(const void* p, int rank) {
-    u32 a, r;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ float ld_cluster(u32 a) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ f32x4 ld_cluster4(u32 a) {
-    f32x4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(a)
-                 : "memory");
-    return v;
-}
-#else
-#define STRATA_CLUSTERS 0
-#endif
-
 // ---- warp shuffles (full warp; `width` keeps CDNA's wave64 honest) ----
-#if defined(STRATA_EMU)
+#if defined(GPU_EMU)
 #define SHFL_XOR(v, m) emu::shfl_xor((v), (m))
 #elif defined(__HIP__)
-#define SHFL_XOR(v, m) __shfl_xor((v), (m), STRATA_WARP)
+#define SHFL_XOR(v, m) __shfl_xor((v), (m), WARP_SIZE)
 #else
-#define SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), STRATA_WARP)
+#define SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), WARP_SIZE)
 #endif
 
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll
-    for (int o = STRATA_WARP / 2; o > 0; o >>= 1) v += SHFL_XOR(v, o);
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) v += SHFL_XOR(v, o);
     return v;
 }
 
 template <typename T>
 __device__ __forceinline__ T warp_max(T v) {
 #pragma unroll
-    for (int o = STRATA_WARP / 2; o > 0; o >>= 1) {
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
         T w = SHFL_XOR(v, o);
         v = w > v ? w : v;
     }
     return v;
 }
 
-// Block-wide sum of a double (blockDim.x a multiple of STRATA_WARP, <= 1024); every thread
-// gets the total. `scratch` is caller-provided shared memory of 1024 / STRATA_WARP doubles.
+// Block-wide sum of a double (blockDim.x a multiple of WARP_SIZE, <= 1024); every thread
+// gets the total. `scratch` is caller-provided shared memory of 1024 / WARP_SIZE doubles.
 __device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int nw = blockDim.x / STRATA_WARP;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    const int nw = blockDim.x / WARP_SIZE;
     v = warp_sum(v);
     __syncthreads();  // scratch may still be read by a previous call
     if (lane == 0) scratch[wid] = v;
@@ -180,8 +128,8 @@ __device__ __forceinline__ double block_sum_f64(double v, double* scratch) {
 }
 
 __device__ __forceinline__ float block_max_f32(float v, float* scratch) {
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int nw = blockDim.x / STRATA_WARP;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    const int nw = blockDim.x / WARP_SIZE;
     v = warp_max(v);
     __syncthreads();
     if (lane == 0) scratch[wid] = v;
@@ -192,8 +140,8 @@ __device__ __forceinline__ float block_max_f32(float v, float* scratch) {
 }
 
 __device__ __forceinline__ float block_sum_f32(float v, float* scratch) {
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int nw = blockDim.x / STRATA_WARP;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    const int nw = blockDim.x / WARP_SIZE;
     v = warp_sum(v);
     __syncthreads();
     if (lane == 0) scratch[wid] = v;
@@ -243,7 +191,7 @@ __device__ __forceinline__ u16 f2h(float f) {
     __builtin_memcpy(&h, &v, 2);
     return h;
 }
-#elif defined(__CUDA_ARCH__) && !defined(STRATA_EMU)
+#elif defined(__CUDA_ARCH__) && !defined(GPU_EMU)
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -280,7 +228,7 @@ __device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
 // byte aligned. Q4_K / Q5_K blocks (144 / 176 bytes) are 16-byte aligned and IQ4_XS blocks (136)
 // 8-byte aligned in every row that starts so; their decoders check the block's address and
 // fall back to 2-byte loads (ncu at attn_q: Q4_K's sixteen 16-bit loads a sub-block queued on
-// the LSU, bench/results/session8-h200-20261130.md).
+// the LSU).
 // N consecutive words at a 2-byte aligned p from N + 1 aligned 4-byte loads (2N 16-bit loads
 // otherwise): words of p & ~3, each pair funnel-shifted by p's offset (0 or 16 bits). Where p is
 // 4-byte aligned the extra load re-reads the last word, so nothing past p + 4N is touched.
@@ -309,7 +257,7 @@ __device__ __forceinline__ void ld_w2_a8(const u8* p, u32* w) {
 __device__ __forceinline__ int dot4(int a, int b, int c) {
 #if defined(__HIP__) && (defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__))
     return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
-#elif !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+#elif !defined(__HIP__) && !defined(GPU_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
     return __dp4a(a, b, c);
 #else
     return c + (int)(i8)(a) * (int)(i8)(b) + (int)(i8)(a >> 8) * (int)(i8)(b >> 8) +

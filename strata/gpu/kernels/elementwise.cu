@@ -4,7 +4,7 @@
 // out = silu(g) * u, written as HostTier does: g / (1 + exp(-g)) * u
 extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __restrict__ u,
                                     float* __restrict__ out, int n) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
@@ -12,7 +12,7 @@ extern "C" __global__ void silu_mul(const float* __restrict__ g, const float* __
 // y[t, :] *= sigmoid(gl[t]) (qwen2moe's shared-expert gate); gl: [T] gate logits
 extern "C" __global__ void sigmoid_scale_rows(float* __restrict__ y, const float* __restrict__ gl,
                                               int D) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     const int t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < D) y[(i64)t * D + i] *= 1.0f / (1.0f + expf(-gl[t]));
@@ -21,11 +21,11 @@ extern "C" __global__ void sigmoid_scale_rows(float* __restrict__ y, const float
 // ids[t] = argmax_v logits[t, v], the lowest index among equal maxima (greedy sampling)
 extern "C" __global__ void __launch_bounds__(1024)
     argmax_rows(const float* __restrict__ logits, int V, i32* __restrict__ ids) {
-    STRATA_PDL_ENTER();
-    __shared__ float bv[1024 / STRATA_WARP];
-    __shared__ int bi[1024 / STRATA_WARP];
+    PDL_ENTER();
+    __shared__ float bv[1024 / WARP_SIZE];
+    __shared__ int bi[1024 / WARP_SIZE];
     const int t = blockIdx.x, tid = threadIdx.x;
-    const int lane = tid % STRATA_WARP, wid = tid / STRATA_WARP, nw = blockDim.x / STRATA_WARP;
+    const int lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, nw = blockDim.x / WARP_SIZE;
     const float* l = logits + (i64)t * V;
     float best = NEG_INF;
     int idx = 0x7fffffff;
@@ -61,7 +61,7 @@ extern "C" __global__ void __launch_bounds__(1024)
             }
     }
 #pragma unroll
-    for (int o = STRATA_WARP / 2; o > 0; o >>= 1) {
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
         const float ob = SHFL_XOR(best, o);
         const int oi = SHFL_XOR(idx, o);
         if (ob > best || (ob == best && oi < idx)) {
@@ -88,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 extern "C" __global__ void f16_convert(const u16* __restrict__ hin, float* __restrict__ fout,
                                        const float* __restrict__ fin, u16* __restrict__ hout,
                                        int n) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         fout[i] = h2f(hin[i]);

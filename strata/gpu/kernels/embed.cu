@@ -18,15 +18,15 @@ __device__ __forceinline__ void embed_q(const u8* __restrict__ E, const i32* __r
 }
 
 #define EMBED_Q_KERNEL(name, QT)                                                               \
-    extern "C" __global__ void embed_##name(const u8* E, const i32* ids, int D, float* out) { \
-        STRATA_PDL_ENTER();                                                                   \
+    extern "C" __global__ void embed_##name(const u8* E, const i32* ids, int D, float* out) {  \
+        PDL_ENTER();                                                                           \
         embed_q<QT>(E, ids, D, out);                                                           \
     }
-STRATA_QFORMATS(EMBED_Q_KERNEL)
+QFORMATS(EMBED_Q_KERNEL)
 
 extern "C" __global__ void embed_float(const u8* __restrict__ E, const i32* __restrict__ ids,
                                        int D, int qt, float* __restrict__ out) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     const int t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= D) return;

@@ -10,26 +10,16 @@
 // Slots are fixed VRAM buffers: slot s of a matrix starts at base + s * slot_stride bytes and
 // holds that expert's rows in GGUF order. pair_slot[p] < 0 skips the pair (a missed expert the
 // CPU pool computes, or an empty entry).
-// Decode variants (experts.py picks one; the sweep bench/experts_decode_sweep.py times them):
-//   moe_gate_up_st{1,2}  the same sums with MOE_ST_WARPS warps a block, R = 1 or 2 rows (gate
-//                and up each) a warp: a warp copies its rows' chunks of STRATA_WARP sub-blocks
-//                into shared memory with 16-byte loads (quant_blocks.cuh staged_rows, the next
-//                chunk in flight while one is decoded) and decodes from there; R = 2 reuses each
-//                lane's activation for 4 decodes and keeps twice the bytes in flight.
-//   moe_down_st  one row a warp, the K pairs' row chunks (up to MOE_KG at a time) staged
-//                together, then the lanes share out the (pair, sub-block) items as moe_down does.
-//   moe_gate_up_fq  moe_gate_up that also quantizes the intermediate (fused quant: no separate
-//                norm_quant launch between the two): after its rows of act, a block adds 1 to
-//                its pair's counter cnt[p]; the block that finds itself the pair's last
-//                (gridDim.x - 1 before it) quantizes the whole row act[p] into aq / ad exactly
-//                as norm_quant does (q8_quant.cuh) and sets the counter back to 0 (ready for the
-//                next launch or a graph replay). Skipped pairs touch neither act nor aq / cnt.
+// Decode variants (experts.py picks one by the experts' type):
+//   moe_gate_up_st1  the same sums with MOE_ST_WARPS warps a block, one row (gate and up) a
+//                warp: a warp copies its rows' chunks of WARP_SIZE sub-blocks into shared memory
+//                with 16-byte loads (quant_blocks.cuh staged_rows, the next chunk in flight while
+//                one is decoded) and decodes from there.
+//   moe_down_sp2 moe_down with two warps a row (below).
 // Per (pair, row) the float operations and their order are those of moe_gate_up / moe_down.
 #include "quant_blocks.cuh"
-#include "q8_quant.cuh"
 
 #define MOE_ST_WARPS 4  // experts.py's ST_WARPS
-#define MOE_KG 8        // pairs staged together by moe_down_st (fewer where 40 KiB is short)
 
 // one warp: silu(gate[f]) * up[f] of expert slot `slot` on token t (lane 0 holds the result)
 template <int QT, class G>
@@ -45,7 +35,7 @@ __device__ __forceinline__ float moe_gate_up_row(const u8* __restrict__ gate,
     const u8* ur = up + slot * slot_stride + f * row_bytes;
     float ag = 0.0f, au = 0.0f;
 #pragma unroll 2  // D = 2048: both of a lane's sub-blocks in flight at once
-    for (int sb = lane; sb < nsub; sb += STRATA_WARP) {
+    for (int sb = lane; sb < nsub; sb += WARP_SIZE) {
         const i32x4* xp = (const i32x4*)(hq + t * D + sb * 32);
         const i32x4 a = xp[0], b = xp[1];
         const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -71,8 +61,8 @@ __device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u
                                             float* __restrict__ act, int F, int D) {
     __shared__ typename GridTab<QT>::Store smt;
     const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int f = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    const int f = blockIdx.x * (blockDim.x / WARP_SIZE) + wid;
     const int p = blockIdx.y;
     if (f >= F) return;
     const int slot = pair_slot[p];
@@ -80,96 +70,6 @@ __device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u
     const float a = moe_gate_up_row<QT>(gate, up, slot, slot_stride, hq, hd, xd_shift, p / K, f,
                                         D, lane, tab);
     if (lane == 0) act[(i64)p * F + f] = a;
-}
-
-// one warp: sum_sb dx(sb) * dot(row f of expert slot `slot` of matrix w, h[t]), as
-// moe_gate_up_row sums each of its two rows (every lane holds the result)
-template <int QT, class G>
-__device__ __forceinline__ float moe_row_sum(const u8* __restrict__ w, int slot, i64 slot_stride,
-                                             const i8* __restrict__ hq,
-                                             const float* __restrict__ hd, int xd_shift, i64 t,
-                                             int f, int D, int lane, const G tab) {
-    const int nsub = D / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
-    const i64 row_bytes = (i64)(D / Fmt<QT>::QK) * Fmt<QT>::BB;
-    const u8* wr = w + slot * slot_stride + f * row_bytes;
-    float acc = 0.0f;
-#pragma unroll 2
-    for (int sb = lane; sb < nsub; sb += STRATA_WARP) {
-        const i32x4* xp = (const i32x4*)(hq + t * D + sb * 32);
-        const i32x4 a = xp[0], b = xp[1];
-        const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        const float dx = hd[t * nxd + (sb >> xd_shift)];
-        int q[8];
-        float s0, s1, mn;
-        Fmt<QT>::decode(wr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, q, s0, s1, mn, tab);
-        acc += dx * dot32<QT>(q, s0, s1, mn, xv);
-    }
-    return warp_sum(acc);
-}
-
-// moe_gate_up with gate and up on two warps ("gs"): warp 2 r + m of a block sums matrix m (0
-// gate, 1 up) of row blockIdx.x * (warps / 2) + r exactly as moe_gate_up_row sums it, the up warp
-// hands its sum over through shared memory, the gate warp writes silu(gate) * up: the same bits,
-// half the registers a lane (one row's decode in flight, not two), twice the warps.
-template <int QT>
-__device__ __forceinline__ void moe_gate_up_gs(const u8* __restrict__ gate,
-                                               const u8* __restrict__ up, i64 slot_stride,
-                                               const i8* __restrict__ hq,
-                                               const float* __restrict__ hd, int xd_shift,
-                                               const i32* __restrict__ pair_slot, int K,
-                                               float* __restrict__ act, int F, int D) {
-    __shared__ typename GridTab<QT>::Store smt;
-    __shared__ float ups[16];  // the up sums of the block's rows (at most 1024 threads / 32 / 2)
-    const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int r = wid / 2, m = wid % 2;
-    const int f = blockIdx.x * (blockDim.x / STRATA_WARP / 2) + r;
-    const int p = blockIdx.y;
-    const int slot = pair_slot[p];
-    if (slot < 0) return;  // the whole block: one pair
-    const float v = f < F ? moe_row_sum<QT>(m ? up : gate, slot, slot_stride, hq, hd, xd_shift,
-                                            p / K, f, D, lane, tab)
-                          : 0.0f;
-    if (m == 1 && lane == 0) ups[r] = v;
-    __syncthreads();
-    if (m == 0 && lane == 0 && f < F) act[(i64)p * F + f] = v / (1.0f + expf(-v)) * ups[r];
-}
-
-struct VolatileRow {  // q8_quant.cuh's source: a row other blocks wrote (loads skip the L1)
-    const volatile float* r;
-    __device__ __forceinline__ float operator()(int i) const { return r[i]; }
-};
-
-template <int QT>
-__device__ __forceinline__ void moe_gate_up_fq(const u8* __restrict__ gate,
-                                               const u8* __restrict__ up, i64 slot_stride,
-                                               const i8* __restrict__ hq,
-                                               const float* __restrict__ hd, int xd_shift,
-                                               const i32* __restrict__ pair_slot, int K,
-                                               float* __restrict__ act, int F, int D,
-                                               i8* __restrict__ aq, float* __restrict__ ad,
-                                               int amode, i32* __restrict__ cnt) {
-    __shared__ int last;
-    __shared__ typename GridTab<QT>::Store smt;
-    const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int nw = blockDim.x / STRATA_WARP;
-    const int f = blockIdx.x * nw + wid;
-    const int p = blockIdx.y;
-    const int slot = pair_slot[p];
-    if (slot < 0) return;  // the whole block: one pair
-    if (f < F) {
-        const float a = moe_gate_up_row<QT>(gate, up, slot, slot_stride, hq, hd, xd_shift, p / K,
-                                            f, D, lane, tab);
-        if (lane == 0) act[(i64)p * F + f] = a;
-    }
-    if (!block_arrive_last(cnt + p, (int)gridDim.x, last)) return;
-    const VolatileRow y{act + (i64)p * F};
-    if (amode == MODE_Q8_K)
-        q8k_row(y, F, aq + (i64)p * F, ad + (i64)p * (F / 256), wid, nw, lane);
-    else
-        q8_0_row(y, F, aq + (i64)p * F, ad + (i64)p * (F / 32), wid, nw, lane);
-    if (threadIdx.x == 0) cnt[p] = 0;
 }
 
 template <int QT>
@@ -181,8 +81,8 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
                                          const float* __restrict__ resid) {
     __shared__ typename GridTab<QT>::Store smt;
     const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int d = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    const int d = blockIdx.x * (blockDim.x / WARP_SIZE) + wid;
     const i64 t = blockIdx.y;
     if (d >= D) return;
     const int nsub = F / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
@@ -191,7 +91,7 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
     // in flight at once (F = 768 is only 24 sub-blocks: one pair alone would idle the warp)
     float acc = 0.0f;
 #pragma unroll 6  // K = 8, F = 768: a lane's 6 items in flight at once
-    for (int j = lane; j < K * nsub; j += STRATA_WARP) {
+    for (int j = lane; j < K * nsub; j += WARP_SIZE) {
         const int k = j / nsub, sb = j - k * nsub;
         const i64 p = t * K + k;
         const int slot = pair_slot[p];
@@ -219,7 +119,7 @@ __device__ __forceinline__ void moe_gate_up_st(const u8* __restrict__ gate,
     typedef Stage<QT> S;
     __shared__ i32x4 sm[MOE_ST_WARPS][2 * R * S::BUF / 16];  // 16-byte aligned
     __shared__ typename GridTab<QT>::Store smt;
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
     const int p = blockIdx.y;
     const int slot = pair_slot[p];
     if (slot < 0) return;  // the whole block: one pair
@@ -248,85 +148,7 @@ __device__ __forceinline__ void moe_gate_up_st(const u8* __restrict__ gate,
     }
 }
 
-template <int QT>
-__device__ __forceinline__ void moe_down_st(const u8* __restrict__ down, i64 slot_stride,
-                                            const i8* __restrict__ aq,
-                                            const float* __restrict__ ad, int xd_shift,
-                                            const i32* __restrict__ pair_slot,
-                                            const float* __restrict__ pair_w, int K,
-                                            float* __restrict__ out, int D, int F,
-                                            const float* __restrict__ resid) {
-    typedef Stage<QT> S;
-    enum {
-        DB = 8,  // 16-byte loads a lane has in flight while staging
-        KGF = 40960 / (MOE_ST_WARPS * S::BUF),
-        KG = KGF < MOE_KG ? (KGF < 1 ? 1 : KGF) : MOE_KG  // pairs staged together
-    };
-    __shared__ i32x4 sm[MOE_ST_WARPS][KG * S::BUF / 16];  // 16-byte aligned
-    __shared__ typename GridTab<QT>::Store smt;
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const auto tab = stage_tab<QT>(smt.v);
-    const int d = blockIdx.x * MOE_ST_WARPS + wid;
-    const i64 t = blockIdx.y;
-    if (d >= D) return;
-    const int nsub = F / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
-    const int nch = (nsub + STRATA_WARP - 1) / STRATA_WARP;
-    const i64 row_bytes = (i64)(F / Fmt<QT>::QK) * Fmt<QT>::BB;
-    u8* my = (u8*)sm[wid];
-    float acc = 0.0f;
-    for (int k0 = 0; k0 < K; k0 += KG) {
-        const int kn = min((int)KG, K - k0);
-        for (int c = 0; c < nch; ++c) {
-            const int n = S::bytes(nsub, c), nsc = min(nsub - c * STRATA_WARP, STRATA_WARP);
-            const int sv = (n + 30) >> 4, tot = kn * sv;  // 16-byte words a pair may need
-            for (int base = 0; base < tot; base += DB * STRATA_WARP) {
-                i32x4 v[DB];
-#pragma unroll
-                for (int q = 0; q < DB; ++q) {
-                    const int i = base + q * STRATA_WARP + lane, k = i / sv, e = i - k * sv;
-                    const int slot = i < tot ? pair_slot[t * K + k0 + k] : -1;
-                    if (slot >= 0) {
-                        const u8* g = down + slot * slot_stride + d * row_bytes + c * S::CB;
-                        const int o = stage_off(g);
-                        if (e < ((o + n + 15) >> 4)) v[q] = ((const i32x4*)(g - o))[e];
-                    }
-                }
-#pragma unroll
-                for (int q = 0; q < DB; ++q) {
-                    const int i = base + q * STRATA_WARP + lane, k = i / sv, e = i - k * sv;
-                    const int slot = i < tot ? pair_slot[t * K + k0 + k] : -1;
-                    if (slot >= 0) {
-                        const u8* g = down + slot * slot_stride + d * row_bytes + c * S::CB;
-                        const int o = stage_off(g);
-                        if (e < ((o + n + 15) >> 4)) ((i32x4*)(my + k * S::BUF))[e] = v[q];
-                    }
-                }
-            }
-            STRATA_WARP_SYNC();
-            for (int j = lane; j < kn * nsc; j += STRATA_WARP) {
-                const int k = j / nsc, sbc = j - k * nsc;
-                const i64 p = t * K + k0 + k;
-                const int slot = pair_slot[p];
-                if (slot < 0) continue;
-                const u8* g = down + slot * slot_stride + d * row_bytes + c * S::CB;
-                const u8* blk = my + k * S::BUF + stage_off(g) + (sbc / spb) * Fmt<QT>::BB;
-                const int sb = c * STRATA_WARP + sbc;
-                const i32x4* xp = (const i32x4*)(aq + p * F + sb * 32);
-                const i32x4 a = xp[0], b = xp[1];
-                const int xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-                int w[8];
-                float s0, s1, mn;
-                Fmt<QT>::decode(blk, sbc % spb, w, s0, s1, mn, tab);
-                acc += pair_w[p] * (ad[p * nxd + (sb >> xd_shift)] * dot32<QT>(w, s0, s1, mn, xv));
-            }
-            STRATA_WARP_SYNC();  // the next chunk overwrites `my`
-        }
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) out[t * D + d] = resid ? resid[t * D + d] + acc : acc;
-}
-
-// moe_down with W warps a row: the lanes' item iterations (item j = lane + STRATA_WARP * i, as
+// moe_down with W warps a row: the lanes' item iterations (item j = lane + WARP_SIZE * i, as
 // moe_down deals them) cut into W runs, warp w computing run w. Warp 0 sums its own run as
 // moe_down does; the others leave each item's two factors (pair weight, scaled dot) in shared
 // memory, and warp 0 then adds them in moe_down's order with moe_down's expression: the same
@@ -346,21 +168,21 @@ __device__ __forceinline__ void moe_down_sp(const u8* __restrict__ down, i64 slo
                                             const float* __restrict__ resid) {
     enum { R = MOE_SP_R(W) };
     __shared__ typename GridTab<QT>::Store smt;
-    __shared__ float2 part[R][MOE_SP_IT][STRATA_WARP];  // (pair weight, scaled dot) of an item
+    __shared__ float2 part[R][MOE_SP_IT][WARP_SIZE];  // (pair weight, scaled dot) of an item
     const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
     const int r = wid / W, w = wid % W;
     const int d = blockIdx.x * R + r;
     const i64 t = blockIdx.y;
     const int nsub = F / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
-    const int nj = K * nsub, nit = (nj + STRATA_WARP - 1) / STRATA_WARP;
+    const int nj = K * nsub, nit = (nj + WARP_SIZE - 1) / WARP_SIZE;
     const int i0 = nit * w / W, i1 = nit * (w + 1) / W;
     const i64 row_bytes = (i64)(F / Fmt<QT>::QK) * Fmt<QT>::BB;
     float acc = 0.0f;
     if (d < D) {
 #pragma unroll 3
         for (int i = i0; i < i1; ++i) {
-            const int j = lane + STRATA_WARP * i;
+            const int j = lane + WARP_SIZE * i;
             if (j >= nj) break;
             const int k = j / nsub, sb = j - k * nsub;
             const i64 p = t * K + k;
@@ -384,7 +206,7 @@ __device__ __forceinline__ void moe_down_sp(const u8* __restrict__ down, i64 slo
     __syncthreads();
     if (w != 0 || d >= D) return;
     for (int i = i1; i < nit; ++i) {  // the other warps' items, in moe_down's order
-        const int j = lane + STRATA_WARP * i;
+        const int j = lane + WARP_SIZE * i;
         if (j >= nj) break;
         if (pair_slot[t * K + j / nsub] < 0) continue;
         const float2 v = part[r][i][lane];
@@ -395,84 +217,43 @@ __device__ __forceinline__ void moe_down_sp(const u8* __restrict__ down, i64 slo
 }
 
 #define MOE_SP_KERNEL(name, QT, W)                                                             \
-    extern "C" __global__ void __launch_bounds__(MOE_SP_R(W) * W * STRATA_WARP)                \
-        moe_down_sp##W##_##name(const u8* down, i64 slot_stride, const i8* aq, const float* ad,  \
+    extern "C" __global__ void __launch_bounds__(MOE_SP_R(W) * W * WARP_SIZE)                  \
+        moe_down_sp##W##_##name(const u8* down, i64 slot_stride, const i8* aq, const float* ad, \
                                 int xd_shift, const i32* pair_slot, const float* pair_w, int K, \
                                 float* out, int D, int F, const float* resid) {                \
-        STRATA_PDL_ENTER();                                                                    \
-        if (FMT_ON(QT))                                                                        \
-            moe_down_sp<QT, W>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, \
+        PDL_ENTER();                                                                           \
+        moe_down_sp<QT, W>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out,     \
                                D, F, resid);                                                   \
     }
 #define MOE_SP_KERNELS(name, QT) \
-    MOE_SP_KERNEL(name, QT, 2)   \
-    MOE_SP_KERNEL(name, QT, 3)   \
-    MOE_SP_KERNEL(name, QT, 6)
-STRATA_QFORMATS(MOE_SP_KERNELS)
+    MOE_SP_KERNEL(name, QT, 2)
+QFORMATS(MOE_SP_KERNELS)
 
 #define MOE_KERNELS(name, QT)                                                                  \
-    extern "C" __global__ void moe_gate_up_gs_##name(                                          \
-        const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
-        int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
-        STRATA_PDL_ENTER();                                                                    \
-        if (FMT_ON(QT))                                                                        \
-            moe_gate_up_gs<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F,  \
-                               D);                                                             \
-    }                                                                                          \
     extern "C" __global__ void moe_gate_up_##name(                                             \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
-        STRATA_PDL_ENTER();                                                                    \
-        if (FMT_ON(QT))                                                                        \
-            moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D); \
-    }                                                                                          \
-    extern "C" __global__ void moe_gate_up_fq_##name(                                          \
-        const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
-        int xd_shift, const i32* pair_slot, int K, float* act, int F, int D, i8* aq,           \
-        float* ad, int amode, i32* cnt) {                                                      \
-        STRATA_PDL_ENTER();                                                                    \
-        if (FMT_ON(QT))                                                                        \
-            moe_gate_up_fq<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F,  \
-                               D, aq, ad, amode, cnt);                                         \
+        PDL_ENTER();                                                                           \
+        moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D);     \
     }                                                                                          \
     extern "C" __global__ void moe_down_##name(const u8* down, i64 slot_stride, const i8* aq,  \
                                                const float* ad, int xd_shift,                  \
                                                const i32* pair_slot, const float* pair_w,      \
                                                int K, float* out, int D, int F,                \
                                                const float* resid) {                           \
-        STRATA_PDL_ENTER();                                                                    \
-        if (FMT_ON(QT))                                                                        \
-            moe_down<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F, \
+        PDL_ENTER();                                                                           \
+        moe_down<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F,     \
                          resid);                                                               \
     }
-STRATA_QFORMATS(MOE_KERNELS)
+QFORMATS(MOE_KERNELS)
 
 #define MOE_ST_KERNELS(name, QT)                                                               \
-    extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \
+    extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* WARP_SIZE)                      \
         moe_gate_up_st1_##name(const u8* gate, const u8* up, i64 slot_stride, const i8* hq,    \
                                const float* hd, int xd_shift, const i32* pair_slot, int K,     \
                                float* act, int F, int D) {                                     \
-        STRATA_PDL_ENTER();                                                                    \
-        if (FMT_ON(QT))                                                                        \
-            moe_gate_up_st<QT, 1>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,  \
+        PDL_ENTER();                                                                           \
+        moe_gate_up_st<QT, 1>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,      \
                                   F, D);                                                       \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \
-        moe_gate_up_st2_##name(const u8* gate, const u8* up, i64 slot_stride, const i8* hq,    \
-                               const float* hd, int xd_shift, const i32* pair_slot, int K,     \
-                               float* act, int F, int D) {                                     \
-        STRATA_PDL_ENTER();                                                                    \
-        if (FMT_ON(QT))                                                                        \
-            moe_gate_up_st<QT, 2>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,  \
-                                  F, D);                                                       \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* STRATA_WARP)                    \
-        moe_down_st_##name(const u8* down, i64 slot_stride, const i8* aq, const float* ad,     \
-                           int xd_shift, const i32* pair_slot, const float* pair_w, int K,     \
-                           float* out, int D, int F, const float* resid) {                     \
-        STRATA_PDL_ENTER();                                                                    \
-        if (FMT_ON(QT))                                                                        \
-            moe_down_st<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, \
-                            F, resid);                                                         \
     }
-STRATA_QFORMATS(MOE_ST_KERNELS)
+QFORMATS(MOE_ST_KERNELS)

@@ -22,8 +22,8 @@ __device__ __forceinline__ void moe_gate_up_tiles(
     const i32* __restrict__ tile_slot, const i32* __restrict__ tile_first,
     const i32* __restrict__ tile_n, const i32* __restrict__ pair_order, int K,
     float* __restrict__ act, int F, int D) {
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int f = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    const int f = blockIdx.x * (blockDim.x / WARP_SIZE) + wid;
     const int tile = blockIdx.y;
     if (f >= F) return;
     const int slot = tile_slot[tile], first = tile_first[tile], n = tile_n[tile];
@@ -37,7 +37,7 @@ __device__ __forceinline__ void moe_gate_up_tiles(
     float ag[MOE_NT], au[MOE_NT];
 #pragma unroll
     for (int k = 0; k < MOE_NT; ++k) ag[k] = au[k] = 0.0f;
-    for (int sb = lane; sb < nsub; sb += STRATA_WARP) {
+    for (int sb = lane; sb < nsub; sb += WARP_SIZE) {
         int wg[8], wu[8];
         float g0, g1, gm, u0, u1, um;
         const i64 boff = (i64)(sb / spb) * Fmt<QT>::BB;
@@ -70,8 +70,8 @@ __device__ __forceinline__ void moe_down_tiles(
     const float* __restrict__ ad, int xd_shift, const i32* __restrict__ tile_slot,
     const i32* __restrict__ tile_first, const i32* __restrict__ tile_n,
     const i32* __restrict__ pair_order, float* __restrict__ y, int D, int F) {
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int d = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    const int d = blockIdx.x * (blockDim.x / WARP_SIZE) + wid;
     const int tile = blockIdx.y;
     if (d >= D) return;
     const int slot = tile_slot[tile], first = tile_first[tile], n = tile_n[tile];
@@ -84,7 +84,7 @@ __device__ __forceinline__ void moe_down_tiles(
     float acc[MOE_NT];
 #pragma unroll
     for (int k = 0; k < MOE_NT; ++k) acc[k] = 0.0f;
-    for (int sb = lane; sb < nsub; sb += STRATA_WARP) {
+    for (int sb = lane; sb < nsub; sb += WARP_SIZE) {
         int w[8];
         float s0, s1, mn;
         Fmt<QT>::decode(dr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, w, s0, s1, mn);
@@ -112,7 +112,7 @@ __device__ __forceinline__ void moe_down_tiles(
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* tile_slot, const i32* tile_first, const i32* tile_n,          \
         const i32* pair_order, int K, float* act, int F, int D, const i32* ntiles) {           \
-        STRATA_PDL_ENTER();                                                                    \
+        PDL_ENTER();                                                                           \
         if (ntiles && (int)blockIdx.y >= ntiles[0]) return; /* past the card-grouped tiles */  \
         moe_gate_up_tiles<QT>(gate, up, slot_stride, hq, hd, xd_shift, tile_slot, tile_first,  \
                               tile_n, pair_order, K, act, F, D);                               \
@@ -121,18 +121,18 @@ __device__ __forceinline__ void moe_down_tiles(
         const u8* down, i64 slot_stride, const i8* aq, const float* ad, int xd_shift,          \
         const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
         float* y, int D, int F, const i32* ntiles) {                                           \
-        STRATA_PDL_ENTER();                                                                    \
+        PDL_ENTER();                                                                           \
         if (ntiles && (int)blockIdx.y >= ntiles[0]) return;                                    \
         moe_down_tiles<QT>(down, slot_stride, aq, ad, xd_shift, tile_slot, tile_first, tile_n, \
                            pair_order, y, D, F);                                               \
     }
-STRATA_QFORMATS(MOE_TILE_KERNELS)
+QFORMATS(MOE_TILE_KERNELS)
 
 extern "C" __global__ void moe_sum_pairs(const float* __restrict__ y,
                                          const i32* __restrict__ pair_slot,
                                          const float* __restrict__ pair_w, int K, int D,
                                          float* __restrict__ out) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     const int d = blockIdx.x * blockDim.x + threadIdx.x;
     const i64 t = blockIdx.y;
     if (d >= D) return;

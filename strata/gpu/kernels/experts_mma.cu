@@ -27,66 +27,30 @@
 #define MMA_WARPS 4      // warps per block, 16 weight rows each
 #define MMA_WSTRIDE 12   // ints per decoded row in shared memory (8 used; 48 B: conflict-free)
 
-#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define STRATA_MMA_S8 1
+#if !defined(__HIP__) && !defined(GPU_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define HAS_MMA_S8 1
 #else
-#define STRATA_MMA_S8 0
+#define HAS_MMA_S8 0
 #endif
-// 1: a block stages its tile's rows of x (and their scales) in shared memory, KC sub-blocks
-// at a time, by 16-byte loads shared by its warps; each lane then reads its B fragments (lo and
-// hi half of a sub-block) as one 8-byte load, conflict-free. 0: every warp reads its fragments
-// from global memory, 4 bytes a load (the A/B arm).
-#ifndef STRATA_MMA_XSTAGE
-#define STRATA_MMA_XSTAGE 1
-#endif
-// 1 (an arm under test, off by default): formats whose 32-value sub-block has one scale take
-// one m16n8k32 a sub-block and s * (lo + hi) instead of two k16 and s0 * lo + s1 * hi (float
-// rounding differs; the integers do not)
-#ifndef STRATA_MMA_K32
-#define STRATA_MMA_K32 0
-#endif
-template <int QT>
-struct OneScale32 {  // s0 == s1 in every sub-block (Fmt<QT>::decode)
-    enum { V = QT != QT_Q6_K && QT != QT_IQ2_S && QT != QT_IQ1_M };
-};
+// A block stages its tile's rows of x (and their scales) in shared memory, KC sub-blocks at a
+// time, by 16-byte loads shared by its warps; each lane then reads its B fragments (lo and hi
+// half of a sub-block) as one 8-byte load, conflict-free.
 #define MMA_KC 8  // sub-blocks of x staged at a time (256 values; 128 for QK = 32 with WSTAGE)
-// Format masks (bit QT, as STRATA_FMT_MASK) of the formats whose warps also stage their weight
-// rows' bytes of the chunk in shared memory, by 16-byte loads that run along the rows (a source
-// block keeps its offset mod 16), and decode from there; elsewhere each lane decodes straight
-// from global memory, the warp's 16 or 32 lanes reading as many rows a load (ncu found the tiles
-// L1-bound: bench/results/session18-h200-20261201.md). STRATA_MMA_WSTAGE: dense_mma, default
-// Q8_0, Q4_K, Q6_K, IQ1_M; STRATA_MMA_WSTAGE_MOE: the MoE tiles, default none. Measured on the
-// H200 (bench/results/session19-h200-20261201.md): the 512-row dense GEMM 0.80-1.00x the time
-// for those four, but IQ3_XXS 1.14-1.20x, and IQ3_XXS's MoE gate/up 1.7x (its few bytes a chunk
-// leave the staging's load latency exposed: nothing is in flight while a chunk is decoded).
-#ifndef STRATA_MMA_WSTAGE
-#define STRATA_MMA_WSTAGE ((1ull << 8) | (1ull << 12) | (1ull << 14) | (1ull << 29))
-#endif
-#ifndef STRATA_MMA_WSTAGE_MOE
-#define STRATA_MMA_WSTAGE_MOE 0
-#endif
-#define MMA_WS_ON(MASK, QT) ((((unsigned long long)(MASK)) >> (QT)) & 1ull)
-#define MMA_WS_MOE(QT) MMA_WS_ON(STRATA_MMA_WSTAGE_MOE, QT)
-#define MMA_WS_DENSE(QT) MMA_WS_ON(STRATA_MMA_WSTAGE, QT)
+// The formats (bit QT) whose dense_mma warps also stage their weight rows' bytes of the chunk
+// in shared memory, by 16-byte loads along the rows, and decode from there; elsewhere (and in
+// every MoE tile) each lane decodes straight from global memory. The tiles are L1-bound: staging
+// took 0-20% off the dense GEMM of these four, but cost IQ3_XXS 14-20% (its few bytes a chunk
+// leave the staging's load latency exposed) and IQ3_XXS's MoE gate/up 1.7x.
+#define MMA_WSTAGE_DENSE ((1ull << 8) | (1ull << 12) | (1ull << 14) | (1ull << 29))
+#define MMA_WS_DENSE(QT) ((MMA_WSTAGE_DENSE >> (QT)) & 1ull)
 
-#if STRATA_MMA_S8
+#if HAS_MMA_S8
 __device__ __forceinline__ void mma_s8_k16(int* c, int a0, int a1, int b) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
         "{%7,%7,%7,%7};"
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
         : "r"(a0), "r"(a1), "r"(b), "r"(0));
-}
-
-// m16n8k32: A = rows g / g + 8 at k 4t..4t+3 (a0, a1) and 16+4t.. (a2, a3), B = k 4t.. and
-// 16+4t.. of column g: exactly a sub-block's lo and hi halves, summed in one int32
-__device__ __forceinline__ void mma_s8_k32(int* c, int a0, int a1, int a2, int a3, int b0,
-                                           int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%10,%10,%10,%10};"
-        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
 
 struct alignas(16) MmaStage {  // one warp's decoded sub-blocks: [2][16 rows]
@@ -106,7 +70,7 @@ __device__ __forceinline__ void moe_tiles_mma(
     float* __restrict__ out, int R, int C, const float* __restrict__ bias,
     const float* __restrict__ resid, int ldo) {
     enum {
-        WSTAGE = STRATA_MMA_XSTAGE && WS,
+        WSTAGE = WS,
         KC = WSTAGE && Fmt<QT>::QK == 32 ? MMA_KC / 2 : MMA_KC,  // sub-blocks a chunk
         XS = KC * 8 + 8,  // ints per staged x row: 8 mod 32 (LDS.64 conflict-free)
         NR = GATE_UP ? 32 : 16,                      // weight rows a warp decodes
@@ -117,7 +81,6 @@ __device__ __forceinline__ void moe_tiles_mma(
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
     const int g = lane >> 2, t4 = lane & 3;
     const int r0 = (blockIdx.x * MMA_WARPS + wid) * 16;
-#if STRATA_MMA_XSTAGE
     // x's rows of this tile, KC sub-blocks of them at a time: a sub-block's eight ints
     // interleaved lo/hi (int 2i = its int i, 2i + 1 = its int 4 + i), so that lane (g, t4)
     // reads its pair (t4, 4 + t4) as one 8-byte load; rows past the tile's n are zeros
@@ -127,10 +90,6 @@ __device__ __forceinline__ void moe_tiles_mma(
     // the same rows of wb
     __shared__ alignas(16) u8 wst[MMA_WARPS][WSTAGE ? NR * WB : 16];
     const bool live = r0 < R;  // a warp past R still stages and meets the barriers
-#else
-    if (r0 >= R) return;  // the whole warp (no block-wide barrier below)
-    const bool live = true;
-#endif
     MmaStage& st = stage[wid];
     const int tile = blockIdx.y;
     const int slot = tile_slot[tile], first = tile_first[tile], n = tile_n[tile];
@@ -141,17 +100,6 @@ __device__ __forceinline__ void moe_tiles_mma(
     const int drow = min(r0 + dr, R - 1);  // past R: a real row decoded, its results not kept
     const u8* dsrc = (GATE_UP && dh ? wb : wa) + slot * slot_stride + (i64)drow * row_bytes;
     const int div = GATE_UP ? K : 1;
-#if !STRATA_MMA_XSTAGE
-    // per column block nb: B's column g, C's columns 2 t4 and 2 t4 + 1 (x rows, -1 = none)
-    int xb[NB], xc[NB][2];
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-        const int cb = nb * 8 + g, c0 = nb * 8 + 2 * t4;
-        xb[nb] = cb < n ? pair_order[first + cb] / div : -1;
-        xc[nb][0] = c0 < n ? pair_order[first + c0] / div : -1;
-        xc[nb][1] = c0 + 1 < n ? pair_order[first + c0 + 1] / div : -1;
-    }
-#endif
     const int nblk = (n + 7) / 8;  // column blocks in use (uniform across the warp)
     constexpr int NM = GATE_UP ? 2 : 1;
     float acc[NM][NB][4];
@@ -162,7 +110,6 @@ __device__ __forceinline__ void moe_tiles_mma(
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[m][nb][q] = 0.0f;
     const int step = GATE_UP ? 1 : 2;
-#if STRATA_MMA_XSTAGE
     for (int k0 = 0; k0 < nsub; k0 += KC) {
         const int kn = min((int)KC, nsub - k0);
         __syncthreads();  // the last chunk's fragment reads are done
@@ -203,19 +150,12 @@ __device__ __forceinline__ void moe_tiles_mma(
         __syncthreads();
         if (!live) continue;
     for (int sb = k0; sb < k0 + kn; sb += step) {
-#else
-    for (int sb = 0; sb < nsub; sb += step) {
-#endif
         const int dsb = GATE_UP ? sb : sb + dh;  // the sub-block this lane decodes
         int w[8];
         float s0 = 0.0f, s1 = 0.0f, mn = 0.0f;
         if (dsb < nsub) {
-#if STRATA_MMA_XSTAGE
             const u8* blk = WSTAGE ? drow_st + ((dsb - k0) / spb) * Fmt<QT>::BB  // k0: whole blocks
                                    : dsrc + (i64)(dsb / spb) * Fmt<QT>::BB;
-#else
-            const u8* blk = dsrc + (i64)(dsb / spb) * Fmt<QT>::BB;
-#endif
             Fmt<QT>::decode(blk, dsb % spb, w, s0, s1, mn);
         } else {
 #pragma unroll
@@ -238,30 +178,15 @@ __device__ __forceinline__ void moe_tiles_mma(
             const int ahi0 = st.w[h][g][4 + t4], ahi1 = st.w[h][g + 8][4 + t4];
             const float sa0 = st.s[h][g][0], sa1 = st.s[h][g][1], sam = st.s[h][g][2];
             const float sb0 = st.s[h][g + 8][0], sb1 = st.s[h][g + 8][1], sbm = st.s[h][g + 8][2];
-            const int xi = sub >> xd_shift;
 #pragma unroll
             for (int nb = 0; nb < NB; ++nb) {
                 if (nb >= nblk) break;  // uniform
-#if STRATA_MMA_XSTAGE
                 const int ks = sub - k0;
                 const int2 xv = *(const int2*)&xs[nb * 8 + g][8 * ks + 2 * t4];
                 const int xlo = xv.x, xhi = xv.y;
-#else
-                int xlo = 0, xhi = 0;
-                if (xb[nb] >= 0) {
-                    const int* xp = (const int*)(xq + (i64)xb[nb] * C + sub * 32);
-                    xlo = xp[t4];
-                    xhi = xp[4 + t4];
-                }
-#endif
                 int lo[4], hi[4];
-                constexpr bool k32 = STRATA_MMA_K32 && OneScale32<QT>::V;
-                if (k32) {
-                    mma_s8_k32(lo, alo0, alo1, ahi0, ahi1, xlo, xhi);
-                } else {
-                    mma_s8_k16(lo, alo0, alo1, xlo);
-                    mma_s8_k16(hi, ahi0, ahi1, xhi);
-                }
+                mma_s8_k16(lo, alo0, alo1, xlo);
+                mma_s8_k16(hi, ahi0, ahi1, xhi);
                 int sx0 = 0, sx1 = 0;
                 if (Fmt<QT>::HAS_MIN) {  // sum of column g's 32 values, then columns 2t4, 2t4+1
                     int s = sum4(xhi, sum4(xlo, 0));
@@ -270,27 +195,18 @@ __device__ __forceinline__ void moe_tiles_mma(
                     sx0 = __shfl_sync(0xffffffffu, s, 8 * t4);
                     sx1 = __shfl_sync(0xffffffffu, s, 8 * t4 + 4);
                 }
-#if STRATA_MMA_XSTAGE
                 const float dx0 = xds[nb * 8 + 2 * t4][ks], dx1 = xds[nb * 8 + 2 * t4 + 1][ks];
-                (void)xi;
-#else
-                const float dx0 = xc[nb][0] >= 0 ? xd[(i64)xc[nb][0] * nxd + xi] : 0.0f;
-                const float dx1 = xc[nb][1] >= 0 ? xd[(i64)xc[nb][1] * nxd + xi] : 0.0f;
-#endif
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
                     const bool top = q < 2;
-                    float r = k32 ? (top ? sa0 : sb0) * (float)lo[q]
-                                  : (top ? sa0 : sb0) * (float)lo[q] + (top ? sa1 : sb1) * (float)hi[q];
+                    float r = (top ? sa0 : sb0) * (float)lo[q] + (top ? sa1 : sb1) * (float)hi[q];
                     if (Fmt<QT>::HAS_MIN) r -= (top ? sam : sbm) * (float)(q & 1 ? sx1 : sx0);
                     acc[m][nb][q] += (q & 1 ? dx1 : dx0) * r;
                 }
             }
         }
     }
-#if STRATA_MMA_XSTAGE
     }  // the chunk
-#endif
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
@@ -310,9 +226,9 @@ __device__ __forceinline__ void moe_tiles_mma(
         }
     }
 }
-#endif  // STRATA_MMA_S8
+#endif  // HAS_MMA_S8
 
-#if STRATA_MMA_S8
+#if HAS_MMA_S8
 #define MMA_BODY(...) moe_tiles_mma<__VA_ARGS__>
 #else
 #define MMA_BODY(...) (void)
@@ -323,9 +239,9 @@ __device__ __forceinline__ void moe_tiles_mma(
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* tile_slot, const i32* tile_first, const i32* tile_n,          \
         const i32* pair_order, int K, float* act, int F, int D, const i32* ntiles) {           \
-        STRATA_PDL_ENTER();                                                                    \
+        PDL_ENTER();                                                                           \
         if (ntiles && (int)blockIdx.y >= ntiles[0]) return; /* past the card-grouped tiles */  \
-        MMA_BODY(QT, true, MMA_NT / 8, MMA_WS_MOE(QT))(gate, up, slot_stride, hq, hd,          \
+        MMA_BODY(QT, true, MMA_NT / 8, false)(gate, up, slot_stride, hq, hd,                   \
                                                        xd_shift, tile_slot,                    \
                                        tile_first, tile_n, pair_order, K, act, F, D, nullptr,  \
                                        nullptr, F);                                            \
@@ -335,9 +251,9 @@ __device__ __forceinline__ void moe_tiles_mma(
         const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
         float* y, int D, int F, const float* bias, const float* resid, int ldo,                \
         const i32* ntiles) {                                                                   \
-        STRATA_PDL_ENTER();                                                                    \
+        PDL_ENTER();                                                                           \
         if (ntiles && (int)blockIdx.y >= ntiles[0]) return;                                    \
-        MMA_BODY(QT, false, MMA_NT / 8, MMA_WS_MOE(QT))(down, down, slot_stride, aq, ad,       \
+        MMA_BODY(QT, false, MMA_NT / 8, false)(down, down, slot_stride, aq, ad,                \
                                                         xd_shift, tile_slot,                   \
                                         tile_first, tile_n, pair_order, 1, y, D, F, bias,      \
                                         resid, ldo);                                           \
@@ -346,10 +262,10 @@ __device__ __forceinline__ void moe_tiles_mma(
         const u8* w, i64 slot_stride, const i8* aq, const float* ad, int xd_shift,             \
         const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
         float* y, int D, int F, const float* bias, const float* resid, int ldo) {              \
-        STRATA_PDL_ENTER();                                                                    \
+        PDL_ENTER();                                                                           \
         MMA_BODY(QT, false, MMA_DENSE_NT / 8, MMA_WS_DENSE(QT))(w, w, slot_stride, aq, ad,     \
                                                                 xd_shift, tile_slot,           \
                                               tile_first, tile_n, pair_order, 1, y, D, F,      \
                                               bias, resid, ldo);                               \
     }
-STRATA_QFORMATS(MOE_MMA_KERNELS)
+QFORMATS(MOE_MMA_KERNELS)

@@ -2,11 +2,9 @@
 // out and resid rows `ldo` floats apart (a slice of a wider buffer, e.g. the fused q|k|v row).
 //
 // One warp per output row; each lane takes 32-element sub-blocks of the row (decoded once into
-// int8, then dotted with every token's Q8 activation by dp4a), tokens in passes of NT: NT = 1
-// (gemv1_*, decode: few registers, high occupancy) or GEMV_NT (gemv_*, prefill). The passes are
-// dealt over gridDim.y blocks of rows (gemv.py token_groups): few rows (the router's 128) still
-// fill the card. The
-// activation is the device-quantized x (norm_quant.cu): int8 quants xq [T, cols] and scales xd
+// int8, then dotted with every token's Q8 activation by dp4a), tokens in passes of GEMV_NT
+// (gemv_*, prefill; decode takes gemv1w_* below). The passes are dealt over gridDim.y blocks of
+// rows (gemv.py token_groups): few rows (the router's 128) still fill the card. The activation is the device-quantized x (norm_quant.cu): int8 quants xq [T, cols] and scales xd
 // with one scale per 32 << xd_shift elements (Q8_0: shift 0, Q8_K: shift 3). Float weights
 // (F32/F16/BF16) take the already-rounded float activation instead.
 #include "quant_blocks.cuh"
@@ -19,8 +17,8 @@ __device__ __forceinline__ void gemv_q(const u8* __restrict__ W, const i8* __res
                                        const float* __restrict__ bias,
                                        const float* __restrict__ resid, float* __restrict__ out,
                                        int rows, int cols, int ntok, int ldo) {
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int r = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    const int r = blockIdx.x * (blockDim.x / WARP_SIZE) + wid;
     if (r >= rows) return;  // the whole warp leaves together
     const int nsub = cols / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
     const u8* wr = W + (i64)r * (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
@@ -32,7 +30,7 @@ __device__ __forceinline__ void gemv_q(const u8* __restrict__ W, const i8* __res
 #pragma unroll
         for (int k = 0; k < NT; ++k) acc[k] = 0.0f;
 #pragma unroll 2
-        for (int sb = lane; sb < nsub; sb += STRATA_WARP) {
+        for (int sb = lane; sb < nsub; sb += WARP_SIZE) {
             int w[8];
             float s0, s1, mn;
             Fmt<QT>::decode(wr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, w, s0, s1, mn);
@@ -74,8 +72,8 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
                                        const float* __restrict__ bias,
                                        const float* __restrict__ resid, float* __restrict__ out,
                                        int rows, int cols, int ntok, int ldo) {
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int r = blockIdx.x * (blockDim.x / STRATA_WARP) + wid;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    const int r = blockIdx.x * (blockDim.x / WARP_SIZE) + wid;
     if (r >= rows) return;
     const int esz = QT == QT_F32 ? 4 : 2;
     const u8* wr = W + (i64)r * cols * esz;
@@ -84,7 +82,7 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
         float acc[GEMV_NT];
 #pragma unroll
         for (int k = 0; k < GEMV_NT; ++k) acc[k] = 0.0f;
-        for (int i = lane; i < cols; i += STRATA_WARP) {
+        for (int i = lane; i < cols; i += WARP_SIZE) {
             const float wv = ld_wf<QT>(wr, i);
 #pragma unroll
             for (int k = 0; k < GEMV_NT; ++k)
@@ -109,66 +107,40 @@ __device__ __forceinline__ void gemv_f(const u8* __restrict__ W, const float* __
     extern "C" __global__ void gemv_##name(const u8* W, const i8* xq, const float* xd,          \
                                            int xd_shift, const float* bias, const float* resid, \
                                            float* out, int rows, int cols, int ntok, int ldo) { \
-        STRATA_PDL_ENTER();                                                                     \
-        if (FMT_ON(QT))                                                                         \
-            gemv_q<QT, GEMV_NT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok, ldo);  \
-    }                                                                                           \
-    extern "C" __global__ void gemv1_##name(const u8* W, const i8* xq, const float* xd,         \
-                                            int xd_shift, const float* bias,                    \
-                                            const float* resid, float* out, int rows, int cols, \
-                                            int ntok, int ldo) {                                \
-        STRATA_PDL_ENTER();                                                                     \
-        if (FMT_ON(QT)) gemv_q<QT, 1>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok, ldo); \
+        PDL_ENTER();                                                                            \
+        gemv_q<QT, GEMV_NT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, ntok, ldo);      \
     }
-STRATA_QFORMATS(GEMV_Q_KERNEL)
+QFORMATS(GEMV_Q_KERNEL)
 
 #define GEMV_F_KERNEL(name, QT)                                                                 \
     extern "C" __global__ void gemv_##name(const u8* W, const float* x, const float* bias,      \
                                            const float* resid, float* out, int rows, int cols,  \
                                            int ntok, int ldo) {                                 \
-        STRATA_PDL_ENTER();                                                                     \
+        PDL_ENTER();                                                                            \
         gemv_f<QT>(W, x, bias, resid, out, rows, cols, ntok, ldo);                              \
     }
 GEMV_F_KERNEL(f32, QT_F32)
 GEMV_F_KERNEL(f16, QT_F16)
 GEMV_F_KERNEL(bf16, QT_BF16)
 
-#define GEMV1_WARPS 4
 #define GEMV1_MAX_WARPS 16  // gemv1w_*: its warps a block come from blockDim
-// 1: gemv1w_* copies a small lookup grid (Stage<QT>::USE_SM_TAB: IQ3_XXS, IQ3_S, IQ2_XXS) into
-// shared memory before its PDL wait (the grid does not depend on the kernel before); 0 (the
-// default): the decode reads the global grid through L1. Measured on the H200 (session 17,
-// bench/results/session17-h200-20261201.md): the copy and barrier of each of attn_q's 1024
-// blocks cost 5-10% at the attention shapes; only the 151936-row lm_head gained (IQ3_S 6%)
-#ifndef STRATA_GEMV1_SMEM_GRID
-#define STRATA_GEMV1_SMEM_GRID 0
-#endif
-// a format mask (bit QT, as STRATA_FMT_MASK): gemv1w_* of these formats also stage their table,
-// with STRATA_GEMV1_GRID_BYTES of shared memory (GridTab: lane-banked copies of a code table, as
-// many as fit, at most STRATA_GRID_COPIES; default STRATA_GRID_SMEM_BYTES). Default IQ1_M and
-// IQ2_S: through L1 a warp's 32 random words of IQ1_M's 8 KiB of codes (64 lines) are about 25
-// line reads; one shared copy, with 16 warps a block (gemv.py GEMV1_WARPS_BY_TYPE), took its
-// GEMVs 0.54-0.81x the time on the H100 (64.9-109% of a same-size copy against 51-60%:
-// bench/results/session30-20261207.md), IQ2_S's 4 KiB of codes 0.54-0.76x (77-112% against
-// 57-60%; lm_head 1.03x: bench/results/session31-20261207.md). Either way the table is staged
-// after the row's L2 prefetch, before the PDL wait.
-#ifndef STRATA_GEMV1_SMEM_FMTS
-#define STRATA_GEMV1_SMEM_FMTS ((1ull << 29) | (1ull << 22))
-#endif
-#ifndef STRATA_GEMV1_GRID_BYTES
-#define STRATA_GEMV1_GRID_BYTES STRATA_GRID_SMEM_BYTES
-#endif
-#define GEMV1_TAB_ON(QT) \
-    (STRATA_GEMV1_SMEM_GRID || ((((unsigned long long)(STRATA_GEMV1_SMEM_FMTS)) >> (QT)) & 1ull))
+// The formats (bit QT) whose gemv1w_* stages its code table in shared memory (GridTab: lane-banked
+// copies, as many as GRID_SMEM_BYTES hold), after the row's L2 prefetch and before the PDL wait.
+// Through L1 a warp's 32 random words of IQ1_M's 8 KiB of codes are about 25 line reads; one
+// shared copy, with 16 warps a block (gemv.py GEMV1_WARPS_BY_TYPE), took its GEMVs 0.54-0.81x
+// the time on the H100, IQ2_S's 4 KiB 0.54-0.76x. The small grids (IQ3_XXS, IQ3_S, IQ2_XXS) stay
+// in global memory: the copy and barrier of each block cost 5-10% at the attention shapes.
+#define GEMV1_SMEM_FMTS ((1ull << 29) | (1ull << 22))
+#define GEMV1_TAB_ON(QT) ((GEMV1_SMEM_FMTS >> (QT)) & 1ull)
 
 // the table gemv1w_* decodes from: shared copies (stage_tab: every thread, a barrier) where
 // GEMV1_TAB_ON(QT) and GridTab finds room, else the global table
 template <int QT, bool ON = GEMV1_TAB_ON(QT)>
 struct Gemv1Tab {
-    typedef GridTab<QT, STRATA_GEMV1_GRID_BYTES> GT;
+    typedef GridTab<QT, GRID_SMEM_BYTES> GT;
     typedef typename GT::Store Store;
     static __device__ __forceinline__ typename GT::Ref get(Store& s) {
-        return stage_tab<QT, STRATA_GEMV1_GRID_BYTES>(s.v);
+        return stage_tab<QT, GRID_SMEM_BYTES>(s.v);
     }
 };
 template <int QT>
@@ -180,24 +152,17 @@ struct Gemv1Tab<QT, false> {
         return GridRef<typename Fmt<QT>::tab_t, 1>{Fmt<QT>::gtab()};
     }
 };
-// a format mask (bit QT, as STRATA_FMT_MASK): gemv1w_*'s loop advances its block and activation
-// pointers by constants instead of computing them from the sub-block index (same loads, same
-// integers; the loop's sm_90 SASS 7-13% shorter for Q6_K, IQ1_M and the IQ2/IQ3 formats, 1-4%
-// for Q8_0, Q4_K, Q5_K, 7% longer for IQ4_XS: bench/results/sass-gemv1w-dev-20261202.md).
-// Measured on the H200 (bench/results/session20-h200-20261202.md): IQ3_XXS / IQ2_XXS attention
-// GEMVs 0.95-0.98x / 0.96x the time, their lm_head 1.01x / 1.03x (192 attention
-// GEMVs a token to one lm_head); Q6_K 1.03-1.05x everywhere, IQ1_M 0.99-1.06x: the default
-// is IQ3_XXS and IQ2_XXS.
-#ifndef STRATA_GEMV1_STEP
-#define STRATA_GEMV1_STEP ((1ull << 16) | (1ull << 18))
-#endif
-#define GEMV1_STEP_ON(QT) ((((unsigned long long)(STRATA_GEMV1_STEP)) >> (QT)) & 1ull)
+// The formats (bit QT) whose gemv1w_* loop advances its block and activation pointers by
+// constants instead of computing them from the sub-block index (same loads, same integers):
+// IQ3_XXS / IQ2_XXS attention GEMVs 0.95-0.98x the time; Q6_K and IQ1_M were slower.
+#define GEMV1_STEP ((1ull << 16) | (1ull << 18))
+#define GEMV1_STEP_ON(QT) ((GEMV1_STEP >> (QT)) & 1ull)
 
 // ---- decode (T = 1), rows split over warps: gemv1w_* ----
-// gemv1_*'s loads and arithmetic, with `wpr` warps of a block sharing a row (sub-blocks dealt
-// round-robin across the row's warps, so neighbouring warps read neighbouring bytes); wpr = 1
-// is gemv1_* itself. The row's warp sums are added in a fixed order. Warps a block: blockDim
-// (gemv.py GEMV1_WARPS). PDL in the split form (common.cuh): the row asked of L2 before the
+// gemv_*'s loads and arithmetic for one token, with `wpr` warps of a block sharing a row
+// (sub-blocks dealt round-robin across the row's warps, so neighbouring warps read neighbouring
+// bytes). The row's warp sums are added in a fixed order. Warps a block: blockDim
+// (gemv.py GEMV1_WARPS, GEMV1_WARPS_BY_TYPE). PDL in the split form (common.cuh): the row asked of L2 before the
 // wait, the next kernel let in at once (`early`) or after the main loop.
 template <int QT>
 __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* __restrict__ xq,
@@ -207,32 +172,27 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
                                             float* __restrict__ out, int rows, int cols, int wpr,
                                             int early) {
     __shared__ float part[GEMV1_MAX_WARPS];
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const int nw = blockDim.x / STRATA_WARP;  // gemv.py GEMV1_WARPS (at most GEMV1_MAX_WARPS)
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
+    const int nw = blockDim.x / WARP_SIZE;  // gemv.py GEMV1_WARPS (at most GEMV1_MAX_WARPS)
     const int r = blockIdx.x * (nw / wpr) + wid / wpr, ws = wid % wpr;
     const int nsub = cols / 32, spb = Fmt<QT>::QK / 32;
     const int row_bytes = (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
     const u8* wr = W + (i64)min(r, rows - 1) * row_bytes;
     __shared__ typename Gemv1Tab<QT>::Store smt;
-#if STRATA_GEMV_PDL_SPLIT
     // the weights do not depend on the kernel before: ask L2 for this warp's share of the row
     // (128-byte lines) while that kernel finishes, then wait for it (common.cuh)
     if (r < rows)
-        for (int off = (ws * STRATA_WARP + lane) * 128; off < row_bytes;
-             off += STRATA_WARP * wpr * 128)
-            STRATA_PREFETCH_L2(wr + off);
+        for (int off = (ws * WARP_SIZE + lane) * 128; off < row_bytes;
+             off += WARP_SIZE * wpr * 128)
+            PREFETCH_L2(wr + off);
     const auto tab = Gemv1Tab<QT>::get(smt);  // every thread, before any return
-    STRATA_PDL_WAIT();
-    if (early) STRATA_PDL_TRIGGER();
-#else
-    const auto tab = Gemv1Tab<QT>::get(smt);
-    STRATA_PDL_ENTER();
-#endif
+    PDL_WAIT();
+    if (early) PDL_TRIGGER();
     float acc = 0.0f;
     if (r < rows) {
         // GEMV1_STEP: the step (a multiple of spb: warps are 32 or 64 lanes) keeps sb % spb,
         // so the block and activation pointers advance by constants; else both from sb
-        const int sb0 = ws * STRATA_WARP + lane, step = STRATA_WARP * wpr, j0 = sb0 % spb;
+        const int sb0 = ws * WARP_SIZE + lane, step = WARP_SIZE * wpr, j0 = sb0 % spb;
         const u8* bp = wr + (i64)(sb0 / spb) * Fmt<QT>::BB;
         const i64 bstep = (i64)(step / spb) * Fmt<QT>::BB;
         const i32x4* xp = (const i32x4*)(xq + (i64)sb0 * 32);
@@ -250,9 +210,7 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
             acc += xd[sb >> xd_shift] * dot32<QT>(w, s0, s1, mn, xv);
         }
     }
-#if STRATA_GEMV_PDL_SPLIT
-    if (!early) STRATA_PDL_TRIGGER();
-#endif
+    if (!early) PDL_TRIGGER();
     acc = warp_sum(acc);
     if (wpr > 1) {
         if (lane == 0) part[wid] = acc;
@@ -272,60 +230,9 @@ __device__ __forceinline__ void gemv1_split(const u8* __restrict__ W, const i8* 
         gemv1w_##name(const u8* W, const i8* xq, const float* xd, int xd_shift,                 \
                       const float* bias, const float* resid, float* out, int rows, int cols,    \
                       int wpr, int early) {                                                     \
-        if (FMT_ON(QT))                                                                         \
-            gemv1_split<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr, early);     \
-        else                                                                                    \
-            STRATA_PDL_ENTER();                                                                 \
+        gemv1_split<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr, early);         \
     }
-STRATA_QFORMATS(GEMV1W_KERNEL)
-
-// ---- decode (T = 1), staged: gemv1s_* ----
-// gemv1w_*'s rows and warp split with the row bytes staged through shared memory
-// (quant_blocks.cuh staged_rows: 16-byte loads of STRATA_WARP sub-blocks at a time, the next
-// chunk in flight while one is decoded); the split warps take alternate chunks, which is
-// gemv1w_*'s sub-block dealing, so the sums (and their order) are gemv1w_*'s.
-template <int QT>
-__device__ __forceinline__ void gemv1_staged(const u8* __restrict__ W, const i8* __restrict__ xq,
-                                             const float* __restrict__ xd, int xd_shift,
-                                             const float* __restrict__ bias,
-                                             const float* __restrict__ resid,
-                                             float* __restrict__ out, int rows, int cols,
-                                             int wpr) {
-    typedef Stage<QT> S;
-    __shared__ i32x4 sm[GEMV1_WARPS][S::BUF / 16];  // 16-byte aligned
-    __shared__ typename GridTab<QT>::Store smt;
-    __shared__ float part[GEMV1_WARPS];
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
-    const auto tab = stage_tab<QT>(smt.v);
-    const int r = blockIdx.x * (GEMV1_WARPS / wpr) + wid / wpr, ws = wid % wpr;
-    float acc = 0.0f;
-    if (r < rows) {
-        const u8* wr = W + (i64)r * (cols / Fmt<QT>::QK) * Fmt<QT>::BB;
-        staged_rows<QT, 1>((u8*)sm[wid], &wr, cols / 32, ws, wpr, xq, xd, xd_shift, tab, &acc);
-    }
-    acc = warp_sum(acc);
-    if (wpr > 1) {
-        if (lane == 0) part[wid] = acc;
-        __syncthreads();
-        if (ws != 0) return;
-        for (int k = 1; k < wpr; ++k) acc += part[wid + k];
-    }
-    if (lane == 0 && r < rows) {
-        if (bias) acc += bias[r];
-        if (resid) acc += resid[r];
-        out[r] = acc;
-    }
-}
-
-#define GEMV1S_KERNEL(name, QT)                                                                 \
-    extern "C" __global__ void __launch_bounds__(GEMV1_WARPS* STRATA_WARP)                      \
-        gemv1s_##name(const u8* W, const i8* xq, const float* xd, int xd_shift,                 \
-                      const float* bias, const float* resid, float* out, int rows, int cols,    \
-                      int wpr) {                                                                \
-        STRATA_PDL_ENTER();                                                                     \
-        if (FMT_ON(QT)) gemv1_staged<QT>(W, xq, xd, xd_shift, bias, resid, out, rows, cols, wpr); \
-    }
-STRATA_QFORMATS(GEMV1S_KERNEL)
+QFORMATS(GEMV1W_KERNEL)
 
 // ---- decode (T = 1), float weights: gemv1f_* ----
 // One block of GEMV1F_THREADS per row (the router's 128 rows fill 128 SMs, where one warp per
@@ -359,17 +266,13 @@ __device__ __forceinline__ void gemv1_f(const u8* __restrict__ W, const float* _
                                         int cols) {
     __shared__ float part[GEMV1F_THREADS / 32];
     const int r = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
-    const int lane = tid % STRATA_WARP, wid = tid / STRATA_WARP, nw = nt / STRATA_WARP;
+    const int lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, nw = nt / WARP_SIZE;
     const u8* wr = W + (i64)r * cols * (QT == QT_F32 ? 4 : 2);
     const int nch = cols / 8;
-#if STRATA_GEMV_PDL_SPLIT
     for (int off = tid * 128; off < cols * (QT == QT_F32 ? 4 : 2); off += nt * 128)
-        STRATA_PREFETCH_L2(wr + off);  // the row ahead of the wait (gemv1_split)
-    STRATA_PDL_WAIT();
-    STRATA_PDL_TRIGGER();  // few blocks (the router's 128): the next kernel's fit beside them
-#else
-    STRATA_PDL_ENTER();
-#endif
+        PREFETCH_L2(wr + off);  // the row ahead of the wait (gemv1_split)
+    PDL_WAIT();
+    PDL_TRIGGER();  // few blocks (the router's 128): the next kernel's fit beside them
     float acc = 0.0f;
     for (int c0 = tid; c0 < nch; c0 += GEMV1F_U * nt) {
         float w[GEMV1F_U][8], xv[GEMV1F_U][8];

@@ -9,30 +9,30 @@
 // One block of GP_THREADS threads, E <= GP_THREADS. Phases: per-(warp, expert) counts of the
 // warp's contiguous segment of pairs; per expert its count and tiles, exclusive scans over the
 // experts (Hillis-Steele in shared memory), the warps' bases within an expert's run; then each
-// warp walks its segment STRATA_WARP pairs at a time and places a pair at its base plus its rank
+// warp walks its segment WARP_SIZE pairs at a time and places a pair at its base plus its rank
 // among the group's earlier pairs of the same expert (from shared memory: no atomics in the
 // order, so the result is the same on every run and on the host reference).
 #include "common.cuh"
 
 #define GP_THREADS 512
-#define GP_WARPS (GP_THREADS / STRATA_WARP)
+#define GP_WARPS (GP_THREADS / WARP_SIZE)
 
 extern "C" __global__ void __launch_bounds__(GP_THREADS)
     group_pairs(const i32* __restrict__ ids, int P, const i32* __restrict__ slot_row, int E,
                 int nt, i32* __restrict__ pair_slot, i32* __restrict__ order,
                 i32* __restrict__ tile_slot, i32* __restrict__ tile_first,
                 i32* __restrict__ tile_n, i32* __restrict__ n_tiles, i32* __restrict__ hist) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     __shared__ int base[GP_WARPS * GP_THREADS];  // [warp][expert]: counts, then bases
     __shared__ int start[GP_THREADS], tstart[GP_THREADS];
     __shared__ int grp[GP_THREADS];
-    const int tid = threadIdx.x, lane = tid % STRATA_WARP, w = tid / STRATA_WARP;
-    // pairs a warp: whole groups of STRATA_WARP, so that every warp runs as many groups
-    const int seg = ((P + GP_WARPS - 1) / GP_WARPS + STRATA_WARP - 1) / STRATA_WARP * STRATA_WARP;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, w = tid / WARP_SIZE;
+    // pairs a warp: whole groups of WARP_SIZE, so that every warp runs as many groups
+    const int seg = ((P + GP_WARPS - 1) / GP_WARPS + WARP_SIZE - 1) / WARP_SIZE * WARP_SIZE;
     const int p0 = w * seg, p1 = min(P, p0 + seg);
     for (int i = tid; i < GP_WARPS * E; i += GP_THREADS) base[i] = 0;
     __syncthreads();
-    for (int p = p0 + lane; p < p1; p += STRATA_WARP) {
+    for (int p = p0 + lane; p < p1; p += WARP_SIZE) {
         const int e = ids[p];
         const int s = e >= 0 && e < E ? slot_row[e] : -1;
         pair_slot[p] = s;
@@ -78,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(GP_THREADS)
         if (tid == E - 1) n_tiles[0] = tstart[tid];
     }
     __syncthreads();
-    for (int g0 = 0; g0 < seg; g0 += STRATA_WARP) {  // the same count of groups in every warp
+    for (int g0 = 0; g0 < seg; g0 += WARP_SIZE) {  // the same count of groups in every warp
         const int p = p0 + g0 + lane;
         int e = -1;
         if (p < p1) {
@@ -89,8 +89,8 @@ extern "C" __global__ void __launch_bounds__(GP_THREADS)
         __syncthreads();
         int at = 0, rank = 0, tot = 0;
         if (e >= 0) {
-            for (int j = 0; j < STRATA_WARP; ++j) {
-                const int same = grp[w * STRATA_WARP + j] == e;
+            for (int j = 0; j < WARP_SIZE; ++j) {
+                const int same = grp[w * WARP_SIZE + j] == e;
                 rank += j < lane && same;
                 tot += same;
             }

@@ -108,8 +108,8 @@ __device__ __forceinline__ void nq_fast(const float* __restrict__ xr, const floa
                                         float eps, int n, float* __restrict__ of,
                                         float* __restrict__ orr, i8* __restrict__ oq,
                                         float* __restrict__ od, int mode, double* red) {
-    const int tid = threadIdx.x, lane = tid % STRATA_WARP, wid = tid / STRATA_WARP;
-    const int nw = blockDim.x / STRATA_WARP, stride = NQ_V * blockDim.x;
+    const int tid = threadIdx.x, lane = tid % WARP_SIZE, wid = tid / WARP_SIZE;
+    const int nw = blockDim.x / WARP_SIZE, stride = NQ_V * blockDim.x;
     constexpr bool WPRE = C <= 2;  // 4 chunks of x and w would not fit 64 registers
     float v[C][NQ_V], wv[C][NQ_V];
 #pragma unroll
@@ -184,10 +184,10 @@ extern "C" __global__ void __launch_bounds__(1024)
     norm_quant(const float* __restrict__ x, const float* __restrict__ w, float eps, int n,
                float* __restrict__ out_f, float* __restrict__ out_r, i8* __restrict__ out_q,
                float* __restrict__ out_d, int mode) {
-    STRATA_PDL_ENTER();
-    __shared__ double red[1024 / STRATA_WARP];
+    PDL_ENTER();
+    __shared__ double red[1024 / WARP_SIZE];
     const int t = blockIdx.x, tid = threadIdx.x;
-    const int lane = tid % STRATA_WARP, wid = tid / STRATA_WARP, nw = blockDim.x / STRATA_WARP;
+    const int lane = tid % WARP_SIZE, wid = tid / WARP_SIZE, nw = blockDim.x / WARP_SIZE;
     const float* xr = x + (i64)t * n;
     const u64 a16 = (u64)x | (u64)w | (u64)out_f | (u64)out_r;
     if (n % NQ_V == 0 && n <= NQ_V * NQ_CMAX * (int)blockDim.x && (a16 & 15) == 0 &&

@@ -3,12 +3,12 @@
 // anything, and waits for the host only where a layer's plan sent experts to the pool.
 #include "common.cuh"
 
-#if defined(STRATA_EMU)
-#define STRATA_BACKOFF() ((void)0)
+#if defined(GPU_EMU)
+#define BACKOFF() ((void)0)
 #elif defined(__HIP__)
-#define STRATA_BACKOFF() __builtin_amdgcn_s_sleep(2)
+#define BACKOFF() __builtin_amdgcn_s_sleep(2)
 #else
-#define STRATA_BACKOFF() __nanosleep(100)
+#define BACKOFF() __nanosleep(100)
 #endif
 
 // y = pool + moe (+ sh), x = xb + y: the graph step's order of sums. `stats` is the layer's plan
@@ -22,13 +22,13 @@ extern "C" __global__ void pool_join(const float* __restrict__ stats, const vola
                                      const volatile float* pool, const float* __restrict__ moe,
                                      const float* __restrict__ sh, const float* __restrict__ xb,
                                      float* __restrict__ x, int D) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     const bool wait = stats[2] > 0.0f;
     if (wait) {
         if (threadIdx.x == 0) {
             const u32 ticket = (u32)step[0] * (u32)n_layer + (u32)layer + 1u;
-            while ((i32)(release[0] - ticket) < 0) STRATA_BACKOFF();
-            STRATA_FENCE_SYSTEM();
+            while ((i32)(release[0] - ticket) < 0) BACKOFF();
+            FENCE_SYSTEM();
         }
         __syncthreads();
     }

@@ -1,8 +1,7 @@
 // Q8 quantization of one activation row as ggml quantizes a matmul's input (bit-identical to
 // strata.quant.activation), by the warps of a block: Q8_K blocks of 256 (d float32) and Q8_0
 // blocks of 32 (d an f16 value stored as float). `y(i)` gives element i of the row; q [n] and
-// d [n / block] are the row's outputs. Used by norm_quant.cu and by experts.cu's fused
-// moe_gate_up_fq (the block that finishes a pair's intermediate row quantizes it).
+// d [n / block] are the row's outputs. Used by norm_quant.cu.
 #pragma once
 #include "common.cuh"
 
@@ -17,12 +16,12 @@ __device__ __forceinline__ void q8k_row(const Y& y, int n, i8* __restrict__ out_
                                         float* __restrict__ out_d, int wid, int nw, int lane) {
     const int nb = n / 256;
     for (int bi = wid; bi < nb; bi += nw) {
-        float v[256 / STRATA_WARP];
+        float v[256 / WARP_SIZE];
         float best = -1.0f, bval = 0.0f;
         int bidx = 0x7fffffff;
 #pragma unroll
-        for (int k = 0; k < 256 / STRATA_WARP; ++k) {
-            const int e = bi * 256 + lane + k * STRATA_WARP;
+        for (int k = 0; k < 256 / WARP_SIZE; ++k) {
+            const int e = bi * 256 + lane + k * WARP_SIZE;
             v[k] = y(e);
             const float a = fabsf(v[k]);
             if (a > best) {  // e grows with k: the first of equal maxima wins
@@ -32,7 +31,7 @@ __device__ __forceinline__ void q8k_row(const Y& y, int n, i8* __restrict__ out_
             }
         }
 #pragma unroll
-        for (int o = STRATA_WARP / 2; o > 0; o >>= 1) {
+        for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
             const float ob = SHFL_XOR(best, o), ov = SHFL_XOR(bval, o);
             const int oi = SHFL_XOR(bidx, o);
             if (ob > best || (ob == best && oi < bidx)) {
@@ -43,8 +42,8 @@ __device__ __forceinline__ void q8k_row(const Y& y, int n, i8* __restrict__ out_
         }
         const float iscale = best == 0.0f ? 0.0f : -127.0f / bval;
 #pragma unroll
-        for (int k = 0; k < 256 / STRATA_WARP; ++k) {
-            const int e = bi * 256 + lane + k * STRATA_WARP;
+        for (int k = 0; k < 256 / WARP_SIZE; ++k) {
+            const int e = bi * 256 + lane + k * WARP_SIZE;
             const int q = best == 0.0f ? 0 : min(127, __float2int_rn(iscale * v[k]));
             out_q[e] = (i8)q;
         }
@@ -55,7 +54,7 @@ __device__ __forceinline__ void q8k_row(const Y& y, int n, i8* __restrict__ out_
 template <class Y>
 __device__ __forceinline__ void q8_0_row(const Y& y, int n, i8* __restrict__ out_q,
                                          float* __restrict__ out_d, int wid, int nw, int lane) {
-    const int nb = n / 32, per = STRATA_WARP / 32;  // 32-element blocks per warp pass
+    const int nb = n / 32, per = WARP_SIZE / 32;  // 32-element blocks per warp pass
     const int sub = lane / 32, l = lane % 32, step = nw * per;
     constexpr int P = 4;  // passes whose loads are issued before any of their sums
     for (int base = wid * per; base < nb; base += P * step) {

@@ -25,87 +25,32 @@
 #define QT_IQ1_M 29
 #define QT_BF16 30
 
-// Compile-time knobs of the decode (kernels are built with -D to compare; both default to 1: on
-// the H200 the all-resident decode went 298.4-307.9 -> 310.7-310.9 tok/s with both,
-// bench/results/session6-h200-20261130.md; the tests hold both builds' outputs bit-identical):
-//   STRATA_FAST_DECODE 1: fewer loads per sub-block, same integers: the IQ2/IQ3 sign byte
-//                      computed (7 bits + parity, == ksigns_iq2xs[i]) instead of a table lookup,
-//                      IQ3_XXS's qs read as 16-bit words, Q4_K/Q5_K's 6-bit scales without a
-//                      divergent branch; 0: the original decode.
-//   STRATA_SMEM_GRID   1: the MoE kernels (experts.cu) and the staged GEMV (gemv.cu gemv1s_*)
-//                      copy small lookup grids (<= 2 KiB) into shared memory; 0: they read them
-//                      from global memory.
-#ifndef STRATA_FAST_DECODE
-#define STRATA_FAST_DECODE 1
-#endif
-#ifndef STRATA_SMEM_GRID
-#define STRATA_SMEM_GRID 1
-#endif
-//   STRATA_REG_DECODE  1: IQ4_XS's 16 values looked up from four registers by byte permutes
-//                      (lut16_bytes) instead of 32 byte loads from its table, and IQ1_M's
-//                      8 * grid +- 1 formed four bytes at a time (SWAR) from one word of the
-//                      grid, its quants and high bits read as one word each; 0: the byte loops.
-#ifndef STRATA_REG_DECODE
-#define STRATA_REG_DECODE 1
-#endif
-//   STRATA_WORD_LOADS  1: Q8_0's 32 quants read as aligned words funnel-shifted into place
-//                      (ld_words_a2: 9 loads for its 8 words, not 16); 2: IQ3_XXS's 8 grid
-//                      indices too; 0: two 16-bit loads a word. Same integers. On the H200
-//                      (bench/results/session18-h200-20261201.md) Q8_0's prompt GEMM took
-//                      0.79-0.81x the time, its attention GEMVs 0.82-0.89x; IQ3_XXS's GEMVs were
-//                      mixed (attention 0.97x, lm_head 1.08x), so 2 is an arm, not the default.
-#ifndef STRATA_WORD_LOADS
-#define STRATA_WORD_LOADS 1
-#endif
-//   STRATA_GRID_CODES  a mask of formats (bit QT, as STRATA_FMT_MASK) whose grid is looked up
-//                      as selector codes (iq*_code: a nibble per value, its index among the
-//                      format's levels) and formed by byte permutes of the level words: tables
-//                      of 0.5-8 KiB instead of 1-16 KiB, one more permute per 4 values. On the
-//                      H200 (bench/results/session19-h200-20261201.md) that paid for IQ1_M only
-//                      (16 KiB of u64 rows -> 8 KiB: GEMVs 0.89-0.94x the time, the MoE layer
-//                      0.90x); the smaller grids' decode is bound by its arithmetic and lost
-//                      up to 14% at lm_head. Default: IQ1_M and, since session 31, IQ2_S
-//                      (bit 22), whose 4 KiB of codes, one shared copy a block, took its MoE
-//                      decode layer 0.86x the time of its 8 KiB grid's (16.89 against 19.60 us
-//                      on the H100), its decode GEMVs 0.54-0.76x (gemv.cu), its prompt GEMM
-//                      0.98-1.00x and lm_head 1.03x (bench/results/session31-20261207.md);
-//                      0: every grid's bytes.
-//   STRATA_GRID_SMEM_BYTES  shared memory a kernel block may spend on lane-banked copies of a
-//                      code table (GridRef, GridTab below): as many copies (a power of two, at
-//                      most 32) as fit, a table past it stays in global memory. Copies cost
-//                      their fill in every block: at 4096 bytes (8 copies of IQ3_XXS's codes)
-//                      the MoE layer took 1.16x the time of one copy of its bytes, at 16384
-//                      (IQ1_M's two copies) 1.63x, filled a word at a time. Filled
-//                      STRATA_TAB_BATCH words at a time, one copy of IQ1_M's codes (8192, the
-//                      default since session 30) took its MoE layer 0.93x the time of the
-//                      global table's (16.83 against 18.08 us on the H100). N bounds the code
-//                      tables only (their copies also capped by STRATA_GRID_COPIES); a grid
-//                      read as bytes gets one copy where it is 2 KiB at most.
-#ifndef STRATA_GRID_CODES
-#define STRATA_GRID_CODES ((1ull << 29) | (1ull << 22))
-#endif
-#ifndef STRATA_GRID_SMEM_BYTES
-#define STRATA_GRID_SMEM_BYTES 8192
-#endif
-//   STRATA_GRID_COPIES the most lane-banked copies a block holds of a code table (a power of two,
-//                      1-32). 1 since session 31: IQ2_S's 4 KiB of codes as one copy took its MoE
-//                      decode layer 0.89x the time of two copies (17.03 against 19.08 us on the
-//                      H100) and its decode GEMVs 0.88-0.96x (bench/results/session31-20261207.md).
-#ifndef STRATA_GRID_COPIES
-#define STRATA_GRID_COPIES 1
-#endif
-#define GRID_CODES_ON(QT) ((((unsigned long long)(STRATA_GRID_CODES)) >> (QT)) & 1ull)
-//   STRATA_SIGN_SPREAD how the IQ2/IQ3 signs negate bytes (same integers): 2: the 7 or 8 sign
-//                      bits of 8 values become two byte masks by two multiplies and two prmt
-//                      (sign_masks); 1: apply_signs4 spreads each nibble with one multiply; 0:
-//                      four shifts and masks a nibble. (Before session 20 the default 1 was
-//                      read before it was defined, so default builds took 0.)
-#ifndef STRATA_SIGN_SPREAD
-#define STRATA_SIGN_SPREAD 2
-#endif
+// How the decode reads its formats (the same integers whichever way; these are the measured
+// winners):
+// - fewer loads per sub-block: the IQ2/IQ3 sign byte computed (7 bits + parity, ==
+//   ksigns_iq2xs[i]) instead of a table lookup, IQ3_XXS's qs read as 16-bit words, Q4_K/Q5_K's
+//   6-bit scales without a divergent branch;
+// - IQ4_XS's 16 values looked up from four registers by byte permutes (lut16_bytes), IQ1_M's
+//   8 * grid +- 1 formed four bytes at a time (SWAR) from one word of the grid;
+// - Q8_0's 32 quants read as aligned words funnel-shifted into place (ld_words_a2: 9 loads for
+//   its 8 words, not 16): its prompt GEMM 0.8x the time, its attention GEMVs 0.82-0.89x;
+// - the IQ2/IQ3 signs of 8 values become two byte masks by two multiplies and two prmt
+//   (sign_masks).
+// GRID_CODES: the formats (bit QT) whose grid is looked up as selector codes (iq*_code: a nibble
+// per value, its index among the format's levels) and formed by byte permutes of the level words:
+// tables of half the bytes, one more permute per 4 values. That pays for IQ1_M (16 KiB of u64 rows
+// -> 8 KiB) and IQ2_S (8 KiB -> 4 KiB) held in shared memory; the smaller grids' decode is bound by
+// its arithmetic and lost up to 14% at lm_head.
+#define GRID_CODES ((1ull << 29) | (1ull << 22))
+#define GRID_CODES_ON(QT) ((GRID_CODES >> (QT)) & 1ull)
+// GRID_SMEM_BYTES: the shared memory a kernel block may spend on one copy of a code table
+// (GridTab below); a table past it stays in global memory, a grid read as bytes gets one copy where
+// it is 2 KiB at most. One copy of IQ1_M's codes took its MoE layer 0.93x the time of the global
+// table's; more copies cost their fill in every block (IQ2_S: two copies 1.12x the time of one).
+#define GRID_SMEM_BYTES 8192
 
 __device__ __forceinline__ u32 popc32(u32 v) {
-#if defined(__HIP__) || defined(STRATA_EMU) || !defined(__CUDA_ARCH__)
+#if defined(__HIP__) || defined(GPU_EMU) || !defined(__CUDA_ARCH__)
     return (u32)__builtin_popcount(v);
 #else
     return (u32)__popc(v);
@@ -114,23 +59,8 @@ __device__ __forceinline__ u32 popc32(u32 v) {
 
 // ksigns_iq2xs[i & 127]: the 7 sign bits and an 8th making the count of set bits even
 __device__ __forceinline__ u32 iq_signs(u32 i) {
-#if STRATA_FAST_DECODE
     const u32 par = popc32(i & 127u) & 1u;
     return (i & 127u) | (par << 7);
-#else
-    return ksigns_iq2xs[i & 127u];
-#endif
-}
-
-// bytes b of `g` whose bit in the 4-bit `s` is set are negated (values are 1..127: no carries)
-__device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
-#if STRATA_SIGN_SPREAD  // bit k to bit 8k: s + s << 7 + s << 14 + s << 21, then bit 0 of each byte
-    const u32 t = ((s & 15u) * 0x00204081u) & 0x01010101u;
-#else
-    const u32 t = (s & 1u) | ((s & 2u) << 7) | ((s & 4u) << 14) | ((s & 8u) << 21);
-#endif
-    const u32 m = t * 0xffu;
-    return (int)((g ^ m) + t);
 }
 
 // the sign masks of 8 values: byte k of m0 (k < 4) / of m1 (byte k - 4) is 0xFF where value k
@@ -143,7 +73,7 @@ __device__ __forceinline__ int apply_signs4(u32 g, u32 s) {
 template <int KB = 0>
 __device__ __forceinline__ void sign_masks(u32 s7, u32 s8w, u32& m0, u32& m1) {
     const u32 v = s7 & 0x7Fu, h0 = v * 0x10204080u, h1 = v * 0x01020408u;
-#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__)
+#if !defined(__HIP__) && !defined(GPU_EMU) && defined(__CUDA_ARCH__)
     asm("prmt.b32 %0, %1, 0, 0xBA98;" : "=r"(m0) : "r"(h0));
     // byte 3: the sign of byte KB of s8w (selector 0xC + KB: prmt's byte 4 + KB, sign mode)
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(m1) : "r"(h1), "r"(s8w), "n"(0xCA98 + (KB << 12)));
@@ -159,29 +89,20 @@ __device__ __forceinline__ void negate_by(u32 g0, u32 g1, u32 m0, u32 m1, int& w
 }
 
 // w0 = g0 with the bytes negated whose bit in s (bits 0-3) is set, w1 = g1 by bits 4-7
-// (values 1..127), s = byte KB of sw. STRATA_SIGN_SPREAD 2: sign_masks; else apply_signs4.
+// (values 1..127), s = byte KB of sw.
 template <int KB = 0>
 __device__ __forceinline__ void apply_signs8(u32 g0, u32 g1, u32 sw, int& w0, int& w1) {
     const u32 s = sw >> (8 * KB);
-#if STRATA_SIGN_SPREAD >= 2
     u32 m0, m1;
     sign_masks<KB>(s, sw, m0, m1);
     negate_by(g0, g1, m0, m1, w0, w1);
-#else
-    w0 = apply_signs4(g0, s & 15u);
-    w1 = apply_signs4(g1, (s >> 4) & 15u);
-#endif
 }
 
 // apply_signs8 with the signs ksigns_iq2xs[s7 & 127] (iq_signs: 7 bits and their parity)
 __device__ __forceinline__ void apply_signs7p(u32 g0, u32 g1, u32 s7, int& w0, int& w1) {
-#if STRATA_SIGN_SPREAD >= 2 && STRATA_FAST_DECODE
     u32 m0, m1;
     sign_masks(s7, popc32(s7 & 0x7Fu) << 7, m0, m1);
     negate_by(g0, g1, m0, m1, w0, w1);
-#else
-    apply_signs8(g0, g1, iq_signs(s7), w0, w1);
-#endif
 }
 
 // A lookup table as a kernel reads it: entry i of copy (lane % C), copies interleaved so that
@@ -206,7 +127,7 @@ __device__ __forceinline__ GridRef<T, C> grid_ref(const T* base, int lane) {
 // every selector nibble here is below 8 (PTX prmt's default mode reads bit 3 as "replicate
 // the sign", so callers mask it off)
 __device__ __forceinline__ u32 perm_bytes(u32 lo, u32 hi, u32 s) {
-#if defined(STRATA_EMU) || (!defined(__CUDA_ARCH__) && !defined(__HIP__))
+#if defined(GPU_EMU) || (!defined(__CUDA_ARCH__) && !defined(__HIP__))
     const u64 v = ((u64)hi << 32) | lo;
     u32 r = 0;
     for (int k = 0; k < 4; ++k) r |= (u32)((v >> (8 * ((s >> (4 * k)) & 7u))) & 0xFFu) << (8 * k);
@@ -224,7 +145,7 @@ __device__ __forceinline__ u32 byte_of(u32 q, int k) { return perm_bytes(q, 0, 0
 // (bytes 2-3 from prmt's sign mode on h's byte 0, which is 0)
 template <int C>
 __device__ __forceinline__ u32 idx_join(u32 q, u32 h) {
-#if !defined(__HIP__) && !defined(STRATA_EMU) && defined(__CUDA_ARCH__)
+#if !defined(__HIP__) && !defined(GPU_EMU) && defined(__CUDA_ARCH__)
     u32 r;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(q), "r"(h), "n"(0xCC00 | ((4 + C) << 4) | C));
     return r;
@@ -276,9 +197,9 @@ template <class X, class Y>
 struct Pick<false, X, Y> {
     typedef Y T;
 };
-// a grid format's table: its codes (type CT) or its bytes (BT), by STRATA_GRID_CODES
+// a grid format's table: its codes (type CT) or its bytes (BT), by GRID_CODES
 #define FMT_GRID(QT, CT, N, CODE, BT, GRID)                                                     \
-    enum { CODES = (int)GRID_CODES_ON(QT) };                                                     \
+    enum { CODES = (int)GRID_CODES_ON(QT) };                                                    \
     typedef typename Pick<CODES != 0, CT, BT>::T grid_t;                                        \
     FMT_TAB(grid_t, N, FMT_GRID_PTR(CODES, CODE, GRID))
 #define FMT_GRID_PTR(C, CODE, GRID) ((const tab_t*)((C) ? (const void*)CODE : (const void*)GRID))
@@ -312,12 +233,7 @@ struct Fmt<QT_Q8_0> {
                                                   float& s1, float& mn) {
         s0 = s1 = h2f(ld_u16(b));
         mn = 0.0f;
-#if STRATA_WORD_LOADS
         ld_words_a2<8>(b + 2, (u32*)w);
-#else
-#pragma unroll
-        for (int k = 0; k < 8; ++k) w[k] = (int)ld_u32_a2(b + 2 + 4 * k);
-#endif
     }
 };
 
@@ -331,10 +247,8 @@ __device__ __forceinline__ void scale_min_k4_abc(int j, int a, int b, int c, int
 }
 
 __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int& sc, int& m) {
-#if STRATA_FAST_DECODE
     scale_min_k4_abc(j, q[j & 3], q[4 + (j & 3)], q[8 + (j & 3)], sc, m);
     return;
-#endif
     if (j < 4) {
         sc = q[j] & 63;
         m = q[j + 4] & 63;
@@ -387,11 +301,9 @@ struct Fmt<QT_Q4_K> {
         const u8* qs = b + 16 + 32 * (j >> 1);
         const int sh = 4 * (j & 1);
         u32 q[8];
-#if STRATA_FAST_DECODE
         if ((((size_t)b) & 15) == 0) {
             k4_aligned(b, nullptr, qs, j, nullptr, q, s0, mn);
         } else
-#endif
         {
             k4_scales(b, j, s0, mn);
 #pragma unroll
@@ -413,11 +325,9 @@ struct Fmt<QT_Q5_K> {
         const u8* qs = b + 48 + 32 * (j >> 1);
         const int sh = 4 * (j & 1);
         u32 h[8], q[8];
-#if STRATA_FAST_DECODE
         if ((((size_t)b) & 15) == 0) {
             k4_aligned(b, qh, qs, j, h, q, s0, mn);
         } else
-#endif
         {
             k4_scales(b, j, s0, mn);
 #pragma unroll
@@ -460,25 +370,16 @@ struct Fmt<QT_Q6_K> {
 template <>
 struct Fmt<QT_IQ4_XS> {
     enum { QK = 256, BB = 136, HAS_MIN = 0 };
-#if STRATA_REG_DECODE
     FMT_NO_TAB  // the table is four immediates (iq_tables.cuh's KVALUES_IQ4NL_W*)
     static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
                                                   float& s1, float& mn) {
-#else
-    FMT_TAB(i8, 16, kvalues_iq4nl)
-    template <class G>
-    static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
-                                                  float& s1, float& mn, G grid) {
-#endif
         const u8* qs = b + 8 + 16 * j;
         u32 hd[2], qw[4];
-#if STRATA_FAST_DECODE
         if ((((size_t)b) & 7) == 0) {  // header and quants as three 8-byte loads
             ld_w2_a8(b, hd);
             ld_w2_a8(qs, qw);
             ld_w2_a8(qs + 8, qw + 2);
         } else
-#endif
         {
             hd[0] = ld_u32_a2(b);
             hd[1] = ld_u32_a2(b + 4);
@@ -490,7 +391,6 @@ struct Fmt<QT_IQ4_XS> {
                        (((hd[0] >> (16 + 2 * j)) & 3) << 4);
         s0 = s1 = h2f((u16)(hd[0] & 0xFFFFu)) * (float)(ls - 32);
         mn = 0.0f;
-#if STRATA_REG_DECODE
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             w[k] = (int)lut16_bytes(qw[k] & 0x0F0F0F0Fu, KVALUES_IQ4NL_W0, KVALUES_IQ4NL_W1,
@@ -498,20 +398,6 @@ struct Fmt<QT_IQ4_XS> {
             w[k + 4] = (int)lut16_bytes((qw[k] >> 4) & 0x0F0F0F0Fu, KVALUES_IQ4NL_W0,
                                         KVALUES_IQ4NL_W1, KVALUES_IQ4NL_W2, KVALUES_IQ4NL_W3);
         }
-#else
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const u32 q = qw[k];
-            u32 lo = 0, hi = 0;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                lo |= (u32)(u8)grid[(q >> (8 * i)) & 0xF] << (8 * i);
-                hi |= (u32)(u8)grid[(q >> (8 * i + 4)) & 0xF] << (8 * i);
-            }
-            w[k] = (int)lo;
-            w[k + 4] = (int)hi;
-        }
-#endif
     }
 };
 
@@ -526,13 +412,7 @@ struct Fmt<QT_IQ3_XXS> {
         s0 = s1 = h2f(ld_u16(b)) * (0.5f + (float)(aux >> 28)) * 0.5f;
         mn = 0.0f;
         const u8* qs = b + 2 + 8 * j;
-#if STRATA_FAST_DECODE
-#if STRATA_WORD_LOADS >= 2
-        u32 qw[2];
-        ld_words_a2<2>(qs, qw);
-#else
         const u32 qw[2] = {ld_u32_a2(qs), ld_u32_a2(qs + 4)};
-#endif
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const u32 q = qw[l >> 1], k = 2 * (l & 1);  // this group's 2 index bytes: k, k + 1
@@ -540,14 +420,6 @@ struct Fmt<QT_IQ3_XXS> {
                           grid4<CODES>(grid[byte_of(q, k + 1)], IQ3XXS_LV0, IQ3XXS_LV1),
                           aux >> (7 * l), w[2 * l], w[2 * l + 1]);
         }
-#else
-#pragma unroll
-        for (int l = 0; l < 4; ++l) {
-            apply_signs7p(grid4<CODES>(grid[qs[2 * l]], IQ3XXS_LV0, IQ3XXS_LV1),
-                          grid4<CODES>(grid[qs[2 * l + 1]], IQ3XXS_LV0, IQ3XXS_LV1),
-                          aux >> (7 * l), w[2 * l], w[2 * l + 1]);
-        }
-#endif
     }
 };
 
@@ -665,7 +537,6 @@ struct Fmt<QT_IQ1_M> {
                 w[2 * l + 1] = (int)perm_bytes(dw, 0u, e >> 16);
             }
         } else {
-#if STRATA_REG_DECODE
             // the grid's bytes are -1, 0, 1, so 8 * grid is (g << 3) masked to each byte's top
             // five bits, and 8 * grid + delta one bytewise add
             const u32 qs4 = ld_u32_a2(b + 4 * j), qh = ld_u16(b + 32 + 2 * j);
@@ -677,23 +548,6 @@ struct Fmt<QT_IQ1_M> {
                 w[2 * l] = (int)add_bytes(((u32)gr << 3) & 0xF8F8F8F8u, dl);
                 w[2 * l + 1] = (int)add_bytes(((u32)(gr >> 32) << 3) & 0xF8F8F8F8u, dl);
             }
-#else
-#pragma unroll
-            for (int l = 0; l < 4; ++l) {
-                const int g = 4 * j + l;
-                const int nib = (b[32 + (g >> 1)] >> (4 * (g & 1))) & 0xF;
-                const u64 gr = grid[b[g] | ((nib & 7) << 8)];
-                const int delta = (nib & 8) ? -1 : 1;
-                u32 lo = 0, hi = 0;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    lo |= (u32)(u8)(8 * (int)(i8)(gr >> (8 * i)) + delta) << (8 * i);
-                    hi |= (u32)(u8)(8 * (int)(i8)(gr >> (8 * i + 32)) + delta) << (8 * i);
-                }
-                w[2 * l] = (int)lo;
-                w[2 * l + 1] = (int)hi;
-            }
-#endif
         }
     }
 };
@@ -730,14 +584,8 @@ __device__ __forceinline__ float dot32(const int* w, float s0, float s1, float m
     return r;
 }
 
-// formats whose kernels get a body (bit QT set): a sweep compiles only what it times, faster
-#ifndef STRATA_FMT_MASK
-#define STRATA_FMT_MASK (~0ull)
-#endif
-#define FMT_ON(QT) (((unsigned long long)(STRATA_FMT_MASK) >> (QT)) & 1ull)
-
 // every quantized format Strata has kernels for, as one X-macro: X(name, QT)
-#define STRATA_QFORMATS(X) \
+#define QFORMATS(X)        \
     X(q8_0, QT_Q8_0)       \
     X(q4_k, QT_Q4_K)       \
     X(q5_k, QT_Q5_K)       \
@@ -750,7 +598,7 @@ __device__ __forceinline__ float dot32(const int* w, float s0, float s1, float m
     X(iq1_m, QT_IQ1_M)
 
 // ---- staged decode (decode-sized GEMVs: T <= 8) ----
-// A warp copies the bytes of STRATA_WARP consecutive sub-blocks of a row (a "chunk": whole blocks)
+// A warp copies the bytes of WARP_SIZE consecutive sub-blocks of a row (a "chunk": whole blocks)
 // into its own shared memory with 16-byte loads, then each lane decodes its sub-block from there.
 // The global reads are then whole 512-byte lines per warp instruction instead of one 2-byte word
 // per lane at a block's stride; the decode's many small loads hit shared memory. The copy keeps
@@ -758,32 +606,32 @@ __device__ __forceinline__ float dot32(const int* w, float s0, float s1, float m
 // side of the chunk within its 16-byte-aligned span (inside the allocation: it is 256-aligned).
 
 #if defined(__HIP__)
-#define STRATA_WARP_SYNC()                                   \
+#define WARP_SYNC()                                          \
     do {                                                     \
         __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront"); \
         __builtin_amdgcn_wave_barrier();                     \
         __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront"); \
     } while (0)
-#elif defined(STRATA_EMU)
-#define STRATA_WARP_SYNC() emu::syncwarp()
+#elif defined(GPU_EMU)
+#define WARP_SYNC() emu::syncwarp()
 #elif !defined(__CUDA_ARCH__)
-#define STRATA_WARP_SYNC() \
-    do {                   \
+#define WARP_SYNC() \
+    do {            \
     } while (0)
 #else
-#define STRATA_WARP_SYNC() __syncwarp()
+#define WARP_SYNC() __syncwarp()
 #endif
 
 template <int QT>
 struct Stage {
     enum {
-        CB = (STRATA_WARP * 32 / Fmt<QT>::QK) * Fmt<QT>::BB,  // bytes of one chunk
+        CB = (WARP_SIZE * 32 / Fmt<QT>::QK) * Fmt<QT>::BB,  // bytes of one chunk
         BUF = (CB + 30) / 16 * 16,                             // + up to 15 bytes of offset
-        NV = (BUF / 16 + STRATA_WARP - 1) / STRATA_WARP,       // 16-byte loads per lane
+        NV = (BUF / 16 + WARP_SIZE - 1) / WARP_SIZE,       // 16-byte loads per lane
     };
     // bytes of chunk c of a row of nsub sub-blocks (the last one may be short: whole blocks)
     static __device__ __forceinline__ int bytes(int nsub, int c) {
-        const int n = min(nsub - c * STRATA_WARP, STRATA_WARP);
+        const int n = min(nsub - c * WARP_SIZE, WARP_SIZE);
         return n * 32 / Fmt<QT>::QK * Fmt<QT>::BB;
     }
 };
@@ -797,7 +645,7 @@ __device__ __forceinline__ void stage_load(i32x4* v, const u8* __restrict__ g, i
     const i32x4* src = (const i32x4*)(g - o);
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-        const int i = lane + k * STRATA_WARP;
+        const int i = lane + k * WARP_SIZE;
         if (i < nv) v[k] = src[i];
     }
 }
@@ -810,29 +658,24 @@ __device__ __forceinline__ const u8* stage_store(u8* sm, const i32x4* v, const u
     i32x4* dst = (i32x4*)sm;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
-        const int i = lane + k * STRATA_WARP;
+        const int i = lane + k * WARP_SIZE;
         if (i < nv) dst[i] = v[k];
     }
     return sm + o;
 }
 
-// How a block holds format QT's lookup table with BYTES of shared memory to spend
-// (STRATA_SMEM_GRID): C lane-banked copies (GridRef) of the code table (STRATA_GRID_CODES), or,
-// with the grids' bytes, one copy of a table of at most 2 KiB; C = 0: the global table.
-template <int QT, int BYTES = STRATA_GRID_SMEM_BYTES>
+// How a block holds format QT's lookup table with BYTES of shared memory to spend: one copy
+// (GridRef) of the code table (GRID_CODES) where it fits, or, with the grids' bytes, one copy of a
+// table of at most 2 KiB; C = 0: the global table.
+template <int QT, int BYTES = GRID_SMEM_BYTES>
 struct GridTab {
     typedef typename Fmt<QT>::tab_t T;
     enum {
         TB = Fmt<QT>::TAB_N * (int)sizeof(T),  // bytes of one copy
-        C = (!STRATA_SMEM_GRID || TB == 0)                     ? 0
-            : !GRID_CODES_ON(QT)                               ? (TB <= 2048 ? 1 : 0)
-            : TB * 32 <= BYTES && 32 <= STRATA_GRID_COPIES     ? 32
-            : TB * 16 <= BYTES && 16 <= STRATA_GRID_COPIES     ? 16
-            : TB * 8 <= BYTES && 8 <= STRATA_GRID_COPIES       ? 8
-            : TB * 4 <= BYTES && 4 <= STRATA_GRID_COPIES       ? 4
-            : TB * 2 <= BYTES && 2 <= STRATA_GRID_COPIES       ? 2
-            : TB <= BYTES                                      ? 1
-                                                               : 0,
+        C = TB == 0               ? 0
+            : !GRID_CODES_ON(QT)  ? (TB <= 2048 ? 1 : 0)
+            : TB <= BYTES         ? 1
+                                  : 0,
         COPIES = C > 0 ? C : 1,
         N = C > 0 ? Fmt<QT>::TAB_N * C : 1,  // entries of the kernel's shared array (1: unused)
         USE = C > 0
@@ -843,37 +686,26 @@ struct GridTab {
     };
 };
 
-// words of a table a thread of stage_tab loads before it stores any, where the copies are
-// narrower than 16 bytes (1: one word at a time, as before session 30). On the H100 (session 30,
-// bench/results/session30-20261207.md) 4 kept IQ3_XXS's MoE decode layer level with 1 and let
-// IQ1_M's 8 KiB of codes into shared memory (below) at 0.93x the layer's MoE time, where one word
-// at a time took 1.25x; 16 cost IQ3_XXS's MoE 1.08x.
-#ifndef STRATA_TAB_BATCH
-#define STRATA_TAB_BATCH 4
-#endif
+// words of a table a thread of stage_tab loads before it stores any: 4 let IQ1_M's 8 KiB of
+// codes into shared memory at 0.93x the layer's MoE time, where one word at a time took 1.25x.
+#define TAB_BATCH 4
 
 // the table decode reads: the block's shared copies (filled by all its threads, then a
 // barrier) where GridTab<QT, BYTES>::USE, else the global table; every thread of the block must
 // call it. `sm`: a GridTab::Store's entries.
-template <int QT, int BYTES = STRATA_GRID_SMEM_BYTES>
+template <int QT, int BYTES = GRID_SMEM_BYTES>
 __device__ __forceinline__ typename GridTab<QT, BYTES>::Ref stage_tab(
     typename Fmt<QT>::tab_t* sm) {
     typedef GridTab<QT, BYTES> GT;
     typedef typename GT::T T;
     if (GT::USE) {
         // copy c of interleave unit e (U words: a u16 pair, a u32, a u64) at words
-        // (e * C + c) * U ..: four consecutive words are one unit's copies where C * U >= 4
+        // (e * C + c) * U ..
         enum { U = sizeof(T) == 8 ? 2 : 1, NW = GT::TB / 4 * GT::C, CU = GT::C * U };
         const u32* src = (const u32*)Fmt<QT>::gtab();
         u32* dst = (u32*)sm;
-        if (CU >= 4) {
-            for (int q = threadIdx.x; q < NW / 4; q += blockDim.x) {
-                const int d = 4 * q, e = d / CU;
-                const u32 v0 = src[e * U], v1 = src[e * U + (U - 1)];
-                ((i32x4*)dst)[q] = i32x4{(int)v0, (int)v1, (int)v0, (int)v1};  // U = 1: v1 == v0
-            }
-        } else {  // R words a thread loads before it stores any (STRATA_TAB_BATCH)
-            enum { R = STRATA_TAB_BATCH };
+        {  // R words a thread loads before it stores any
+            enum { R = TAB_BATCH };
             for (int d0 = threadIdx.x; d0 < NW; d0 += R * blockDim.x) {
                 u32 v[R];
 #pragma unroll
@@ -889,15 +721,15 @@ __device__ __forceinline__ typename GridTab<QT, BYTES>::Ref stage_tab(
             }
         }
         __syncthreads();
-        return grid_ref<GT::COPIES>((const T*)sm, (int)(threadIdx.x % STRATA_WARP));
+        return grid_ref<GT::COPIES>((const T*)sm, (int)(threadIdx.x % WARP_SIZE));
     }
     return typename GT::Ref{Fmt<QT>::gtab()};
 }
 
 // acc[m] += sum over sub-blocks sb of dx(sb) * dot(row m, x) for M rows sharing one activation
 // (xq int8 [nsub * 32], xd its scales, one per 32 << xd_shift), chunks c0, c0 + cstep, ...;
-// lane l takes sub-block c * STRATA_WARP + l, in the same order (and float operations) as a
-// one-warp-per-row loop over sb = lane, lane + STRATA_WARP, ... `sm` holds M * Stage::BUF bytes
+// lane l takes sub-block c * WARP_SIZE + l, in the same order (and float operations) as a
+// one-warp-per-row loop over sb = lane, lane + WARP_SIZE, ... `sm` holds M * Stage::BUF bytes
 // of this warp. Chunk c + cstep is read into registers while chunk c is decoded.
 template <int QT, int M, class G>
 __device__ __forceinline__ void staged_rows(u8* sm, const u8* const* rows, int nsub, int c0,
@@ -905,8 +737,8 @@ __device__ __forceinline__ void staged_rows(u8* sm, const u8* const* rows, int n
                                             const float* __restrict__ xd, int xd_shift,
                                             const G tab, float* acc) {
     typedef Stage<QT> S;
-    const int lane = threadIdx.x % STRATA_WARP, spb = Fmt<QT>::QK / 32;
-    const int nch = (nsub + STRATA_WARP - 1) / STRATA_WARP;
+    const int lane = threadIdx.x % WARP_SIZE, spb = Fmt<QT>::QK / 32;
+    const int nch = (nsub + WARP_SIZE - 1) / WARP_SIZE;
     i32x4 v[M][S::NV];
     if (c0 < nch) {
         const int n = S::bytes(nsub, c0);
@@ -919,14 +751,14 @@ __device__ __forceinline__ void staged_rows(u8* sm, const u8* const* rows, int n
 #pragma unroll
         for (int m = 0; m < M; ++m)
             blk[m] = stage_store<S::NV>(sm + m * S::BUF, v[m], rows[m] + c * S::CB, n, lane);
-        STRATA_WARP_SYNC();
+        WARP_SYNC();
         if (c + cstep < nch) {
             const int n2 = S::bytes(nsub, c + cstep);
 #pragma unroll
             for (int m = 0; m < M; ++m)
                 stage_load<S::NV>(v[m], rows[m] + (c + cstep) * S::CB, n2, lane);
         }
-        const int sb = c * STRATA_WARP + lane;
+        const int sb = c * WARP_SIZE + lane;
         if (sb < nsub) {
             const i32x4* xp = (const i32x4*)(xq + (i64)sb * 32);
             const i32x4 a = xp[0], b = xp[1];
@@ -941,6 +773,6 @@ __device__ __forceinline__ void staged_rows(u8* sm, const u8* const* rows, int n
                 acc[m] += dx * dot32<QT>(w, s0, s1, mn, xv);
             }
         }
-        STRATA_WARP_SYNC();  // the next chunk overwrites `sm`
+        WARP_SYNC();  // the next chunk overwrites `sm`
     }
 }

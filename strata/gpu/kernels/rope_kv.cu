@@ -34,7 +34,7 @@ __device__ __forceinline__ void rope_kv(const float* __restrict__ qkv, int H, in
                                         void* __restrict__ v_cache, float* __restrict__ k_scale,
                                         float* __restrict__ v_scale, int S_cap,
                                         const int* __restrict__ pos_dev) {
-    __shared__ double red[1024 / STRATA_WARP];
+    __shared__ double red[1024 / WARP_SIZE];
     const int hh = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
     const int pos = (pos_dev ? pos_dev[0] : pos0) + t;
     const float* row = qkv + (i64)t * (H * Dh + G * Dh + G * Dv);
@@ -86,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(1024)
                     const float* __restrict__ inv_freq, int pos0, float* __restrict__ q_out,
                     u16* __restrict__ k_cache, u16* __restrict__ v_cache, int S_cap,
                     const int* __restrict__ pos_dev) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     rope_kv<false>(qkv, H, G, Dh, Dv, q_norm, k_norm, eps, inv_freq, pos0, q_out, k_cache,
                    v_cache, nullptr, nullptr, S_cap, pos_dev);
 }
@@ -98,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(1024)
                        float* __restrict__ q_out, i8* __restrict__ k_cache,
                        i8* __restrict__ v_cache, float* __restrict__ k_scale,
                        float* __restrict__ v_scale, int S_cap, const int* __restrict__ pos_dev) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     rope_kv<true>(qkv, H, G, Dh, Dv, q_norm, k_norm, eps, inv_freq, pos0, q_out, k_cache,
                   v_cache, k_scale, v_scale, S_cap, pos_dev);
 }

@@ -19,7 +19,7 @@
 //      step[0] once every word of the record is visible to the host.
 #include "topk.cuh"
 
-#define RC_MAX_PER_LANE 8  // E <= 8 * STRATA_WARP
+#define RC_MAX_PER_LANE 8  // E <= 8 * WARP_SIZE
 #define RC_MAX_K 16
 
 extern "C" __global__ void route_car(const float* __restrict__ logits, int E, int K, int renorm,
@@ -30,7 +30,7 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
                                      i32* __restrict__ pair_slot, float* __restrict__ stats,
                                      u32* __restrict__ pack, const float* __restrict__ h_src,
                                      int D, volatile i32* ready, const i32* __restrict__ step) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     const int t = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (i64)t * E;
     float m, s;
@@ -38,7 +38,7 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
     float p[RC_MAX_PER_LANE];
 #pragma unroll
     for (int c = 0; c < RC_MAX_PER_LANE; ++c) {
-        const int e = lane + c * STRATA_WARP;
+        const int e = lane + c * WARP_SIZE;
         p[c] = e < E ? expf(l[e] - m) / s : -1.0f;
         if (e < E) probs[(i64)t * E + e] = p[c];
     }
@@ -52,14 +52,14 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
         int bi = 0x7fffffff;
 #pragma unroll
         for (int c = 0; c < RC_MAX_PER_LANE; ++c) {
-            const int e = lane + c * STRATA_WARP;
+            const int e = lane + c * WARP_SIZE;
             if (e < E && !((taken >> c) & 1u) && p[c] > bp) {
                 bp = p[c];
                 bi = e;
             }
         }
         warp_best(bp, bi);
-        if (bi % STRATA_WARP == lane) taken |= 1u << (bi / STRATA_WARP);
+        if (bi % WARP_SIZE == lane) taken |= 1u << (bi / WARP_SIZE);
         pick[k] = bi;
         pw[k] = bp;
         wsum += bp;
@@ -83,7 +83,7 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
             int bc = 0x7fffffff, be = 0x7fffffff, bk = -1;
 #pragma unroll
             for (int c = 0; c < RC_MAX_PER_LANE; ++c) {
-                const int e = lane + c * STRATA_WARP;
+                const int e = lane + c * WARP_SIZE;
                 if (e >= E || ((taken >> c) & 1u) || ((used >> c) & 1u) || slot_row[e] < 0)
                     continue;
                 for (int k = 0; k < K; ++k) {
@@ -102,7 +102,7 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
                 }
             }
 #pragma unroll
-            for (int o = STRATA_WARP / 2; o > 0; o >>= 1) {
+            for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
                 const double orr = SHFL_XOR(br, o);
                 const int oc = SHFL_XOR(bc, o), oe = SHFL_XOR(be, o), ok = SHFL_XOR(bk, o);
                 if (orr > br || (orr == br && (oc < bc || (oc == bc && oe < be)))) {
@@ -115,7 +115,7 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
             if (bk < 0) break;  // nothing applicable is left
             final_[bk] = bc;
             done |= 1u << bk;
-            if (bc % STRATA_WARP == lane) used |= 1u << (bc / STRATA_WARP);
+            if (bc % WARP_SIZE == lane) used |= 1u << (bc / WARP_SIZE);
             if (!(br >= free_ratio)) ++counted;
             ++n_sub;
             ratio_sum += (double)(float)br;  // the plan's float32 ratio, summed
@@ -124,7 +124,7 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
     u32* rec = pack ? pack + (i64)t * (4 * K + 4 + D) : nullptr;
     if (rec) {
         const u32* hs = (const u32*)(h_src + (i64)t * D);
-        for (int d = lane; d < D; d += STRATA_WARP) rec[4 * K + 4 + d] = hs[d];
+        for (int d = lane; d < D; d += WARP_SIZE) rec[4 * K + 4 + d] = hs[d];
     }
     if (lane == 0) {
         int after = 0;
@@ -150,7 +150,7 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
         }
     }
     if (ready != nullptr) {  // each lane's record words out over the bus before the ready word
-        STRATA_FENCE_SYSTEM();
+        FENCE_SYSTEM();
         __syncthreads();
         if (lane == 0) *ready = step[0];
     }

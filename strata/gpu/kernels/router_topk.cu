@@ -1,14 +1,14 @@
 // Router on the device: softmax over all E experts, top-K by probability (ties: lower id),
 // optional renormalization of the K weights with the sum clamped below at min_sum (llama.cpp's
-// qwen3moe), as strata.routing.route_topk. One warp per token; E <= 32 * STRATA_WARP.
+// qwen3moe), as strata.routing.route_topk. One warp per token; E <= 32 * WARP_SIZE.
 // slot_row (optional): a layer's (expert -> slot) table; then the picks also go out as the
 // resident-expert pair list, pair_slot = slot_row[id] (-1: not resident), pair_w = weight (what
 // a separate launch used to do).
 #include "topk.cuh"
 
-#define RT_C 32  // logits a lane can hold: E <= RT_C * STRATA_WARP
+#define RT_C 32  // logits a lane can hold: E <= RT_C * WARP_SIZE
 
-// The body for rows of at most C * STRATA_WARP logits: a lane holds C of them in registers (the
+// The body for rows of at most C * WARP_SIZE logits: a lane holds C of them in registers (the
 // kernel picks the smallest power-of-two C that fits E, so E = 128 loops over 4, not RT_C).
 template <int C>
 __device__ __forceinline__ void router_topk_row(const float* __restrict__ l, int E, int K,
@@ -18,13 +18,13 @@ __device__ __forceinline__ void router_topk_row(const float* __restrict__ l, int
                                                 i32* __restrict__ pair_slot,
                                                 float* __restrict__ pair_w) {
     const int lane = threadIdx.x;
-    // the row's probabilities in registers (lane's expert lane + c * STRATA_WARP at p[c]): the K
+    // the row's probabilities in registers (lane's expert lane + c * WARP_SIZE at p[c]): the K
     // rounds below only shuffle, instead of reloading and exponentiating every logit K times
     float p[C];
     float m = NEG_INF;
 #pragma unroll
     for (int c = 0; c < C; ++c) {
-        const int e = lane + c * STRATA_WARP;
+        const int e = lane + c * WARP_SIZE;
         p[c] = e < E ? l[e] : NEG_INF;
         m = fmaxf(m, p[c]);
     }
@@ -32,10 +32,10 @@ __device__ __forceinline__ void router_topk_row(const float* __restrict__ l, int
     float s = 0.0f;
 #pragma unroll
     for (int c = 0; c < C; ++c)
-        if (lane + c * STRATA_WARP < E) s += expf(p[c] - m);
+        if (lane + c * WARP_SIZE < E) s += expf(p[c] - m);
     s = warp_sum(s);
 #pragma unroll
-    for (int c = 0; c < C; ++c) p[c] = lane + c * STRATA_WARP < E ? expf(p[c] - m) / s : -1.0f;
+    for (int c = 0; c < C; ++c) p[c] = lane + c * WARP_SIZE < E ? expf(p[c] - m) / s : -1.0f;
     float wsum = 0.0f, my_p = 0.0f;
     int my_id = 0;  // lane k keeps pick k: the outputs below go out from K lanes at once
     for (int k = 0; k < K; ++k) {
@@ -45,13 +45,13 @@ __device__ __forceinline__ void router_topk_row(const float* __restrict__ l, int
         for (int c = 0; c < C; ++c) {
             if (p[c] > bp) {  // taken experts hold -2 and no expert's p is below 0
                 bp = p[c];
-                bi = lane + c * STRATA_WARP;
+                bi = lane + c * WARP_SIZE;
             }
         }
         warp_best(bp, bi);
 #pragma unroll
         for (int c = 0; c < C; ++c)
-            if (lane + c * STRATA_WARP == bi) p[c] = -2.0f;
+            if (lane + c * WARP_SIZE == bi) p[c] = -2.0f;
         if (lane == k) {
             my_id = bi;
             my_p = bp;
@@ -75,10 +75,10 @@ extern "C" __global__ void router_topk(const float* __restrict__ logits, int E, 
                                        float* __restrict__ weights,
                                        const i32* __restrict__ slot_row,
                                        i32* __restrict__ pair_slot, float* __restrict__ pair_w) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     const i64 t = blockIdx.x;
     const float* l = logits + t * E;
-    const int c = (E + STRATA_WARP - 1) / STRATA_WARP;  // block-uniform: no divergence
+    const int c = (E + WARP_SIZE - 1) / WARP_SIZE;  // block-uniform: no divergence
 #define RT_ROW(C) router_topk_row<C>(l, E, K, renorm, min_sum, t, ids, weights, slot_row, pair_slot, pair_w)
     if (c <= 1)
         RT_ROW(1);

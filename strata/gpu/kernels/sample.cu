@@ -21,19 +21,17 @@
 // passes, so nothing is allocated and the one read-back is the id.
 #include "common.cuh"
 
-#ifndef SAMPLE_THREADS
 #define SAMPLE_THREADS 1024
-#endif
-#define SAMPLE_NWARP (SAMPLE_THREADS / STRATA_WARP)
+#define SAMPLE_NWARP (SAMPLE_THREADS / WARP_SIZE)
 #define FIX_SCALE 1099511627776.0  // 2^40
 #define HIST_COPIES 16  // copies of the radix histogram: lanes of a warp rarely share an address
 
-#if defined(STRATA_EMU)
+#if defined(GPU_EMU)
 #define SHFL_IDX(v, src) emu::shfl((v), (src))
 #elif defined(__HIP__)
-#define SHFL_IDX(v, src) __shfl((v), (src), STRATA_WARP)
+#define SHFL_IDX(v, src) __shfl((v), (src), WARP_SIZE)
 #else
-#define SHFL_IDX(v, src) __shfl_sync(0xffffffffu, (v), (src), STRATA_WARP)
+#define SHFL_IDX(v, src) __shfl_sync(0xffffffffu, (v), (src), WARP_SIZE)
 #endif
 
 // float -> u32 whose unsigned order is the float order; -0 maps to +0's key
@@ -71,7 +69,7 @@ struct Shared {
 };
 
 __device__ __forceinline__ u64 block_sum_u64(u64 v, Shared& sh) {
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
     v = warp_sum(v);
     __syncthreads();  // part may still be read by a previous call
     if (lane == 0) sh.part[wid] = v;
@@ -82,7 +80,7 @@ __device__ __forceinline__ u64 block_sum_u64(u64 v, Shared& sh) {
 }
 
 __device__ __forceinline__ u32 block_max_u32(u32 v, Shared& sh) {
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
     v = warp_max(v);
     __syncthreads();
     if (lane == 0) sh.part[wid] = v;
@@ -152,15 +150,15 @@ __device__ void radix_select(const float* __restrict__ z, int V, u64 target, con
 
 // The first index i (vocabulary order) where sum_{j <= i} mu(j, key_j) >= need (need >= 1, at
 // most the total). Each warp sums a contiguous segment; the warp whose segment holds the
-// crossing walks it STRATA_WARP elements at a time.
+// crossing walks it WARP_SIZE elements at a time.
 template <class M>
 __device__ int locate(const float* __restrict__ z, int V, u64 need, const M& mu, Shared& sh) {
-    const int lane = threadIdx.x % STRATA_WARP, wid = threadIdx.x / STRATA_WARP;
+    const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
     int seg = (V + SAMPLE_NWARP - 1) / SAMPLE_NWARP;
-    seg = (seg + STRATA_WARP - 1) / STRATA_WARP * STRATA_WARP;
+    seg = (seg + WARP_SIZE - 1) / WARP_SIZE * WARP_SIZE;
     const int lo = wid * seg, hi = min(V, lo + seg);
     u64 s = 0;
-    for (int i = lo + lane; i < hi; i += STRATA_WARP) s += mu(i, order_key(z[i]));
+    for (int i = lo + lane; i < hi; i += WARP_SIZE) s += mu(i, order_key(z[i]));
     s = warp_sum(s);
     __syncthreads();
     if (lane == 0) sh.part[wid] = s;
@@ -178,14 +176,14 @@ __device__ int locate(const float* __restrict__ z, int V, u64 need, const M& mu,
     __syncthreads();
     if (wid == (int)sh.r32) {  // warp-uniform from here on
         u64 rem = sh.r64;
-        for (int base = lo; base < hi; base += STRATA_WARP) {
+        for (int base = lo; base < hi; base += WARP_SIZE) {
             const int i = base + lane;
             const u64 m = i < hi ? mu(i, order_key(z[i])) : 0;
             const u64 t = warp_sum(m);
             if (t >= rem) {
                 u64 run = 0;
                 int j = 0;
-                for (; j < STRATA_WARP - 1; ++j) {
+                for (; j < WARP_SIZE - 1; ++j) {
                     run += SHFL_IDX(m, j);
                     if (run >= rem) break;
                 }
@@ -235,7 +233,7 @@ struct DrawWeight {  // r_i over the kept set (greedy: the top key only)
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_row(const float* __restrict__ z, int V, const double* __restrict__ prm,
                u64* work, i32* __restrict__ out) {
-    STRATA_PDL_ENTER();
+    PDL_ENTER();
     __shared__ Shared sh;
     const int top_k = (int)prm[0];
     const double top_p = prm[1], min_p = prm[2], temp = prm[3], u = prm[4];

@@ -6,12 +6,12 @@
 // max and sum of exp(l - max) over the E logits of one row (every lane gets both)
 __device__ __forceinline__ void softmax_stats(const float* __restrict__ l, int E, float& m,
                                               float& s) {
-    const int lane = threadIdx.x % STRATA_WARP;
+    const int lane = threadIdx.x % WARP_SIZE;
     m = NEG_INF;
-    for (int e = lane; e < E; e += STRATA_WARP) m = fmaxf(m, l[e]);
+    for (int e = lane; e < E; e += WARP_SIZE) m = fmaxf(m, l[e]);
     m = warp_max(m);
     s = 0.0f;
-    for (int e = lane; e < E; e += STRATA_WARP) s += expf(l[e] - m);
+    for (int e = lane; e < E; e += WARP_SIZE) s += expf(l[e] - m);
     s = warp_sum(s);
 }
 
@@ -19,7 +19,7 @@ __device__ __forceinline__ void softmax_stats(const float* __restrict__ l, int E
 // ends with the winner
 __device__ __forceinline__ void warp_best(float& bp, int& bi) {
 #pragma unroll
-    for (int o = STRATA_WARP / 2; o > 0; o >>= 1) {
+    for (int o = WARP_SIZE / 2; o > 0; o >>= 1) {
         const float op = SHFL_XOR(bp, o);
         const int oi = SHFL_XOR(bi, o);
         if (op > bp || (op == bp && oi < bi)) {

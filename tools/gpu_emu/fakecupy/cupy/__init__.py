@@ -183,12 +183,12 @@ class RawModule:
         defs = [o for o in options if o.startswith("-D") or o.startswith("-I")]
         warp = 32
         for o in defs:
-            if o.startswith("-DSTRATA_WARP="):
+            if o.startswith("-DWARP_SIZE="):
                 warp = int(o.split("=")[1])
         self.kernels = {}
         wrappers = []
         pre = _sp.run(
-            ["g++", "-E", "-P", "-x", "c++", "-DSTRATA_EMU", *defs, "-"],
+            ["g++", "-E", "-P", "-x", "c++", "-DGPU_EMU", *defs, "-"],
             input=code,
             capture_output=True,
             text=True,
