@@ -75,10 +75,10 @@ def make_tier(
     if device not in DEVICES:
         raise ValueError(f"device must be auto, gpu or host, not {device!r}")
     if device != "host" and info is not None:
-        from strata.gpu.budget import DeviceBudget
+        from strata.gpu.budget import DEFAULT_BUDGET_MIB, DeviceBudget
         from strata.gpu.cupy_tier import CupyTier
 
-        budget = DeviceBudget.from_env(total_mib=vram_budget_mib, widen=widen_budget)
+        budget = DeviceBudget(total_mib=vram_budget_mib or DEFAULT_BUDGET_MIB, widen=widen_budget)
         say_once(f"GPU tier on {info.describe()}, VRAM budget {budget.total_mib} MiB")
         return CupyTier(
             model,

@@ -19,8 +19,7 @@ from gguf.constants import GGMLQuantizationType
 
 cp = pytest.importorskip("cupy")
 
-from strata.gpu.host import rope_inv_freq  # noqa: E402
-
+from strata.cpu.tier import rope_inv_freq  # noqa: E402
 from strata.gpu.attention import (  # noqa: E402
     DEC_SHORT_GRID,
     DEC_SHORT_MAX,

@@ -16,8 +16,8 @@ from gguf.constants import GGMLQuantizationType
 cp = pytest.importorskip("cupy")
 
 from gguf.quants import dequantize  # noqa: E402
-from strata.gpu.host import rope_inv_freq  # noqa: E402
 
+from strata.cpu.tier import rope_inv_freq  # noqa: E402
 from strata.gpu.attention import AttnWorkspace, attention, attention_ref  # noqa: E402
 from strata.gpu.elementwise import (  # noqa: E402
     argmax_rows,

@@ -22,8 +22,9 @@ import pytest
 cp = pytest.importorskip("cupy")
 
 from strata.engine.forward import Engine  # noqa: E402
-from strata.gpu.host import HostTier, rope_inv_freq  # noqa: E402
 
+from strata.cpu.kv import dequantize_kv_rows, quantize_kv_rows  # noqa: E402
+from strata.cpu.tier import HostTier, rope_inv_freq  # noqa: E402
 from strata.gpu.attention import (  # noqa: E402
     DEC_SHORT_GRID,
     DEC_SHORT_MAX,
@@ -33,12 +34,7 @@ from strata.gpu.attention import (  # noqa: E402
     attention_int8_ref,
 )
 from strata.gpu.cupy_tier import CupyTier  # noqa: E402
-from strata.gpu.rope_kv import (  # noqa: E402
-    dequantize_kv_rows,
-    qk_norm_rope_kv,
-    qk_norm_rope_kv_ref,
-    quantize_kv_rows,
-)
+from strata.gpu.rope_kv import qk_norm_rope_kv, qk_norm_rope_kv_ref  # noqa: E402
 from strata.model.loader import load_model  # noqa: E402
 from tests.oracle import FLIP_BOUND  # noqa: E402
 from tests.test_gpu_kernels import flip_allowance  # noqa: E402

@@ -17,19 +17,12 @@ cp = pytest.importorskip("cupy")
 
 from strata.engine.forward import Engine  # noqa: E402
 
+from strata.cpu.sampling import kept_ref, sample_ref  # noqa: E402
 from strata.engine.sampling import SamplingParams  # noqa: E402
 from strata.gpu.cupy_tier import CupyTier  # noqa: E402
 from strata.gpu.decode_graph import Pinned  # noqa: E402
 from strata.gpu.rawmod import Kernels  # noqa: E402
-from strata.gpu.sample import (  # noqa: E402
-    N_KNOBS,
-    SampleBufs,
-    kept_ref,
-    knob_values,
-    sample_logits,
-    sample_ref,
-    sample_row,
-)
+from strata.gpu.sample import N_KNOBS, SampleBufs, knob_values, sample_logits, sample_row  # noqa: E402
 from strata.model.loader import load_model  # noqa: E402
 from tests.test_gpu_graph import engine  # noqa: E402
 from tests.test_gpu_tier import record_routing, routes, small_budget  # noqa: E402

@@ -12,10 +12,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from strata.cpu.sampling import kept_ref, order_keys, sample_ref
 from strata.engine.engine import Engine
 from strata.engine.sampling import Sampler, SamplingParams
 from strata.engine.session import Generation, Session
-from strata.gpu.sample import kept_ref, knob_values, order_keys, sample_ref
+from strata.gpu.sample import knob_values
 from strata.model.loader import load_model
 
 

@@ -295,10 +295,10 @@ class _Layer:
     """A Qwen3-30B-A3B-shaped layer on the device with random weights (no model file)."""
 
     def __init__(self, cp, K, rng, expert_qt, dense_qt, ctx: int):
+        from strata.cpu.tier import rope_inv_freq
         from strata.gpu.attention import AttnWorkspace
         from strata.gpu.experts import SlotStore
         from strata.gpu.gemv import DeviceWeight
-        from strata.gpu.host import rope_inv_freq
         from strata.gpu.norm_quant import ActBuf
         from strata.quant import fmt, random_quantized
 

@@ -22,12 +22,12 @@ from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
 from strata.cpu.dense import QuantLinear
-from strata.cpu.dequant import dequant
 from strata.cpu.half import round_f16, to_f32
 from strata.cpu.kv import dequantize_kv_rows, quantize_kv_rows
 from strata.cpu.quantize import roundtrip  # NumPy's bits, compiled (float32 Q8_K / Q8_0)
 from strata.cpu.sampling import sample_ref
 from strata.quant import fmt
+from strata.quant.dequant import dequant
 
 QT = GGMLQuantizationType
 EXPERT_MATS = (MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata.gpu.sample import sample_ref
+from strata.cpu.sampling import sample_ref
 
 
 @dataclass(frozen=True)

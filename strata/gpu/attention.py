@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from strata.cpu.kv import dequantize_kv_rows
 from strata.gpu.rawmod import Kernels, f32, i32
-from strata.gpu.rope_kv import dequantize_kv_rows, kv_is_int8
+from strata.gpu.rope_kv import kv_is_int8
 
 TILE = 64  # ATT_TILE in attention.cu
 MAX_REP = 16

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 from gguf.constants import GGMLQuantizationType
 
+from strata.cpu.tier import check_kv_type, rope_inv_freq
 from strata.gpu.attention import (
     attention,
     attention_decode,
@@ -55,7 +56,6 @@ from strata.gpu.embed import embed
 from strata.gpu.expert_slots import ExpertSlots
 from strata.gpu.experts import GROUPED_MIN_T, moe_experts, moe_experts_grouped
 from strata.gpu.gemv import DeviceWeight, gemm_mma, gemv
-from strata.gpu.host import check_kv_type, rope_inv_freq
 from strata.gpu.norm_quant import ActBuf, norm_quant
 from strata.gpu.pairs_fast import distinct_experts
 from strata.gpu.prefill import PromptPath

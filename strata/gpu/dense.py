@@ -7,11 +7,11 @@ import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
+from strata.cpu.tier import EXPERT_MATS
 from strata.gpu.device import DeviceError
 from strata.gpu.gemv import DeviceWeight
-from strata.gpu.host import EXPERT_MATS
-from strata.model.qwen3moe import name
-from strata.model.weights import dequant
+from strata.model.arch.common import name
+from strata.quant.dequant import dequant
 
 QT = GGMLQuantizationType
 

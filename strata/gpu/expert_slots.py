@@ -8,11 +8,11 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
+from strata.cpu.tier import EXPERT_MATS
 from strata.gpu.budget import MIB
 from strata.gpu.decode_graph import Pinned
 from strata.gpu.device import DeviceError
 from strata.gpu.experts import SlotStore
-from strata.gpu.host import EXPERT_MATS
 from strata.gpu.pairs_fast import distinct_experts
 from strata.gpu.staging import StageUploader
 

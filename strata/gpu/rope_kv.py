@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from strata.cpu.kv import quantize_kv_rows
 from strata.gpu.rawmod import Kernels, f32, i32, ptr
 
 U16 = np.dtype(np.uint16)
@@ -73,25 +74,6 @@ def kv_is_int8(k_cache, v_cache, k_scale, v_scale) -> bool:
         if sc is None or np.dtype(sc.dtype) != np.float32 or tuple(sc.shape) != c.shape[:2]:
             raise ValueError(f"an int8 KV cache needs {n}_scale float32 {c.shape[:2]}")
     return True
-
-
-def quantize_kv_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x [..., D] float32 -> (q [..., D] int8, d [...] float32): d = absmax / 127 per row,
-    q = rint(x / d) (nearest, ties to even; a division, not a product with 1 / d, which would
-    overflow for a subnormal d), clipped to +-127; d = 0 and q = 0 for a zero row. The int8 KV
-    rows of both tiers; the GPU kernel does the same correctly rounded float32 operations."""
-    x = np.asarray(x, np.float32)
-    amax = np.max(np.abs(x), axis=-1)  # [...]
-    d = (amax / np.float32(127)).astype(np.float32)
-    r = np.zeros_like(x)
-    np.divide(x, d[..., None], out=r, where=d[..., None] != 0)
-    q = np.clip(np.rint(r), -127, 127).astype(np.int8)
-    return q, d
-
-
-def dequantize_kv_rows(q: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """(q [..., D] int8, d [...] float32) -> x [..., D] float32 = q * d."""
-    return q.astype(np.float32) * d[..., None].astype(np.float32)
 
 
 def rms_norm_ref(x, w, eps):

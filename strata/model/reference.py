@@ -21,9 +21,9 @@ from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
 from strata.model.loader import Model
-from strata.model.weights import dequant
 from strata.quant import fmt
 from strata.quant.activation import roundtrip
+from strata.quant.dequant import dequant
 
 QT = GGMLQuantizationType
 MIN_WEIGHT_SUM = 6.103515625e-5  # llama.cpp clamps the top-k weight sum below at this (2^-14)
