@@ -159,7 +159,7 @@ extern "C" __global__ void spin(unsigned long long ns) {
 
 def expert_bytes_in_slots(tier, table: np.ndarray) -> bool:
     """Whether every (layer, e) -> slot of `table` [L, E] holds expert e's bytes on the card."""
-    from strata.gpu.host import EXPERT_MATS
+    from strata.cpu.tier import EXPERT_MATS
 
     for layer, e in zip(*np.nonzero(table >= 0), strict=True):
         s = int(table[layer, e])
@@ -295,7 +295,8 @@ def test_routed_ahead_served_in_one_call_keeps_the_bits(synth_model, device):
     wait, counts, misses and release in one compiled call, the pool on its team) gives the bits,
     counts and windows of the Python round a layer (a step without a step server)."""
     model = load_model(synth_model("tiny", "IQ3_XXS", seed=31, skew=1.0))
-    flags = dict(expert_cache="7", car_threshold=0.35)
+    # 4 threads: the pool runs on its resident team (which the step server needs) from 4 up
+    flags = dict(expert_cache="7", car_threshold=0.35, threads=4)
     g, e = engine(model, True, **flags), engine(model, True, **flags)
     e.step._make_server = None  # every layer a Python round
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()

@@ -21,7 +21,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from strata.engine.forward import Engine  # noqa: E402
+from strata.engine.engine import Engine  # noqa: E402
 
 from strata.cpu.kv import dequantize_kv_rows, quantize_kv_rows  # noqa: E402
 from strata.cpu.tier import HostTier, rope_inv_freq  # noqa: E402
@@ -280,7 +280,7 @@ def test_int8_greedy_decode_matches_host_tier_for_32_steps(synth_model, device, 
 
 
 def test_int8_graph_decode_equals_its_eager_launches(synth_model, device):
-    from strata.engine.builder import build_engine
+    from strata.build import build_engine
 
     from strata.config import resolve
 

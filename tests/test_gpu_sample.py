@@ -15,7 +15,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from strata.engine.forward import Engine  # noqa: E402
+from strata.engine.engine import Engine  # noqa: E402
 
 from strata.cpu.sampling import kept_ref, sample_ref  # noqa: E402
 from strata.engine.sampling import SamplingParams  # noqa: E402

@@ -29,7 +29,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from strata.engine.forward import Engine  # noqa: E402
+from strata.engine.engine import Engine  # noqa: E402
 
 import strata.gpu.workspace as gws  # noqa: E402
 from strata.gpu.budget import MIB, BudgetExceeded, DeviceBudget  # noqa: E402
@@ -383,7 +383,7 @@ def test_router_picks_are_the_host_top_k_of_the_router(synth_model, device, monk
     """router_picks (the top-k of a prompt on the card, in chunks of ptmax rows): the ids of
     the host's top-k of `router`'s logits, weights to float noise (expf against NumPy's exp),
     the same h, and the picks read back once."""
-    from strata.engine.route_fast import topk_fast
+    from strata.routing.topk import topk_fast
 
     model = load_model(synth_model("tiny", "Q4_K", seed=13))
     a = model.args
