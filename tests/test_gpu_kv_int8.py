@@ -21,10 +21,9 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from strata.engine.engine import Engine  # noqa: E402
-
 from strata.cpu.kv import dequantize_kv_rows, quantize_kv_rows  # noqa: E402
 from strata.cpu.tier import HostTier, rope_inv_freq  # noqa: E402
+from strata.engine.engine import Engine  # noqa: E402
 from strata.gpu.attention import (  # noqa: E402
     DEC_SHORT_GRID,
     DEC_SHORT_MAX,
@@ -281,7 +280,6 @@ def test_int8_greedy_decode_matches_host_tier_for_32_steps(synth_model, device, 
 
 def test_int8_graph_decode_equals_its_eager_launches(synth_model, device):
     from strata.build import build_engine
-
     from strata.config import resolve
 
     model = load_model(synth_model("tiny", "Q4_K", seed=21))

@@ -15,9 +15,8 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from strata.engine.engine import Engine  # noqa: E402
-
 from strata.cpu.sampling import kept_ref, sample_ref  # noqa: E402
+from strata.engine.engine import Engine  # noqa: E402
 from strata.engine.sampling import SamplingParams  # noqa: E402
 from strata.gpu.cupy_tier import CupyTier  # noqa: E402
 from strata.gpu.decode_graph import Pinned  # noqa: E402

@@ -29,9 +29,8 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from strata.engine.engine import Engine  # noqa: E402
-
 import strata.gpu.workspace as gws  # noqa: E402
+from strata.engine.engine import Engine  # noqa: E402
 from strata.gpu.budget import MIB, BudgetExceeded, DeviceBudget  # noqa: E402
 from strata.gpu.cupy_tier import CupyTier  # noqa: E402
 from strata.model.loader import load_model  # noqa: E402
