@@ -42,7 +42,7 @@ def _rss() -> dict:
 def child(model_path: str, pack: str, arm: str, threads: int) -> dict:
     import numpy as np
 
-    from strata.engine.pool_runner import PoolMissRunner
+    from strata.cpu.runner import PoolMissRunner
     from strata.model.loader import load_model
 
     model = load_model(model_path)

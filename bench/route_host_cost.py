@@ -17,7 +17,7 @@ import numpy as np
 
 from strata.bench.common import commit
 from strata.cpu.quantize import roundtrip
-from strata.engine.pool_runner import _tasks
+from strata.cpu.runner import _tasks
 from strata.quant import activation as A
 from strata.quant.formats import QT
 from strata.routing.profile import AdaptiveCache, observe_fast
@@ -62,7 +62,7 @@ def main() -> None:
         print(f"{name:<18} {ua:>8.2f} {ub:>9.2f}")
     print(f"{'sum':<18} {tot[0]:>8.2f} {tot[1]:>9.2f}")
     # the other per-layer host steps this session compiled: the miss runner's task list
-    # (strata/engine/pool_runner.py) and the host tier's activation round trip (one 2048 row)
+    # (strata/cpu/runner.py) and the host tier's activation round trip (one 2048 row)
     miss = np.where(g.random((1, k)) < 0.5, ids, -1)
     w = g.random((1, k)).astype(np.float32)
     bufs = (np.zeros(k, np.int32), np.zeros(k, np.int32), np.zeros(k, np.float32))

@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from strata.config import ConfigError, EngineConfig, car_unwired
+from strata.cpu.runner import PoolMissRunner
 from strata.engine.engine import Engine
-from strata.engine.pool_runner import PoolMissRunner
 from strata.engine.tier import Tier, is_card
 from strata.gpu.device import DeviceError, DeviceInfo, primary_device, say_once
 from strata.model.loader import Model
+from strata.progress import reporter
 from strata.routing.car import CarKnobs
 from strata.routing.profile import AdaptiveCache, UsageProfile, place
 
@@ -55,6 +56,16 @@ def prefill_stage_slots(cfg: EngineConfig, n_expert: int, cpu_pool: bool) -> int
 DEVICES = ("auto", "gpu", "host")
 
 
+def single_threaded_blas() -> None:
+    """One BLAS thread from now on: the pool's Numba threads own the cores, and OpenBLAS's
+    threads, which spin on after each small host-side matmul, would take them from the pool."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # an install without it: BLAS keeps its threads
+        return
+    threadpool_limits(1, user_api="blas")
+
+
 def make_tier(
     model: Model,
     n_ctx: int,
@@ -92,7 +103,6 @@ def make_tier(
     if device == "gpu":
         raise DeviceError("--device gpu: no usable GPU (CuPy and a CUDA/ROCm device needed)")
     from strata.cpu.tier import HostTier
-    from strata.progress import reporter
 
     # the dense matrices on the CPU pool's kernels, from the weights' own bytes
     with reporter("loading dense weights", unit="layer") as progress:
@@ -154,18 +164,19 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
     if card:  # the GPU tier uploads the placed experts now
         resident[:] = tier.load_resident(resident)
     # the experts the tier does not hold run in the CPU pool
-    miss_runner = (
-        PoolMissRunner(
-            model,
-            cfg.threads,
-            pack=cfg.pack,
-            resident_experts=cfg.resident_experts,
-            skip=resident,
-            release=cfg.release,
-        )
-        if slots < total
-        else None
-    )
+    miss_runner = None
+    if slots < total:
+        single_threaded_blas()
+        with reporter("experts to RAM", cfg.resident_experts, unit="B") as progress:
+            miss_runner = PoolMissRunner(
+                model,
+                cfg.threads,
+                pack=cfg.pack,
+                resident_experts=cfg.resident_experts,
+                skip=resident,
+                release=cfg.release,
+                progress=progress,
+            )
     if cfg.pack and miss_runner is None:  # not read on this run, but a wrong pack is refused
         from strata.cpu.pack import open_pack
 

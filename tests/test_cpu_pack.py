@@ -21,7 +21,7 @@ from strata.cpu.pack import (
     build_pack,
     open_pack,
 )
-from strata.engine.pool_runner import PoolMissRunner
+from strata.cpu.runner import PoolMissRunner
 from strata.model.loader import load_model
 
 QUANTS = ["IQ3_XXS", "IQ1_M", "Q4_K"]

@@ -206,7 +206,7 @@ class _FakeCard:
 def test_the_decode_step_is_chosen_once_from_the_tier_and_the_config(tmp_path):
     from types import SimpleNamespace
 
-    from strata.engine.pool_runner import PoolMissRunner
+    from strata.cpu.runner import PoolMissRunner
     from strata.engine.steps import (
         AllResidentGraphStep,
         EagerStep,

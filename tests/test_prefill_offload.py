@@ -8,10 +8,10 @@ import pytest
 
 from strata.build import PREFILL_STAGE_AUTO, prefill_stage_slots
 from strata.config import ConfigError, resolve
+from strata.cpu.runner import PoolMissRunner
 from strata.cpu.tier import HostTier
 from strata.engine.engine import Engine
 from strata.engine.moe import PREFILL_OFFLOAD_MIN_T
-from strata.engine.pool_runner import PoolMissRunner
 from strata.model.loader import load_model
 from tests.oracle import FLIP_BOUND, position_errors
 

@@ -186,8 +186,6 @@ def test_config_flag_beats_environment_beats_default():
     assert resolve({}, {}).car_threshold == 0.35
     with pytest.raises(ConfigError, match="not a valid"):
         resolve({}, {"STRATA_CAR_WARMUP": "soon"})
-    with pytest.raises(ConfigError, match="car-dampen"):
-        resolve({"car_dampen": 1}, {})
     with pytest.raises(ConfigError, match="expert-cache"):
         resolve({"expert_cache": "lots"}, {})
 

@@ -9,8 +9,8 @@
 
 from __future__ import annotations
 
+from strata.cpu.runner import PoolMissRunner
 from strata.engine.moe import MissRunner
-from strata.engine.pool_runner import PoolMissRunner
 from strata.engine.steps.all_resident import AllResidentGraphStep
 from strata.engine.steps.eager import EagerStep
 from strata.engine.steps.host_routed import HostRoutedGraphStep

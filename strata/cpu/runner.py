@@ -16,13 +16,12 @@ Where the expert bytes come from:
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 from numba import njit
-
-from strata.model.loader import Model
 
 EXPERT_TENSORS = (MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP)
 
@@ -39,17 +38,18 @@ class PoolMissRunner:
 
     def __init__(
         self,
-        model: Model,
+        model,
         n_threads: int = 0,
         pack=None,
         resident_experts: bool = False,
         skip: np.ndarray | None = None,
         release: str | None = None,
-        progress: bool = True,
+        progress: Callable[[int, int], None] | None = None,
     ):
+        """model: a loaded model (`.args`, `.tensor(name, layer)`); progress(done, total): the
+        bytes copied into RAM so far, in resident mode."""
         from strata.cpu.pool import ExpertPool, prepare_layer
 
-        single_threaded_blas()
         a = model.args
         self.pool = ExpertPool(n_threads or None)
         self.pack = None
@@ -105,28 +105,29 @@ class PoolMissRunner:
             mats.append(replace(like, n_expert=e, rows=rows, cols=c, data=data))
         return LayerWeights(*mats)
 
-    def _fill(self, want: np.ndarray, progress: bool) -> None:
+    def _fill(self, want: np.ndarray, progress: Callable[[int, int], None] | None) -> None:
         """Copy the experts `want` ([L, E] bool) marks and are not yet in RAM."""
         from strata.cpu.pack import expert_rows
-        from strata.progress import bar
 
         todo = want & ~self._loaded
         total = sum(int(todo[i].sum()) * lw.expert_nbytes for i, lw in enumerate(self.layers))
-        with bar(total, "experts to RAM", progress and total > 0, unit="B") as pb:
-            for i in np.flatnonzero(todo.any(axis=1)):
-                lw = self.layers[i]
-                for src, dst in zip(self._sources(i), (lw.gate, lw.up, lw.down), strict=True):
-                    r = dst.rows
-                    for e0, e1 in _runs(todo[i]):
-                        rows = (
-                            src.data[e0 * r : e1 * r]
-                            if self.pack is not None
-                            else expert_rows(src, e0, e1)
-                        )
-                        dst.data[e0 * r : e1 * r] = rows
-                        self.ram_bytes += rows.nbytes
-                        pb.update(rows.nbytes)
-                self._loaded[i] |= todo[i]
+        done = 0
+        for i in np.flatnonzero(todo.any(axis=1)):
+            lw = self.layers[i]
+            for src, dst in zip(self._sources(i), (lw.gate, lw.up, lw.down), strict=True):
+                r = dst.rows
+                for e0, e1 in _runs(todo[i]):
+                    rows = (
+                        src.data[e0 * r : e1 * r]
+                        if self.pack is not None
+                        else expert_rows(src, e0, e1)
+                    )
+                    dst.data[e0 * r : e1 * r] = rows
+                    self.ram_bytes += rows.nbytes
+                    done += rows.nbytes
+                    if progress is not None:
+                        progress(done, total)
+            self._loaded[i] |= todo[i]
 
     # ---- a queued decode step served in one compiled call (strata/cpu/serve.py)
     def step_server(self, recs, ready, release, y, hist):
@@ -165,7 +166,7 @@ class PoolMissRunner:
             if missing.size:
                 want = np.zeros_like(self._loaded)
                 want[layer, missing] = True
-                self._fill(want, progress=False)
+                self._fill(want, None)
         self.pool.run_layer(h, tok, ex, wt, self.layers[layer], out=out)
         self.bytes_read += self.pool.last_bytes
         self.gguf_bytes += self.pool.last_gguf_bytes
@@ -185,16 +186,6 @@ def _tasks(ids, weights, tok, ex, wt):
                 wt[n] = weights[t, k]
                 n += 1
     return n
-
-
-def single_threaded_blas() -> None:
-    """One BLAS thread from now on: the pool's Numba threads own the cores, and OpenBLAS's
-    threads, which spin on after each small host-side matmul, would take them from the pool."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # an install without it: BLAS keeps its threads
-        return
-    threadpool_limits(1, user_api="blas")
 
 
 def _anonymous(n: int) -> np.ndarray:
