@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strata.cpu.kernels import iq3
 from strata.cpu.kernels.features import AVX512_VBMI_FEATURES, HAS_AVX512_VBMI
+from strata.cpu.kernels.iq3 import portable as iq3
 from strata.quant import random_quantized
 from strata.quant.formats import QT
 
@@ -128,7 +128,7 @@ def avx512_asm(tmp_path, module: str, fn: str, bb: int) -> tuple[str, list[str]]
 
 # ---------------------------------------------------------------- the kernel's own IR, run here
 
-# The IR `iq3_vbmi.block_sum` builds, with its AVX-512 intrinsics swapped for generic IR of the
+# The IR `iq3.avx512.block_sum` builds, with its AVX-512 intrinsics swapped for generic IR of the
 # instructions' semantics (written from Intel's definitions, independently of the NumPy model
 # above), compiled for and run on this host. The operand roles were checked against LLVM: it
 # constant-folds vpermi2var.qi (table lo, index, table hi) and pshuf.b (table, index), and in

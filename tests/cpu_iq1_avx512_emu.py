@@ -1,4 +1,4 @@
-"""NumPy emulation helpers for IQ1_M's AVX-512 building blocks (iq1_avx512.py), used by the T2
+"""NumPy emulation helpers for IQ1_M's AVX-512 building blocks (iq1/avx512.py), used by the T2
 kernel's tests: the f16 d by pext, the generic IR of the instructions, edge-case blocks."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def every_index_delta_and_scale(bl, rng):
 
 # ---------------------------------------------------------------- the kernel's own IR, run here
 
-# `iq1_avx512.block_sum`'s IR with its AVX-512 intrinsics swapped for generic IR of their
+# `iq1.avx512.block_sum`'s IR with its AVX-512 intrinsics swapped for generic IR of their
 # semantics (written from Intel's definitions; vpdpbusd, vpackssdw, vpmaddwd as in
 # test_cpu_iq3_vbmi), compiled for and run on this host. The operand roles were checked
 # against LLVM: in the asm, vpermw takes (table, index) (it folds the constant table as the

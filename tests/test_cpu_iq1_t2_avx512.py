@@ -1,4 +1,4 @@
-"""The AVX-512 kernel on IQ1_M's T2 layout (iq1_t2_avx512.py).
+"""The AVX-512 kernel on IQ1_M's T2 layout (iq1/t2_avx512.py).
 
 Everywhere (no AVX-512 needed): a NumPy emulation of its instructions, on the module's own
 tables, equals a plain reference of the T2 block sum (random code bytes, every scale, both delta
@@ -19,10 +19,10 @@ from gguf.quants import dequantize
 
 from strata.cpu import layout as L
 from strata.cpu.kernels import dispatch as K
-from strata.cpu.kernels import iq1_t2
-from strata.cpu.kernels import iq1_t2_avx512 as V
 from strata.cpu.kernels.features import HAS_AVX2, avx512_enabled
-from strata.cpu.kernels.iq1_avx512 import M2_TAB
+from strata.cpu.kernels.iq1 import t2_avx2 as iq1_t2
+from strata.cpu.kernels.iq1 import t2_avx512 as V
+from strata.cpu.kernels.iq1.avx512 import M2_TAB
 from strata.cpu.quantize import quantize_act
 from strata.quant import activation as A
 from strata.quant import random_quantized
@@ -255,7 +255,7 @@ def test_kernel_compiles_to_avx512_vnni_without_activation_shuffles(tmp_path):
     """Compiled for Sapphire Rapids (avx512_asm): 4 vpdpbusd, 4 vpmultishiftqb, 2 vpackssdw,
     1 vpermw a block, pext for d, no trap, and nothing else on the shuffle port but the
     16-lane sum's extracts."""
-    asm, ops = avx512_asm(tmp_path, "iq1_t2_avx512", "dot_t2_avx512", BB)
+    asm, ops = avx512_asm(tmp_path, "iq1.t2_avx512", "dot_t2_avx512", BB)
     assert ops.count("vpdpbusd") == 4 and ops.count("vpmultishiftqb") == 4
     assert ops.count("vpackssdw") == 2 and ops.count("vpermw") == 1
     assert ops.count("vpmaddwd") + ops.count("vpdpwssd") == 3

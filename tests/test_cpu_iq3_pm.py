@@ -1,4 +1,4 @@
-"""IQ3_XXS repacked position-major ("pm", iq3_pm.py).
+"""IQ3_XXS repacked position-major ("pm", iq3/pm_avx512.py).
 
 Everywhere: the repack is lossless and refuses broken sign parity; the quantizer's
 position-major quants are xq's reordered; AVX-512 VBMI + VNNI hosts take pm for IQ3_XXS; the
@@ -18,8 +18,8 @@ import pytest
 
 from strata.cpu import layout as L
 from strata.cpu.kernels import dispatch as K
-from strata.cpu.kernels import iq3_pm as P
 from strata.cpu.kernels.features import avx512_enabled
+from strata.cpu.kernels.iq3 import pm_avx512 as P
 from strata.cpu.quantize import quantize_act
 from strata.quant import random_quantized
 from strata.quant.formats import QT
@@ -131,7 +131,7 @@ def test_kernel_ir_gives_the_reference_sums(pm_ir):
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="not x86-64")
 def test_kernel_compiles_to_vpermb_and_vnni(tmp_path):
-    asm, ops = avx512_asm(tmp_path, "iq3_pm", "dot_pm_avx512", 102)
+    asm, ops = avx512_asm(tmp_path, "iq3.pm_avx512", "dot_pm_avx512", 102)
     for op in ("vpermb", "vpdpbusd", "vpdpwssd", "vpackssdw"):
         assert op in ops, op
     assert {"vpermt2b", "vpermi2b"} & set(ops)

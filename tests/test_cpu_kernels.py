@@ -14,19 +14,16 @@ from gguf.quants import dequantize
 
 from strata.cpu import layout as L
 from strata.cpu.kernels import dispatch as K
-from strata.cpu.kernels import (
-    iq1,
-    iq1_t2,
-    iq2,
-    iq2s_lut4,
-    iq3,
-    iq4,
-    kquants,
-    lut4,
-    q8_0,
-    reference,
-)
+from strata.cpu.kernels import lut4, reference
 from strata.cpu.kernels.features import HAS_AVX2, avx512_enabled, simd_enabled
+from strata.cpu.kernels.iq1 import portable as iq1
+from strata.cpu.kernels.iq1 import t2_avx2 as iq1_t2
+from strata.cpu.kernels.iq2 import portable as iq2
+from strata.cpu.kernels.iq2 import s_lut4_avx2 as iq2s_lut4
+from strata.cpu.kernels.iq3 import portable as iq3
+from strata.cpu.kernels.iq4 import portable as iq4
+from strata.cpu.kernels.kquants import portable as kquants
+from strata.cpu.kernels.q8_0 import portable as q8_0
 from strata.cpu.layout import prepare
 from strata.cpu.quantize import (
     act_code,

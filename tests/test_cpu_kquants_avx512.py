@@ -1,4 +1,4 @@
-"""The AVX-512 Q4_K, Q5_K and Q6_K kernels on the GGUF bytes (kquants_avx512.py).
+"""The AVX-512 Q4_K, Q5_K and Q6_K kernels on the GGUF bytes (kquants/avx512.py).
 
 Everywhere: its tables state the layout (the vector k4 unpacking equals ggml's scalar one on
 every byte pattern, the pack and word tables pair each dot word with its sub-block's scale and
@@ -20,7 +20,7 @@ from gguf.quants import dequantize
 
 from strata.cpu import layout as L
 from strata.cpu.kernels import dispatch as K
-from strata.cpu.kernels import kquants_avx512 as V
+from strata.cpu.kernels.kquants import avx512 as V
 from strata.cpu.quantize import quantize_act
 from strata.quant import activation as A
 from strata.quant import random_quantized
@@ -179,7 +179,7 @@ def test_kernel_compiles_to_vnni_dots_and_packed_scales(qt, tmp_path):
     """Compiled for Sapphire Rapids (avx512_asm): four broadcast chunks a block, each a vpsrlvw,
     an and and a vpdpbusd (Q5_K: and a vpmultishiftqb of the broadcast qh); two vpackssdw, byte
     permutes for the scale words, vpmaddwd; no trap."""
-    asm, ops = avx512_asm(tmp_path, "kquants_avx512", f"dot_{qt.name.lower()}_avx512", BB[qt])
+    asm, ops = avx512_asm(tmp_path, "kquants.avx512", f"dot_{qt.name.lower()}_avx512", BB[qt])
     assert ops.count("vpdpbusd") == 4 and ops.count("vpackssdw") == 2
     assert ops.count("vpmaddwd") + ops.count("vpdpwssd") == 2
     if qt == QT.Q6_K:  # two ql loads and two qh broadcasts a block, a vpmultishiftqb a chunk

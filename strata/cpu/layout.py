@@ -5,9 +5,9 @@ matrix [E * R, row_bytes] plus the integer kernel code that reads it. GGUF bytes
 place (a view into the mmap) unless the host's kernel reads a repacked layout (`KERNEL_TABLE`):
 
     lut4: IQ3_XXS, IQ3_S, IQ2_XXS as 4-bit codes (lut4.py), IQ2_S with its 16 scales
-          (iq2s_lut4.py): AVX2 kernels, on AVX-512 hosts too
-    t2:   IQ1_M as 2-bit ternary codes (iq1_t2.py): AVX2, or AVX-512 (iq1_t2_avx512.py)
-    pm:   IQ3_XXS position-major (iq3_pm.py, 1.04x the bytes): AVX-512 hosts only
+          (iq2/s_lut4_avx2.py): AVX2 kernels, on AVX-512 hosts too
+    t2:   IQ1_M as 2-bit ternary codes (iq1/t2_avx2.py): AVX2, or AVX-512 (iq1/t2_avx512.py)
+    pm:   IQ3_XXS position-major (iq3/pm_avx512.py, 1.04x the bytes): AVX-512 hosts only
 
 Portable hosts read every format's GGUF bytes with the plain @njit kernels.
 Every transform is lossless (tests rebuild the GGUF bytes); `gguf_bytes` is what the file
@@ -22,8 +22,11 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from strata.cpu.kernels import dispatch as K
-from strata.cpu.kernels import iq1_t2, iq2s_lut4, iq3_pm, lut4
+from strata.cpu.kernels import lut4
 from strata.cpu.kernels.features import avx512_enabled, simd_enabled
+from strata.cpu.kernels.iq1 import t2_avx2 as iq1_t2
+from strata.cpu.kernels.iq2 import s_lut4_avx2 as iq2s_lut4
+from strata.cpu.kernels.iq3 import pm_avx512 as iq3_pm
 from strata.cpu.quantize import act_code
 from strata.quant.formats import QT, fmt
 

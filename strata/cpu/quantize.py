@@ -43,7 +43,7 @@ def act_code(vec_dot: GGMLQuantizationType) -> int:
 
 @njit(cache=True, inline="always")
 def pm_order(i):
-    """Position-major byte of quant i of a Q8_K block: 64 p + g for i = 4 g + p (iq3_pm.py)."""
+    """Position-major byte of quant i of a Q8_K block: 64 p + g for i = 4 g + p (pm_avx512.py)."""
     return 64 * (i % 4) + i // 4
 
 

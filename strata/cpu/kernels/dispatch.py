@@ -14,20 +14,20 @@ from numba import literally, njit, types
 from numba.extending import overload
 
 from strata.cpu.kernels.floats import dot_bf16, dot_f16, dot_f32
-from strata.cpu.kernels.iq1 import dot_iq1_m
-from strata.cpu.kernels.iq1_t2 import dot_t2_avx2
-from strata.cpu.kernels.iq1_t2_avx512 import dot_t2_avx512
-from strata.cpu.kernels.iq2 import dot_iq2_s, dot_iq2_xxs
-from strata.cpu.kernels.iq2s_lut4 import dot_iq2s_lut4_avx2
-from strata.cpu.kernels.iq3 import dot_iq3_s, dot_iq3_xxs
-from strata.cpu.kernels.iq3_pm import dot_pm_avx512
-from strata.cpu.kernels.iq4 import dot_iq4_xs
-from strata.cpu.kernels.iq4_avx2 import dot_iq4_xs_avx2, dot_q8_0_avx2
-from strata.cpu.kernels.kquants import dot_q4_k, dot_q5_k, dot_q6_k
-from strata.cpu.kernels.kquants_avx2 import dot_q4_k_avx2, dot_q5_k_avx2, dot_q6_k_avx2
-from strata.cpu.kernels.kquants_avx512 import dot_q4_k_avx512, dot_q5_k_avx512, dot_q6_k_avx512
+from strata.cpu.kernels.iq1.portable import dot_iq1_m
+from strata.cpu.kernels.iq1.t2_avx2 import dot_t2_avx2
+from strata.cpu.kernels.iq1.t2_avx512 import dot_t2_avx512
+from strata.cpu.kernels.iq2.portable import dot_iq2_s, dot_iq2_xxs
+from strata.cpu.kernels.iq2.s_lut4_avx2 import dot_iq2s_lut4_avx2
+from strata.cpu.kernels.iq3.pm_avx512 import dot_pm_avx512
+from strata.cpu.kernels.iq3.portable import dot_iq3_s, dot_iq3_xxs
+from strata.cpu.kernels.iq4.avx2 import dot_iq4_xs_avx2, dot_q8_0_avx2
+from strata.cpu.kernels.iq4.portable import dot_iq4_xs
+from strata.cpu.kernels.kquants.avx2 import dot_q4_k_avx2, dot_q5_k_avx2, dot_q6_k_avx2
+from strata.cpu.kernels.kquants.avx512 import dot_q4_k_avx512, dot_q5_k_avx512, dot_q6_k_avx512
+from strata.cpu.kernels.kquants.portable import dot_q4_k, dot_q5_k, dot_q6_k
 from strata.cpu.kernels.lut4 import dot_lut4_2xxs_avx2, dot_lut4_avx2, dot_lut4_s_avx2
-from strata.cpu.kernels.q8_0 import dot_q8_0
+from strata.cpu.kernels.q8_0.portable import dot_q8_0
 
 # portable kernels, on the GGUF bytes as they are
 K_F32, K_F16, K_BF16, K_Q8_0 = 0, 1, 2, 3

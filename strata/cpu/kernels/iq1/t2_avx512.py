@@ -1,7 +1,7 @@
-"""IQ1_M's T2 layout (iq1_t2.py: 2-bit ternary codes, 76 bytes per 256 weights) with AVX-512 VNNI.
+"""IQ1_M's T2 layout (t2_avx2.py: 2-bit ternary codes, 76 bytes per 256 weights) with AVX-512 VNNI.
 
-For hosts with avx512f/bw/vl/vbmi/vnni (`HAS_AVX512_VBMI`), in place of `iq1_t2.dot_t2_avx2`.
-One super-block, integers times 8 as in `iq1_t2.dot_t2_avx2`:
+For hosts with avx512f/bw/vl/vbmi/vnni (`HAS_AVX512_VBMI`), in place of `t2_avx2.dot_t2_avx2`.
+One super-block, integers times 8 as in `t2_avx2.dot_t2_avx2`:
 
 1. codes: chunk c (32 bytes: bits 2k..2k+1 of byte i = weight 128 c + 32 k + i) is loaded
    into both 256-bit halves of a zmm (a broadcast load). Masked with `CODE_MASK` (0x03 low
@@ -17,12 +17,12 @@ One super-block, integers times 8 as in `iq1_t2.dot_t2_avx2`:
    where f = 4; a vpternlogd keeps them and sets bit 3, or 1: `SW_MASK`, `SW_OR`).
 4. delta and offset: + sum over groups g of 8 of (2 ls + 1)(dl_g - 8) X8_g (X8: the activation's
    sums of 8, x8, natural order, a memory operand of vpmaddwd), the factor a vpermw of the
-   32-word table `iq1_avx512.M2_TAB` indexed by ls | dl bit << 3: ls from a vpmultishiftqb of
+   32-word table `avx512.M2_TAB` indexed by ls | dl bit << 3: ls from a vpmultishiftqb of
    the scale bytes (`LS_CTRL`), the delta bit from one of the broadcast delta dword
    (`DL_CTRL`), merged by a vpternlogd. Products added, 16 lanes summed.
 
 The block sum is the portable kernel's `isum` (the integer sums are exact); d comes from the
-scale words' top nibbles with one pext (`iq1_avx512`), and `dot_t2_avx512` does the float
+scale words' top nibbles with one pext (`avx512.py`), and `dot_t2_avx512` does the float
 steps of `dot_t2_avx2` in the same order, so the results are bit-identical to it.
 
 Per super-block (the loop LLVM 22 compiles for Sapphire / Emerald Rapids: 56 instructions;
@@ -44,7 +44,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from strata.cpu.kernels.features import HAS_AVX512_VBMI
-from strata.cpu.kernels.iq1_avx512 import (
+from strata.cpu.kernels.iq1.avx512 import (
     M2_TAB,
     _dpbusd,
     _i8,
@@ -52,7 +52,7 @@ from strata.cpu.kernels.iq1_avx512 import (
     _multishift,
     _pmaddwd,
 )
-from strata.cpu.kernels.iq1_t2 import BB
+from strata.cpu.kernels.iq1.t2_avx2 import BB
 from strata.cpu.kernels.simd import I8, I16, I32, I64, Emit
 
 V32I8 = ir.VectorType(I8, 32)
@@ -193,7 +193,7 @@ _blk_t2_avx512 = block_intrinsic(
 
 
 # ---------------------------------------------------------------- row kernel (the float steps of
-# iq1_t2.dot_t2_avx2, in the same order)
+# t2_avx2.dot_t2_avx2, in the same order)
 
 
 @njit(cache=True)

@@ -17,7 +17,7 @@ from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
 from strata.cpu.kernels.features import HAS_AVX2
-from strata.cpu.kernels.kquants import Q4K_BB, Q5K_BB, Q6K_BB, kmin_block
+from strata.cpu.kernels.kquants.portable import Q4K_BB, Q5K_BB, Q6K_BB, kmin_block
 from strata.cpu.kernels.simd import I32, V8I32, V16I16, V32I8, Emit
 
 _V4I32 = ir.VectorType(I32, 4)

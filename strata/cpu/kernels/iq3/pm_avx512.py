@@ -14,7 +14,7 @@ call, by the quantizer (quantize.py: the Q8_K quants in position-major order, xf
 Position-major order: vector p (p = 0..3) holds, at byte g, weight 4 g + p of the super-block; so
 xp[256 b + 64 p + g] = xq[256 b + 4 g + p] (`quantize.pm_order`). The kernel per super-block:
 
-1. A[g] = l0 | l1 << 4 and B[g] = l2 | l3 << 4 (the 3-bit levels of grid row g, as iq3_vbmi.py:
+1. A[g] = l0 | l1 << 4 and B[g] = l2 | l3 << 4 (the 3-bit levels of grid row g, as avx512.py:
    two vpermi2b each and a select on bit 7 of the index).
 2. level p of every g: A, A >> 4 (a word shift), B, B >> 4; the magnitude is one vpermb through a
    64-byte table whose entry i is LEVELS[i & 7] (vpermb reads 6 index bits: the neighbour's bits
@@ -40,9 +40,9 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from strata.cpu.kernels import iq3_vbmi as V
 from strata.cpu.kernels.common import f16_at
 from strata.cpu.kernels.features import HAS_AVX512_VBMI
+from strata.cpu.kernels.iq3 import avx512 as V
 from strata.cpu.kernels.lut4 import _chunked
 from strata.cpu.kernels.simd import I32, V8I32, Emit
 from strata.cpu.kernels.tables import KSIGNS

@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
 from strata.cpu.kernels.features import HAS_AVX2
-from strata.cpu.kernels.iq2 import S_BB
+from strata.cpu.kernels.iq2.portable import S_BB
 from strata.cpu.kernels.lut4 import _chunked
 from strata.cpu.kernels.simd import I8, I16, I32, I64, V8I32, V16I16, V32I8, Emit, const_table
 from strata.cpu.kernels.tables import IQ2S_GRID

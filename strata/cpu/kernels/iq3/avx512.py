@@ -1,4 +1,4 @@
-"""AVX-512 VBMI building blocks for IQ3_XXS (iq3_pm.py's position-major kernel uses them).
+"""AVX-512 VBMI building blocks for IQ3_XXS (pm_avx512.py's position-major kernel uses them).
 
 `LEVELS` are the grid's 8 magnitudes; `LUT_A` / `LUT_B` give grid row g's 3-bit levels l0 | l1 << 4
 and l2 | l3 << 4, looked up 64 bytes at a time by `_lut256` (two vpermi2b, sign picks the half).

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from strata.cpu.kernels.common import f16_at
-from strata.cpu.kernels.iq3 import _signs, u32_at
+from strata.cpu.kernels.iq3.portable import _signs, u32_at
 from strata.cpu.kernels.reference import blocks, f16
 from strata.cpu.kernels.tables import IQ2S_GRID, IQ2XXS_GRID, KSIGNS
 

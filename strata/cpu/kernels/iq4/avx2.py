@@ -18,8 +18,8 @@ from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
 from strata.cpu.kernels.features import HAS_AVX2
-from strata.cpu.kernels.iq4 import BB as IQ4_BB
-from strata.cpu.kernels.q8_0 import BB as Q8_BB
+from strata.cpu.kernels.iq4.portable import BB as IQ4_BB
+from strata.cpu.kernels.q8_0.portable import BB as Q8_BB
 from strata.cpu.kernels.simd import (
     I16,
     I32,

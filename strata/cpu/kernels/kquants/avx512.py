@@ -1,7 +1,7 @@
 """Q4_K, Q5_K and Q6_K on the GGUF bytes (no repack) with AVX-512 VBMI + VNNI.
 
 For hosts with avx512f/bw/vl/vbmi/vnni (`HAS_AVX512_VBMI`), in place of
-`kquants_avx2.dot_q4_k_avx2` / `dot_q5_k_avx2`, whose block spends two vpmaddubsw, two
+`avx2.dot_q4_k_avx2` / `dot_q5_k_avx2`, whose block spends two vpmaddubsw, two
 vpmaddwd and two scale shuffles a 32-byte load and builds its scale vector from scalar
 registers. The Q4_K block: f16 d
 (bytes 0, 1), f16 dmin (2, 3), 12 bytes of 6-bit scales and mins (4..15, ggml's k4 packing),
@@ -28,7 +28,7 @@ qs[128] (16..143: byte i of 32-byte chunk j holds weight 64 j + i in its low nib
    and the two 256-bit halves summed within themselves.
 
 The block's (isum, msum) are the AVX2 kernels' exact integers, and the row kernels do the float
-steps of `kquants_avx2.dot_q4_k_avx2` / `dot_q5_k_avx2` in the same order, so the results are
+steps of `avx2.dot_q4_k_avx2` / `dot_q5_k_avx2` in the same order, so the results are
 bit-identical to them (and to the portable `kquants.dot_q4_k` / `dot_q5_k`). Compiled for
 Sapphire Rapids the Q4_K block loop is 68 instructions against the AVX2 kernel's 105 (Q5_K 76
 against 121). Q6_K (`q6k_block`) follows the same plan with its own bit layout: 61 against 92.
@@ -45,8 +45,8 @@ from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
 from strata.cpu.kernels.features import HAS_AVX512_VBMI
-from strata.cpu.kernels.iq1_avx512 import _dpbusd, _i8, _multishift, _pmaddwd
-from strata.cpu.kernels.kquants import Q4K_BB, Q5K_BB, Q6K_BB, kmin_block
+from strata.cpu.kernels.iq1.avx512 import _dpbusd, _i8, _multishift, _pmaddwd
+from strata.cpu.kernels.kquants.portable import Q4K_BB, Q5K_BB, Q6K_BB, kmin_block
 from strata.cpu.kernels.simd import I8, I16, I32, Emit
 
 V16I8 = ir.VectorType(I8, 16)
@@ -243,7 +243,7 @@ _blk_q6_k_avx512 = _blk_intrinsic(
 
 
 # ---------------------------------------------------------------- row kernels (the float steps of
-# kquants_avx2's, in the same order; one njit function a format, as there: closures made by one
+# avx2.py's, in the same order; one njit function a format, as there: closures made by one
 # factory would share a qualified name, and so Numba's on-disk cache entries)
 
 

@@ -1,4 +1,4 @@
-"""AVX-512 VBMI + VNNI building blocks for IQ1_M (iq1_t2_avx512.py's T2 kernel uses them).
+"""AVX-512 VBMI + VNNI building blocks for IQ1_M (t2_avx512.py's T2 kernel uses them).
 
 `M2_TAB` holds (2 ls + 1)(dl - 8) for the delta-and-offset term, `_iq1m_d_pext` the super-block's
 f16 d from the scale words' top nibbles (one pext with bmi2); the rest wrap single instructions.

@@ -23,7 +23,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from strata.cpu.kernels.features import HAS_AVX2
-from strata.cpu.kernels.iq1 import iq1m_d
+from strata.cpu.kernels.iq1.portable import iq1m_d
 from strata.cpu.kernels.lut4 import _chunked
 from strata.cpu.kernels.simd import I16, I32, V8I32, V16I16, V32I8, Emit
 from strata.cpu.kernels.tables import IQ1S_GRID
