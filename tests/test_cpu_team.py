@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from numba import njit
 
+from strata.bench.cpu_pool import _routes, make_layer
 from strata.cpu import team as tm
 from strata.cpu.kernels.dispatch import native_address
 from strata.cpu.kernels.simd import atomic_load
@@ -74,41 +75,12 @@ def test_shared_team_is_one_per_size():
     assert tm.shared_team(2) is not a
 
 
-class _Tensor:
-    def __init__(self, qtype, shape, data):
-        self.qtype, self.shape, self.data = qtype, shape, data
-
-
-def _make_layer(shape: str, quant: str, seed: int = 0):
-    """Random gate/up/down expert tensors of one layer of a named model shape, prepared."""
-    from strata.cpu.pool import prepare_layer
-    from strata.model.synth import SHAPES
-    from strata.quant import fmt, random_quantized
-
-    s = SHAPES[shape]
-    e, f, d = s["n_expert"], s["expert_ff"], s["n_embd"]
-    qt = fmt(quant).qtype
-    rng = np.random.default_rng(seed)
-    shapes = ((e, f, d), (e, f, d), (e, d, f))
-    return prepare_layer(
-        *(_Tensor(qt, sh, random_quantized(qt, sh, rng, 1.0 / np.sqrt(sh[-1]))) for sh in shapes)
-    )
-
-
-def _routes(rng, t_n: int, n_expert: int, k: int):
-    ids = np.argsort(rng.random((t_n, n_expert)), axis=1)[:, :k]  # K distinct experts per token
-    tok = np.repeat(np.arange(t_n, dtype=np.int32), k)
-    w = rng.random((t_n, k)).astype(np.float32)
-    w /= w.sum(axis=1, keepdims=True)
-    return tok, ids.ravel().astype(np.int32), w.ravel()
-
-
 @pytest.mark.parametrize("quant,threads", [("IQ3_XXS", 3), ("Q4_K", 2)])
 def test_pool_on_the_team_gives_the_bits_of_regions(quant, threads):
     from strata.cpu.pool import ExpertPool
 
     threads = min(threads, numba.config.NUMBA_NUM_THREADS)  # (the pool's cap)
-    lw = _make_layer("qwen3-30b-a3b", quant, seed=int(np.random.default_rng().integers(1 << 30)))
+    lw = make_layer("qwen3-30b-a3b", quant, seed=int(np.random.default_rng().integers(1 << 30)))
     rng = np.random.default_rng()
     team, region = ExpertPool(threads, team=True), ExpertPool(threads, team=False)
     for t in (1, 2, 9):
@@ -147,7 +119,7 @@ def test_a_forked_child_starts_its_own_team():
 
     from strata.cpu.pool import ExpertPool
 
-    lw = _make_layer("qwen3-30b-a3b", "IQ3_XXS", seed=int(np.random.default_rng().integers(1000)))
+    lw = make_layer("qwen3-30b-a3b", "IQ3_XXS", seed=int(np.random.default_rng().integers(1000)))
     rng = np.random.default_rng()
     x = rng.standard_normal((1, lw.gate.cols)).astype(np.float32)
     r = _routes(rng, 1, lw.gate.n_expert, 8)
