@@ -7,6 +7,8 @@ from contextlib import contextmanager
 
 
 class _Null:
+    total = 0
+
     def update(self, n: int = 1) -> None:
         pass
 
@@ -40,7 +42,7 @@ def reporter(desc: str, enabled: bool = True, unit: str = "it"):
 
         def report(done: int, total: int) -> None:
             nonlocal seen
-            if getattr(pb, "total", None) != total:
+            if pb.total != total:
                 pb.total = total
             pb.update(done - seen)
             seen = done
