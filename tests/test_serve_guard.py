@@ -16,7 +16,7 @@ import pytest
 from strata.cli.common import DEFAULT_MODEL
 from strata.model.loader import load_model
 from strata.serve import guard
-from strata.serve.app import create_app
+from strata.serve.app import LONG_PROMPT_BYTES, create_app
 from strata.serve.http import BODY_IDLE_S
 
 from .test_serve import USER, ScriptedEngine, ScriptedSession, _serve
@@ -234,6 +234,45 @@ def test_a_15_mb_prompt_stalls_neither_health_nor_another_stream(model, servers)
     err = _error(big["r"], 400)
     assert err["code"] == "context_length_exceeded" and err["param"] == "prompt"
     assert "at least" in err["message"]  # tokenizing stopped once the prompt could not fit
+
+
+def test_long_prompts_are_tokenized_one_at_a_time_and_short_ones_do_not_wait(
+    model, servers, monkeypatch
+):
+    engine = ScriptedEngine(model.tokenizer, n_ctx=2**15)  # stops tokenizing early
+    app = create_app(model, session_factory=lambda: ScriptedSession(model, engine))
+    url = servers.enter_context(_serve(app))
+    tok = model.tokenizer
+    real, lock = type(tok).encode, threading.Lock()
+    running, most = [0], [0]
+
+    def spy(self, text, *a, **kw):
+        if len(text) <= LONG_PROMPT_BYTES:
+            return real(self, text, *a, **kw)
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.5)  # hold the slot long enough for the others to queue
+            return real(self, text, *a, **kw)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(type(tok), "encode", spy)
+    text = _big_text(tok, LONG_PROMPT_BYTES + 2**17)
+    body = {"prompt": text, "max_tokens": 1}
+    threads = [threading.Thread(target=_post, args=(url, COMPLETIONS, body, 120)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    while not running[0] and any(t.is_alive() for t in threads):
+        time.sleep(0.01)
+    engine.say(" short")
+    assert _post(url, COMPLETIONS, {"prompt": "hi", "max_tokens": 2}).status_code == 200
+    short_done_first = any(t.is_alive() for t in threads)  # 3 x 0.5 s of long ones queued
+    for t in threads:
+        t.join()
+    assert most[0] == 1 and short_done_first
 
 
 # ---- bodies that never finish ---------------------------------------------------------------

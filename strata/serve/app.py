@@ -56,6 +56,7 @@ from strata.serve.toolcalls import DEFAULT_MAX_CALL_BYTES
 
 log = logging.getLogger("strata.serve")
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request": metrics only
+LONG_PROMPT_BYTES = 2**20  # prompts over this are tokenized one at a time
 
 
 @dataclass
@@ -71,6 +72,8 @@ class ServerState:
     started: int
     names: frozenset[str]  # what a request's `model` may say (guard.model_names)
     longest_token: int  # bytes of the longest token, for the size check before tokenizing
+    # one long prompt tokenized at a time: its memory is ~200x its size, and a core stays free
+    long_prompts: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore())
 
     @property
     def tokenizer(self):
@@ -94,7 +97,11 @@ class ServerState:
         nbytes = guard.utf8_len(text, prompt_param)
         guard.prompt_bytes_fit(nbytes, self.n_ctx, self.longest_token, prompt_param)
         limit = self.n_ctx - 1
-        ids = await run_in_threadpool(self.tokenizer.encode, text, None, True, limit)
+        if nbytes <= LONG_PROMPT_BYTES:
+            ids = await run_in_threadpool(self.tokenizer.encode, text, None, True, limit)
+        else:
+            async with self.long_prompts:
+                ids = await run_in_threadpool(self.tokenizer.encode, text, None, True, limit)
         if len(ids) > limit:
             raise APIError(
                 f"This model's maximum context length is {self.n_ctx} tokens. However, your "
