@@ -100,8 +100,7 @@ async def client(
 async def run(url: str, args: argparse.Namespace) -> Stats:
     st = Stats()
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    body = {
-        "model": "default",
+    body = {  # no "model": the server's one model, whatever its id
         "max_tokens": args.max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},

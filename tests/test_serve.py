@@ -274,7 +274,7 @@ def test_a_wrong_field_is_a_400_naming_the_field(server, field, value):
 
 def test_missing_messages_and_prompt_are_400s(server):
     assert _error(server, {"model": "default"})["param"] == "messages"
-    assert _error(server, {"model": "x"}, "/v1/completions")["param"] == "prompt"
+    assert _error(server, {"model": "default"}, "/v1/completions")["param"] == "prompt"
     assert _error(server, {"prompt": [1, 99999]}, "/v1/completions")["param"] == "prompt"
 
 
@@ -471,7 +471,7 @@ TOOLS = [
 def test_scripted_think_block_goes_to_reasoning_content(scripted):
     url, engine = scripted()
     engine.say(THOUGHT)
-    msg = _oai(url).chat.completions.create(model="m", messages=USER).choices[0].message
+    msg = _oai(url).chat.completions.create(model="default", messages=USER).choices[0].message
     assert msg.content == "Hello there!"
     assert msg.model_extra["reasoning_content"] == "The user wants a greeting."
 
@@ -479,7 +479,7 @@ def test_scripted_think_block_goes_to_reasoning_content(scripted):
 def test_scripted_think_block_streams_as_reasoning_deltas(scripted):
     url, engine = scripted()
     engine.say(THOUGHT)
-    chunks = list(_oai(url).chat.completions.create(model="m", messages=USER, stream=True))
+    chunks = list(_oai(url).chat.completions.create(model="default", messages=USER, stream=True))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     reasoning = [d.model_extra.get("reasoning_content") for d in deltas]
     assert "".join(r for r in reasoning if r) == "The user wants a greeting."
@@ -489,16 +489,16 @@ def test_scripted_think_block_streams_as_reasoning_deltas(scripted):
 
 def test_deployment_reasoning_effort_is_the_default_and_a_request_overrides_it(scripted):
     url, engine = scripted(reasoning_effort="none")
-    _oai(url).chat.completions.create(model="m", messages=USER)
+    _oai(url).chat.completions.create(model="default", messages=USER)
     assert engine.prompts[-1].endswith("<think>\n\n</think>\n\n")
-    _oai(url).chat.completions.create(model="m", messages=USER, reasoning_effort="high")
+    _oai(url).chat.completions.create(model="default", messages=USER, reasoning_effort="high")
     assert engine.prompts[-1].endswith("<|im_start|>assistant\n")
 
 
 def test_scripted_tool_call_comes_back_as_tool_calls(scripted):
     url, engine = scripted()
     engine.say(CALL)
-    r = _oai(url).chat.completions.create(model="m", messages=USER, tools=TOOLS)
+    r = _oai(url).chat.completions.create(model="default", messages=USER, tools=TOOLS)
     assert "get_weather" in engine.prompts[-1]  # the tools reached the prompt
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls"
@@ -514,7 +514,7 @@ def test_scripted_tool_call_streams_and_a_follow_up_turn_renders(scripted):
     url, engine = scripted()
     engine.say(CALL)
     chunks = list(
-        _oai(url).chat.completions.create(model="m", messages=USER, tools=TOOLS, stream=True)
+        _oai(url).chat.completions.create(model="default", messages=USER, tools=TOOLS, stream=True)
     )
     calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert [(c.index, c.function.name) for c in calls] == [(0, "get_weather")]
@@ -535,7 +535,7 @@ def test_scripted_tool_call_streams_and_a_follow_up_turn_renders(scripted):
         {"role": "tool", "tool_call_id": calls[0].id, "content": "sunny, 21 C"},
     ]
     engine.say("It is sunny.")
-    r = _oai(url).chat.completions.create(model="m", messages=history, tools=TOOLS)
+    r = _oai(url).chat.completions.create(model="default", messages=history, tools=TOOLS)
     assert r.choices[0].message.content == "It is sunny."
     assert "sunny, 21 C" in engine.prompts[-1] and '"city": "Paris"' in engine.prompts[-1]
 
@@ -543,7 +543,7 @@ def test_scripted_tool_call_streams_and_a_follow_up_turn_renders(scripted):
 def test_scripted_malformed_tool_call_is_delivered_as_content(scripted):
     url, engine = scripted()
     engine.say("<tool_call>{not json}</tool_call>")
-    r = _oai(url).chat.completions.create(model="m", messages=USER, tools=TOOLS)
+    r = _oai(url).chat.completions.create(model="default", messages=USER, tools=TOOLS)
     assert r.choices[0].message.content == "<tool_call>{not json}</tool_call>"
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "stop"
 
@@ -556,7 +556,7 @@ def _blocked(url: str, engine: ScriptedEngine, n: int):
     results: list = []
 
     def call():
-        results.append(_oai(url).chat.completions.create(model="m", messages=USER))
+        results.append(_oai(url).chat.completions.create(model="default", messages=USER))
 
     threads = [threading.Thread(target=call) for _ in range(n)]
     try:
@@ -580,7 +580,7 @@ def test_a_full_queue_is_a_503_with_retry_after(scripted):
     url, engine = scripted(max_queue=1)
     with _blocked(url, engine, 2):  # one generating, one queued: full
         with pytest.raises(openai.InternalServerError) as e:
-            _oai(url).chat.completions.create(model="m", messages=USER)
+            _oai(url).chat.completions.create(model="default", messages=USER)
         assert e.value.status_code == 503 and e.value.body["code"] == "queue_full"
         assert int(e.value.response.headers["retry-after"]) >= 1
     assert _metric(url, "strata_requests_rejected_total") == 1
@@ -598,12 +598,12 @@ def test_a_failing_generation_is_a_500_and_the_server_keeps_serving(scripted):
     url, engine = scripted()
     engine.fail = True
     with pytest.raises(openai.InternalServerError) as e:
-        _oai(url).chat.completions.create(model="m", messages=USER)
+        _oai(url).chat.completions.create(model="default", messages=USER)
     assert e.value.status_code == 500 and e.value.body["code"] == "generation_failed"
     engine.fail = False
     engine.say("fine")
     assert (
-        _oai(url).chat.completions.create(model="m", messages=USER).choices[0].message.content
+        _oai(url).chat.completions.create(model="default", messages=USER).choices[0].message.content
         == "fine"
     )
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import json
+import random
+import threading
+import time
 from pathlib import Path
 
 import gguf
 import pytest
 from gguf.constants import Keys
 
+from strata.model import tokenizer as tokenizer_module
 from strata.model.chat_template import CHATML_TEMPLATE, render_chat
 from strata.model.errors import ModelError
 from strata.model.gguf_file import GGUFModel
@@ -242,6 +246,45 @@ def test_control_looking_tokens_are_retyped_as_llama_cpp_does(tmp_path):
 
 
 # ---- refusals ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pre", ["qwen2", "qwen35", "llama3", "gpt-2"])
+def test_a_long_text_tokenized_in_pieces_gives_the_ids_of_the_whole(meta, pre, monkeypatch):
+    tok = Tokenizer.from_metadata({**meta, Keys.Tokenizer.PRE: pre})
+    monkeypatch.setattr(tokenizer_module, "CHUNK_CHARS", 8)  # a cut every few words
+    rng = random.Random(48)
+    seps = [" ", "  ", "\n", " \n ", "", "\t", ". ", "'s ", "1 ", " 2"]
+    for _ in range(30):
+        text = "".join(rng.choice(TEXTS + EXTRA_TEXTS) + rng.choice(seps) for _ in range(12))
+        whole = tok._hf.encode_batch([text], add_special_tokens=False)[0].ids
+        assert len(list(tok._parts(text))) > 1 or len(text) <= 16
+        assert tok.encode(text, add_bos=False) == whole
+        assert tok.encode(text, add_bos=False, parse_special=False) == (
+            tok._plain().encode_batch([text], add_special_tokens=False)[0].ids
+        )
+        prefix = tok.encode(text, add_bos=False, stop_after=20)
+        assert len(prefix) > 20 and whole[: len(prefix)] == prefix or prefix == whole
+
+
+def test_encode_lets_other_threads_run(tok):
+    """A long prompt tokenizes without holding the GIL (the server's event loop keeps going)."""
+    text = "".join(TEXTS[:6]) * 3000  # about 1 MB: tenths of a second to tokenize
+    ticks, done = [0], threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    t = threading.Thread(target=tick)
+    t.start()
+    try:
+        for _ in range(3):
+            tok.encode(text)
+    finally:
+        done.set()
+        t.join()
+    assert ticks[0] >= 50  # holding the GIL, it would tick only between the calls
 
 
 def test_non_bpe_tokenizer_model_is_refused(meta):

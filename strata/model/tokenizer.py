@@ -77,6 +77,7 @@ EOG_TEXTS = frozenset(
     "<|endoftext|> </s> <|eom_id|> <EOT> _<EOT> [EOT] [EOS] <|end_of_text|> <end_of_utterance> "
     "<eos> <turn|> <|tool_response> <｜end▁of▁sentence｜> [e~[".split()
 )
+CHUNK_CHARS = 1 << 18  # long texts are tokenized in pieces of about this many characters
 _ALWAYS_USER = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
 
 _NORMAL, _CONTROL, _USER, _UNKNOWN = (
@@ -161,6 +162,8 @@ class Tokenizer:
         self._hf_plain: tokenizers.Tokenizer | None = None  # lazily: CONTROL tokens as text
         self._lock = threading.Lock()
         self._bytes: list[bytes | None] = [None] * n
+        specials = (t for i, t in enumerate(self._tokens) if self.is_special(i))
+        self._chunkable = not any(" " in t for t in specials)  # see _parts
 
     def _llama_cpp_fixups(self, keyed: dict[str, int]) -> frozenset[int]:
         """Apply llama.cpp's token-type fix-ups to `self._types`; returns the end-of-gen ids."""
@@ -292,16 +295,29 @@ class Tokenizer:
             return self._hf_plain
 
     def encode(
-        self, text: str, add_bos: bool | None = None, parse_special: bool = True
+        self,
+        text: str,
+        add_bos: bool | None = None,
+        parse_special: bool = True,
+        stop_after: int | None = None,
     ) -> list[int]:
         """Token ids of `text`.
 
         `add_bos`: True prepends BOS, False adds nothing, None follows the GGUF's add_bos/add_eos
         flags (llama.cpp's `add_special`). `parse_special=False` tokenizes CONTROL token texts
         such as `<|im_end|>` as plain text; USER_DEFINED ones (`<think>`) always match whole.
+        `stop_after`: once more than this many ids are certain, stop and return those (a prefix
+        of the ids, longer than `stop_after`): a prompt too long for the context costs only the
+        tokenizing of its first part.
         """
         hf = self._hf if parse_special else self._plain()
-        ids = hf.encode(text, add_special_tokens=False).ids
+        ids: list[int] = []
+        for part in self._parts(text):
+            # encode_batch releases the GIL while it works; encode holds it for the whole text,
+            # which would stall every other thread (the server's event loop) on a long prompt
+            ids += hf.encode_batch([part], add_special_tokens=False)[0].ids
+            if stop_after is not None and len(ids) > stop_after:
+                return ids
         if add_bos is None:
             if self.add_bos and self._bos_id is not None:
                 ids.insert(0, self._bos_id)
@@ -310,6 +326,28 @@ class Tokenizer:
         elif add_bos and self._bos_id is not None:
             ids.insert(0, self._bos_id)
         return ids
+
+    def _parts(self, text: str) -> Iterator[str]:
+        """`text` in pieces of about CHUNK_CHARS that tokenize to the ids of the whole text.
+
+        Each piece but the last ends just before a space that sits between two letters: every
+        supported split regex ends a pre-token there (letters never run into a space, and a
+        space before a letter starts the next word), and no special token spans it when no
+        special token holds a space. Text without such a place stays whole.
+        """
+        if len(text) <= 2 * CHUNK_CHARS or not self._chunkable:
+            yield text
+            return
+        start = 0
+        while len(text) - start > 2 * CHUNK_CHARS:
+            cut = text.find(" ", start + CHUNK_CHARS)
+            while cut > 0 and not (text[cut - 1].isalpha() and text[cut + 1 : cut + 2].isalpha()):
+                cut = text.find(" ", cut + 1)
+            if cut < 0:
+                break
+            yield text[start:cut]
+            start = cut
+        yield text[start:]
 
     def encode_batch(self, texts: Sequence[str], parse_special: bool = True) -> list[list[int]]:
         """`encode(t, add_bos=False)` for each text, in parallel."""

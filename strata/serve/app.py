@@ -4,8 +4,10 @@ Endpoints: `POST /v1/chat/completions` and `POST /v1/completions` (JSON or SSE s
 `GET /v1/models` (and `/v1/models/{id}`), `GET /health`, `GET /metrics` (Prometheus text).
 With an API key, every endpoint but `/health` needs `Authorization: Bearer KEY`.
 
-A request is parsed and validated (`schemas`), rendered through the chat template (`prompt`),
-tokenized, checked against the context, then queued as a `Job` for the generation worker
+A request is parsed and validated (`schemas`; `guard`: encodable text, a served `model`),
+rendered through the chat template (`prompt`), checked against the context by its size in bytes,
+tokenized (parsing, rendering and tokenizing run in worker threads, so that a 16 MB body stalls
+no other request), checked by its tokens, then queued as a `Job` for the generation worker
 (`scheduler`). Its text pieces go through `output.ChatOutput` (reasoning and tool-call split) on
 the event loop. A client that goes away cancels its job between tokens: for streams Starlette
 notices the disconnect and closes our generator; for plain responses a watcher task waits on the
@@ -34,7 +36,7 @@ from starlette.routing import Route
 from strata.config import EngineConfig
 from strata.engine.sampling import SamplingParams
 from strata.model.loader import Model, load_model
-from strata.serve import schemas
+from strata.serve import guard, schemas
 from strata.serve.http import (
     check_auth,
     error_response,
@@ -54,6 +56,7 @@ from strata.serve.toolcalls import DEFAULT_MAX_CALL_BYTES
 
 log = logging.getLogger("strata.serve")
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request": metrics only
+LONG_PROMPT_BYTES = 2**20  # prompts over this are tokenized one at a time
 
 
 @dataclass
@@ -67,6 +70,10 @@ class ServerState:
     reasoning_effort: str | None
     max_call_bytes: int
     started: int
+    names: frozenset[str]  # what a request's `model` may say (guard.model_names)
+    longest_token: int  # bytes of the longest token, for the size check before tokenizing
+    # one long prompt tokenized at a time: its memory is ~200x its size, and a core stays free
+    long_prompts: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore())
 
     @property
     def tokenizer(self):
@@ -74,6 +81,35 @@ class ServerState:
 
     def special(self, tid: int | None) -> str:
         return "" if tid is None else self.tokenizer.token_text(tid)
+
+    def parse(self, raw: bytes) -> dict:
+        """The JSON body, every string in it encodable (for a worker thread: up to 16 MB)."""
+        body = schemas.parse_json(raw)
+        guard.check_encodable(body)
+        return body
+
+    def check_model(self, requested: str | None) -> None:
+        guard.check_model(requested, self.names, self.model_id)
+
+    async def encode(self, text: str, prompt_param: str) -> list[int]:
+        """Token ids of prompt text, off the event loop (in a worker thread). A prompt is refused
+        by its size in bytes before tokenizing, and tokenizing stops once it cannot fit."""
+        nbytes = guard.utf8_len(text, prompt_param)
+        guard.prompt_bytes_fit(nbytes, self.n_ctx, self.longest_token, prompt_param)
+        limit = self.n_ctx - 1
+        if nbytes <= LONG_PROMPT_BYTES:
+            ids = await run_in_threadpool(self.tokenizer.encode, text, None, True, limit)
+        else:
+            async with self.long_prompts:
+                ids = await run_in_threadpool(self.tokenizer.encode, text, None, True, limit)
+        if len(ids) > limit:
+            raise APIError(
+                f"This model's maximum context length is {self.n_ctx} tokens. However, your "
+                f"prompt is at least {len(ids)} tokens, which leaves no room for a completion.",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+        return ids
 
     def fit(self, n_prompt: int, max_tokens: int | None, prompt_param: str) -> int:
         """max_tokens for a prompt of n_prompt tokens; 400 with the numbers when it cannot fit."""
@@ -137,7 +173,10 @@ def _finish_hook(metrics: Metrics) -> Callable[[Job, str], None]:
 
 async def chat_completions(request: Request, st: ServerState) -> Response:
     arrived = time.monotonic()
-    req = schemas.parse_chat(schemas.parse_json(await read_body(request)))
+    raw = await read_body(request)
+    req = await run_in_threadpool(lambda: schemas.parse_chat(st.parse(raw)))
+    st.check_model(req.model)
+    guard.check_encodable(req.messages, "messages")  # tool-call arguments decoded from JSON
     effort = req.reasoning_effort or st.reasoning_effort
     tools = req.tools if req.tool_choice != "none" else None
     tok = st.tokenizer
@@ -153,7 +192,7 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
         )
     except ValueError as e:
         raise APIError(str(e), param="messages", code="invalid_messages") from None
-    ids = await run_in_threadpool(tok.encode, text)
+    ids = await st.encode(text, "messages")
     max_tokens = st.fit(len(ids), req.max_tokens, "messages")
     job = st.submit(ids, max_tokens, req.sampling, req.stop, arrived)
     out = ChatOutput(
@@ -213,13 +252,17 @@ async def _chat_stream(
 
 async def completions(request: Request, st: ServerState) -> Response:
     arrived = time.monotonic()
-    req = schemas.parse_completion(schemas.parse_json(await read_body(request)))
+    raw = await read_body(request)
+    req = await run_in_threadpool(lambda: schemas.parse_completion(st.parse(raw)))
+    st.check_model(req.model)
     tok = st.tokenizer
+    ids = await st.encode(req.prompt, "prompt") if isinstance(req.prompt, str) else req.prompt
+    if not ids:
+        raise APIError("prompt: the prompt has no tokens", param="prompt", code="invalid_value")
+    max_tokens = st.fit(len(ids), req.max_tokens, "prompt")  # first: a long list is refused
     if isinstance(req.prompt, str):
         prompt_text = req.prompt
-        ids = await run_in_threadpool(tok.encode, req.prompt)
     else:
-        ids = req.prompt
         bad = [t for t in ids if not 0 <= t < tok.vocab_size]
         if bad:
             raise APIError(
@@ -228,9 +271,6 @@ async def completions(request: Request, st: ServerState) -> Response:
                 code="invalid_value",
             )
         prompt_text = tok.decode(ids) if req.echo else ""
-    if not ids:
-        raise APIError("prompt: the prompt has no tokens", param="prompt", code="invalid_value")
-    max_tokens = st.fit(len(ids), req.max_tokens, "prompt")
     job = st.submit(ids, max_tokens, req.sampling, req.stop, arrived)
     env = Envelope(new_id("cmpl"), st.model_id)
     echo = prompt_text if req.echo else ""
@@ -301,10 +341,8 @@ async def list_models(request: Request, st: ServerState) -> Response:
 
 async def get_model(request: Request, st: ServerState) -> Response:
     mid = request.path_params["model_id"]
-    if mid != st.model_id:
-        raise APIError(
-            f"The model '{mid}' does not exist", status=404, param="model", code="model_not_found"
-        )
+    if mid not in st.names:
+        raise guard.unknown_model(mid, st.model_id)
     return JSONResponse(_model_card(st))
 
 
@@ -414,9 +452,10 @@ def create_app(
                 return Session(model, n_ctx=n_ctx)
 
     scheduler = Scheduler([session_factory() for _ in range(slots)], max_queue=max_queue)
+    model_id = model_id or Path(model.path).stem
     st = ServerState(
         model=model,
-        model_id=model_id or Path(model.path).stem,
+        model_id=model_id,
         scheduler=scheduler,
         metrics=Metrics(),
         n_ctx=min(s.engine.n_ctx for s in scheduler.sessions),
@@ -424,6 +463,8 @@ def create_app(
         reasoning_effort=reasoning_effort,
         max_call_bytes=max_call_bytes,
         started=int(time.time()),
+        names=guard.model_names(model_id, model.path),
+        longest_token=guard.longest_token_bytes(model.tokenizer),
     )
     scheduler.on_finish = _finish_hook(st.metrics)
 

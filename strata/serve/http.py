@@ -1,4 +1,4 @@
-"""HTTP plumbing of the server: body limits, auth, disconnects, SSE and error responses."""
+"""HTTP plumbing of the server: body limits and read timeout, auth, disconnects, SSE, errors."""
 
 from __future__ import annotations
 
@@ -8,20 +8,23 @@ import hmac
 from collections.abc import AsyncIterator
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from strata.serve.scheduler import Job
 from strata.serve.schemas import APIError, error_body
 
 MAX_BODY_BYTES = 16 * 2**20
+BODY_IDLE_S = 5.0  # longest pause while a request body arrives
 
 
 def error_response(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
-async def read_body(request: Request) -> bytes:
+async def read_body(request: Request, idle_s: float = BODY_IDLE_S) -> bytes:
+    """The request body, at most MAX_BODY_BYTES (413); 408 when the client stops sending for
+    `idle_s` (a Content-Length larger than the body would otherwise hold the request open)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise APIError(
@@ -30,7 +33,20 @@ async def read_body(request: Request) -> bytes:
             code="request_too_large",
         )
     chunks, n = [], 0
-    async for chunk in request.stream():
+    while True:
+        try:
+            message = await asyncio.wait_for(request.receive(), idle_s)
+        except TimeoutError:
+            raise APIError(
+                f"the request body stopped arriving: nothing came for {idle_s:g} s after "
+                f"{n} bytes{f' of the {declared} declared' if declared else ''}",
+                status=408,
+                code="request_timeout",
+                headers={"Connection": "close"},
+            ) from None
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         n += len(chunk)
         if n > MAX_BODY_BYTES:
             raise APIError(
@@ -39,7 +55,8 @@ async def read_body(request: Request) -> bytes:
                 code="request_too_large",
             )
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 async def cancel_on_disconnect(request: Request, job: Job) -> None:
