@@ -180,19 +180,22 @@ class GGUFModel:
         data must follow the header's order, each tensor at the next multiple of the alignment:
         an offset moved by even one byte is refused, not read as other weights."""
         size, fname = len(r.mm), self.paths[shard].name
-        expect = 0  # where the next tensor's data must start (from the data section)
+        expect, prev = 0, None  # where the next tensor's data must start, after which tensor
         for t in r.tensors:
             where = f"{fname}: tensor {t.name}"
             qtype, need = _tensor_type_and_bytes(t, where)
             if t.offset != expect:
+                after = f"right after {prev[0]} ({prev[1]:,} bytes as {prev[2]})" if prev else ""
                 raise CorruptFile(
-                    f"{where} starts at data offset {t.offset:,}, expected {expect:,} (tensors "
-                    f"follow one another in header order, each aligned to {r.alignment} bytes)"
+                    f"{where} starts at data offset {t.offset:,}, expected {expect:,} "
+                    f"{after or 'at the start'} (tensors follow one another in header order, "
+                    f"each aligned to {r.alignment} bytes)"
                 )
             expect += -(-need // r.alignment) * r.alignment
+            prev = (t.name, need, qtype.name)
             if r.data_offset + t.offset + need > size:
                 raise TruncatedFile(
-                    f"{fname}: tensor {t.name} runs past the end of the file "
+                    f"{where} ({need:,} bytes as {qtype.name}) runs past the end of the file "
                     f"(truncated at {size} bytes)"
                 )
             if t.name in self.tensors:
