@@ -8,6 +8,7 @@ downgrade as a notice the caller prints once. docs/CONFIG.md lists every setting
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -65,6 +66,14 @@ def _not_off(v: str) -> bool:
     return v.strip().lower() not in ("0", "false", "no", "off")
 
 
+def number(v: str) -> float:
+    """A finite float ('nan' and 'inf' parse as floats but are no setting's value)."""
+    x = float(v)
+    if not math.isfinite(x):
+        raise ValueError(v)
+    return x
+
+
 # EngineConfig field -> (environment variable, parser)
 ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "model": ("STRATA_MODEL", str),
@@ -76,10 +85,10 @@ ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "expert_cache": ("STRATA_EXPERT_CACHE", str),
     "profile": ("STRATA_PROFILE", str),
     "adapt_swaps": ("STRATA_ADAPT_SWAPS", int),
-    "car_threshold": ("STRATA_CAR_THRESHOLD", float),
+    "car_threshold": ("STRATA_CAR_THRESHOLD", number),
     "car_warmup": ("STRATA_CAR_WARMUP", int),
     "car_budget": ("STRATA_CAR_BUDGET", int),
-    "car_free_ratio": ("STRATA_CAR_FREE_RATIO", float),
+    "car_free_ratio": ("STRATA_CAR_FREE_RATIO", number),
     "dump_router_scores": ("STRATA_DUMP_ROUTER_SCORES", str),
     "threads": ("STRATA_THREADS", int),
     "pack": ("STRATA_PACK", str),
@@ -182,6 +191,8 @@ def _check(cfg: EngineConfig) -> None:
         raise ConfigError(f"--car-threshold must be > 0 (1.0 = off), got {cfg.car_threshold}")
     if cfg.car_warmup < 0 or cfg.car_budget < 0 or cfg.adapt_swaps < 0:
         raise ConfigError("--car-warmup, --car-budget and --adapt-swaps must be >= 0")
+    if not (math.isfinite(cfg.car_threshold) and math.isfinite(cfg.car_free_ratio)):
+        raise ConfigError("--car-threshold and --car-free-ratio must be finite numbers")
     if cfg.car_free_ratio <= 0:
         raise ConfigError(f"--car-free-ratio must be > 0, got {cfg.car_free_ratio}")
     if cfg.kv_type not in KV_TYPES:
@@ -285,7 +296,10 @@ def resolve_launch(
     )
     floor = env.get(LAUNCH_ENV["disk_floor_gb"])
     if floor:
-        cfg.disk_floor_gb = _parse(LAUNCH_ENV["disk_floor_gb"], float, floor)
+        var = LAUNCH_ENV["disk_floor_gb"]
+        cfg.disk_floor_gb = _parse(var, number, floor)
+        if cfg.disk_floor_gb < 0:
+            raise ConfigError(f"{var}={floor!r} must be >= 0 (GB of free disk to keep)")
     return cfg
 
 

@@ -281,3 +281,48 @@ def test_synth_refuses_a_quant_whose_blocks_do_not_tile_the_rows_before_writing(
         write_synthetic(tmp_path / "m.gguf", spec, progress=False)
     assert "ffn_down_exps" in str(e.value) and "\n" not in str(e.value)
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- a closed stdout (`strata inspect | head -1`) ----
+
+
+def test_a_closed_stdout_ends_quietly_with_the_exit_code_of_a_piped_command(cli_models):
+    """The reader is gone before strata writes: no 'Broken pipe' line, exit 128 + SIGPIPE."""
+    from strata.cli.main import EXIT_PIPE
+
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for argv in (["inspect", str(cli_models.tiny)], ["synth", "--help"]):
+        r, w = os.pipe()
+        os.close(r)  # like `head -1` after its line: nobody reads any more
+        try:
+            p = subprocess.run(
+                [sys.executable, "-m", "strata", *argv],
+                stdout=w,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=REPO,
+                timeout=120,
+            )
+        finally:
+            os.close(w)
+        if argv[-1] == "--help":  # argparse exits on its own: only the quiet part holds there
+            assert "Broken pipe" not in p.stderr and "Traceback" not in p.stderr
+            continue
+        assert p.returncode == EXIT_PIPE == 141
+        assert p.stderr == ""
+
+
+def test_a_stdout_that_breaks_mid_stream_is_no_error_line(cli_models, capsys, monkeypatch):
+    class Closed:
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    rc = main(["generate", "hello", "-n", "2", "--model", str(cli_models.tiny)])
+    assert rc == 141
+    err = capsys.readouterr().err
+    assert "error" not in err and "Broken pipe" not in err

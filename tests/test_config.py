@@ -35,3 +35,32 @@ def test_environ_holds_only_the_settings_strata_reads(monkeypatch):
 
 def test_at_most_thirty_strata_names():
     assert len(set(config.NAMES)) == len(config.NAMES) <= 30
+
+
+NUMERIC = [var for var, parse in config.ENV.values() if parse in (int, config.number)]
+
+
+@pytest.mark.parametrize("raw", ["abc", "nan", "inf", "1.5.2", "0x"])
+@pytest.mark.parametrize("var", NUMERIC)
+def test_a_malformed_number_in_any_variable_is_one_line_naming_it(var, raw):
+    with pytest.raises(ConfigError) as e:
+        resolve({}, {var: raw})
+    msg = str(e.value)
+    assert msg.startswith(f"{var}={raw!r} is not a valid") and "\n" not in msg
+
+
+@pytest.mark.parametrize("raw", ["abc", "nan", "-inf", "-1"])
+def test_a_malformed_disk_floor_is_one_line_naming_the_variable(raw, capsys, monkeypatch):
+    from strata.cli.main import main
+
+    with pytest.raises(ConfigError, match=f"STRATA_DISK_FLOOR_GB={raw!r}"):
+        config.resolve_launch(env={"STRATA_DISK_FLOOR_GB": raw})
+    monkeypatch.setenv("STRATA_DISK_FLOOR_GB", raw)
+    assert main(["resolve", "--release", "swift"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("strata: error: STRATA_DISK_FLOOR_GB=") and err.count("\n") == 1
+
+
+def test_a_non_finite_float_flag_is_refused():
+    with pytest.raises(ConfigError, match="finite"):
+        resolve({"car_free_ratio": float("nan")}, {})

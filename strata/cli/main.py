@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import os
 import sys
 from pathlib import Path
 
@@ -257,10 +258,29 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (`strata inspect | head -1`): end quietly as a piped
+    command does, and point stdout at /dev/null so the interpreter's exit flush stays quiet."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):  # stdout is no file: nothing to silence
+        pass
+    return EXIT_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
-        return ns.fn(ns)
+        rc = ns.fn(ns)
+        sys.stdout.flush()  # a closed pipe shows here, not as a complaint at interpreter exit
+        return rc
+    except BrokenPipeError:  # before OSError: a closed stdout is no error of the user's
+        return _stdout_closed()
     except (
         UserError,
         ModelError,
@@ -275,8 +295,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

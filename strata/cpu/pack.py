@@ -19,9 +19,12 @@ A region is one expert tensor [E, R, C] as `ExpertMatrix.data` holds it: uint8 [
 expert-major (expert e's rows are contiguous), recorded with its layer, role (gate/up/down),
 GGUF tensor name, qtype, layout, kernel, shape, row_bytes and offset (from data_offset).
 `experts.bin.src.json` names where the pack came from: format, model_id, release, quant, the
-source shards (basename, byte size), the host's SIMD level and the layout of each qtype, and the
-pack_id that ties it to its experts.bin. A pack whose provenance does not match the model refuses
-to load (`PackError`); one without src.json loads with a warning naming the missing file.
+source shards (basename, byte size, mtime, a hash of their expert bytes), the host's SIMD level and
+the layout of each qtype, the pack_id that ties it to its experts.bin and that file's block hashes
+(strata.cpu.pack_check). A pack whose provenance or content does not match the model refuses to
+load (`PackError`); one without src.json loads with a warning naming the missing file. A build
+writes temporary files only (`.experts.bin.<pack_id>.tmp`), renamed at the end; a killed build's
+are removed by the next one.
 
 Imports numpy, gguf and strata.cpu only (no CuPy, no engine); the model is duck-typed
 (`args`, `tensor(MT, layer)`, `gguf.paths`, `metadata`: `strata.model.loader.Model`).
@@ -44,11 +47,13 @@ import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
+from strata.cpu import pack_check
 from strata.cpu.kernels.features import simd_enabled
 from strata.cpu.layout import ExpertMatrix, prepare
+from strata.cpu.pack_check import REBUILD, BlockHasher, PackError, SourceHasher
 from strata.cpu.pool import LayerWeights
 
-FORMAT = "strata-experts-1"  # the pack layout and src.json schema; bump on any change
+FORMAT = "strata-experts-2"  # the pack layout and src.json schema; bump on any change
 MAGIC = b"STRXPAK1"
 HEADER_VERSION = 1
 PAGE = 4096
@@ -57,11 +62,7 @@ SRC_FILE = "experts.bin.src.json"
 ROLES = (("gate", MT.FFN_GATE_EXP), ("up", MT.FFN_UP_EXP), ("down", MT.FFN_DOWN_EXP))
 _HEAD = struct.Struct("<8sIIQQ")  # magic, version, zero, data_offset, index length
 CHUNK_BYTES = 64 << 20  # experts prepared and written per step (bounds the builder's RAM)
-REBUILD = "rebuild it: strata pack MODEL -o DIR --force"
-
-
-class PackError(ValueError):
-    """A pack that cannot be used with this model or host; the message is one line."""
+TMP_GLOB = (f".{PACK_FILE}.*.tmp", f".{SRC_FILE}.*.tmp")  # a build's temporary files
 
 
 class PackWarning(UserWarning):
@@ -99,6 +100,20 @@ def expert_quant(model) -> str:
 
 def source_shards(model) -> list[dict]:
     return [{"name": p.name, "size": p.stat().st_size} for p in model.gguf.paths]
+
+
+def temporaries(out_dir: str | os.PathLike) -> list[Path]:
+    """The temporary files builds left in out_dir (a killed `strata pack`'s)."""
+    d = Path(out_dir)
+    return sorted(q for g in TMP_GLOB for q in d.glob(g)) if d.is_dir() else []
+
+
+def remove_temporaries(out_dir: str | os.PathLike) -> list[Path]:
+    """Remove what killed builds left in out_dir; returns what was removed."""
+    gone = temporaries(out_dir)
+    for q in gone:
+        q.unlink(missing_ok=True)
+    return gone
 
 
 def default_model_id(model) -> str:
@@ -157,6 +172,7 @@ def build_pack(
     out = Path(out_dir)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    remove_temporaries(out)  # a killed build's leftovers
     plans, rel = [], 0
     for i in range(model.args.n_layer):
         for role, m in ROLES:
@@ -174,38 +190,57 @@ def build_pack(
     }
     blob = json.dumps(index, separators=(",", ":")).encode()
     data_offset = _align(_HEAD.size + len(blob))
-    src = {
-        "format": FORMAT,
-        "model_id": model_id or default_model_id(model),
-        "release": release,
-        "quant": expert_quant(model),
-        "shards": source_shards(model),
-        "pack_id": pack_id,
-        "simd": level,
-        "layouts": {p.t.qtype.name: p.m.layout for p in plans},
-        "experts_bin_bytes": data_offset + rel,
-    }
     tmp_bin = out / f".{PACK_FILE}.{pack_id}.tmp"
     tmp_src = out / f".{SRC_FILE}.{pack_id}.tmp"
+    blocks, sources = BlockHasher(), SourceHasher(len(model.gguf.paths))
     try:
         done = 0
         with open(tmp_bin, "wb") as f:
             f.write(_HEAD.pack(MAGIC, HEADER_VERSION, 0, data_offset, len(blob)) + blob)
             for p in plans:
+                blocks.feed(bytes(p.offset - done))  # the zero gap up to this region's page
+                done = p.offset
                 f.seek(data_offset + p.offset)
                 e = p.t.shape[0]
                 step = max(1, CHUNK_BYTES // max(1, p.nbytes // e))
                 for e0 in range(0, e, step):
-                    rows = expert_rows(p.t, e0, min(e, e0 + step), simd)
+                    e1 = min(e, e0 + step)
+                    sources.feed(p.t.shard, p.t.data[e0:e1])
+                    rows = expert_rows(p.t, e0, e1, simd)
                     if rows.shape[1] != p.m.data.shape[1]:  # prepare must not depend on E
                         raise PackError(f"{p.t.name}: prepared row size changed with the slice")
-                    f.write(memoryview(np.ascontiguousarray(rows)).cast("B"))
+                    out_bytes = memoryview(np.ascontiguousarray(rows)).cast("B")
+                    f.write(out_bytes)
+                    blocks.feed(out_bytes)
                     done += rows.nbytes
                     if progress:
                         progress(done, rel)
+            blocks.feed(bytes(rel - done))
             f.truncate(data_offset + rel)
             f.flush()
             os.fsync(f.fileno())
+        block_hashes = blocks.finish()
+        src = {
+            "format": FORMAT,
+            "model_id": model_id or default_model_id(model),
+            "release": release,
+            "quant": expert_quant(model),
+            "shards": source_shards(model),
+            "pack_id": pack_id,
+            "simd": level,
+            "layouts": {p.t.qtype.name: p.m.layout for p in plans},
+            "hash": pack_check.HASH,
+            "source": [
+                {**pack_check.stamp(path), "experts": h}
+                for path, h in zip(model.gguf.paths, sources.hexdigests(), strict=True)
+            ],
+            "experts_bin": {
+                **pack_check.stamp(tmp_bin),  # os.replace keeps the size and mtime
+                "block_bytes": pack_check.BLOCK,
+                "blake2b": pack_check.root(block_hashes),
+                "blocks": block_hashes,
+            },
+        }
         with open(tmp_src, "w") as f:
             json.dump(src, f, indent=1)
             f.write("\n")
@@ -358,12 +393,15 @@ def open_pack(
     *,
     release: str | None = None,
     simd: bool | None = None,
+    verify: bool = False,
 ) -> Pack:
     """Memory-map pack_dir/experts.bin for `model` after checking its provenance and layout.
 
     Refuses (`PackError`) a pack of other shards, another quant, another release (when `release`
-    is given), another format, or a layout this host's kernels would not pick (simd as in
-    `prepare`; None: the host's).
+    is given), another format, a layout this host's kernels would not pick (simd as in
+    `prepare`; None: the host's), or content that differs from what was built: experts.bin's
+    blocks and the source's expert bytes are hashed in full where a file's size or mtime moved
+    since the build, or when `verify` asks; else sampled (strata.cpu.pack_check).
     """
     d = Path(pack_dir)
     path = d / PACK_FILE
@@ -395,7 +433,41 @@ def open_pack(
                 )
             mats.append(_matrix(path, mm, data_offset, r, t, index.get("simd"), host, simd))
         layers.append(LayerWeights(*mats))
+    if src is not None:
+        pack_check.check_file(path, mm, data_offset, src.get("experts_bin"), regions, verify)
+        _check_source(d / SRC_FILE, src, model, layers, verify, simd)
     return Pack(path, layers, index, src, mm)
+
+
+def _check_source(src_path: Path, src: dict, model, layers, full: bool, simd) -> None:
+    """The model's expert bytes are those the pack was built from: hashed in full where a shard's
+    size or mtime moved (or `full`), else a sample of experts prepared again and compared."""
+    recs, paths = src.get("source"), model.gguf.paths
+    if not isinstance(recs, list) or len(recs) != len(paths):
+        raise PackError(f"{src_path}: records no hash of the source's experts; {REBUILD}")
+    tensors = [model.tensor(m, i) for i in range(model.args.n_layer) for _, m in ROLES]
+    if full or not all(pack_check.unchanged(q, r) for q, r in zip(paths, recs, strict=True)):
+        got = pack_check.source_digests(model, tensors)
+        for q, r, h in zip(paths, recs, got, strict=True):
+            if r.get("experts") != h:
+                raise PackError(
+                    f"{src_path}: built from other expert bytes than {q.name} has (same name and "
+                    f"size, other content); {REBUILD}"
+                )
+        return
+    mats = [m for lw in layers for m in (lw.gate, lw.up, lw.down)]
+    picks = pack_check.sample(
+        len(mats) * mats[0].n_expert, pack_check.SAMPLE_EXPERTS, src["pack_id"]
+    )
+    for k in picks:
+        t, m = tensors[k // mats[0].n_expert], mats[k // mats[0].n_expert]
+        e = k % m.n_expert
+        if not np.array_equal(
+            expert_rows(t, e, e + 1, simd), m.data[e * m.rows : (e + 1) * m.rows]
+        ):
+            raise PackError(
+                f"{src_path}: expert {e} of {t.name} differs from the model's; {REBUILD}"
+            )
 
 
 def _matrix(path, mm, data_offset, r, t, built_simd, host_simd, simd) -> ExpertMatrix:

@@ -8,13 +8,32 @@ Shape letters used across Strata (defined once here):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gguf.constants import Keys
 
-from strata.model.errors import ModelError
+from strata.model.errors import BadMetadata, ModelError
+
+# the fields every model needs at >= 1 (each is divided by, looped over or sized by somewhere),
+# with the key a message names
+_COUNTS = {
+    "n_vocab": Keys.LLM.VOCAB_SIZE,
+    "n_embd": Keys.LLM.EMBEDDING_LENGTH,
+    "n_layer": Keys.LLM.BLOCK_COUNT,
+    "n_head": Keys.Attention.HEAD_COUNT,
+    "n_head_kv": Keys.Attention.HEAD_COUNT_KV,
+    "head_dim": Keys.Attention.KEY_LENGTH,
+    "v_head_dim": Keys.Attention.VALUE_LENGTH,
+    "n_expert": Keys.LLM.EXPERT_COUNT,
+    "n_expert_used": Keys.LLM.EXPERT_USED_COUNT,
+    "expert_ff": Keys.LLM.EXPERT_FEED_FORWARD_LENGTH,
+    "n_ctx_train": Keys.LLM.CONTEXT_LENGTH,
+}
+_REALS = {"rope_theta": Keys.Rope.FREQ_BASE, "rms_eps": Keys.Attention.LAYERNORM_RMS_EPS}
+MAX_COUNT = 2**31 - 1  # every count and dimension fits an int32 index
 
 
 @dataclass(frozen=True)
@@ -41,7 +60,20 @@ class ModelArgs:
 
     def __post_init__(self) -> None:
         problems = []
-        if self.n_head % max(self.n_head_kv, 1):
+        for name, key in _COUNTS.items():
+            v = getattr(self, name)
+            if not 1 <= v <= MAX_COUNT:
+                problems.append(f"{key.format(arch=self.arch)} = {v} is not in 1..{MAX_COUNT}")
+        if not 0 <= self.shared_ff <= MAX_COUNT:
+            key = Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH.format(arch=self.arch)
+            problems.append(f"{key} = {self.shared_ff} is not in 0..{MAX_COUNT}")
+        for name, key in _REALS.items():
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                problems.append(f"{key.format(arch=self.arch)} = {v} is not a finite number > 0")
+        if problems:
+            raise BadMetadata(f"{self.arch}: invalid metadata: {'; '.join(problems)}")
+        if self.n_head % self.n_head_kv:
             problems.append(
                 f"head_count {self.n_head} not a multiple of head_count_kv {self.n_head_kv}"
             )
@@ -77,33 +109,62 @@ class ModelArgs:
                 raise ModelError(f"{arch}: metadata key {k} is missing")
             return default
 
-        n_embd = int(get(Keys.LLM.EMBEDDING_LENGTH))
-        n_head = int(get(Keys.Attention.HEAD_COUNT))
-        head_dim = int(get(Keys.Attention.KEY_LENGTH, n_embd // n_head))
+        def count(key: str, default: Any = ModelError) -> int:
+            """An integer key (a bool or a string is refused, not read as 1 or parsed)."""
+            v = get(key, default)
+            if type(v) is not int:
+                raise BadMetadata(
+                    f"{arch}: {key.format(arch=arch)} = {_short(v)} is not an integer"
+                )
+            return v
+
+        def real(key: str, default: float) -> float:
+            v = get(key, default)
+            if type(v) not in (int, float):
+                raise BadMetadata(f"{arch}: {key.format(arch=arch)} = {_short(v)} is not a number")
+            return float(v)
+
+        n_embd = count(Keys.LLM.EMBEDDING_LENGTH)
+        n_head = count(Keys.Attention.HEAD_COUNT)
+        if n_head < 1:  # the head dim's default divides by it
+            raise BadMetadata(f"{arch}: {Keys.Attention.HEAD_COUNT.format(arch=arch)} is {n_head}")
+        head_dim = count(Keys.Attention.KEY_LENGTH, n_embd // n_head)
         n_vocab = meta.get(Keys.LLM.VOCAB_SIZE.format(arch=arch))
         if n_vocab is None:
             toks = meta.get(Keys.Tokenizer.LIST)
-            n_vocab = len(toks) if toks is not None else n_vocab_fallback
+            n_vocab = len(toks) if isinstance(toks, list) else n_vocab_fallback
         if n_vocab is None:
             raise ModelError(f"{arch}: vocabulary size is unknown (no vocab_size, no token list)")
+        if type(n_vocab) is not int:
+            raise BadMetadata(f"{arch}: vocab_size = {_short(n_vocab)} is not an integer")
         shared = traits["shared_expert"]
+        norm_topk = get(Keys.LLM.EXPERT_WEIGHTS_NORM, traits["norm_topk"])
+        if type(norm_topk) is not bool:
+            key = Keys.LLM.EXPERT_WEIGHTS_NORM.format(arch=arch)
+            raise BadMetadata(f"{arch}: {key} = {_short(norm_topk)} is not a bool")
         return cls(
             arch=arch,
-            n_vocab=int(n_vocab),
+            n_vocab=n_vocab,
             n_embd=n_embd,
-            n_layer=int(get(Keys.LLM.BLOCK_COUNT)),
+            n_layer=count(Keys.LLM.BLOCK_COUNT),
             n_head=n_head,
-            n_head_kv=int(get(Keys.Attention.HEAD_COUNT_KV, n_head)),
+            n_head_kv=count(Keys.Attention.HEAD_COUNT_KV, n_head),
             head_dim=head_dim,
-            v_head_dim=int(get(Keys.Attention.VALUE_LENGTH, head_dim)),
-            n_expert=int(get(Keys.LLM.EXPERT_COUNT)),
-            n_expert_used=int(get(Keys.LLM.EXPERT_USED_COUNT)),
-            expert_ff=int(get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)),
-            shared_ff=int(get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, 0)) if shared else 0,
-            n_ctx_train=int(get(Keys.LLM.CONTEXT_LENGTH, 4096)),
-            rope_theta=float(get(Keys.Rope.FREQ_BASE, 10000.0)),
-            rms_eps=float(get(Keys.Attention.LAYERNORM_RMS_EPS, 1e-6)),
-            norm_topk=bool(get(Keys.LLM.EXPERT_WEIGHTS_NORM, traits["norm_topk"])),
+            v_head_dim=count(Keys.Attention.VALUE_LENGTH, head_dim),
+            n_expert=count(Keys.LLM.EXPERT_COUNT),
+            n_expert_used=count(Keys.LLM.EXPERT_USED_COUNT),
+            expert_ff=count(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH),
+            shared_ff=count(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, 0) if shared else 0,
+            n_ctx_train=count(Keys.LLM.CONTEXT_LENGTH, 4096),
+            rope_theta=real(Keys.Rope.FREQ_BASE, 10000.0),
+            rms_eps=real(Keys.Attention.LAYERNORM_RMS_EPS, 1e-6),
+            norm_topk=norm_topk,
             qk_norm=traits["qk_norm"],
             qkv_bias=traits["qkv_bias"],
         )
+
+
+def _short(v: Any) -> str:
+    """A metadata value for a one-line message (a long list or string is cut)."""
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."

@@ -13,6 +13,14 @@ class TruncatedFile(ModelError):
     pass
 
 
+class CorruptFile(ModelError):
+    """A header value no valid file holds: a count, type, alignment or offset out of range."""
+
+
+class BadMetadata(ModelError):
+    """Metadata a model cannot have: a zero head count, a NaN norm epsilon, a wrong value type."""
+
+
 class UnsupportedArchitecture(ModelError):
     pass
 
@@ -23,6 +31,10 @@ class MissingTensor(ModelError):
 
 class ShapeMismatch(ModelError):
     pass
+
+
+class TensorTypeError(ModelError):
+    """A tensor stored in a type its role never has (an F32 norm is fine, a Q4_K one is not)."""
 
 
 class ShardError(ModelError):

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, Keys
+from gguf.constants import GGMLQuantizationType, Keys
 
-from strata.model.errors import NotGGUF, ShardError, TruncatedFile
-from strata.model.gguf_reader import GGUFFormatError, GGUFHeader
+from strata.model.errors import CorruptFile, NotGGUF, ShardError, TruncatedFile
+from strata.model.gguf_reader import GGUFFormatError, GGUFHeader, GGUFTruncated, TensorInfo
 from strata.quant import UnsupportedType, fmt
 
 GGUF_MAGIC = b"GGUF"
@@ -67,23 +68,52 @@ def shard_paths(path: str | os.PathLike) -> list[Path]:
 
 def _open_reader(path: Path) -> GGUFHeader:
     try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except IsADirectoryError:
-        raise NotGGUF(f"{path}: is a directory, not a GGUF file") from None
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file") from None
+    if stat.S_ISDIR(mode):
+        raise NotGGUF(f"{path}: is a directory, not a GGUF file")
+    if not stat.S_ISREG(mode):  # a named pipe or device would block the open or the read
+        raise NotGGUF(f"{path}: not a regular file (a pipe, socket or device), not a GGUF file")
+    with open(path, "rb") as f:
+        head = f.read(4)
     if head != GGUF_MAGIC:
         raise NotGGUF(f"{path}: not a GGUF file (magic {head!r}, expected b'GGUF')")
     try:
         return GGUFHeader(path)
     except (GGUFFormatError, OverflowError, MemoryError) as e:
         size = path.stat().st_size
-        raise TruncatedFile(
-            f"{path}: truncated or corrupt GGUF file ({size:,} bytes; reader: {_one_line(e)})"
-        ) from None
+        err = TruncatedFile if isinstance(e, GGUFTruncated) else CorruptFile
+        what = "truncated" if err is TruncatedFile else "corrupt"
+        raise err(f"{path}: {what} GGUF file ({size:,} bytes; reader: {_one_line(e)})") from None
 
 
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
+
+
+def _tensor_type_and_bytes(t: TensorInfo, where: str) -> tuple[GGMLQuantizationType, int]:
+    """The tensor's type and byte size, after checking the type is one Strata reads and every
+    dimension is >= 1 with rows a whole number of blocks (Python ints: no overflow)."""
+    try:
+        qtype = GGMLQuantizationType(t.ggml_type)
+    except ValueError:
+        raise UnsupportedType(f"{where}: unknown tensor type id {t.ggml_type}") from None
+    try:
+        f = fmt(qtype)
+    except UnsupportedType as e:
+        raise UnsupportedType(f"{where}: {e}") from None
+    if min(t.ne) < 1:
+        raise CorruptFile(f"{where} has a dimension of 0 ({list(t.ne)})")
+    if t.ne[0] % f.block_elems:
+        raise CorruptFile(
+            f"{where}: rows of {t.ne[0]} are not a whole number of {qtype.name} blocks "
+            f"({f.block_elems} values)"
+        )
+    n = 1
+    for d in t.ne:
+        n *= d
+    return qtype, n // f.block_elems * f.block_bytes
 
 
 def _typed_view(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...]):
@@ -146,32 +176,32 @@ class GGUFModel:
                 )
 
     def _add_tensors(self, shard: int, r: GGUFHeader) -> None:
-        size = len(r.mm)
+        """Check each tensor's type, dims and place, then view its bytes. As llama.cpp does, the
+        data must follow the header's order, each tensor at the next multiple of the alignment:
+        an offset moved by even one byte is refused, not read as other weights."""
+        size, fname = len(r.mm), self.paths[shard].name
+        expect, prev = 0, None  # where the next tensor's data must start, after which tensor
         for t in r.tensors:
-            where = f"{self.paths[shard].name}: tensor {t.name}"
-            try:
-                qtype = GGMLQuantizationType(t.ggml_type)
-            except ValueError:
-                tid = t.ggml_type
-                raise UnsupportedType(f"{where}: unknown tensor type id {tid}") from None
-            try:
-                fmt(qtype)
-            except UnsupportedType as e:
-                raise UnsupportedType(f"{where}: {e}") from None
-            shape = tuple(reversed(t.ne))
-            elems, nbytes = GGML_QUANT_SIZES[qtype]
-            need = int(np.prod(shape, dtype=np.int64)) // elems * nbytes
+            where = f"{fname}: tensor {t.name}"
+            qtype, need = _tensor_type_and_bytes(t, where)
+            if t.offset != expect:
+                after = f"right after {prev[0]} ({prev[1]:,} bytes as {prev[2]})" if prev else ""
+                raise CorruptFile(
+                    f"{where} starts at data offset {t.offset:,}, expected {expect:,} "
+                    f"{after or 'at the start'} (tensors follow one another in header order, "
+                    f"each aligned to {r.alignment} bytes)"
+                )
+            expect += -(-need // r.alignment) * r.alignment
+            prev = (t.name, need, qtype.name)
             if r.data_offset + t.offset + need > size:
                 raise TruncatedFile(
-                    f"{self.paths[shard].name}: tensor {t.name} runs past the end of the file "
+                    f"{where} ({need:,} bytes as {qtype.name}) runs past the end of the file "
                     f"(truncated at {size} bytes)"
                 )
             if t.name in self.tensors:
                 first = self.paths[self.tensors[t.name].shard].name
-                raise ShardError(
-                    f"{self.paths[shard].name}: tensor {t.name} is also in {first} "
-                    "(shards from different sets?)"
-                )
+                raise ShardError(f"{where} is also in {first} (shards from different sets?)")
+            shape = tuple(reversed(t.ne))
             data = _typed_view(r.tensor_bytes(t, need), qtype, shape)
             self.tensors[t.name] = TensorRef(t.name, qtype, shape, data, shard)
 

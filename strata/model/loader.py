@@ -9,8 +9,14 @@ from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import Keys
 
 from strata.model import arch
-from strata.model.arch.common import name
-from strata.model.errors import MissingTensor, ModelError, ShapeMismatch
+from strata.model.arch.common import allowed_types, name
+from strata.model.errors import (
+    BadMetadata,
+    MissingTensor,
+    ModelError,
+    ShapeMismatch,
+    TensorTypeError,
+)
 from strata.model.gguf_file import GGUFModel, TensorRef
 
 EXPERT_TENSORS = (MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP)
@@ -26,6 +32,7 @@ class Model:
         except ModelError as e:  # name the file the metadata came from
             raise type(e)(f"{gguf.path.name}: {e}") from None
         self.arch_module = arch.get(self.args.arch)
+        self._check_layer_count()
         self.expected = self._expected_shapes()
         self._check()
 
@@ -36,6 +43,20 @@ class Model:
     @property
     def metadata(self):
         return self.gguf.metadata
+
+    def _check_layer_count(self) -> None:
+        """block_count must name exactly the layers the file holds: checked before anything
+        loops over it (a count of 2^32-1 fails here at once)."""
+        ids = set()
+        for tname in self.gguf.tensors:
+            parts = tname.split(".")
+            if parts[0] == "blk" and len(parts) > 1 and parts[1].isdecimal():
+                ids.add(int(parts[1]))
+        held = max(ids) + 1 if ids else 0
+        n = self.args.n_layer
+        if n != held:
+            key = Keys.LLM.BLOCK_COUNT.format(arch=self.args.arch)
+            raise BadMetadata(f"{self.path.name}: {key} is {n}, the file holds {held} layers")
 
     def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
         m, a = self.arch_module, self.args
@@ -55,6 +76,13 @@ class Model:
                 raise ShapeMismatch(
                     f"{self.path.name}: tensor {tname} has shape {list(t.shape)}, "
                     f"metadata implies {list(shape)}"
+                )
+            allowed = allowed_types(tname)
+            if t.qtype not in allowed:
+                kinds = ", ".join(sorted(q.name for q in allowed)) if len(allowed) < 5 else ""
+                raise TensorTypeError(
+                    f"{self.path.name}: tensor {tname} is {t.qtype.name}, "
+                    + (f"{self.args.arch} stores it as {kinds}" if kinds else "not a type for it")
                 )
 
     def tensor(self, t: MT | str, layer: int | None = None) -> TensorRef:
