@@ -65,6 +65,19 @@ def place(counts: np.ndarray, n_slots: int) -> np.ndarray:
     return mask.reshape(n_layer, n_expert)
 
 
+def usage_entropy(counts: np.ndarray) -> float:
+    """Normalized entropy of one layer's expert usage counts [E] in [0, 1] (1: uniform), with
+    the Miller-Madow correction for the picks seen, so a few hundred tokens estimate the
+    router's own distribution rather than the sample's."""
+    counts = np.asarray(counts, np.float64)
+    n, e = counts.sum(), counts.size
+    if n <= 0 or e < 2:
+        return 0.0
+    p = counts[counts > 0] / n
+    h = -(p * np.log(p)).sum() + (p.size - 1) / (2 * n)
+    return float(min(1.0, h / np.log(e)))
+
+
 @dataclass
 class AdaptiveCache:
     """Frequency-aware admission/eviction over a fixed resident set (no size change).
