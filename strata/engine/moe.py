@@ -96,6 +96,12 @@ class Moe:
         if decode and self.adaptive is not None:
             self._swaps = observe_fast(self.adaptive, i, router_ids)
             st.swaps += len(self._swaps)
+        elif self.adaptive is not None and self.adaptive.warm_from_prompts and ids.shape[0] > 1:
+            # a prompt re-places the layer's cache for its decode (its own misses already run
+            # where `hit` says; the uploads start after its launches, in `prefetch`)
+            self._swaps = self.adaptive.warm(i, router_ids)
+            st.swaps += len(self._swaps)
+            st.warm_swaps += len(self._swaps)
         return ids, weights, hit
 
     def prefetch(self, i: int) -> None:

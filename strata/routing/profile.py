@@ -91,6 +91,9 @@ class AdaptiveCache:
     max_swaps: int = 96
     decay: float = 0.98
     margin: float = 1.0
+    # a prompt's picks re-place the cache before its decode (`warm`); off where a usage
+    # profile placed it (a profile of real traffic is the better start)
+    warm_from_prompts: bool = True
     score: np.ndarray = field(init=False)
     swaps_in_window: int = 0
     swaps_total: int = 0
@@ -100,6 +103,32 @@ class AdaptiveCache:
 
     def new_window(self) -> None:
         self.swaps_in_window = 0
+
+    def warm(self, layer: int, ids: np.ndarray) -> list[tuple[int, int]]:
+        """A prompt's picks of one layer ([T, K], T > 1) -> the swaps made (evicted, admitted).
+
+        The picks are counted as decode counts them (scores decayed by T tokens), but at the
+        rate a decode step would see them (x 1/(T (1 - decay)) where that is below 1: a long
+        prompt's counts become the steady-state score of its rates, so the decode's own picks
+        move them at once). Then the hottest missed experts take the coldest residents' slots,
+        pair by pair, while one beats the other by `margin`: every upload is one the prompt
+        asked for, however many. Not bounded by `max_swaps` (the decode's churn per request)."""
+        t = ids.shape[0]
+        s = self.score[layer]
+        s *= self.decay**t
+        np.add.at(s, ids.ravel(), min(1.0, 1.0 / (t * (1.0 - self.decay))))
+        res = self.resident[layer]
+        missed = np.flatnonzero(~res)
+        missed = missed[np.argsort(-s[missed], kind="stable")]  # hottest first
+        held = np.flatnonzero(res)
+        held = held[np.argsort(s[held], kind="stable")]  # coldest first
+        n = min(missed.size, held.size)
+        beats = s[missed[:n]] > s[held[:n]] + self.margin
+        n = int(np.argmin(beats)) if not beats.all() else n  # the pairs while one beats the other
+        res[held[:n]] = False
+        res[missed[:n]] = True
+        self.swaps_total += n
+        return [(int(c), int(e)) for c, e in zip(held[:n], missed[:n], strict=True)]
 
     def observe(self, layer: int, ids: np.ndarray) -> list[tuple[int, int]]:
         """Count the picks of one layer ([T, K]); returns the swaps made as (evicted, admitted)."""
