@@ -68,11 +68,8 @@ def run_engine_arm(
     cal_range, (lo, hi) = token_ranges(a.n_vocab, shift)
     if (calibrate or shift) and not engine.resident.all() and engine.resident.any():
         _place_by_calibration(engine, prompt_tokens, cal_range)
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(lo, hi, prompt_tokens).tolist()
-    stream = rng.integers(lo, hi, gen_tokens).tolist()  # the decode's input tokens
     decode_hist = np.zeros_like(engine.stats.expert_hist)
-    prefill, decode, hits, subst, windows = [], [], [], [], []
+    prefill, decode, hits, decode_hits, subst, windows = [], [], [], [], [], []
     peak = 0
     expert_bytes = model.expert_bytes_per_token()
     first = None  # the prompt's last logits (prefill_once)
@@ -81,6 +78,11 @@ def run_engine_arm(
         for r in range(repeats + 1):  # run 0 warms up (compilation, slot fills, graph capture)
             if engine.adaptive is not None:
                 engine.adaptive.new_window()  # each run is one request
+            # each run its own prompt (unused where prefill_once keeps run 0's) and decode
+            # tokens: a cache must not learn the very tokens it is measured on
+            rng = np.random.default_rng(r)
+            prompt = rng.integers(lo, hi, prompt_tokens).tolist()
+            stream = rng.integers(lo, hi, gen_tokens).tolist()  # the decode's input tokens
             s0 = _snapshot(engine)
             w0 = _windows(engine.stats)
             t0 = time.perf_counter()
@@ -91,7 +93,7 @@ def run_engine_arm(
                 engine.reset()
                 logits = first = engine.forward(prompt)
             t1 = time.perf_counter()
-            hist0 = engine.stats.expert_hist.copy()
+            hist0, s1 = engine.stats.expert_hist.copy(), _snapshot(engine)
             engine.decode_greedy(int(np.argmax(logits)))
             for tok in stream[1:]:  # the greedy pick (on a GPU tier: on the card) is not fed
                 engine.decode_greedy(tok)
@@ -107,6 +109,7 @@ def run_engine_arm(
                 decode.append(gen_tokens / (t2 - t1))
                 d = _delta(engine, s0)
                 hits.append(d["hit_rate"])
+                decode_hits.append(_delta(engine, s1)["hit_rate"])
                 subst.append(d["substitution_rate"])
                 windows.append(_windows(engine.stats) - w0)
             pb.update()
@@ -126,7 +129,8 @@ def run_engine_arm(
         "decode_tps_min": min(decode),
         "decode_tps_max": max(decode),
         "window_ms": 1000.0 / med / a.n_layer,
-        "hit_rate": statistics.median(hits),
+        "hit_rate": statistics.median(hits),  # prompt and decode picks
+        "decode_hit_rate": statistics.median(decode_hits),
         # normalized usage entropy of the decode's router picks, the mean over layers (1 =
         # uniform; trained models 0.905-0.960)
         "decode_usage_entropy": float(np.mean([usage_entropy(h) for h in decode_hist])),
