@@ -371,6 +371,7 @@ def _cli(*args):
         (["run", "--model", str(MODEL), "--n-cpu-moe", "2,x"], "wants integers"),
         (["run", "--model", str(MODEL), "--n-cpu-moe", "7"], "within 0..6"),
         (["build", "--cpu", "--archive", "/nonexistent.tar.xz"], "source archive"),
+        (["run", "--synthetic", "tiny", "--routing-entropy", "0.9", "--skew", "0"], "give one"),
     ],
 )
 def test_steps_fail_with_one_line_reasons(args, reason, tmp_path):
