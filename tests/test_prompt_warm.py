@@ -32,6 +32,16 @@ def test_warm_swaps_the_hottest_misses_for_the_coldest_residents_while_they_beat
     assert cache.warm(0, ids) == []  # placed: the same prompt again moves nothing
 
 
+def test_a_static_cache_stays_static_through_prompts(model):
+    a = model.args
+    few = np.zeros((a.n_layer, a.n_expert), bool)
+    few[:, :8] = True
+    eng = _engine(model, True, few.copy(), same_numerics=True)
+    eng.adaptive.max_swaps = 0  # --adapt-swaps 0
+    eng.forward(np.random.default_rng(9).integers(0, a.n_vocab, 64).tolist())
+    assert eng.stats.warm_swaps == 0 and (eng.resident == few).all()
+
+
 def _routed_model(tmp_path):
     args = make_args("tiny", n_expert=32, n_expert_used=4, n_layer=2)
     spec = SynthSpec(args, fmt("Q4_K").qtype, seed=3, routing_entropy=0.93)
