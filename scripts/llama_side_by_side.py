@@ -431,6 +431,7 @@ def run_strata_part(ns, model: str, sampler: Sampler) -> dict:
     args = [a for arm in ns.strata_arm for a in ("--arm", arm)]
     args += ["--model", model, "--vram-budget-mib", str(ns.vram_budget_mib)]
     args += ["-p", str(ns.prompt_tokens), "-n", str(ns.gen_tokens), "-r", str(ns.repeats)]
+    args += ["--shift"] if ns.shift else []
     args += shlex.split(ns.strata_extra or "")
     args += ["--commit", ns.commit or commit(), "--json", str(out)]
     cmd = [sys.executable, "-m", "strata.bench", *args]
@@ -469,11 +470,28 @@ def _key(ns, model: str) -> dict:
         "p": ns.prompt_tokens,
         "n": ns.gen_tokens,
         "r": ns.repeats,
+        "shift": ns.shift,
     }
 
 
+def _synthetic(ns) -> str:
+    """--synthetic: the model file, written once into the work dir (strata.bench's cache)."""
+    from strata.bench.__main__ import BENCH_ROUTING_ENTROPY
+    from strata.bench.common import synthetic_model
+
+    if ns.routing_entropy is not None and ns.skew is not None:
+        raise Fail("--routing-entropy and --skew are two choices of routing: give one")
+    entropy = ns.routing_entropy
+    if entropy is None and ns.skew is None:
+        entropy = BENCH_ROUTING_ENTROPY
+    path = synthetic_model(
+        ns.synthetic, ns.quant, ns.skew or 0.0, cache_dir=_work_dir(ns), routing_entropy=entropy
+    )
+    return str(path)
+
+
 def step_run(ns) -> int:
-    model = ns.model
+    model = _synthetic(ns) if ns.synthetic else ns.model
     if not model or not Path(model).is_file():
         raise Fail(f"model not found: {model}")
     layout = read_gguf_layout(model)
@@ -567,7 +585,27 @@ def build_parser() -> argparse.ArgumentParser:
     w = argparse.ArgumentParser(add_help=False)
     w.add_argument("--timeout", type=float, default=540.0, help="seconds to wait (0 = no limit)")
     r = argparse.ArgumentParser(add_help=False)
-    r.add_argument("--model", required=True, help="GGUF file (the same for both engines)")
+    src = r.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="GGUF file (the same for both engines)")
+    src.add_argument(
+        "--synthetic", metavar="SHAPE", help="a synthetic model (written once into --work-dir)"
+    )
+    r.add_argument("--quant", default="Q4_K", help="--synthetic: expert quant")
+    r.add_argument(
+        "--routing-entropy",
+        type=float,
+        default=None,
+        help="--synthetic: normalized usage entropy of its routing (default 0.93 unless --skew)",
+    )
+    r.add_argument(
+        "--skew", type=float, default=None, help="--synthetic: skew instead (0: uniform)"
+    )
+    r.add_argument(
+        "--shift",
+        action="store_true",
+        help="Strata places its cache by a calibration prompt from one half of the vocabulary "
+        "and is measured on the other (python -m strata.bench --shift)",
+    )
     r.add_argument("--vram-budget-mib", type=int, default=10240)
     r.add_argument("-p", "--prompt-tokens", type=int, default=512)
     r.add_argument("-n", "--gen-tokens", type=int, default=128)

@@ -160,7 +160,9 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
     car = CarKnobs(cfg.car_threshold, cfg.car_warmup, cfg.car_budget, cfg.car_free_ratio)
     adaptive = None
     if slots < total and cfg.adapt_swaps > 0 and slots > 0:
-        adaptive = AdaptiveCache(resident, max_swaps=cfg.adapt_swaps)
+        adaptive = AdaptiveCache(
+            resident, max_swaps=cfg.adapt_swaps, warm_from_prompts=profile is None
+        )
     if card:  # the GPU tier uploads the placed experts now
         resident[:] = tier.load_resident(resident)
     # the experts the tier does not hold run in the CPU pool

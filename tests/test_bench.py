@@ -91,3 +91,39 @@ def test_engine_arm_prefill_once_and_calibrated_placement(tmp_path):
     assert r["prefill_once"] and r["calibrated_placement"]
     assert r["resident_experts"] == 24 and 0 < r["hit_rate"] < 1
     assert r["decode_tps_min"] <= r["decode_tps"] <= r["decode_tps_max"]
+
+
+def test_engine_arms_run_with_the_servers_engine_defaults(tmp_path):
+    from strata.bench.engine_arms import ARMS
+    from strata.config import EngineConfig
+    from strata.routing.car import DEFAULT_THRESHOLD
+
+    assert ARMS["car-on"]["car_threshold"] == DEFAULT_THRESHOLD
+    out = tmp_path / "b.json"
+    argv = ["--arm", "car-off", "-p", "8", "-n", "4", "-r", "1", "--expert-cache", "24"]
+    assert main(argv + ["--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["adapt_swaps_per_request"] == EngineConfig().adapt_swaps > 0  # not a static cache
+    assert 0 < r["decode_usage_entropy"] <= 1
+
+
+def test_synthetic_models_default_to_routing_entropy_and_skew_is_the_other_choice(tmp_path):
+    from strata.bench.__main__ import _model_path, build_parser
+
+    base = ["--arm", "car-off", "--synthetic", "tiny", "--cache-dir", str(tmp_path)]
+    assert "-H0.93-" in _model_path(build_parser().parse_args(base)).name
+    assert "-skew0-" in _model_path(build_parser().parse_args(base + ["--skew", "0"])).name
+    with pytest.raises(SystemExit):
+        main(base + ["--skew", "0", "--routing-entropy", "0.9"])
+
+
+def test_shift_calibrates_on_one_half_of_the_vocabulary_and_measures_on_the_other(tmp_path):
+    from strata.bench.engine_arms import token_ranges
+
+    assert token_ranges(100, False) == ((0, 100), (0, 100))
+    assert token_ranges(100, True) == ((0, 50), (50, 100))
+    out = tmp_path / "b.json"
+    argv = ["--arm", "car-off", "-p", "8", "-n", "4", "-r", "1", "--expert-cache", "24"]
+    assert main(argv + ["--shift", "--json", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["shift"] and r["calibrated_placement"] and 0 < r["hit_rate"] < 1

@@ -257,8 +257,12 @@ def test_ratios_use_the_best_fitting_n_cpu_moe_and_cpu_moe(core):
     assert not rows["car-off"]["meets_goal"]
     assert rows["all-cpu"]["llama_config"] == "cpu-moe 48"
     assert rows["all-cpu"]["decode_ratio"] == pytest.approx(2.0)
-    assert rows["all-cpu"]["prefill_ratio"] == pytest.approx(0.5)
+    assert rows["all-cpu"]["prefill_ratio"] == pytest.approx(0.5) and rows["all-cpu"]["meets_goal"]
     assert all(r["fit_measured"] for r in rows.values())
+    # every expert on the card, against llama.cpp's all-GPU run: the goal there is 1.3x
+    slow, fast = (core.ratio_rows(LLAMA, [_arm("all-gpu", d, 2000.0)])[0] for d in (180, 200))
+    assert slow["llama_config"] == "all-gpu 0" and slow["goal"] == 1.3
+    assert not slow["meets_goal"] and fast["meets_goal"]
 
 
 def test_ratios_skip_failed_arms_and_unmeasured_fits_are_marked(core):
@@ -296,7 +300,9 @@ def test_markdown_report_shows_both_engines_and_the_ratios(core):
     doc["ratios"] = core.ratio_rows(doc["llama"], doc["strata"])
     md = core.render_markdown(doc)
     assert "| n-cpu-moe 12 | 900.0 | 60.00 (60.00-60.00) | 10300 | no |" in md
-    assert "| car-on (100.00 t/s) | n-cpu-moe 13 (40.00 t/s) | 2.50x | 0.53x | met |" in md
+    assert (
+        "| car-on (100.00 t/s) | n-cpu-moe 13 (40.00 t/s) | 2.50x | 0.53x | met (>= 2.5x) |" in md
+    )
     assert "error: over budget" in md and "NVIDIA H200" in md and "abc1234" in md
     assert "python -m strata.bench --arm car-off" in md
 
@@ -371,6 +377,7 @@ def _cli(*args):
         (["run", "--model", str(MODEL), "--n-cpu-moe", "2,x"], "wants integers"),
         (["run", "--model", str(MODEL), "--n-cpu-moe", "7"], "within 0..6"),
         (["build", "--cpu", "--archive", "/nonexistent.tar.xz"], "source archive"),
+        (["run", "--synthetic", "tiny", "--routing-entropy", "0.9", "--skew", "0"], "give one"),
     ],
 )
 def test_steps_fail_with_one_line_reasons(args, reason, tmp_path):

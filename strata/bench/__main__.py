@@ -17,6 +17,7 @@ from strata.bench.common import EMBEDDED_MODEL, stamp, synthetic_model, write_js
 ENGINE_ARMS = ("car-off", "car-on", "all-cpu", "all-gpu")
 ARMS = ENGINE_ARMS + ("llama-cpp", "car-quality", "cpu-pool", "gpu-kernels")
 DEFAULT_TEXT = Path(__file__).parent / "car_quality_text.txt"
+BENCH_ROUTING_ENTROPY = 0.93  # --synthetic's routing: inside the trained models' 0.905-0.960
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +30,20 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--synthetic", metavar="SHAPE", help="synthetic model shape (cached)")
     src.add_argument("--shape", help="shape for the cpu-pool arm (no model file needed)")
     ap.add_argument("--quant", default="IQ3_XXS", help="expert quant of --synthetic/--shape")
-    ap.add_argument("--skew", type=float, default=1.0, help="expert popularity skew (synthetic)")
+    ap.add_argument(
+        "--routing-entropy",
+        type=float,
+        default=None,
+        metavar="H",
+        help=f"--synthetic: routers solved for this normalized per-layer usage entropy (default "
+        f"{BENCH_ROUTING_ENTROPY} where --skew is not given; trained models 0.905-0.960)",
+    )
+    ap.add_argument(
+        "--skew",
+        type=float,
+        default=None,
+        help="--synthetic: expert popularity skew instead (0 = uniform routing)",
+    )
     ap.add_argument("--layers", type=int, default=None, help="override the synthetic layer count")
     ap.add_argument("--vram-budget-mib", type=int, default=10240)
     ap.add_argument(
@@ -45,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--adapt-swaps",
         type=int,
-        default=0,
-        help="engine arms: adaptive cache swaps per request (default 0: a static cache)",
+        default=None,
+        help="engine arms: adaptive cache swaps per request (default: the server's; 0 = static)",
     )
     ap.add_argument(
         "--no-cuda-graphs", action="store_true", help="engine arms: eager launches on a GPU tier"
@@ -69,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibrate",
         action="store_true",
         help="car-off/car-on: place the expert cache by a usage profile of a calibration prompt",
+    )
+    ap.add_argument(
+        "--shift",
+        action="store_true",
+        help="car-off/car-on: calibrate (as --calibrate) on the first half of the vocabulary and "
+        "measure prompt and decode on the second",
     )
     ap.add_argument(
         "--prefill-once",
@@ -117,8 +137,16 @@ def _repeats(ns, default: int) -> int:
 
 def _model_path(ns) -> Path:
     if ns.synthetic:
+        entropy = ns.routing_entropy
+        if entropy is None and ns.skew is None:
+            entropy = BENCH_ROUTING_ENTROPY
         return synthetic_model(
-            ns.synthetic, ns.quant, ns.skew, layers=ns.layers, cache_dir=ns.cache_dir
+            ns.synthetic,
+            ns.quant,
+            ns.skew or 0.0,
+            layers=ns.layers,
+            cache_dir=ns.cache_dir,
+            routing_entropy=entropy,
         )
     if ns.model:
         return Path(ns.model)
@@ -129,11 +157,15 @@ def _ms(v) -> str:
     return f"{v:6.3f}" if isinstance(v, int | float) else f"{'-':>6}"
 
 
+def _h(v) -> str:
+    return f"{v:5.3f}" if isinstance(v, int | float) else f"{'-':>5}"
+
+
 def _engine_table(rows: list[dict]) -> str:
     head = (
         f"{'arm':10} {'prefill t/s':>11} {'decode t/s (min-max)':>24} {'window ms':>9} "
         f"{'wait':>6} {'route':>6} {'pool':>6} "
-        f"{'hit %':>6} {'CAR %':>6} {'miss GB/s':>9} {'peak MiB':>8} {'tier':>5}"
+        f"{'hit %':>6} {'CAR %':>6} {'H dec':>5} {'miss GB/s':>9} {'peak MiB':>8} {'tier':>5}"
     )
     lines = [head]
     for r in rows:
@@ -143,12 +175,14 @@ def _engine_table(rows: list[dict]) -> str:
             f"({r['decode_tps_min']:6.1f}-{r['decode_tps_max']:6.1f}) {r['window_ms']:9.3f} "
             f"{_ms(r.get('win_wait_ms'))} {_ms(r.get('win_route_ms'))} {_ms(r.get('win_pool_ms'))} "
             f"{100 * r['hit_rate']:6.1f} {100 * r['car_substitution_rate']:6.1f} "
+            f"{_h(r.get('decode_usage_entropy'))} "
             f"{r['miss_expert_gbps']:9.3f} {'-' if peak is None else str(round(peak)):>8} "
             f"{r['tier']:>5}"
         )
     lines.append(
         "window ms = wall time per layer and decode token; wait/route/pool: per-layer time "
-        "blocked on the card, routing on the host, the CPU pool (graph decode only)"
+        "blocked on the card, routing on the host, the CPU pool (graph decode only); H dec: "
+        "the decode's normalized expert usage entropy (mean over layers)"
     )
     return "\n".join(lines)
 
@@ -170,7 +204,9 @@ def _quality_table(res: dict) -> str:
 
 
 def _arm_extra(ns, arm: str) -> dict:
-    extra: dict = {"adapt_swaps": ns.adapt_swaps, "cuda_graphs": not ns.no_cuda_graphs}
+    extra: dict = {"cuda_graphs": not ns.no_cuda_graphs}
+    if ns.adapt_swaps is not None:
+        extra["adapt_swaps"] = ns.adapt_swaps
     if ns.pack:
         extra["pack"] = ns.pack
     if ns.kv_type:
@@ -199,6 +235,7 @@ def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
                 _arm_extra(ns, arm),
                 calibrate=ns.calibrate,
                 prefill_once=ns.prefill_once,
+                shift=ns.shift,
             )
         )
         doc["results"].append(engine_rows[-1])
@@ -247,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     if ns.repeats is not None and ns.repeats < 1:
         ap.error(f"-r/--repeats must be >= 1, got {ns.repeats}")
+    if ns.routing_entropy is not None and (ns.skew is not None or not 0 < ns.routing_entropy <= 1):
+        ap.error("--routing-entropy must be in (0, 1] and goes without --skew")
     doc = {
         "stamp": stamp(ns.commit),
         "command": "python -m strata.bench " + " ".join(argv or sys.argv[1:]),

@@ -77,20 +77,27 @@ def synthetic_model(
     seed: int = 0,
     layers: int | None = None,
     cache_dir: str | os.PathLike | None = None,
+    routing_entropy: float | None = None,
 ) -> Path:
     """A synthetic GGUF cached under `cache_dir` (default ~/.cache/strata; written on first
-    use)."""
-    from strata.model.synth import SynthSpec, make_args, write_synthetic
+    use). `routing_entropy`: routers solved for that usage entropy (then `skew` is unused)."""
+    from strata.engine.synth_routing import write_routed
+    from strata.model.synth import SynthSpec, make_args
     from strata.quant import fmt
 
-    name = f"{shape}-{quant.upper()}-skew{skew:g}-seed{seed}" + (f"-L{layers}" if layers else "")
+    routing = f"H{routing_entropy:g}" if routing_entropy is not None else f"skew{skew:g}"
+    name = f"{shape}-{quant.upper()}-{routing}-seed{seed}" + (f"-L{layers}" if layers else "")
     path = Path(cache_dir or DEFAULT_CACHE) / "synth" / f"{name}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         spec = SynthSpec(
-            make_args(shape, n_layer=layers), expert_quant=fmt(quant).qtype, skew=skew, seed=seed
+            make_args(shape, n_layer=layers),
+            expert_quant=fmt(quant).qtype,
+            skew=0.0 if routing_entropy is not None else skew,
+            seed=seed,
+            routing_entropy=routing_entropy,
         )
-        write_synthetic(path, spec)
+        write_routed(path, spec)
     return path
 
 

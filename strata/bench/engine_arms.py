@@ -18,13 +18,27 @@ from strata.build import build_engine
 from strata.config import resolve
 from strata.model.loader import load_model
 from strata.progress import bar
+from strata.routing.car import DEFAULT_THRESHOLD
+from strata.routing.profile import usage_entropy
 
+# what each arm sets; everything else is the server's engine default (EngineConfig: the adaptive
+# cache's swaps, prefill offload, CUDA graphs), resolved as `strata serve` resolves it
 ARMS = {
     "car-off": {"expert_cache": "auto", "car_threshold": 1.0},
-    "car-on": {"expert_cache": "auto", "car_threshold": 0.35},
+    "car-on": {"expert_cache": "auto", "car_threshold": DEFAULT_THRESHOLD},
     "all-cpu": {"expert_cache": "0", "car_threshold": 1.0},
     "all-gpu": {"expert_cache": "all", "car_threshold": 1.0},
 }
+
+
+def token_ranges(n_vocab: int, shift: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(calibration, measured) token id ranges: the whole vocabulary for both, or with `shift`
+    the first half for the calibration and the second for the measured prompt and decode (a
+    `--routing-entropy` synthetic model routes the two halves differently)."""
+    if not shift:
+        return (0, n_vocab), (0, n_vocab)
+    half = n_vocab // 2
+    return (0, half), (half, n_vocab)
 
 
 def run_engine_arm(
@@ -37,22 +51,25 @@ def run_engine_arm(
     extra: dict | None = None,
     calibrate: bool = False,
     prefill_once: bool = False,
+    shift: bool = False,
 ) -> dict[str, Any]:
+    """One arm, warm, `repeats` times. The decode feeds random tokens as llama-bench's tg does
+    (the step still picks the greedy token): a synthetic model's own greedy text repeats itself
+    and would flatter any cache. `shift` calibrates (`calibrate`) on one half of the vocabulary
+    and measures on the other."""
     model = load_model(model_path)
     a = model.args
-    flags = dict(
-        ARMS[arm], vram_budget_mib=budget_mib, adapt_swaps=0, n_ctx=prompt_tokens + gen_tokens + 8
-    )
+    flags = dict(ARMS[arm], vram_budget_mib=budget_mib, n_ctx=prompt_tokens + gen_tokens + 8)
     flags.update(extra or {})
     cfg = resolve(flags, env={})
     _free_device_pool()  # the previous arm's arrays: cached by CuPy, not in use
     used0 = _device_used()
     engine = build_engine(model, cfg)
-    if calibrate and not engine.resident.all() and engine.resident.any():
-        _place_by_calibration(engine, prompt_tokens)
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, a.n_vocab, prompt_tokens).tolist()
-    prefill, decode, hits, subst, windows = [], [], [], [], []
+    cal_range, (lo, hi) = token_ranges(a.n_vocab, shift)
+    if (calibrate or shift) and not engine.resident.all() and engine.resident.any():
+        _place_by_calibration(engine, prompt_tokens, cal_range)
+    decode_hist = np.zeros_like(engine.stats.expert_hist)
+    prefill, decode, hits, decode_hits, subst, windows = [], [], [], [], [], []
     peak = 0
     expert_bytes = model.expert_bytes_per_token()
     first = None  # the prompt's last logits (prefill_once)
@@ -61,6 +78,11 @@ def run_engine_arm(
         for r in range(repeats + 1):  # run 0 warms up (compilation, slot fills, graph capture)
             if engine.adaptive is not None:
                 engine.adaptive.new_window()  # each run is one request
+            # each run its own prompt (unused where prefill_once keeps run 0's) and decode
+            # tokens: a cache must not learn the very tokens it is measured on
+            rng = np.random.default_rng(r)
+            prompt = rng.integers(lo, hi, prompt_tokens).tolist()
+            stream = rng.integers(lo, hi, gen_tokens).tolist()  # the decode's input tokens
             s0 = _snapshot(engine)
             w0 = _windows(engine.stats)
             t0 = time.perf_counter()
@@ -71,10 +93,12 @@ def run_engine_arm(
                 engine.reset()
                 logits = first = engine.forward(prompt)
             t1 = time.perf_counter()
-            tok = int(np.argmax(logits))
-            for _ in range(gen_tokens):  # greedy: on a GPU tier the argmax runs on the card
-                tok = engine.decode_greedy(tok)
+            hist0, s1 = engine.stats.expert_hist.copy(), _snapshot(engine)
+            engine.decode_greedy(int(np.argmax(logits)))
+            for tok in stream[1:]:  # the greedy pick (on a GPU tier: on the card) is not fed
+                engine.decode_greedy(tok)
             t2 = time.perf_counter()
+            decode_hist += engine.stats.expert_hist - hist0
             if used0 is not None:
                 peak = max(peak, _device_used() - used0)
             if r == 0 and prefill_once:
@@ -85,6 +109,7 @@ def run_engine_arm(
                 decode.append(gen_tokens / (t2 - t1))
                 d = _delta(engine, s0)
                 hits.append(d["hit_rate"])
+                decode_hits.append(_delta(engine, s1)["hit_rate"])
                 subst.append(d["substitution_rate"])
                 windows.append(_windows(engine.stats) - w0)
             pb.update()
@@ -104,7 +129,11 @@ def run_engine_arm(
         "decode_tps_min": min(decode),
         "decode_tps_max": max(decode),
         "window_ms": 1000.0 / med / a.n_layer,
-        "hit_rate": statistics.median(hits),
+        "hit_rate": statistics.median(hits),  # prompt and decode picks
+        "decode_hit_rate": statistics.median(decode_hits),
+        # normalized usage entropy of the decode's router picks, the mean over layers (1 =
+        # uniform; trained models 0.905-0.960)
+        "decode_usage_entropy": float(np.mean([usage_entropy(h) for h in decode_hist])),
         "car_substitution_rate": statistics.median(subst),
         "expert_bytes_per_token": expert_bytes,
         "miss_expert_gbps": miss_bytes * med / 1e9,
@@ -125,7 +154,9 @@ def run_engine_arm(
         **{f"win_{k}_ms": v for k, v in split.items()},
         "peak_device_mib": peak / MIB if used0 is not None else None,
         "vram_budget_mib": budget_mib,
-        "calibrated_placement": bool(calibrate),
+        "calibrated_placement": bool(calibrate or shift),
+        "shift": bool(shift),
+        "adapt_swaps_per_request": cfg.adapt_swaps,
         "prefill_once": bool(prefill_once),
         "notices": cfg.notices,
     }
@@ -214,15 +245,14 @@ def _device_used() -> int | None:
         return None
 
 
-def _place_by_calibration(engine, n_tokens: int) -> None:
+def _place_by_calibration(engine, n_tokens: int, ids: tuple[int, int]) -> None:
     """Fill the expert cache by a usage profile counted over a separate calibration prompt
-    (random tokens of another seed), as `strata profile` + `--profile` would."""
+    (random tokens in [lo, hi) of another seed), as `strata profile` + `--profile` would."""
     from strata.routing.profile import place
 
-    a = engine.args
     engine.reset()
     hist0 = engine.stats.expert_hist.copy()
-    prompt = np.random.default_rng(1).integers(0, a.n_vocab, max(64, n_tokens)).tolist()
+    prompt = np.random.default_rng(1).integers(*ids, max(64, n_tokens)).tolist()
     engine.forward(prompt[: engine.n_ctx - 1])
     counts = engine.stats.expert_hist - hist0
     want = place(counts, int(engine.resident.sum()))

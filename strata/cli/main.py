@@ -108,7 +108,8 @@ def cmd_chat(ns) -> int:
 
 
 def cmd_synth(ns) -> int:
-    from strata.model.synth import SHAPES, SynthSpec, make_args, write_synthetic
+    from strata.engine.synth_routing import write_routed
+    from strata.model.synth import SHAPES, SynthSpec, make_args
     from strata.quant import MODEL_TYPES, fmt
 
     if ns.shape not in SHAPES:
@@ -129,16 +130,24 @@ def cmd_synth(ns) -> int:
         skew=ns.skew,
         seed=ns.seed,
         split_max_tensors=ns.split_max_tensors,
+        routing_entropy=ns.routing_entropy,
     )
+    if ns.routing_entropy is not None and not (0 < ns.routing_entropy <= 1 and ns.skew == 0):
+        raise UserError("--routing-entropy must be in (0, 1] and goes without --skew")
     out = Path(ns.out)
     existing = [out] if out.exists() else []
     if ns.split_max_tensors > 0:  # shards are named NAME-0000k-of-0000n.gguf
         existing += sorted(out.parent.glob(f"{glob.escape(out.stem)}-*-of-*.gguf"))
     if existing and not ns.force:
         raise UserError(f"{existing[0]}: exists (use --force to overwrite)")
-    paths = write_synthetic(out, spec, progress=True)
+    paths, entropies = write_routed(out, spec, progress=True)
     for p in paths:
         print(f"wrote {p} ({p.stat().st_size / 2**20:.1f} MiB)")
+    if entropies:
+        print(
+            f"routing: usage entropy per layer {min(entropies):.3f}..{max(entropies):.3f} "
+            f"(target {ns.routing_entropy}) on the calibration prompt"
+        )
     return 0
 
 
@@ -230,6 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--experts", type=int, default=None, help="override the shape's expert count")
     s.add_argument("--vocab", type=int, default=None, help="override the shape's vocab size")
     s.add_argument("--skew", type=float, default=0.0, help="expert popularity skew (0 = uniform)")
+    s.add_argument(
+        "--routing-entropy",
+        type=float,
+        default=None,
+        metavar="H",
+        help="solve the routers for this normalized per-layer expert usage entropy over random "
+        "tokens (trained models: 0.905-0.960); two halves of the vocabulary route differently",
+    )
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--split-max-tensors", type=int, default=0, help="write shards of N tensors")
     s.add_argument("--force", action="store_true", help="overwrite OUT")

@@ -96,7 +96,19 @@ class Moe:
         if decode and self.adaptive is not None:
             self._swaps = observe_fast(self.adaptive, i, router_ids)
             st.swaps += len(self._swaps)
+        elif ids.shape[0] > 1 and self._warms():
+            # a prompt re-places the layer's cache for its decode (its own misses already run
+            # where `hit` says; the uploads start after its launches, in `prefetch`)
+            self._swaps = self.adaptive.warm(i, router_ids)
+            st.swaps += len(self._swaps)
+            st.warm_swaps += len(self._swaps)
         return ids, weights, hit
+
+    def _warms(self) -> bool:
+        """Whether prompts re-place the cache: an adaptive one (not static: max_swaps > 0)
+        not placed by a usage profile."""
+        ad = self.adaptive
+        return ad is not None and ad.max_swaps > 0 and ad.warm_from_prompts
 
     def prefetch(self, i: int) -> None:
         """Start the uploads of the experts layer i just admitted (after the step's launches,

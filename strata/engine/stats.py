@@ -22,6 +22,7 @@ class EngineStats:
     substitutions: int = 0
     ratio_sum: float = 0.0
     swaps: int = 0
+    warm_swaps: int = 0  # of `swaps`: made from prompts' picks (the adaptive cache's `warm`)
     # decode windows (per layer, summed over steps; seconds): wall time of the whole layer,
     # blocked on the card, host routing (top-k, CAR, statistics), the CPU pool's call
     window_layers: int = 0

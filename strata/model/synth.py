@@ -3,7 +3,12 @@
 Blocks have sane scales (dequantized weights have a chosen std), activations stay finite through
 every layer, and the tokenizer metadata is a real byte-level BPE vocabulary llama.cpp accepts.
 `skew > 0` makes a few experts popular (a shared direction in the embeddings that the router rows
-align with, by a Zipf-like ranking), the shape real routing traces have.
+align with, by a Zipf-like ranking), the shape real routing traces have. `routing_entropy` asks
+for a given normalized per-layer usage entropy instead (trained models: 0.905-0.960): the vocabulary
+is split into `TOPICS` prompt distributions, each with its own direction in the embeddings and its
+own popularity ranking per layer (`popularity_rows`); the routers are then solved on the written
+model's own hidden states (strata/engine/synth_routing.py) and written in place
+(`rewrite_routers`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from strata.quant.synth_blocks import random_quantized
 
 QT = GGMLQuantizationType
 ALPHA = 0.7  # with skew > 0: the share of the embeddings along the popularity direction
+TOPICS = 2  # with routing_entropy: prompt distributions (vocabulary ranges) of their own routing
 
 # shapes: the hyper-parameters that matter; vocab sizes of the small ones are synthetic
 SHAPES: dict[str, dict] = {
@@ -106,6 +112,15 @@ class SynthSpec:
     router_gain: float = 2.0
     tied_output: bool = False
     split_max_tensors: int = 0  # > 0 writes a shard set NAME-0000k-of-0000n.gguf
+    # normalized per-layer expert usage entropy over random tokens (None: `skew` decides; the
+    # routers are solved for it after writing: strata/engine/synth_routing.py)
+    routing_entropy: float | None = None
+
+
+def topic_range(n_vocab: int, topic: int) -> tuple[int, int]:
+    """Token ids [lo, hi) of one prompt distribution of a `routing_entropy` model."""
+    per = n_vocab // TOPICS
+    return topic * per, (n_vocab if topic == TOPICS - 1 else (topic + 1) * per)
 
 
 def make_args(shape: str, arch: str | None = None, **overrides) -> ModelArgs:
@@ -181,6 +196,25 @@ class _Generator:
             ranks = rng.permutation(a.n_expert)
             z = 1.0 / (ranks + 1.0)
             self.pop.append((z - z.mean()) / (z.std() + 1e-12))
+        if spec.routing_entropy is not None:
+            self._topics(np.random.default_rng([spec.seed, 0x7091C]))
+
+    def _topics(self, rng) -> None:
+        """Orthonormal topic directions U [TOPICS, D] and popularity scores per layer and topic
+        pops [L, TOPICS, E] (a Zipf-like ranking each, centred and scaled to std 1)."""
+        a = self.spec.args
+        q, _ = np.linalg.qr(rng.standard_normal((a.n_embd, TOPICS)))
+        self.topic_u = q.T  # [TOPICS, D]
+        z = 1.0 / (np.argsort(rng.random((a.n_layer, TOPICS, a.n_expert)), -1) + 1.0)
+        self.pops = (z - z.mean(-1, keepdims=True)) / z.std(-1, keepdims=True)
+
+    def popularity_rows(self, layer: int) -> np.ndarray:
+        """[E, D]: what strength 1 adds to layer's router rows; a hidden row of topic t carries
+        about ALPHA*sqrt(D)/sqrt(1+ALPHA^2) along its direction at the first layer, so there it
+        adds ~pops[layer, t] nats to the logits."""
+        a = self.spec.args
+        m = ALPHA * np.sqrt(a.n_embd) / np.sqrt(1 + ALPHA**2)
+        return (self.pops[layer].T @ self.topic_u) / m  # [E, TOPICS] @ [TOPICS, D]
 
     def tensor(self, idx: int, tname: str, shape, qt: QT, std: float) -> np.ndarray:
         spec, a = self.spec, self.spec.args
@@ -197,6 +231,12 @@ class _Generator:
                 m = ALPHA * np.sqrt(a.n_embd) / np.sqrt(1 + ALPHA**2)
                 w = w + (spec.skew / m) * self.pop[layer][:, None] * self.u[None, :]
             return w.astype(np.float32)
+        if tname == name(MT.TOKEN_EMBD) and spec.routing_entropy is not None:
+            w = rng.standard_normal(shape)
+            for t in range(TOPICS):
+                lo, hi = topic_range(a.n_vocab, t)
+                w[lo:hi] += ALPHA * self.topic_u[t][None, :] * np.sqrt(a.n_embd)
+            return _encode(w.astype(np.float32), qt)
         if tname == name(MT.TOKEN_EMBD) and spec.skew > 0:
             w = rng.standard_normal(shape) + ALPHA * self.u[None, :] * np.sqrt(a.n_embd)
             return _encode(w.astype(np.float32), qt)
@@ -249,6 +289,8 @@ def write_synthetic(out: str | os.PathLike, spec: SynthSpec, progress: bool = Tr
     w.add_expert_used_count(a.n_expert_used)
     w.add_uint32("strata.synth.seed", spec.seed)
     w.add_float32("strata.synth.skew", spec.skew)
+    if spec.routing_entropy is not None:
+        w.add_float32("strata.synth.routing_entropy", spec.routing_entropy)
     add_tokenizer_metadata(w, synth_vocab(a.n_vocab))
     for tname, shape, qt, _ in plan:
         f = fmt(qt)
@@ -320,6 +362,27 @@ def _tensors(spec: SynthSpec, plan: list, total: int):
             if job is not None:
                 flight.append(ex.submit(_make, job))
             yield data
+
+
+def topics(spec: SynthSpec) -> np.ndarray:
+    """[TOPICS, D]: the orthonormal topic directions of a `routing_entropy` model."""
+    return _Generator(spec).topic_u
+
+
+def popularity_rows(spec: SynthSpec, layer: int) -> np.ndarray:
+    """[E, D]: what router strength 1 adds to `layer`'s router rows (`routing_entropy` models)."""
+    return _Generator(spec).popularity_rows(layer)
+
+
+def rewrite_routers(paths: list[Path], routers: dict[str, np.ndarray]) -> None:
+    """Write F32 router tensors (name -> [E, D]) into the model's files in place; every other
+    byte stays."""
+    for p in paths:
+        r = gguf.GGUFReader(p, "r+")
+        for t in r.tensors:
+            if t.name in routers:
+                t.data[...] = routers[t.name].astype(np.float32).reshape(t.data.shape)
+        r.data.flush()
 
 
 def _written(tmp: Path, spec: SynthSpec) -> list[Path]:

@@ -65,6 +65,19 @@ def place(counts: np.ndarray, n_slots: int) -> np.ndarray:
     return mask.reshape(n_layer, n_expert)
 
 
+def usage_entropy(counts: np.ndarray) -> float:
+    """Normalized entropy of one layer's expert usage counts [E] in [0, 1] (1: uniform), with
+    the Miller-Madow correction for the picks seen, so a few hundred tokens estimate the
+    router's own distribution rather than the sample's."""
+    counts = np.asarray(counts, np.float64)
+    n, e = counts.sum(), counts.size
+    if n <= 0 or e < 2:
+        return 0.0
+    p = counts[counts > 0] / n
+    h = -(p * np.log(p)).sum() + (p.size - 1) / (2 * n)
+    return float(min(1.0, h / np.log(e)))
+
+
 @dataclass
 class AdaptiveCache:
     """Frequency-aware admission/eviction over a fixed resident set (no size change).
@@ -78,6 +91,9 @@ class AdaptiveCache:
     max_swaps: int = 96
     decay: float = 0.98
     margin: float = 1.0
+    # a prompt's picks re-place the cache before its decode (`warm`); off where a usage
+    # profile placed it (a profile of real traffic is the better start)
+    warm_from_prompts: bool = True
     score: np.ndarray = field(init=False)
     swaps_in_window: int = 0
     swaps_total: int = 0
@@ -87,6 +103,32 @@ class AdaptiveCache:
 
     def new_window(self) -> None:
         self.swaps_in_window = 0
+
+    def warm(self, layer: int, ids: np.ndarray) -> list[tuple[int, int]]:
+        """A prompt's picks of one layer ([T, K], T > 1) -> the swaps made (evicted, admitted).
+
+        The picks are counted as decode counts them (scores decayed by T tokens), but at the
+        rate a decode step would see them (x 1/(T (1 - decay)) where that is below 1: a long
+        prompt's counts become the steady-state score of its rates, so the decode's own picks
+        move them at once). Then the hottest missed experts take the coldest residents' slots,
+        pair by pair, while one beats the other by `margin`: every upload is one the prompt
+        asked for, however many. Not bounded by `max_swaps` (the decode's churn per request)."""
+        t = ids.shape[0]
+        s = self.score[layer]
+        s *= self.decay**t
+        np.add.at(s, ids.ravel(), min(1.0, 1.0 / (t * (1.0 - self.decay))))
+        res = self.resident[layer]
+        missed = np.flatnonzero(~res)
+        missed = missed[np.argsort(-s[missed], kind="stable")]  # hottest first
+        held = np.flatnonzero(res)
+        held = held[np.argsort(s[held], kind="stable")]  # coldest first
+        n = min(missed.size, held.size)
+        beats = s[missed[:n]] > s[held[:n]] + self.margin
+        n = int(np.argmin(beats)) if not beats.all() else n  # the pairs while one beats the other
+        res[held[:n]] = False
+        res[missed[:n]] = True
+        self.swaps_total += n
+        return [(int(c), int(e)) for c, e in zip(held[:n], missed[:n], strict=True)]
 
     def observe(self, layer: int, ids: np.ndarray) -> list[tuple[int, int]]:
         """Count the picks of one layer ([T, K]); returns the swaps made as (evicted, admitted)."""
