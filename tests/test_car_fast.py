@@ -86,3 +86,30 @@ def test_slack_mode_keeps_what_the_pool_hides_and_degrades_to_the_ratio_rule(see
             if plan.substituted[row].any() and kept.sum() >= keep:
                 heaviest_kept = np.sort(pe[row][kept])[::-1][:keep]
                 assert (pe[row][plan.substituted[row]][:, None] <= heaviest_kept[None]).all()
+
+
+def test_slack_meter_measures_the_window_the_pool_may_fill():
+    """Decode steps where the card's cycle from one plan to the next is 100 us: 70 of resident
+    experts the pool overlaps, 30 after the pool's sum joins; the pool takes 20 us a missed
+    expert. 70 us of window: 3.5 jobs of room."""
+    from strata.routing.slack import SlackMeter
+
+    m = SlackMeter(4)
+    assert m.jobs(1) == 0.0  # nothing measured: no room
+    g = np.random.default_rng(0)
+    route = 2e-6
+    for _ in range(400):
+        busy = 0.0  # the host's route + pool of the layer before
+        for layer in range(4):
+            jobs = int(g.integers(0, 6))
+            pool = 20e-6 * jobs
+            # the next plan comes max(window, route + pool) + 30 us after the last one
+            wait = max(70e-6, busy) + 30e-6 - busy if layer else 500e-6  # layer 0: logits
+            m.observe(layer, wait, route, pool, jobs)
+            busy = route + pool
+    for layer in range(3):  # the last layer's cycle ends in the next step: not measured
+        assert m.jobs(layer) == pytest.approx(3.5, rel=0.05)
+    assert m.summary()["job_us"] == pytest.approx(20.0)
+    m.assume(67.0, 30.0)  # figures measured elsewhere: fixed
+    m.observe(1, 1.0, 0.0, 1.0, 1)
+    assert m.jobs(3) == pytest.approx(67 / 30)

@@ -10,7 +10,7 @@ and row count, running figures of:
   nothing to do (route + wait for the next layer: the card alone);
 - `post`: the part of the cycle the card spends after the pool's sum joins (the next layer's
   front): the wait for the next plan on layers where the pool ran (an upper bound, exact when
-  the pool was the slower: the meter follows it down quickly and up slowly);
+  the pool was the slower: the meter keeps a running low, which drifts up slowly);
 - `job`: the pool's time per missed expert (its call over the jobs it ran).
 
 The window the pool may fill is `cycle - post` (the resident experts and whatever else the card
@@ -27,7 +27,7 @@ import numpy as np
 
 N_BUCKETS = 4
 RATE = 1.0 / 16  # running mean's step
-DOWN = 0.5  # `post` follows a lower sample this much at once
+UP = RATE / 4  # `post` (a running low) drifts up slowly and takes a lower sample at once
 
 
 def bucket(rows: int) -> int:
@@ -68,8 +68,8 @@ class SlackMeter:
                 _mean(self.cycle, prev, b, (self._prev_s + wait_s) * us)
             else:
                 sample, p = wait_s * us, self.post[prev, b]
-                step = DOWN if sample < p else RATE
-                self.post[prev, b] = sample if p == 0.0 else p + step * (sample - p)
+                low = p == 0.0 or sample < p
+                self.post[prev, b] = sample if low else p + UP * (sample - p)
             self._update(prev, b)
         if jobs > 0:
             _mean(self.job, layer, b, pool_s * us / jobs)
