@@ -46,10 +46,10 @@ def test_engine_arms_report_speed_hits_and_car(tmp_path, capsys):
 def test_car_quality_reports_ppl_kl_agreement_and_generation(tmp_path, capsys):
     out = tmp_path / "q.json"
     argv = ["--arm", "car-quality", "--max-tokens", "24", "-n", "3", "--residency", "0.33",
-            "--thresholds", "0.05,1.0", "--json", str(out)]  # fmt: skip
+            "--thresholds", "0.05,1.0", "--prompts", "3", "--json", str(out)]  # fmt: skip
     assert main(argv) == 0
     res = json.loads(out.read_text())["results"][0]
-    assert res["tokens"] == 24 and res["prompts"] == 20 and res["slack_jobs"] == 67 / 30
+    assert res["tokens"] == 24 and res["prompts"] == 3 and res["slack_jobs"] == 67 / 30
     (r,) = res["residencies"]
     rows = r["rows"]
     assert list(rows) == ["off", "ratio 0.05", "ratio 1", "slack"]

@@ -87,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-t", "--tokens", type=int, default=1, help="tokens per call (cpu-pool)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all)")
     ap.add_argument(
+        "--car-mode",
+        default=None,
+        choices=["slack", "ratio"],
+        help="car-on: the CAR rule (default: the engine's, slack)",
+    )
+    ap.add_argument("--prompts", type=int, default=20, help="car-quality: generation prompts")
+    ap.add_argument(
         "--thresholds", default="0.35", help="car-quality: thresholds of the seeds' rule (ratio)"
     )
     ap.add_argument(
@@ -179,6 +186,8 @@ def _arm_extra(ns, arm: str) -> dict:
         extra["prefill_offload"] = ns.prefill_offload
     if ns.vram_budget_widen:
         extra["vram_budget_widen"] = True
+    if ns.car_mode and arm == "car-on":
+        extra["car_mode"] = ns.car_mode
     if ns.expert_cache and arm in ("car-off", "car-on"):
         extra["expert_cache"] = ns.expert_cache
     return extra
@@ -234,6 +243,7 @@ def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
             text=text,
             max_tokens=ns.max_tokens,
             gen_tokens=ns.gen_tokens,
+            n_prompts=ns.prompts,
         )
         print(quality_table(res))
         doc["results"].append(res)
