@@ -113,3 +113,18 @@ def test_slack_meter_measures_the_window_the_pool_may_fill():
     m.assume(67.0, 30.0)  # figures measured elsewhere: fixed
     m.observe(1, 1.0, 0.0, 1.0, 1)
     assert m.jobs(3) == pytest.approx(67 / 30)
+
+
+def test_the_cards_layer_knobs_are_the_rules_bounds():
+    from strata.gpu.route_car import layer_knobs
+    from strata.routing.slack import SlackMeter
+
+    m = SlackMeter(3)
+    m.slack[:, 0] = [0.4, 1.0, 2.7]
+    for car in (CarKnobs(0.35), CarKnobs(0.35, mode="ratio"), CarKnobs(0.5, warmup=9)):
+        kv = layer_knobs(car, 4, m, 3)
+        for i in range(3):
+            keep, mw = car.bounds(m.jobs(i))
+            assert kv[i].tolist() == [car.threshold, car.budget, car.free_ratio,
+                                      float(car.warmup <= 4), mw, keep]  # fmt: skip
+    assert layer_knobs(None, 0, m, 3)[:, 3].tolist() == [0.0] * 3

@@ -383,9 +383,9 @@ class GraphDecoder:
                 self.table_h.a[...] = tab
                 self._up(self.slot_table, self.table_h.a)  # the stream's last step is done
             self._slot_version = t.slot_version
-        if not np.array_equal(self.knobs_h.a, knobs):
+        if not np.array_equal(self.knobs_h.a, knobs):  # a layer's slack moved: on the stream
             self.knobs_h.a[:] = knobs
-            self.knobs_d.set(knobs)
+            self._up(self.knobs_d, self.knobs_h.a)
         self._begin(token, pos)
 
     def routed(self, i: int) -> dict:

@@ -107,8 +107,9 @@ def layer_knobs(car, decode_steps: int, slack, n_layer: int) -> np.ndarray:
     if car is None:
         return np.tile(knob_values(1.0, 0, 1.0, False), (n_layer, 1))
     on = car.enabled and decode_steps >= car.warmup
-    out = np.empty((n_layer, N_KNOBS))
-    for i in range(n_layer):
-        keep, max_weight = car.bounds(slack.jobs(i) if slack is not None else 0.0)
-        out[i] = knob_values(car.threshold, car.budget, car.free_ratio, on, max_weight, keep)
+    out = np.tile(knob_values(car.threshold, car.budget, car.free_ratio, on), (n_layer, 1))
+    if car.mode == "slack":  # CarKnobs.bounds for every layer at once (one-token steps)
+        s = slack.slack[:, 0] if slack is not None else np.zeros(n_layer)  # [L] jobs
+        out[:, 4] = car.max_weight
+        out[:, 5] = np.where(s >= 1.0, np.floor(s), 0.0)
     return out
