@@ -160,7 +160,9 @@ def run_car_quality(
     }
     for share in residency:
         slots = max(1, min(total - 1, round(share * total)))
-        base = {"expert_cache": str(slots), "adapt_swaps": 0, "n_ctx": n_ctx}
+        # one pool thread: the meter measures answers, not speed, and a team of threads spins
+        # where the host is shared
+        base = {"expert_cache": str(slots), "adapt_swaps": 0, "n_ctx": n_ctx, "threads": 1}
         engines = _engines(model, arms(thresholds), base, window)
         rows = _score(engines, windows)
         if prompts:
