@@ -165,6 +165,30 @@ def test_trace_carries_the_slack_and_replays_the_slack_rule(synth_model, tmp_pat
     assert replay(trace, resident, knobs, slack=0.0).substitutions > est.substitutions
 
 
+def test_car_estimate_replays_both_rules_with_the_traces_slack(tmp_path, capsys):
+    from strata.cli.main import main
+    from strata.routing.trace import TraceWriter
+
+    g = np.random.default_rng(3)
+    w = TraceWriter(tmp_path / "t.strcs", 2, 16, 4)
+    for step in range(30):
+        for layer in range(2):
+            logits = g.standard_normal((1, 16)).astype(np.float32) * 2
+            ids, _, probs = route_topk(logits, 4, True)
+            w.write(step, layer, ids, probs, decode=True, slack=1.5)
+    w.close()
+    mask = tmp_path / "m.npy"
+    np.save(mask, np.arange(32).reshape(2, 16) % 3 == 0)
+    base = ["car-estimate", str(tmp_path / "t.strcs"), "--resident", str(mask), "--threshold"]
+    rows = {}
+    for extra in (["--mode", "ratio"], [], ["--slack", "0", "--max-weight", "1"]):
+        assert main(base + ["0.35"] + extra) == 0
+        rows[" ".join(extra)] = capsys.readouterr().out.splitlines()[-1].split()
+    share = {k: int(v[2]) for k, v in rows.items()}  # substitutions
+    assert share["--mode ratio"] == share["--slack 0 --max-weight 1"] > share[""] > 0
+    assert main(base + ["0.35", "--max-weight", "0"]) == 2  # refused in one line
+
+
 def test_a_trace_written_before_the_slack_field_still_replays(tmp_path):
     from strata.routing.trace import _HEADER, MAGIC, TraceHeader, read_trace, record_slack
 
