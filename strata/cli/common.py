@@ -96,7 +96,7 @@ def add_engine(p: argparse.ArgumentParser) -> None:
         "--car-max-weight",
         type=float,
         default=None,
-        help="slack mode: never substitute a pick of larger router weight (0.25)",
+        help="slack mode: never substitute a pick of larger router weight (0.1)",
     )
     g.add_argument("--car-warmup", type=int, default=None, help="decode steps before CAR engages")
     g.add_argument(

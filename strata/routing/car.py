@@ -33,7 +33,7 @@ TINY = np.finfo(np.float64).tiny
 DEFAULT_THRESHOLD = 0.35
 MODES = ("slack", "ratio")
 DEFAULT_MODE = "slack"
-DEFAULT_MAX_WEIGHT = 0.25
+DEFAULT_MAX_WEIGHT = 0.1
 
 
 @dataclass(frozen=True)
