@@ -157,7 +157,14 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
         car_unwired(cfg, "every expert is resident, no expert runs in the CPU pool")
     elif slots == 0:
         car_unwired(cfg, "no expert is resident, CAR has nothing to substitute")
-    car = CarKnobs(cfg.car_threshold, cfg.car_warmup, cfg.car_budget, cfg.car_free_ratio)
+    car = CarKnobs(
+        cfg.car_threshold,
+        cfg.car_warmup,
+        cfg.car_budget,
+        cfg.car_free_ratio,
+        cfg.car_mode,
+        cfg.car_max_weight,
+    )
     adaptive = None
     if slots < total and cfg.adapt_swaps > 0 and slots > 0:
         adaptive = AdaptiveCache(

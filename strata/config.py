@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from strata.routing.car import DEFAULT_THRESHOLD
+from strata.routing.car import DEFAULT_MAX_WEIGHT, DEFAULT_MODE, DEFAULT_THRESHOLD, MODES
 from strata.serve.reasoning import EFFORTS
 
 CAR_OFF_NOTICE = "cache-aware routing is OFF for this run"
@@ -42,6 +42,8 @@ class EngineConfig:
     car_warmup: int = 0
     car_budget: int = 0
     car_free_ratio: float = 1.0
+    car_mode: str = DEFAULT_MODE  # slack | ratio (the seeds' rule)
+    car_max_weight: float = DEFAULT_MAX_WEIGHT  # slack mode: heavier picks are never substituted
     dump_router_scores: str | None = None
     threads: int = 0  # CPU pool threads (0 = all cores)
     pack: str | None = None  # expert pack directory (`strata pack`); None = the GGUF's bytes
@@ -89,6 +91,8 @@ ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "car_warmup": ("STRATA_CAR_WARMUP", int),
     "car_budget": ("STRATA_CAR_BUDGET", int),
     "car_free_ratio": ("STRATA_CAR_FREE_RATIO", number),
+    "car_mode": ("STRATA_CAR_MODE", str),
+    "car_max_weight": ("STRATA_CAR_MAX_WEIGHT", number),
     "dump_router_scores": ("STRATA_DUMP_ROUTER_SCORES", str),
     "threads": ("STRATA_THREADS", int),
     "pack": ("STRATA_PACK", str),
@@ -195,6 +199,10 @@ def _check(cfg: EngineConfig) -> None:
         raise ConfigError("--car-threshold and --car-free-ratio must be finite numbers")
     if cfg.car_free_ratio <= 0:
         raise ConfigError(f"--car-free-ratio must be > 0, got {cfg.car_free_ratio}")
+    if cfg.car_mode not in MODES:
+        raise ConfigError(f"--car-mode must be {' or '.join(MODES)}, got {cfg.car_mode!r}")
+    if not 0 < cfg.car_max_weight:
+        raise ConfigError(f"--car-max-weight must be > 0, got {cfg.car_max_weight}")
     if cfg.kv_type not in KV_TYPES:
         raise ConfigError(f"--kv-type must be {' or '.join(KV_TYPES)}, got {cfg.kv_type!r}")
     if cfg.prefill_offload not in ("auto", "off"):

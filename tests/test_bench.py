@@ -43,18 +43,25 @@ def test_engine_arms_report_speed_hits_and_car(tmp_path, capsys):
     assert all(r["tier_weight_gbps"] > 0 for r in (off, on))
 
 
-def test_car_quality_reports_ppl_kl_and_agreement(tmp_path):
+def test_car_quality_reports_ppl_kl_agreement_and_generation(tmp_path, capsys):
     out = tmp_path / "q.json"
-    assert (
-        main(["--arm", "car-quality", "-n", "4", "--thresholds", "0.35,1.0", "--json", str(out)])
-        == 0
-    )
-    rows = json.loads(out.read_text())["results"][0]["rows"]
-    on, off = rows
-    assert on["substitution_rate"] > 0 and on["mean_kl"] > 0 and on["top1_agreement"] < 1
-    # threshold 1.0 is CAR off: identical to the reference run
-    assert off["substitution_rate"] == 0 and off["mean_kl"] == 0 and off["top1_agreement"] == 1
-    assert off["ppl_on"] == off["ppl_off"]
+    argv = ["--arm", "car-quality", "--max-tokens", "24", "-n", "3", "--residency", "0.33",
+            "--thresholds", "0.05,1.0", "--prompts", "3", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    res = json.loads(out.read_text())["results"][0]
+    assert res["tokens"] == 24 and res["prompts"] == 3 and res["slack_jobs"] == 67 / 30
+    (r,) = res["residencies"]
+    rows = r["rows"]
+    assert list(rows) == ["off", "ratio 0.05", "ratio 1", "slack"]
+    on, off = rows["ratio 0.05"], rows["off"]
+    assert on["substitution_rate"] > 0 and on["mean_kl"] > 0 and on["substituted_mass"] > 0
+    # threshold 1.0 is CAR off: identical to the reference run, generation included
+    same = rows["ratio 1"]
+    assert same["substitution_rate"] == 0 and same["mean_kl"] == 0 and same["ppl"] == off["ppl"]
+    assert same["top1_agreement"] == 1 and same["generation_identical"] == 1
+    # the slack rule substitutes less than the seeds' rule at a lower threshold
+    assert rows["slack"]["substitution_rate"] <= on["substitution_rate"]
+    assert "gen same" in capsys.readouterr().out
 
 
 def test_bad_arm_input_is_a_one_line_error(capsys):

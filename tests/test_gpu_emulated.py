@@ -44,3 +44,18 @@ def test_gpu_kernel_subset_on_the_emulator(warp, tmp_path):
     tail = (r.stdout + r.stderr)[-3000:]
     assert r.returncode == 0, tail
     assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], tail
+
+
+@pytest.mark.parametrize("warp", [32, 64])
+def test_route_car_slack_rule_on_the_emulator(warp, tmp_path):
+    """The card's CAR (route_car.cu) against the golden cases and car_plan, slack mode too."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(EMU / "fakecupy"), str(ROOT)])
+    env["EMU_WARP"] = str(warp)
+    env.setdefault("EMU_BUILD", str(tmp_path / "emu-build"))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+           str(ROOT / "tests" / "test_gpu_route_car.py")]  # fmt: skip
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    tail = (r.stdout + r.stderr)[-3000:]
+    assert r.returncode == 0, tail
+    assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], tail

@@ -24,10 +24,15 @@ from tests.oracle import FLIP_BOUND, position_errors  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def engine(model, graphs: bool, device_routing: bool = True, **flags):
+def engine(model, graphs: bool, device_routing: bool = True, slack=(67.0, 30.0), **flags):
+    """slack: fixed window figures (card us, pool us a miss), so that engines compared in
+    lockstep keep the same misses (their own measurements differ); None: measured."""
     base = dict(device="gpu", n_ctx=96, adapt_swaps=0, threads=2, cuda_graphs=graphs)
     base.update(flags)
-    return build_engine(model, resolve(base, env={}), device_routing=device_routing)
+    e = build_engine(model, resolve(base, env={}), device_routing=device_routing)
+    if slack is not None:
+        e.stats.slack.assume(*slack)
+    return e
 
 
 def lockstep(a, b, prompt: list[int], steps: int, exact: bool = True) -> np.ndarray:
@@ -267,6 +272,21 @@ def test_routed_hybrid_steps(synth_model, device, car):
         tok = int(np.argmax(lb))
         la, lb = g.forward([tok]), h.forward([tok])
     assert same >= 24, f"greedy tokens agree at only {same} of 32 steps"
+
+
+@pytest.mark.parametrize("routing", ["card", "host"])
+def test_hybrid_steps_measure_the_window_the_pool_may_fill(synth_model, device, routing):
+    """The decode steps feed the engine's SlackMeter from their own stamps: the pool's time a
+    missed expert and the card's window, and the slack rule then keeps what fits."""
+    model = load_model(synth_model("tiny", "IQ3_XXS", seed=25, skew=1.0))
+    g = engine(model, True, routing == "card", slack=None, expert_cache="7", car_threshold=0.35)
+    assert g.step.kind == ("routed" if routing == "card" else "hybrid")
+    prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
+    tok = int(np.argmax(g.forward(prompt)))
+    for _ in range(48):
+        tok = int(np.argmax(g.forward([tok])))
+    m = g.stats.slack.summary()
+    assert m["job_us"] > 0 and m["window_us"] > 0 and m["slack_jobs"] > 0, m
 
 
 def test_routed_ahead_keeps_the_bits(synth_model, device, monkeypatch):

@@ -103,14 +103,19 @@ def _partial_cache(model, slots):
     return resident_mask(model, slots, None)
 
 
-def test_threshold_one_is_byte_identical_to_car_not_wired(synth_model):
+@pytest.mark.parametrize("mode", ["slack", "ratio"])
+def test_threshold_one_is_byte_identical_to_car_not_wired(synth_model, mode):
     model = load_model(synth_model("tiny", "Q4_K", seed=21, n_expert=16))
     prompt = [5, 17, 300, 42]
-    unwired = Engine(model, n_ctx=128, resident=_partial_cache(model, 12))
-    off = Engine(model, n_ctx=128, resident=_partial_cache(model, 12), car=CarKnobs(1.0))
-    on = Engine(model, n_ctx=128, resident=_partial_cache(model, 12), car=CarKnobs(0.05))
+    res = _partial_cache(model, 12)
+    unwired = Engine(model, n_ctx=128, resident=res.copy())
+    off = Engine(model, n_ctx=128, resident=res.copy(), car=CarKnobs(1.0, mode=mode))
+    on = Engine(model, n_ctx=128, resident=res.copy(), car=CarKnobs(0.05, mode=mode))
+    for e in (unwired, off, on):  # room for one job a window: slack mode keeps one miss
+        e.stats.slack.assume(67.0, 50.0)
     a, b = _greedy(unwired, prompt, 64), _greedy(off, prompt, 64)
     assert a == b
+    assert np.array_equal(unwired.forward([a[-1]]), off.forward([a[-1]]))  # the logits' bytes
     assert off.stats.substitutions == 0 and unwired.stats.misses > 0
     _greedy(on, prompt, 64)
     assert on.stats.substitutions > 0  # the same model with CAR on does substitute
@@ -138,6 +143,67 @@ def test_trace_replay_gives_the_live_substitution_counts(synth_model, tmp_path):
     assert est.misses == e.stats.decode_misses_before_car - _warm_misses(trace, resident, 3)
     assert est.rank_hist.sum() == est.substitutions
     assert est.rank_hist[: model.args.n_expert_used].sum() == 0  # substitutes rank below top-k
+
+
+def test_trace_carries_the_slack_and_replays_the_slack_rule(synth_model, tmp_path):
+    from strata.routing.trace import read_trace, record_slack
+
+    model = load_model(synth_model("tiny", "Q4_K", seed=22, n_expert=16))
+    resident = _partial_cache(model, 10)
+    knobs = CarKnobs(0.2, mode="slack", max_weight=0.6)
+    trace = tmp_path / "scores.strcs"
+    e = Engine(model, n_ctx=128, resident=resident.copy(), car=knobs, trace_path=str(trace))
+    e.stats.slack.assume(70.0, 50.0)  # 1.4 jobs of room: one miss a token kept
+    _greedy(e, [9, 8, 7, 6, 5], 40)
+    e.close()
+    _, rec = read_trace(trace)
+    dec = rec[(rec["flags"] & 1) == 1]
+    assert np.allclose(record_slack(dec), 1.4)
+    est = replay(trace, resident, knobs)
+    assert est.substitutions == e.stats.substitutions > 0
+    # the trace's slack field decides: no room replays more substitutions
+    assert replay(trace, resident, knobs, slack=0.0).substitutions > est.substitutions
+
+
+def test_car_estimate_replays_both_rules_with_the_traces_slack(tmp_path, capsys):
+    from strata.cli.main import main
+    from strata.routing.trace import TraceWriter
+
+    g = np.random.default_rng(3)
+    w = TraceWriter(tmp_path / "t.strcs", 2, 16, 4)
+    for step in range(30):
+        for layer in range(2):
+            logits = g.standard_normal((1, 16)).astype(np.float32) * 2
+            ids, _, probs = route_topk(logits, 4, True)
+            w.write(step, layer, ids, probs, decode=True, slack=1.5)
+    w.close()
+    mask = tmp_path / "m.npy"
+    np.save(mask, np.arange(32).reshape(2, 16) % 3 == 0)
+    base = ["car-estimate", str(tmp_path / "t.strcs"), "--resident", str(mask), "--threshold"]
+    rows = {}
+    for extra in (["--mode", "ratio"], [], ["--slack", "0", "--max-weight", "1"]):
+        assert main(base + ["0.35"] + extra) == 0
+        rows[" ".join(extra)] = capsys.readouterr().out.splitlines()[-1].split()
+    share = {k: int(v[2]) for k, v in rows.items()}  # substitutions
+    assert share["--mode ratio"] == share["--slack 0 --max-weight 1"] > share[""] > 0
+    assert main(base + ["0.35", "--max-weight", "0"]) == 2  # refused in one line
+
+
+def test_a_trace_written_before_the_slack_field_still_replays(tmp_path):
+    from strata.routing.trace import _HEADER, MAGIC, TraceHeader, read_trace, record_slack
+
+    h = TraceHeader(1, 6, 2, flags=0)
+    rec = np.zeros(2, h.record_dtype())
+    rec["step"], rec["flags"] = [0, 1], 1
+    rec["ids"] = [[0, 1], [0, 1]]
+    rec["scores"] = [0.4, 0.2, 0.15, 0.1, 0.1, 0.05]
+    old = tmp_path / "old.strcs"
+    old.write_bytes(_HEADER.pack(MAGIC, 1, 6, 2, 0) + rec.tobytes())
+    got_h, got = read_trace(old)
+    assert got_h.flags == 0 and (record_slack(got) == 0).all()
+    resident = np.array([[True, False, True, False, True, False]])
+    est = replay(old, resident, CarKnobs(0.35, mode="ratio"))
+    assert est.substitutions == 2
 
 
 def _warm_misses(trace, resident, warmup):

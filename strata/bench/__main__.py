@@ -16,7 +16,6 @@ from strata.bench.common import EMBEDDED_MODEL, stamp, synthetic_model, write_js
 
 ENGINE_ARMS = ("car-off", "car-on", "all-cpu", "all-gpu")
 ARMS = ENGINE_ARMS + ("llama-cpp", "car-quality", "cpu-pool", "gpu-kernels")
-DEFAULT_TEXT = Path(__file__).parent / "car_quality_text.txt"
 BENCH_ROUTING_ENTROPY = 0.93  # --synthetic's routing: inside the trained models' 0.905-0.960
 
 
@@ -107,9 +106,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("-t", "--tokens", type=int, default=1, help="tokens per call (cpu-pool)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all)")
-    ap.add_argument("--thresholds", default="0.25,0.35,0.5,0.7", help="car-quality thresholds")
-    ap.add_argument("--text", default=None, help="car-quality text file")
-    ap.add_argument("--slots", type=int, default=None, help="car-quality resident experts")
+    ap.add_argument(
+        "--car-mode",
+        default=None,
+        choices=["slack", "ratio"],
+        help="car-on: the CAR rule (default: the engine's, slack)",
+    )
+    ap.add_argument("--prompts", type=int, default=20, help="car-quality: generation prompts")
+    ap.add_argument(
+        "--thresholds", default="0.35", help="car-quality: thresholds of the seeds' rule (ratio)"
+    )
+    ap.add_argument(
+        "--text", default=None, help="car-quality: a text file (default: the held-out windows)"
+    )
+    ap.add_argument(
+        "--residency", default="0.33,0.5,0.8", help="car-quality: shares of experts resident"
+    )
+    ap.add_argument(
+        "--car-window",
+        default="67,30",
+        metavar="CARD_US,JOB_US",
+        help="car-quality: the card's window and the pool's time a missed expert that the slack "
+        "rule is given (a CPU-only run has no card to time; default: the GPU machine's IQ3_XXS "
+        "figures)",
+    )
+    ap.add_argument(
+        "--max-tokens", type=int, default=None, help="car-quality: score at most N tokens"
+    )
     ap.add_argument(
         "--peer-extra-bufts",
         default="auto",
@@ -187,22 +210,6 @@ def _engine_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _quality_table(res: dict) -> str:
-    lines = [
-        f"car-quality: {res['tokens']} tokens teacher-forced, {res['resident_experts']} "
-        "resident experts",
-        f"{'threshold':>9} {'ppl off':>9} {'ppl on':>9} {'KL(on|off)':>11} {'top-1 agree':>11} "
-        f"{'subst %':>8} {'hit %':>6}",
-    ]
-    for r in res["rows"]:
-        lines.append(
-            f"{r['threshold']:9.2f} {r['ppl_off']:9.3f} {r['ppl_on']:9.3f} "
-            f"{r['mean_kl']:11.5f} {100 * r['top1_agreement']:10.1f}% "
-            f"{100 * r['substitution_rate']:8.1f} {100 * r['hit_rate']:6.1f}"
-        )
-    return "\n".join(lines)
-
-
 def _arm_extra(ns, arm: str) -> dict:
     extra: dict = {"cuda_graphs": not ns.no_cuda_graphs}
     if ns.adapt_swaps is not None:
@@ -215,6 +222,8 @@ def _arm_extra(ns, arm: str) -> dict:
         extra["prefill_offload"] = ns.prefill_offload
     if ns.vram_budget_widen:
         extra["vram_budget_widen"] = True
+    if ns.car_mode and arm == "car-on":
+        extra["car_mode"] = ns.car_mode
     if ns.expert_cache and arm in ("car-off", "car-on"):
         extra["expert_cache"] = ns.expert_cache
     return extra
@@ -254,12 +263,26 @@ def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
         )
         doc["results"].append(engine_rows[-1])
     elif arm == "car-quality":
-        from strata.bench.car_quality import run_car_quality
+        from strata.bench.car_quality import quality_table, run_car_quality
 
-        text = Path(ns.text).read_text() if ns.text else DEFAULT_TEXT.read_text()
-        ths = [float(t) for t in ns.thresholds.split(",") if t]
-        res = run_car_quality(_model_path(ns), text, ths, ns.slots, ns.gen_tokens * 8)
-        print(_quality_table(res))
+        text = Path(ns.text).read_text() if ns.text else None
+        try:
+            ths = [float(t) for t in ns.thresholds.split(",") if t]
+            shares = tuple(float(t) for t in ns.residency.split(",") if t)
+            window = tuple(float(t) for t in ns.car_window.split(","))
+        except ValueError:
+            raise SystemExit("--thresholds, --residency and --car-window take numbers") from None
+        res = run_car_quality(
+            _model_path(ns),
+            ths,
+            shares,
+            window,
+            text=text,
+            max_tokens=ns.max_tokens,
+            gen_tokens=ns.gen_tokens,
+            n_prompts=ns.prompts,
+        )
+        print(quality_table(res))
         doc["results"].append(res)
     elif arm == "cpu-pool":
         from strata.bench.cpu_pool import run_cpu_pool_arm

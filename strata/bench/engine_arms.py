@@ -135,6 +135,9 @@ def run_engine_arm(
         # uniform; trained models 0.905-0.960)
         "decode_usage_entropy": float(np.mean([usage_entropy(h) for h in decode_hist])),
         "car_substitution_rate": statistics.median(subst),
+        # the CAR rule and the window it measured (card us, pool us a missed expert, slack jobs)
+        "car_mode": cfg.car_mode if cfg.car_threshold < 1.0 else None,
+        "car_slack": engine.stats.slack.summary(),
         "expert_bytes_per_token": expert_bytes,
         "miss_expert_gbps": miss_bytes * med / 1e9,
         # weights the device tier reads per decode token: the dense path (the embedding table

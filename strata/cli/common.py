@@ -85,6 +85,19 @@ def add_engine(p: argparse.ArgumentParser) -> None:
         default=None,
         help="cache-aware routing ratio threshold (0.35; 1.0 = off)",
     )
+    g.add_argument(
+        "--car-mode",
+        default=None,
+        choices=("slack", "ratio"),
+        help="slack: substitute only misses the CPU pool cannot hide in the card's window "
+        "(default); ratio: the seeds' rule, every miss the threshold allows",
+    )
+    g.add_argument(
+        "--car-max-weight",
+        type=float,
+        default=None,
+        help="slack mode: never substitute a pick of larger router weight (0.1)",
+    )
     g.add_argument("--car-warmup", type=int, default=None, help="decode steps before CAR engages")
     g.add_argument(
         "--car-budget",

@@ -26,6 +26,7 @@ from strata.gpu.device import DeviceError
 from strata.model.arch import ARCHS
 from strata.model.errors import ModelError
 from strata.quant import UnsupportedType
+from strata.routing.car import DEFAULT_MAX_WEIGHT, DEFAULT_MODE, MODES
 
 
 def _add_sampling(p: argparse.ArgumentParser) -> None:
@@ -178,10 +179,14 @@ def cmd_car_estimate(ns) -> int:
         raise UserError(
             "give the resident experts: --resident MASK.npy or --cache-profile P --slots N"
         )
-    ests = [
-        replay(ns.trace, resident, CarKnobs(t, ns.warmup, ns.budget, ns.free_ratio))
-        for t in thresholds
-    ]
+    try:
+        knobs = [
+            CarKnobs(t, ns.warmup, ns.budget, ns.free_ratio, ns.mode, ns.max_weight)
+            for t in thresholds
+        ]
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    ests = [replay(ns.trace, resident, k, ns.slack) for k in knobs]
     print(f"rule checked against {n} golden cases; {resident.sum()} resident experts")
     print(format_table(ests))
     return 0
@@ -260,6 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
     ce.add_argument("--warmup", type=int, default=0)
     ce.add_argument("--budget", type=int, default=0)
     ce.add_argument("--free-ratio", type=float, default=1.0)
+    ce.add_argument("--mode", default=DEFAULT_MODE, choices=MODES, help="the CAR rule (slack)")
+    ce.add_argument("--max-weight", type=float, default=DEFAULT_MAX_WEIGHT, help="slack mode")
+    ce.add_argument(
+        "--slack",
+        type=float,
+        default=None,
+        metavar="JOBS",
+        help="missed-expert jobs of room in every window (default: each record's slack field)",
+    )
     ce.set_defaults(fn=cmd_car_estimate)
 
     pr = sub.add_parser("profile", help="count expert use over prompts into a usage profile")

@@ -30,6 +30,7 @@ from strata.gpu.sample import SampleKnobs
 from strata.model.loader import Model
 from strata.routing.car import CarKnobs
 from strata.routing.profile import AdaptiveCache
+from strata.routing.slack import SlackMeter
 from strata.routing.trace import TraceWriter
 
 
@@ -72,7 +73,9 @@ class Engine:
             TraceWriter(trace_path, a.n_layer, a.n_expert, a.n_expert_used) if trace_path else None
         )
         self.pos = 0
-        self.stats = EngineStats(expert_hist=np.zeros((a.n_layer, a.n_expert), np.int64))
+        self.stats = EngineStats(
+            expert_hist=np.zeros((a.n_layer, a.n_expert), np.int64), slack=SlackMeter(a.n_layer)
+        )
         card = is_card(tier)
         self.moe = Moe(
             a,

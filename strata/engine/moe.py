@@ -75,16 +75,21 @@ class Moe:
         else:
             ids, weights, probs = topk_fast(logits, a.n_expert_used, a.norm_topk)  # [T, K], [T, E]
         count_picks(st.expert_hist[i], ids)
+        slack = st.slack.jobs(i, ids.shape[0]) if decode and st.slack is not None else 0.0
         if self.trace is not None:
-            self.trace.write(pos, i, ids, probs, decode)
+            self.trace.write(pos, i, ids, probs, decode, slack)
         resident = self.resident[i]  # [E]
         router_ids = ids
         car = self.car
         if decode and car is not None and st.decode_steps >= car.warmup:
-            plan = car_plan_fast(ids, probs, resident, car)  # car_plan's rule, compiled
+            plan = car_plan_fast(ids, probs, resident, car, slack)  # car_plan's rule, compiled
             st.decode_misses_before_car += plan.misses
-            st.substitutions += int(plan.substituted.sum())
+            n_sub = int(plan.substituted.sum())
+            st.substitutions += n_sub
             st.ratio_sum += float(plan.ratios.sum())
+            st.routed_weight += float(weights.sum())
+            if n_sub:
+                st.subst_weight += float(weights[plan.substituted].sum())
             ids = plan.ids
         elif decode:
             st.decode_misses_before_car += int((~resident[ids]).sum())

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from strata.routing.slack import SlackMeter
+
 
 @dataclass
 class EngineStats:
@@ -21,6 +23,8 @@ class EngineStats:
     decode_misses_before_car: int = 0
     substitutions: int = 0
     ratio_sum: float = 0.0
+    subst_weight: float = 0.0  # router weight of the substituted picks (host-routed decode)
+    routed_weight: float = 0.0  # router weight of every decode pick, beside it
     swaps: int = 0
     warm_swaps: int = 0  # of `swaps`: made from prompts' picks (the adaptive cache's `warm`)
     # decode windows (per layer, summed over steps; seconds): wall time of the whole layer,
@@ -32,18 +36,26 @@ class EngineStats:
     pool_s: float = 0.0
     graph_steps: int = 0  # decode steps replayed from CUDA graphs
     offloaded: int = 0  # prompt picks missed by the cache and run from the tier's staging slots
+    slack: SlackMeter | None = field(default=None, repr=False)  # the windows' running figures
 
-    def add_window(self, t0: float, t1: float, t2: float, t3: float) -> None:
+    def add_window(
+        self, t0: float, t1: float, t2: float, t3: float, layer: int = -1, jobs: int = 0
+    ) -> None:
         """One layer's decode window: started t0, the card's result at t1, routed by t2, the
-        pool done at t3 (perf_counter seconds)."""
+        pool done at t3 (perf_counter seconds); `jobs` missed experts went to the pool."""
+        if self.slack is not None and layer >= 0:
+            self.slack.observe(layer, t1 - t0, t2 - t1, t3 - t2, jobs)
         self.wait_s += t1 - t0
         self.route_s += t2 - t1
         self.pool_s += t3 - t2
         self.window_s += t3 - t0
         self.window_layers += 1
 
-    def add_windows(self, w: np.ndarray) -> None:
-        """Layers' decode windows at once: w [n, 3] seconds waiting, routing, in the pool."""
+    def add_windows(self, w: np.ndarray, first: int = -1, jobs: np.ndarray | None = None) -> None:
+        """Layers' decode windows at once: w [n, 3] seconds waiting, routing, in the pool, of
+        layers first.. with jobs [n] missed experts each."""
+        if self.slack is not None and first >= 0 and jobs is not None:
+            self.slack.observe_rows(first, w, jobs)
         self.wait_s += float(w[:, 0].sum())
         self.route_s += float(w[:, 1].sum())
         self.pool_s += float(w[:, 2].sum())
@@ -59,6 +71,11 @@ class EngineStats:
     def hit_rate(self) -> float:
         n = self.hits + self.misses
         return self.hits / n if n else 0.0
+
+    @property
+    def substituted_mass(self) -> float:
+        """Share of the decode picks' router weight that CAR moved to another expert."""
+        return self.subst_weight / self.routed_weight if self.routed_weight else 0.0
 
     @property
     def substitution_rate(self) -> float:

@@ -47,6 +47,7 @@ from strata.gpu.elementwise import argmax_rows
 from strata.gpu.embed import embed
 from strata.gpu.host_wait import SPINS, wait_word
 from strata.gpu.pool_join import pool_join, ticket
+from strata.gpu.route_car import N_KNOBS as N_CAR_KNOBS
 from strata.gpu.route_car import pack_words, route_car
 from strata.gpu.router_topk import router_topk
 from strata.gpu.sample import N_KNOBS, knob_values, sample_row
@@ -122,8 +123,8 @@ class GraphDecoder:
         self.table_h.a[...] = tier.slot_of
         self._unsettled = False  # uploads in flight left out of the table (begin_routed)
         # the device-routed hybrid step: router top-k + CAR on the card (kernels/route_car.cu)
-        self.knobs_h = Pinned(cp, (4,), np.float64)  # threshold, budget, free ratio, on
-        self.knobs_d = cp.zeros((4,), np.float64)
+        self.knobs_h = Pinned(cp, (n_layer, N_CAR_KNOBS), np.float64)  # route_car.layer_knobs
+        self.knobs_d = cp.zeros((n_layer, N_CAR_KNOBS), np.float64)
         self.plan = {
             "probs": cp.zeros((1, e), f32),
             "ids0": cp.zeros((1, k), np.int32),
@@ -161,7 +162,7 @@ class GraphDecoder:
             4 * (3 + 5 * a.n_embd + 2 * a.n_layer * k + a.n_layer * a.n_expert)
             + 4 * (a.n_expert + 3 * k + 4)
             + 4 * pack_words(k, a.n_embd)
-            + 8 * 4
+            + 8 * N_CAR_KNOBS * a.n_layer
         )
 
     # ---- copies on the decoder's stream (pinned host memory: capturable) ----
@@ -200,7 +201,7 @@ class GraphDecoder:
         pack = self.pack_h.a[i] if ready else self.pack_d
         route_car(
             t.K, t.rlogits_buf, 1, a.n_expert, self.k, a.norm_topk, self.slot_table[i],
-            self.knobs_d, self.plan, pack, t.h_buf[:1],
+            self.knobs_d[i], self.plan, pack, t.h_buf[:1],
             self.ready_h.a[i : i + 1] if ready else None, self.tokpos_d[2:3] if ready else None,
         )  # fmt: skip
         if not ready:
@@ -372,7 +373,7 @@ class GraphDecoder:
 
     # ---- the hybrid step routed on the card ----
     def begin_routed(self, token: int, pos: int, knobs: np.ndarray) -> None:
-        """Start a device-routed hybrid step with CAR knobs [4] (route_car.knob_values)."""
+        """Start a device-routed hybrid step with CAR knobs [L, N_KNOBS] (route_car.layer_knobs)."""
         t = self.t
         if t.slot_version != self._slot_version or self._unsettled:  # swapped or re-placed
             # experts still uploading stay out of the card's table (their picks go to the pool)
@@ -382,9 +383,9 @@ class GraphDecoder:
                 self.table_h.a[...] = tab
                 self._up(self.slot_table, self.table_h.a)  # the stream's last step is done
             self._slot_version = t.slot_version
-        if not np.array_equal(self.knobs_h.a, knobs):
+        if not np.array_equal(self.knobs_h.a, knobs):  # a layer's slack moved: on the stream
             self.knobs_h.a[:] = knobs
-            self.knobs_d.set(knobs)
+            self._up(self.knobs_d, self.knobs_h.a)
         self._begin(token, pos)
 
     def routed(self, i: int) -> dict:

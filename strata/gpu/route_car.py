@@ -42,8 +42,9 @@ def route_car(
     step=None,
 ) -> None:
     """out: probs [T, E] f32, ids0/ids/pair_slot [T, K] i32, weights [T, K] f32, stats [T, 4]
-    f32 (misses before CAR, substitutions, misses after, sum of ratios). knobs [4] float64 on
-    the device: threshold, budget, free_ratio, on. slot_row [E] i32 (-1: not resident).
+    f32 (misses before CAR, substitutions, misses after, sum of ratios). knobs [N_KNOBS]
+    float64 on the device (knob_values; the layer's row of layer_knobs): threshold, budget,
+    free_ratio, on, max weight, misses kept for the pool. slot_row [E] i32 (-1: not resident).
     With `pack` (uint32 [T, pack_words(K, D)]) the plan and the rows h [T, D] are also written
     there as one record per token (one copy to the host). `pack` may be pinned host memory (a
     NumPy array: the card writes it over the bus); with T = 1, `ready` (pinned int32 [1]) then
@@ -83,5 +84,32 @@ def route_car(
     )
 
 
-def knob_values(threshold: float, budget: int, free_ratio: float, on: bool) -> np.ndarray:
-    return np.array([threshold, budget, free_ratio, 1.0 if on else 0.0], np.float64)
+N_KNOBS = 6  # threshold, budget, free ratio, on, max weight, misses kept (route_car.cu)
+
+
+def knob_values(
+    threshold: float,
+    budget: int,
+    free_ratio: float,
+    on: bool,
+    max_weight: float = np.inf,
+    keep: int = 0,
+) -> np.ndarray:
+    """One layer's knobs [N_KNOBS] float64; the defaults are the seeds' rule (CarKnobs.bounds)."""
+    return np.array(
+        [threshold, budget, free_ratio, 1.0 if on else 0.0, max_weight, keep], np.float64
+    )
+
+
+def layer_knobs(car, decode_steps: int, slack, n_layer: int) -> np.ndarray:
+    """[L, N_KNOBS] of a decode step: `car` a CarKnobs or None (not wired), `slack` a
+    strata.routing.slack.SlackMeter or None (no room measured), warmup counted here."""
+    if car is None:
+        return np.tile(knob_values(1.0, 0, 1.0, False), (n_layer, 1))
+    on = car.enabled and decode_steps >= car.warmup
+    out = np.tile(knob_values(car.threshold, car.budget, car.free_ratio, on), (n_layer, 1))
+    if car.mode == "slack":  # CarKnobs.bounds for every layer at once (one-token steps)
+        s = slack.slack[:, 0] if slack is not None else np.zeros(n_layer)  # [L] jobs
+        out[:, 4] = car.max_weight
+        out[:, 5] = np.where(s >= 1.0, np.floor(s), 0.0)
+    return out

@@ -6,7 +6,15 @@ threshold. The substituted entry keeps E's router weight (weights are never chan
 are taken best ratio first, ties by lower expert id (of C, then of E); each C is used once per
 token. At most `budget` substitutions per token and layer count against the budget; one whose
 ratio is at or above `free_ratio` is free. A threshold of 1.0 or more is OFF: the plan is the
-router's own picks, untouched.
+router's own picks, untouched. That is the seeds' rule, `mode="ratio"`.
+
+`mode="slack"` (the default) asks first whether a miss costs anything. The CPU pool computes the
+misses while the card runs its share of the layer window; `slack` is how many missed-expert jobs
+the pool finishes inside that window (strata.routing.slack measures it). The `floor(slack)`
+misses of largest weight are kept (ties: the lower expert id is kept); only the others may be
+substituted, by the rule above, and never one whose weight (its share of the token's top-K
+router mass, float64) is above `max_weight`. With no slack and `max_weight` >= 1 this is the
+seeds' rule exactly.
 
 `car_plan` is the rule of record (NumPy: golden cases, offline replay); `car_plan_fast` is its
 compiled twin for the decode path, tested to give the identical plan on random and tied inputs.
@@ -21,7 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+TINY = np.finfo(np.float64).tiny
 DEFAULT_THRESHOLD = 0.35
+MODES = ("slack", "ratio")
+DEFAULT_MODE = "slack"
+DEFAULT_MAX_WEIGHT = 0.1
 
 
 @dataclass(frozen=True)
@@ -30,8 +42,14 @@ class CarKnobs:
     warmup: int = 0  # decode steps before CAR engages
     budget: int = 0  # most counted substitutions per token and layer (0 = no limit)
     free_ratio: float = 1.0  # ratios at or above this do not count against the budget
+    mode: str = DEFAULT_MODE  # "slack": misses the pool hides are kept; "ratio": the seeds' rule
+    max_weight: float = DEFAULT_MAX_WEIGHT  # slack mode: a heavier pick is never substituted
 
     def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"car mode must be {' or '.join(MODES)}, got {self.mode!r}")
+        if not 0.0 < self.max_weight:
+            raise ValueError(f"car max weight must be > 0, got {self.max_weight}")
         if not 0.0 < self.threshold:
             raise ValueError(f"car threshold must be > 0 (1.0 = off), got {self.threshold}")
         if self.warmup < 0 or self.budget < 0:
@@ -43,6 +61,35 @@ class CarKnobs:
     def enabled(self) -> bool:
         return self.threshold < 1.0
 
+    def bounds(self, slack: float) -> tuple[int, float]:
+        """(misses kept for the pool, weight bound) for a window with `slack` jobs of room;
+        the ratio mode keeps none and has no bound."""
+        if self.mode == "ratio":
+            return 0, np.inf
+        return keep_count(slack), float(self.max_weight)
+
+
+def keep_count(slack: float) -> int:
+    """The misses a window with `slack` jobs of room keeps (0 for none, NaN or negative)."""
+    s = float(slack)
+    return int(np.floor(s)) if s >= 1.0 else 0
+
+
+def eligible(ids, probs, resident, keep: int, max_weight: float) -> np.ndarray:
+    """[T, K] bool: the misses the substitution rule may touch. ids [T, K], probs [T, E]."""
+    miss = ~resident[ids]  # [T, K]
+    pe = probs[np.arange(ids.shape[0])[:, None], ids].astype(np.float64)  # [T, K]
+    mass = np.zeros(ids.shape[0])  # [T], summed in pick order as the compiled twins do
+    for kk in range(ids.shape[1]):
+        mass += pe[:, kk]
+    w = pe / np.maximum(mass, TINY)[:, None]  # [T, K]
+    # rank among the token's misses: heavier first, ties by the lower expert id
+    heavier = (pe[:, None, :] > pe[:, :, None]) | (
+        (pe[:, None, :] == pe[:, :, None]) & (ids[:, None, :] < ids[:, :, None])
+    )  # [T, K(self), K(other)]
+    rank = (heavier & miss[:, None, :]).sum(axis=2)  # [T, K]
+    return miss & (rank >= keep) & (w <= max_weight)
+
 
 @dataclass
 class CarResult:
@@ -53,9 +100,14 @@ class CarResult:
 
 
 def car_plan(
-    ids: np.ndarray, probs: np.ndarray, resident: np.ndarray, knobs: CarKnobs
+    ids: np.ndarray,
+    probs: np.ndarray,
+    resident: np.ndarray,
+    knobs: CarKnobs,
+    slack: float = 0.0,
 ) -> CarResult:
-    """Apply CAR to one layer's routing. ids [T, K], probs [T, E] (softmax), resident [E] bool."""
+    """Apply CAR to one layer's routing. ids [T, K], probs [T, E] (softmax), resident [E] bool;
+    slack: missed-expert jobs the pool finishes inside the card's window (slack mode)."""
     ids = np.asarray(ids, dtype=np.int32)
     t, k = ids.shape
     out = ids.copy()
@@ -65,8 +117,10 @@ def car_plan(
     misses = int(miss_mask.sum())
     if not knobs.enabled or misses == 0 or not resident.any():
         return CarResult(out, subst, ratios, misses)
+    keep, max_weight = knobs.bounds(slack)
+    open_mask = eligible(ids, probs, resident, keep, max_weight)  # [T, K]
     for row in range(t):
-        miss_k = np.flatnonzero(miss_mask[row])
+        miss_k = np.flatnonzero(open_mask[row])
         if miss_k.size == 0:
             continue
         avail = resident.copy()
@@ -105,11 +159,10 @@ def car_plan(
     return CarResult(out, subst, ratios, misses)
 
 
-TINY = np.finfo(np.float64).tiny
-
-
 @njit(cache=True)
-def _plan(ids, probs, resident, threshold, budget, free_ratio, out, subst, ratios):
+def _plan(
+    ids, probs, resident, threshold, budget, free_ratio, keep, max_weight, out, subst, ratios
+):
     """Fill out/subst/ratios [T, K] (out preset to ids); returns the misses before CAR."""
     t, k = ids.shape
     e = resident.shape[0]
@@ -136,9 +189,26 @@ def _plan(ids, probs, resident, threshold, budget, free_ratio, out, subst, ratio
     done = np.zeros(k, np.bool_)
     used = np.zeros(e, np.bool_)
     for row in range(t):
+        mass = 0.0
+        for kk in range(k):
+            mass += np.float64(probs[row, ids[row, kk]])
+        mass = max(mass, TINY)
         m = 0
         for kk in range(k):
-            if not resident[ids[row, kk]]:
+            e_k = ids[row, kk]
+            if resident[e_k]:
+                continue
+            pe = np.float64(probs[row, e_k])
+            if pe / mass > max_weight:
+                continue
+            rank = 0  # misses of the token that are heavier (ties: lower expert id)
+            for j in range(k):
+                e_j = ids[row, j]
+                if j != kk and not resident[e_j]:
+                    pj = np.float64(probs[row, e_j])
+                    if pj > pe or (pj == pe and e_j < e_k):
+                        rank += 1
+            if rank >= keep:
                 miss_k[m] = kk
                 m += 1
         if m == 0:
@@ -193,7 +263,11 @@ def _plan(ids, probs, resident, threshold, budget, free_ratio, out, subst, ratio
 
 
 def car_plan_fast(
-    ids: np.ndarray, probs: np.ndarray, resident: np.ndarray, knobs: CarKnobs
+    ids: np.ndarray,
+    probs: np.ndarray,
+    resident: np.ndarray,
+    knobs: CarKnobs,
+    slack: float = 0.0,
 ) -> CarResult:
     """`strata.routing.car.car_plan`, compiled: ids [T, K], probs [T, E], resident [E] bool."""
     ids = np.ascontiguousarray(ids, dtype=np.int32)
@@ -209,6 +283,7 @@ def car_plan_fast(
         float(knobs.threshold),
         int(knobs.budget),
         float(knobs.free_ratio),
+        *knobs.bounds(slack),
         out,
         subst,
         ratios,

@@ -50,5 +50,5 @@ class HostRoutedGraphStep:
             else:
                 g.y_h.a[:] = self.miss_runner.experts(i, h, np.where(hit, -1, ids), weights)
             t3 = pc()
-            st.add_window(t0, t1, t2, t3)
+            st.add_window(t0, t1, t2, t3, i, hit.size - int(hit.sum()))
         return g.finish(pick)

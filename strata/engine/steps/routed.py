@@ -14,6 +14,7 @@ import numpy as np
 from strata.engine.moe import MissRunner
 from strata.engine.stats import EngineStats
 from strata.engine.tier import CardTier
+from strata.gpu.route_car import layer_knobs
 from strata.model.args import ModelArgs
 from strata.quant.plan_record import DONE, ST_AFTER, ST_BEFORE, ST_RATIO, ST_SUBST, WAIT
 from strata.routing.car import CarKnobs
@@ -50,12 +51,10 @@ class RoutedGraphStep:
         return out
 
     def _car_knobs(self) -> np.ndarray:
-        """[threshold, budget, free ratio, on] for this decode step (warmup counted here)."""
-        car = self.car
-        on = car is not None and car.enabled and self.stats.decode_steps >= car.warmup
-        if car is None:
-            return np.array([1.0, 0.0, 1.0, 0.0])
-        return np.array([car.threshold, car.budget, car.free_ratio, float(on)])
+        """[L, route_car.N_KNOBS] for this decode step (warmup counted here, each layer's
+        slack from the engine's running figures)."""
+        car, st = self.car, self.stats
+        return layer_knobs(car, st.decode_steps, st.slack, self.args.n_layer)
 
     def _decode(self, g, token: int, pos: int, pick: str | None):
         g.begin_routed(token, pos, self._car_knobs())
@@ -124,8 +123,9 @@ class RoutedGraphStep:
         st.misses += int(c["misses"])
         st.hits += int(c["layers"]) * self.args.n_expert_used - int(c["misses"])
         self.miss_runner.count_served(c)
-        if end > first:
-            st.add_windows(srv.windows(first, end))
+        if end > first:  # the pool's jobs of each layer: its records' misses after CAR
+            jobs = srv.recs_f[first:end, 4 * self.args.n_expert_used + ST_AFTER]
+            st.add_windows(srv.windows(first, end), first, jobs)
 
     def _serve_plan(self, g, i: int, plan_of, zero_rows: bool) -> None:
         """Layer i: its plan (plan_of(i) waits for it), the counts, and the pool's rows of the
@@ -150,4 +150,4 @@ class RoutedGraphStep:
         elif zero_rows:
             g.y_h.a[:] = 0.0
         t3 = pc()
-        st.add_window(t0, t1, t2, t3)
+        st.add_window(t0, t1, t2, t3, i, after)

@@ -8,10 +8,14 @@
 //      E; each C once; at most `budget` substitutions per token unless the ratio >= free_ratio.
 //      Taking, at each step, the best pair still applicable (its miss open, its C unused, and
 //      free or under budget) is the same as walking the sorted pairs and skipping the others.
+//      Slack mode (knobs[4..5]): the `keep` misses of largest probability (ties: lower E) stay
+//      for the CPU pool, and so does a miss whose weight p_E / sum of the K picks' p (float64,
+//      summed in pick order) is above max_weight; only the others may be substituted. The seeds'
+//      rule is keep = 0, max_weight = inf.
 //   4. pair_slot[t*K + k] = slot of the final pick (-1: the CPU pool computes it), and
 //      stats[t] = (misses before CAR, substitutions, misses after CAR, sum of accepted ratios).
-// knobs[4] float64 (device memory, so a captured graph sees updates): threshold, budget,
-// free_ratio, on.
+// knobs[6] float64 (device memory, so a captured graph sees updates): threshold, budget,
+// free_ratio, on, max_weight, keep.
 //   5. pack (may be null): the same plan, plus the token's h row [D] (h_src), as one record of
 //      32-bit words per token, ids0 [K] | ids [K] | weights [K] | pair_slot [K] | stats [4] |
 //      h [D]: the host reads a decode step's whole plan with one copy. `pack` may point into
@@ -68,8 +72,28 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
     // CAR: `taken` marks this lane's selected experts; candidates are resident and not taken
     const double threshold = knobs[0], free_ratio = knobs[2];
     const int budget = (int)knobs[1], on = knobs[3] != 0.0;
+    const double max_weight = knobs[4];
+    const int keep = (int)knobs[5];
     int misses = 0;
-    for (int k = 0; k < K; ++k) misses += slot_row[pick[k]] < 0;
+    double mass = 0.0;
+    for (int k = 0; k < K; ++k) {
+        misses += slot_row[pick[k]] < 0;
+        mass += (double)pw[k];
+    }
+    mass = fmax(mass, 2.2250738585072014e-308);
+    u32 shut = 0;  // bit k: a miss slack mode keeps for the pool (or a resident pick)
+    for (int k = 0; k < K; ++k) {
+        if (slot_row[pick[k]] >= 0 || (double)pw[k] / mass > max_weight) {
+            shut |= 1u << k;
+            continue;
+        }
+        int rank = 0;  // heavier misses of the token (ties: lower expert id)
+        for (int j = 0; j < K; ++j)
+            if (j != k && slot_row[pick[j]] < 0 &&
+                (pw[j] > pw[k] || (pw[j] == pw[k] && pick[j] < pick[k])))
+                ++rank;
+        if (rank < keep) shut |= 1u << k;
+    }
     int final_[RC_MAX_K];
     for (int k = 0; k < K; ++k) final_[k] = pick[k];
     u32 used = 0;    // this lane's candidates already taken by a substitution
@@ -87,7 +111,7 @@ extern "C" __global__ void route_car(const float* __restrict__ logits, int E, in
                 if (e >= E || ((taken >> c) & 1u) || ((used >> c) & 1u) || slot_row[e] < 0)
                     continue;
                 for (int k = 0; k < K; ++k) {
-                    if (((done >> k) & 1u) || slot_row[pick[k]] >= 0) continue;
+                    if (((done >> k) & 1u) || ((shut >> k) & 1u)) continue;
                     const double pe = fmax((double)pw[k], 2.2250738585072014e-308);
                     const double r = (double)p[c] / pe;
                     if (r < threshold) continue;
