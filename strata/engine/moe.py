@@ -133,7 +133,13 @@ class Moe:
             # gathers the missed experts' bytes into pinned memory; the sum is staged + resident
             res = np.where(hit, ids, -1)
             yd = tier.experts(i, h, res, weights) if n_hit else None
-            y = tier.experts_staged(i, h, np.where(hit, -1, ids), weights)
+            miss = np.where(hit, -1, ids)
+            if self._prefetch_to is not None and self._swaps:
+                # a card admits the prompt's experts from their staging slots (on the card)
+                y = tier.experts_staged(i, h, miss, weights, admits=self._swaps)
+                self._swaps = []
+            else:
+                y = tier.experts_staged(i, h, miss, weights)
             self.stats.offloaded += hit.size - n_hit
             if n_hit:
                 y = y + yd
