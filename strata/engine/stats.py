@@ -32,6 +32,11 @@ class EngineStats:
     pool_s: float = 0.0
     graph_steps: int = 0  # decode steps replayed from CUDA graphs
     offloaded: int = 0  # prompt picks missed by the cache and run from the tier's staging slots
+    # decode misses split between the CPU pool and the PCIe link (strata/engine/pcie_split.py):
+    # windows split, distinct missed experts computed by the pool and uploaded to the card
+    split_windows: int = 0
+    split_pool: int = 0
+    split_pcie: int = 0
 
     def add_window(self, t0: float, t1: float, t2: float, t3: float) -> None:
         """One layer's decode window: started t0, the card's result at t1, routed by t2, the
@@ -54,6 +59,11 @@ class EngineStats:
         """Mean per-layer decode window split: total, waiting on the card, routing, pool."""
         n = max(1, self.window_layers)
         return {k: 1e3 * getattr(self, f"{k}_s") / n for k in ("window", "wait", "route", "pool")}
+
+    def split_per_window(self) -> dict[str, float]:
+        """Mean missed experts a decode window sent to the pool and over PCIe."""
+        n = max(1, self.split_windows)
+        return {"pool": self.split_pool / n, "pcie": self.split_pcie / n}
 
     @property
     def hit_rate(self) -> float:

@@ -43,10 +43,27 @@ class ExpertSlots:
         self.stage_stores = self._stager = None
         self.stage_uploads = 0  # experts uploaded to staging (statistics)
         self.stage_admits = 0  # of the admitted experts: copied from staging on the card
+        self._link = None  # (gather, link) seconds per staged byte, measured on first ask
         if self.stage_n:
             sb = self._expert_slot_bytes()
             self.budget.reserve("prefill_stage", self.stage_n * sum(sb))
             self.stage_stores = tuple(SlotStore(self.cp, self.stage_n, b) for b in sb)
+
+    def expert_bytes_per_layer(self) -> list[int]:
+        """[L] bytes of one expert's three matrices at each layer (what one staging uploads)."""
+        a, m = self.args, self.model
+        return [
+            sum(m.tensor(t, i).nbytes // a.n_expert for t in EXPERT_MATS) for i in range(a.n_layer)
+        ]
+
+    def stage_link(self) -> tuple[float, float]:
+        """(gather, link) seconds per byte of a staged upload: the host's gather into pinned
+        memory and the copy over the link, measured once (strata/gpu/link.py)."""
+        if self._link is None:
+            from strata.gpu.link import measure_stage_link
+
+            self._link = measure_stage_link(self)
+        return self._link
 
     def experts_staged(self, layer: int, h, ids: np.ndarray, weights: np.ndarray, admits=()):
         """Σ_k weights · expert(h) over ids >= 0 ([T, K]), every expert uploaded to the staging
