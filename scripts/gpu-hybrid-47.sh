@@ -9,6 +9,8 @@
 #   scripts/gpu-hybrid-47.sh strata h93     # Strata at 10240 MiB: car-off (CAR off, no profile,
 #                                           # no calibration, the server's defaults) and all-cpu
 #   scripts/gpu-hybrid-47.sh card h93       # Strata every expert on the card; writes the report
+#   scripts/gpu-hybrid-47.sh split h93      # car-off decoding eager: misses a window in the pool
+#                                           # and over PCIe, link/gather GB/s, pool GB/s vs host
 #   scripts/gpu-hybrid-47.sh llama uniform; scripts/gpu-hybrid-47.sh strata uniform
 #   scripts/gpu-hybrid-47.sh card uniform
 #
@@ -19,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step=${1:?step: build | synth-h93 | synth-uniform | llama M | strata M | card M (M: h93 | uniform)}
+step=${1:?step: build | synth-h93 | synth-uniform | llama M | strata M | card M | split M (M: h93 | uniform)}
 model_of() {
     case ${1:?model: h93 or uniform} in
     h93) echo /tmp/q30-q4k-h93.gguf ;;
@@ -57,6 +59,15 @@ strata)
 card)
     "${run[@]}" --part strata --model "$(model_of "${2:-}")" --strata-arm all-gpu \
         --strata-extra "--vram-budget-widen --vram-budget-mib 40000" "${commit[@]}"
+    ;;
+split)
+    # the PCIe split of decode misses runs in eager decode windows (the graph steps keep every
+    # miss in the pool): the bench prints the experts a window sent each way, the link's and
+    # the gather's GB/s measured at start, and the missed experts' GB/s against host read
+    m=${2:-}
+    python3 -m strata.bench --arm car-off --model "$(model_of "$m")" --no-cuda-graphs \
+        --vram-budget-mib 10240 -p "$P" -n "$N" -r "$R" --threads "$T" \
+        --json "${OUT:-bench/results}/split-47-$m.json"
     ;;
 *)
     echo "gpu-hybrid-47.sh: unknown step $step" >&2

@@ -347,6 +347,13 @@ def main(argv: list[str] | None = None) -> int:
                 if dev and r["tier"] != "host":
                     line += f"; card weights {card:.0f} GB/s = {100 * card / dev:.1f}% of copy"
                 print(line)
+                if r.get("split_windows"):
+                    link, gather = r["pcie_link_gbps"] or 0, r["pcie_gather_gbps"] or 0
+                    print(
+                        f"  {r['arm']}: misses a window: {r['split_pool_per_window']:.2f} experts"
+                        f" in the pool, {r['split_pcie_per_window']:.2f} over PCIe (link "
+                        f"{link:.1f} GB/s, gather {gather:.1f} GB/s, measured at start)"
+                    )
         for r in engine_rows:
             for n in r["notices"]:
                 print(f"note ({r['arm']}): {n}")

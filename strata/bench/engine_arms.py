@@ -153,6 +153,9 @@ def run_engine_arm(
         "adapt_swaps": engine.stats.swaps - swaps0,
         "expert_bytes_uploaded": _uploaded(engine) - up0,
         "disk_read_bytes": _disk_read() - disk0 if disk0 is not None else None,
+        # decode misses split between the CPU pool and the PCIe link (eager decode windows;
+        # over all runs): distinct missed experts a window, and the link's measured rates
+        **_split_row(engine),
         # per-layer decode window split (graph decode steps; None on eager paths)
         **{f"win_{k}_ms": v for k, v in split.items()},
         "peak_device_mib": peak / MIB if used0 is not None else None,
@@ -167,6 +170,22 @@ def run_engine_arm(
 
 WINDOW_PARTS = ("window", "wait", "route", "pool")
 MIB = 1 << 20
+
+
+def _split_row(engine) -> dict:
+    st, sp = engine.stats, getattr(engine.moe, "split", None)
+    per = st.split_per_window()
+    row = {
+        "split_windows": st.split_windows,
+        "split_pool_per_window": per["pool"],
+        "split_pcie_per_window": per["pcie"],
+        "pcie_link_gbps": None,
+        "pcie_gather_gbps": None,
+    }
+    if sp is not None:
+        row["pcie_link_gbps"] = 1e-9 / sp.link_s_per_byte if sp.link_s_per_byte else None
+        row["pcie_gather_gbps"] = 1e-9 / sp.gather_s_per_byte if sp.gather_s_per_byte else None
+    return row
 
 
 def _windows(st) -> np.ndarray:

@@ -11,6 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
+from strata.engine.pcie_split import PcieSplit
 from strata.engine.stats import EngineStats
 from strata.engine.tier import Tier
 from strata.model.args import ModelArgs
@@ -64,6 +65,10 @@ class Moe:
             self._to_device = tier.to_device if card else None
         self._prefetch_to = tier.prefetch if card else None  # uploads of admitted experts
         self._swaps: list[tuple[int, int]] = []  # the adaptive cache's swaps of this layer
+        # a card with staging slots beside the pool: decode misses split with the PCIe link
+        self.split = None
+        if card and pool and getattr(tier, "stage_n", 0):
+            self.split = PcieSplit(tier, tier.stage_link(), stats)
 
     def route(self, i: int, logits, decode: bool, pos: int, picks=None):
         """Top-k, trace, CAR (decode), statistics, adaptive cache -> ids [T, K], weights
@@ -138,7 +143,13 @@ class Moe:
             # gathers the missed experts' bytes into pinned memory; the sum is staged + resident
             res = np.where(hit, ids, -1)
             yd = tier.experts(i, h, res, weights) if n_hit else None
-            y = tier.experts_staged(i, h, np.where(hit, -1, ids), weights)
+            miss = np.where(hit, -1, ids)
+            if self._prefetch_to is not None and self._swaps:
+                # a card admits the prompt's experts from their staging slots (on the card)
+                y = tier.experts_staged(i, h, miss, weights, admits=self._swaps)
+                self._swaps = []
+            else:
+                y = tier.experts_staged(i, h, miss, weights)
             self.stats.offloaded += hit.size - n_hit
             if n_hit:
                 y = y + yd
@@ -148,8 +159,19 @@ class Moe:
         # runs while the pool computes), the pool's sum comes back to the tier's device
         hh = self._to_host(h)
         yd = tier.experts(i, h, np.where(hit, ids, -1), weights) if n_hit else None
+        miss = np.where(hit, -1, ids)
+        yc = None
+        if decode and self.split is not None:
+            # the card's share of the misses over PCIe, launched before the pool takes the rest
+            # (and before the admits' uploads, which its staging copy would wait for)
+            yc, miss = self.split.launch(i, h, miss, weights)
         self.prefetch(i)
-        y = self.miss_runner.experts(i, hh, np.where(hit, -1, ids), weights)
+        if yc is not None:
+            yd = yc if yd is None else yd + yc
+        if decode and self.split is not None:
+            y = self.split.pool(self.miss_runner.experts, i, hh, miss, weights)
+        else:
+            y = self.miss_runner.experts(i, hh, miss, weights)
         if self._to_device is not None:
             y = self._to_device(y)
         if yd is not None:

@@ -37,6 +37,11 @@ class EngineStats:
     graph_steps: int = 0  # decode steps replayed from CUDA graphs
     offloaded: int = 0  # prompt picks missed by the cache and run from the tier's staging slots
     slack: SlackMeter | None = field(default=None, repr=False)  # the windows' running figures
+    # decode misses split between the CPU pool and the PCIe link (strata/engine/pcie_split.py):
+    # windows split, distinct missed experts computed by the pool and uploaded to the card
+    split_windows: int = 0
+    split_pool: int = 0
+    split_pcie: int = 0
 
     def add_window(
         self, t0: float, t1: float, t2: float, t3: float, layer: int = -1, jobs: int = 0
@@ -66,6 +71,11 @@ class EngineStats:
         """Mean per-layer decode window split: total, waiting on the card, routing, pool."""
         n = max(1, self.window_layers)
         return {k: 1e3 * getattr(self, f"{k}_s") / n for k in ("window", "wait", "route", "pool")}
+
+    def split_per_window(self) -> dict[str, float]:
+        """Mean missed experts a decode window sent to the pool and over PCIe."""
+        n = max(1, self.split_windows)
+        return {"pool": self.split_pool / n, "pcie": self.split_pcie / n}
 
     @property
     def hit_rate(self) -> float:

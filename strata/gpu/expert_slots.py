@@ -1,6 +1,7 @@
 """The expert cache of a `CupyTier`: fixed VRAM slots ((layer, expert) -> slot, least recently
 used out), synchronous uploads, the adaptive cache's uploads on a copy stream through pinned
-memory (`prefetch`), and the staging slots that run a prompt's missed experts on the card."""
+memory (`prefetch`), and the staging slots that run a prompt's missed experts on the card (an
+expert a prompt admits to the cache is copied there from its staging slot, on the card)."""
 
 from __future__ import annotations
 
@@ -41,17 +42,40 @@ class ExpertSlots:
         self.stage_n = max(0, min(int(n), self.args.n_expert))
         self.stage_stores = self._stager = None
         self.stage_uploads = 0  # experts uploaded to staging (statistics)
+        self.stage_admits = 0  # of the admitted experts: copied from staging on the card
+        self._link = None  # (gather, link) seconds per staged byte, measured on first ask
         if self.stage_n:
             sb = self._expert_slot_bytes()
             self.budget.reserve("prefill_stage", self.stage_n * sum(sb))
             self.stage_stores = tuple(SlotStore(self.cp, self.stage_n, b) for b in sb)
 
-    def experts_staged(self, layer: int, h, ids: np.ndarray, weights: np.ndarray):
+    def expert_bytes_per_layer(self) -> list[int]:
+        """[L] bytes of one expert's three matrices at each layer (what one staging uploads)."""
+        a, m = self.args, self.model
+        return [
+            sum(m.tensor(t, i).nbytes // a.n_expert for t in EXPERT_MATS) for i in range(a.n_layer)
+        ]
+
+    def stage_link(self) -> tuple[float, float]:
+        """(gather, link) seconds per byte of a staged upload: the host's gather into pinned
+        memory and the copy over the link, measured once (strata/gpu/link.py)."""
+        if self._link is None:
+            from strata.gpu.link import measure_stage_link
+
+            self._link = measure_stage_link(self)
+        return self._link
+
+    def experts_staged(self, layer: int, h, ids: np.ndarray, weights: np.ndarray, admits=()):
         """Σ_k weights · expert(h) over ids >= 0 ([T, K]), every expert uploaded to the staging
         slots first, in groups of `stage_n` (the cache's slots stay as they are): a prompt's
         misses computed on the card instead of the CPU pool, as llama.cpp offloads a large
         batch's host-resident weights. The experts' GGUF bytes go up through pinned memory
-        (strata/gpu/staging.py), one copy per matrix and group."""
+        (strata/gpu/staging.py), one copy per matrix and group.
+
+        admits: the adaptive cache's swaps of this layer, (evicted, admitted): an admitted
+        expert among the staged ones is copied into its cache slot from its staging slot on the
+        card (after its group's kernels, before the next group's upload, in the legacy stream's
+        order), the others are uploaded from the host (`prefetch`)."""
         if not self.stage_n:
             raise DeviceError("experts_staged needs staging slots (prefill_stage > 0)")
         cp, a = self.cp, self.args
@@ -64,6 +88,7 @@ class ExpertSlots:
         mats = [self.model.tensor(t, layer).raw() for t in EXPERT_MATS]  # [E*R, row_bytes]
         if self._stager is None:
             self._stager = StageUploader(cp, self._expert_slot_bytes(), self.stage_n)
+        evict = {e: cold for cold, e in admits}  # admitted expert -> the resident it replaces
         for grp in np.array_split(need, -(-need.size // self.stage_n)) if need.size else []:
             self.await_uploads()  # an adaptive prefetch may still be in flight
             stage_of = np.full(a.n_expert, -1, np.int32)
@@ -76,7 +101,41 @@ class ExpertSlots:
             self._experts(layer, hd, h, slots, w, tmp, stores=self.stage_stores)
             if tmp is not out:
                 out += tmp
+            if evict:
+                self._admit_staged(layer, grp, evict, mats)
+        for e, cold in evict.items():  # admitted, not among the staged: from the host
+            self.prefetch(layer, e, cold)
         return self._out(out, host)
+
+    def _admit_staged(self, layer: int, grp: np.ndarray, evict: dict, mats) -> None:
+        """Copy the experts of `evict` in the staged group `grp` (staging slot j holds grp[j])
+        into cache slots on the card, on the legacy stream (after the group's kernels and the
+        layer's resident launches, which may read the evicted slots; before the next group's
+        upload); popped from `evict`. Kernels on other streams wait via `await_uploads`."""
+        cp = self.cp
+        todo = [(j, e) for j, e in enumerate(grp.tolist()) if e in evict]
+        if not todo:
+            return
+        null = cp.cuda.Stream.null
+        if self._graph is not None:  # graph steps may still read an evicted slot
+            null.wait_event(self._graph.stream.record())
+        d2d = cp.cuda.runtime.memcpyDeviceToDevice
+        per = [m.nbytes // self.args.n_expert for m in mats]  # bytes of one expert a matrix
+        admitted = []
+        for j, e in todo:
+            cold = evict.pop(e)
+            if self.slot_of[layer, e] >= 0:
+                continue
+            s = self._take_slot(layer, e, cold)
+            for store, stage, n in zip(self.stores, self.stage_stores, per, strict=True):
+                cp.cuda.runtime.memcpyAsync(
+                    store.buf[s].data.ptr, stage.buf[j].data.ptr, n, d2d, null.ptr
+                )
+            admitted.append(e)
+        if admitted:
+            self._pending = ev = null.record()  # after the prefetches null waited for too
+            self._admits.extend((layer, e, ev) for e in admitted)
+            self.stage_admits += len(admitted)
 
     def _init_slots(self, expert_slots: int | str) -> None:
         a = self.args
@@ -163,15 +222,7 @@ class ExpertSlots:
         if self.slot_of[layer, e] >= 0:
             return
         cp = self.cp
-        if evict is not None and self.slot_of[layer, evict] >= 0:
-            key = (layer, int(evict))
-        elif self._free:
-            key = None
-        else:
-            key = next(iter(self._lru))
-        s = self._free.pop() if key is None else self._lru.pop(key)
-        if key is not None:
-            self.slot_of[key] = -1
+        s = self._take_slot(layer, e, evict)
         self.copy_stream()
         for st in (cp.cuda.Stream.null, self._graph.stream if self._graph else None):
             if st is not None:
@@ -197,9 +248,24 @@ class ExpertSlots:
         self._stage_ev[j] = self._pending = self._copy.record()
         self._admits.append((layer, e, self._pending))
         self.expert_uploads += 1
+
+    def _take_slot(self, layer: int, e: int, evict: int | None) -> int:
+        """The slot expert (layer, e) is admitted to (the slot of `evict`, an expert of `layer`,
+        where it is resident; else a free one; else the least recently used), the table updated
+        (the bytes are the caller's to copy)."""
+        if evict is not None and self.slot_of[layer, evict] >= 0:
+            key = (layer, int(evict))
+        elif self._free:
+            key = None
+        else:
+            key = next(iter(self._lru))
+        s = self._free.pop() if key is None else self._lru.pop(key)
+        if key is not None:
+            self.slot_of[key] = -1
         self.slot_of[layer, e] = s
         self._lru[(layer, e)] = s
         self.slot_version += 1
+        return s
 
     def copy_stream(self):
         """The stream of `prefetch`'s uploads (made, with its pinned staging, on first use)."""

@@ -42,6 +42,9 @@ class Stream:
         ev.record(self)
         return ev
 
+    def wait_event(self, event):
+        pass  # everything is synchronous
+
     def begin_capture(self):
         raise RuntimeError("no graphs in the emulator")
 
@@ -78,6 +81,10 @@ class Event:
 
     def synchronize(self):
         pass
+
+    @property
+    def done(self):
+        return True  # everything is synchronous
 
 
 def get_elapsed_time(a, b):
