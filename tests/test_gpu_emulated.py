@@ -32,30 +32,35 @@ SUBSET = (
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the emulator builds with g++")
 
 
-@pytest.mark.parametrize("warp", [32, 64])
-def test_gpu_kernel_subset_on_the_emulator(warp, tmp_path):
+def _on_the_emulator(warp: int, tmp_path: Path, *args: str, timeout: int = 1500) -> None:
+    """Run the `gpu` tests named by `args` on tools/gpu_emu at `warp`; all must pass, none skip."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(EMU / "fakecupy"), str(ROOT)])
     env["EMU_WARP"] = str(warp)
     env.setdefault("EMU_BUILD", str(tmp_path / "emu-build"))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-           str(ROOT / "tests" / "test_gpu_kernels.py"), "-k", SUBSET]  # fmt: skip
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *args]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     tail = (r.stdout + r.stderr)[-3000:]
     assert r.returncode == 0, tail
     assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], tail
+
+
+@pytest.mark.parametrize("warp", [32, 64])
+def test_gpu_kernel_subset_on_the_emulator(warp, tmp_path):
+    _on_the_emulator(warp, tmp_path, str(ROOT / "tests" / "test_gpu_kernels.py"), "-k", SUBSET)
 
 
 @pytest.mark.parametrize("warp", [32, 64])
 def test_route_car_slack_rule_on_the_emulator(warp, tmp_path):
     """The card's CAR (route_car.cu) against the golden cases and car_plan, slack mode too."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(EMU / "fakecupy"), str(ROOT)])
-    env["EMU_WARP"] = str(warp)
-    env.setdefault("EMU_BUILD", str(tmp_path / "emu-build"))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-           str(ROOT / "tests" / "test_gpu_route_car.py")]  # fmt: skip
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    tail = (r.stdout + r.stderr)[-3000:]
-    assert r.returncode == 0, tail
-    assert " passed" in r.stdout and "skipped" not in r.stdout.splitlines()[-1], tail
+    _on_the_emulator(warp, tmp_path, str(ROOT / "tests" / "test_gpu_route_car.py"), timeout=900)
+
+
+def test_card_warm_copies_and_pcie_split_on_the_emulator(tmp_path):
+    """A prompt's warm admissions copied from staging slots on the card, and decode misses split
+    between the pool and the PCIe link: the same bits as without them (warp 32 only: no warp
+    logic of their own)."""
+    tests = ROOT / "tests"
+    _on_the_emulator(
+        32, tmp_path, str(tests / "test_card_warm.py"), str(tests / "test_card_split.py")
+    )
