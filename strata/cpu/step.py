@@ -22,7 +22,7 @@ import numba
 import numpy as np
 from numba import literally, njit
 
-from strata.cpu.kernels.common import f16_bits, f16_bits_to_f32, round_f16
+from strata.cpu.kernels.common import bits_f32, f16_bits, f16_bits_to_f32, round_f16
 from strata.cpu.kernels.dispatch import dot, native_address
 from strata.cpu.kernels.features import HAS_AVX2
 from strata.cpu.kernels.simd import f16x8_to_f32
@@ -40,6 +40,7 @@ Q, K, V, O, ROUTER = range(5)  # mats[i, j]: layer i's dense matrices
 M_ADDR, M_ROWS, M_RB, M_FN, M_ACT = range(5)  # mats[i, j, :]
 M_LEN = 5
 EMBED_TABLE_BYTES = 64 << 20  # a float32 embedding table up to this size is kept dequantized
+DENSE_SPLIT_BYTES = 32 << 10  # a dense job of fewer weight bytes runs on the calling thread
 
 
 @njit(cache=True, nogil=True)
@@ -105,7 +106,13 @@ def _dense(mats, j0, j1, ys, x, act, job, ctl, nt):
             job[o + 3] = ys[j + n].ctypes.data
             n += 1
         job[DJ_M] = n
-        _run(ctl, mats[j, M_FN], job, nt)
+        nbytes = 0
+        for m in range(n):
+            nbytes += job[DJ_MAT + 4 * m + 1] * job[DJ_MAT + 4 * m + 2]
+        if nbytes < DENSE_SPLIT_BYTES:  # a team start would cost more than it saves
+            call_job(mats[j, M_FN], 0, 1, job.ctypes.data)
+        else:
+            _run(ctl, mats[j, M_FN], job, nt)
         j += n
 
 
@@ -144,29 +151,24 @@ def _row_f32(src, dst):
             dst[i] = f16_bits_to_f32(src[i])
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc", "nsz", "arcp", "contract"})
-def _qk(q, o, k, dh):
-    """The dot of q[o : o + Dh] and k [Dh] (reassociated: vectorized)."""
-    acc = np.float32(0.0)
-    for d in range(dh):
-        acc += q[o + d] * k[d]
-    return acc
-
-
-@njit(cache=True, nogil=True)
-def _attend(q, kc, vc, n_ctx_used, n_head, n_kv, dh, dv, scale, sc, kt, out):
-    """out [H * Dv] = softmax(q K^T * scale) V over positions 0..S-1 for every head: q [H * Dh]
-    rounded to f16, K/V rows f16 (kc [S, G, Dh], vc [S, G, Dv] uint16), probabilities rounded
-    to f16 (llama.cpp's f16 attention); sc [R, S] and kt [max(Dh, Dv)] scratch."""
+@njit(cache=True, nogil=True, fastmath={"reassoc", "nsz", "contract"})
+def _attend(q, kc, vc, s_n, n_head, n_kv, dh, dv, scale, sc, kt, out, g0, g1):
+    """out [H * Dv] = softmax(q K^T * scale) V over positions 0..S-1 for the heads of KV groups
+    g0..g1-1: q [H * Dh] already rounded to f16, K/V rows f16 (kc [S, G, Dh], vc [S, G, Dv]
+    uint16), probabilities rounded to f16 (llama.cpp's f16 attention); sc [R, S] and kt
+    [max(Dh, Dv)] scratch. The sums are reassociated (vectorized over Dh: 5x faster, where the loops
+    index views from 0; with an offset of unknown sign Numba's wraparound check keeps them
+    scalar)."""
     rep = n_head // n_kv
-    s_n = n_ctx_used
-    for i in range(n_head * dh):
-        q[i] = round_f16(q[i])
-    for g in range(n_kv):
+    for g in range(g0, g1):
         for s in range(s_n):
             _row_f32(kc[s, g], kt)
             for r in range(rep):
-                sc[r, s] = _qk(q, (g * rep + r) * dh, kt, dh) * scale
+                qh = q[(g * rep + r) * dh :]  # (views: indices from 0 need no wraparound)
+                acc = np.float32(0.0)
+                for d in range(dh):
+                    acc += qh[d] * kt[d]
+                sc[r, s] = acc * scale
         for r in range(rep):
             m = sc[r, 0]
             for s in range(1, s_n):
@@ -178,16 +180,47 @@ def _attend(q, kc, vc, n_ctx_used, n_head, n_kv, dh, dv, scale, sc, kt, out):
                 tot += e
             for s in range(s_n):
                 sc[r, s] = round_f16(sc[r, s] / tot)
-            o = (g * rep + r) * dv
-            for d in range(dv):
-                out[o + d] = 0.0
+            out[(g * rep + r) * dv : (g * rep + r + 1) * dv] = 0.0
         for s in range(s_n):
             _row_f32(vc[s, g], kt)
             for r in range(rep):
                 p = sc[r, s]
-                o = (g * rep + r) * dv
+                oh = out[(g * rep + r) * dv :]
                 for d in range(dv):
-                    out[o + d] += p * kt[d]
+                    oh[d] += p * kt[d]
+
+
+# an attention job (int64 [AJ_LEN]): q, the layer's K and V cache, out, the threads' scratch
+# (sc [nt, R, S_ctx], kt [nt, Dk]) by address; positions, H, G, Dh, Dv, S_ctx, Dk, scale bits
+AJ_Q, AJ_KC, AJ_VC, AJ_OUT, AJ_SC, AJ_KT = range(6)
+AJ_S, AJ_H, AJ_G, AJ_DH, AJ_DV, AJ_CTX, AJ_DK, AJ_SCALE = range(6, 14)
+AJ_LEN = 14
+
+
+@njit(cache=True, nogil=True)
+def _attn_share(tid, nt, jaddr, z0, z1, z2):
+    """Thread tid's KV groups of the attention job at jaddr (an even split of the G groups)."""
+    job = numba.carray(address(jaddr), (AJ_LEN,), np.int64)
+    n_head, n_kv, dh, dv = job[AJ_H], job[AJ_G], job[AJ_DH], job[AJ_DV]
+    ctx, dk = job[AJ_CTX], job[AJ_DK]
+    g0, g1 = n_kv * tid // nt, n_kv * (tid + 1) // nt
+    if g0 == g1 or tid >= nt:
+        return 0
+    rep = n_head // n_kv
+    q = numba.carray(address(job[AJ_Q]), (n_head * dh,), np.float32)
+    kc = numba.carray(address(job[AJ_KC]), (ctx, n_kv, dh), np.uint16)
+    vc = numba.carray(address(job[AJ_VC]), (ctx, n_kv, dv), np.uint16)
+    out = numba.carray(address(job[AJ_OUT]), (n_head * dv,), np.float32)
+    sc = numba.carray(address(job[AJ_SC] + tid * rep * ctx * 4), (rep, ctx), np.float32)
+    kt = numba.carray(address(job[AJ_KT] + tid * dk * 4), (dk,), np.float32)
+    scale = bits_f32(np.uint32(job[AJ_SCALE]))
+    _attend(q, kc, vc, job[AJ_S], n_head, n_kv, dh, dv, scale, sc, kt, out, g0, g1)
+    return 0
+
+
+def attn_share_address() -> int:
+    z = np.int64(0)
+    return native_address(_attn_share, (z, z, z, z, z, z), ())
 
 
 @njit(cache=True, nogil=True)
@@ -215,9 +248,9 @@ def _route(lg, k, renorm, probs, ids, wts):
 
 @njit(cache=True, nogil=True)
 def _decode(
-    x, pos, head, shape, eps, scale, norms, qkn, out_norm, mats, hmat, kc, vc, cos, sin,
-    hx, qkv, att, sc, kt, probs, ids, tok, wts, y, logits, act_d, act_o, hist,
-    ldescs, pjob, djob, ctl, nt, min_tasks, chunk, pf,
+    x, pos, head, shape, eps, norms, qkn, out_norm, mats, hmat, kc, vc, cos, sin,
+    hx, qkv, att, probs, ids, tok, wts, y, logits, act_d, act_o, hist,
+    ldescs, pjob, djob, aj, afn, ctl, nt, min_tasks, chunk, pf,
 ):  # fmt: skip
     """One decode token at position pos from its embedding x [D] (updated in place): every
     layer, then (head) the output norm and head into logits [V]. Returns (the argmax of the
@@ -250,8 +283,11 @@ def _decode(
                 kc[i, pos, g, j] = f16_bits(k[g * dh + j])
             for j in range(dv):
                 vc[i, pos, g, j] = f16_bits(v[g * dv + j])
-        _attend(q, kc[i], vc[i], pos + 1, n_head, n_kv, dh, dv, scale, sc, kt, att)
-        _dense(mats[i], O, O + 1, qkv, att, act_o, djob, ctl, nt)
+        for j in range(n_head * dh):
+            q[j] = round_f16(q[j])
+        aj[AJ_KC], aj[AJ_VC], aj[AJ_S] = kc[i].ctypes.data, vc[i].ctypes.data, pos + 1
+        _run(ctl, afn, aj, nt)
+        _dense(mats[i], O, O + 1, qkv, att, act_o, djob, ctl, nt)  # att: [H * Dv]
         for j in range(d):
             x[j] += qkv[O, j]
         _rms(x, norms[i, 1], eps, h)
@@ -323,8 +359,17 @@ class HostStep:
         self.qkv = np.zeros((5, width), np.float32)  # q, k, v, o, router logits
         self.att = np.zeros(a.n_head * a.v_head_dim, np.float32)
         rep = a.n_head // a.n_head_kv
-        self.sc = np.zeros((rep, self.n_ctx), np.float32)
-        self.kt = np.zeros(max(a.head_dim, a.v_head_dim), np.float32)
+        dk = max(a.head_dim, a.v_head_dim)
+        self.sc = np.zeros((self.nt, rep, self.n_ctx), np.float32)  # a thread's scores
+        self.kt = np.zeros((self.nt, dk), np.float32)  # a thread's K or V row
+        self.aj = np.zeros(AJ_LEN, np.int64)
+        aj = self.aj
+        aj[AJ_Q], aj[AJ_OUT] = self.qkv[Q].ctypes.data, self.att.ctypes.data
+        aj[AJ_SC], aj[AJ_KT] = self.sc.ctypes.data, self.kt.ctypes.data
+        aj[AJ_H], aj[AJ_G], aj[AJ_DH], aj[AJ_DV] = a.n_head, a.n_head_kv, a.head_dim, a.v_head_dim
+        aj[AJ_CTX], aj[AJ_DK] = self.n_ctx, dk
+        aj[AJ_SCALE] = int(self.scale.view(np.uint32))
+        self.afn = attn_share_address()
         self.probs = np.zeros(e, np.float32)
         k = a.n_expert_used
         self.ids = np.zeros(k, np.int32)
@@ -393,11 +438,11 @@ class HostStep:
             self.x[:] = self.tier.embed(np.array([token]))[0]
         self._workspace()
         args = (
-            self.x, pos, head, self.shape, self.eps, self.scale, self.norms, self.qkn,
+            self.x, pos, head, self.shape, self.eps, self.norms, self.qkn,
             self.out_norm, self.mats, self.hmat, self.kc, self.vc, self.cos, self.sin, self.hx,
-            self.qkv, self.att, self.sc, self.kt, self.probs, self.ids, self.tok, self.wts,
-            self.y, self.logits, self.act_d, self.act_o, self.hist, self.ldescs,
-            self.pool._job, self.djob, self.ctl, self.nt, *self.pool.team_knobs()[1:],
+            self.qkv, self.att, self.probs, self.ids, self.tok, self.wts, self.y, self.logits,
+            self.act_d, self.act_o, self.hist, self.ldescs, self.pool._job, self.djob, self.aj,
+            self.afn, self.ctl, self.nt, *self.pool.team_knobs()[1:],
         )  # fmt: skip
         if self.team is not None:
             with self.team.lock:
