@@ -7,8 +7,8 @@
 kernels) with every expert in the CPU pool: for each layer the attention (RMS norm, q/k/v, q/k
 norm, NEOX RoPE, f16 KV append, softmax attention, o), the router, softmax + top-k, the experts
 (`_run_team`, the pool's own schedule and kernels), then the output norm, the head and the
-argmax, in `_decode`. The dense matrices run as jobs of the pool's resident team (`_dense_share`,
-rows split over the threads); everything else runs on the calling thread.
+argmax, in `_decode`. The dense matrices run as jobs of the pool's resident team (dense.py),
+the attention as one split by KV group; everything else runs on the calling thread.
 
 Numerics are the host tier's: the same kernels and activation quantization for every matrix,
 f16 K/V rows, q and softmax probabilities rounded to f16, RoPE from NumPy's cos/sin table. Only
@@ -20,67 +20,33 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import literally, njit
+from numba import njit
 
+from strata.cpu.dense import (
+    DENSE_SPLIT_BYTES,
+    DJ_ACT,
+    DJ_LEN,
+    DJ_M,
+    DJ_MAT,
+    DJ_MAX,
+    DJ_T,
+    dense_share_address,
+    run_job,
+)
 from strata.cpu.kernels.common import bits_f32, f16_bits, f16_bits_to_f32, round_f16
-from strata.cpu.kernels.dispatch import dot, native_address
+from strata.cpu.kernels.dispatch import native_address
 from strata.cpu.kernels.features import HAS_AVX2
 from strata.cpu.kernels.simd import f16x8_to_f32
 from strata.cpu.pool.expert_pool import layer_desc
-from strata.cpu.pool.team_job import _jact, _put, _run_team
+from strata.cpu.pool.team_job import _put, _run_team
 from strata.cpu.quantize import alloc_act, quantize_row
-from strata.cpu.team import CTL_LEN, SUPPORTED, address, call_job, shared_team, team_go, team_join
+from strata.cpu.team import CTL_LEN, SUPPORTED, address, call_job, shared_team
 from strata.routing.topk import MIN_WEIGHT_SUM, _select
 
-# a dense job (int64 [DJ_LEN]): matrices in it, the activation arrays (5 x (address, rows,
-# cols), `_jact`'s layout), then per matrix (weight address, rows, row bytes, output address)
-DJ_M, DJ_ACT, DJ_MAT, DJ_MAX = 0, 1, 16, 3
-DJ_LEN = DJ_MAT + 4 * DJ_MAX
 Q, K, V, O, ROUTER = range(5)  # mats[i, j]: layer i's dense matrices
 M_ADDR, M_ROWS, M_RB, M_FN, M_ACT = range(5)  # mats[i, j, :]
 M_LEN = 5
 EMBED_TABLE_BYTES = 64 << 20  # a float32 embedding table up to this size is kept dequantized
-DENSE_SPLIT_BYTES = 32 << 10  # a dense job of fewer weight bytes runs on the calling thread
-
-
-@njit(cache=True, nogil=True)
-def _dense_share(tid, nt, jaddr, code, z1, z2):
-    """Thread tid's rows of the dense job at jaddr: y[r] = row r of w against act row 0, the
-    rows of the job's matrices taken as one range split evenly over nt threads."""
-    literally(code)
-    job = numba.carray(address(jaddr), (DJ_LEN,), np.int64)
-    xq, xd, xb, x8, xf = _jact(job, DJ_ACT)
-    total = 0
-    for m in range(job[DJ_M]):
-        total += job[DJ_MAT + 4 * m + 1]
-    r0, r1 = total * tid // nt, total * (tid + 1) // nt
-    base = 0
-    for m in range(job[DJ_M]):
-        o = DJ_MAT + 4 * m
-        rows = job[o + 1]
-        a0, a1 = max(r0 - base, 0), min(r1 - base, rows)
-        if a0 < a1:
-            w = numba.carray(address(job[o]), (rows, job[o + 2]), np.uint8)
-            y = numba.carray(address(job[o + 3]), (rows,), np.float32)
-            for r in range(a0, a1):
-                y[r] = dot(code, w, r, xq, xd, xb, x8, xf, 0)
-        base += rows
-    return 0
-
-
-def dense_share_address(code: int) -> int:
-    """The native address of `_dense_share` for kernel `code` (compiled, or from the cache)."""
-    z = np.int64(0)
-    return native_address(_dense_share, (z, z, z, code, z, z), (3,))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _run(ctl, fn, job, nt):
-    """Job (fn, job) on the team: members 1..nt-1 and the caller's share 0."""
-    jaddr = job.ctypes.data
-    target = team_go(ctl, fn, jaddr, nt)
-    call_job(fn, 0, nt, jaddr)
-    team_join(ctl, target)
 
 
 @njit(cache=True, nogil=True)
@@ -105,18 +71,18 @@ def _dense(mats, j0, j1, ys, x, act, job, ctl, nt):
             )
             job[o + 3] = ys[j + n].ctypes.data
             n += 1
-        job[DJ_M] = n
+        job[DJ_M], job[DJ_T] = n, 1
         nbytes = 0
         for m in range(n):
             nbytes += job[DJ_MAT + 4 * m + 1] * job[DJ_MAT + 4 * m + 2]
         if nbytes < DENSE_SPLIT_BYTES:  # a team start would cost more than it saves
             call_job(mats[j, M_FN], 0, 1, job.ctypes.data)
         else:
-            _run(ctl, mats[j, M_FN], job, nt)
+            run_job(ctl, mats[j, M_FN], job, nt)
         j += n
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _rms(x, w, eps, out):
     """out = x * float32(1 / sqrt(mean(x^2) + eps)) * w (the sum in double, as ggml's)."""
     s = 0.0
@@ -127,7 +93,7 @@ def _rms(x, w, eps, out):
         out[i] = (x[i] * r) * w[i]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _rope(x, n, dh, c, s):
     """NEOX RoPE in place on n heads of x [n * Dh] with cos c, sin s [Dh / 2] of the position."""
     half = dh // 2
@@ -286,7 +252,7 @@ def _decode(
         for j in range(n_head * dh):
             q[j] = round_f16(q[j])
         aj[AJ_KC], aj[AJ_VC], aj[AJ_S] = kc[i].ctypes.data, vc[i].ctypes.data, pos + 1
-        _run(ctl, afn, aj, nt)
+        run_job(ctl, afn, aj, nt)
         _dense(mats[i], O, O + 1, qkv, att, act_o, djob, ctl, nt)  # att: [H * Dv]
         for j in range(d):
             x[j] += qkv[O, j]
