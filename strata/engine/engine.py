@@ -119,7 +119,7 @@ class Engine:
         # CPU only with every expert in the pool: a decode token in one compiled call
         self.host_step = None
         if kind is None and not card and self.trace is None and adaptive is None:
-            from strata.cpu.step import HostStep
+            from strata.engine.steps.host import HostStep
 
             self.host_step = HostStep.build(tier, miss_runner, resident, self.stats.expert_hist)
 

@@ -1,5 +1,6 @@
-"""The CPU-only decode step (strata/cpu/step.py): one compiled call a token gives the logits of
-the layer-by-layer host path to float noise, and the embedded model's greedy tokens unchanged."""
+"""The CPU-only decode step (strata/engine/steps/host.py): one compiled call a token gives the
+logits of the layer-by-layer host path to float noise, and the embedded model's greedy tokens
+unchanged."""
 
 from __future__ import annotations
 
