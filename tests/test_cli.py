@@ -281,3 +281,9 @@ def test_synth_refuses_a_quant_whose_blocks_do_not_tile_the_rows_before_writing(
         write_synthetic(tmp_path / "m.gguf", spec, progress=False)
     assert "ffn_down_exps" in str(e.value) and "\n" not in str(e.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_generate_on_the_embedded_model_says_once_what_it_knows():
+    r = _subprocess("generate", "def f(x):", "-n", "2", "--device", "host")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("trained on Python source only") == 1
