@@ -135,6 +135,12 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
         slots = auto_slots(model, cfg.vram_budget_mib, n_ctx, cfg.kv_type)  # host's estimate
     else:
         slots = min(int(cache), total)
+    if not on_gpu or slots < total:  # the CPU pool or the host tier runs: its kernels
+        from strata.cpu.jitcache import cold
+        from strata.cpu.kernels.features import level_name
+
+        if cold():
+            say_once(f"compiling CPU kernels for {level_name()}, first run only")
     tier = make_tier(
         model,
         n_ctx,

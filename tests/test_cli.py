@@ -326,3 +326,9 @@ def test_a_stdout_that_breaks_mid_stream_is_no_error_line(cli_models, capsys, mo
     assert rc == 141
     err = capsys.readouterr().err
     assert "error" not in err and "Broken pipe" not in err
+
+
+def test_generate_on_the_embedded_model_says_once_what_it_knows():
+    r = _subprocess("generate", "def f(x):", "-n", "2", "--device", "host")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("trained on Python source only") == 1

@@ -106,8 +106,9 @@ def test_team_is_the_default_from_team_min_threads():
     from strata.cpu.pool import ExpertPool
     from strata.cpu.pool.schedule import TEAM_MIN_THREADS
 
-    assert not ExpertPool(2).team  # on two threads regions are the default (measured)
-    assert TEAM_MIN_THREADS > 2
+    assert ExpertPool(2).team == tm.SUPPORTED  # the decode step's team: nothing compiled twice
+    assert TEAM_MIN_THREADS == 2
+    assert not ExpertPool(1).team
     assert ExpertPool(2, team=True).team == tm.SUPPORTED
     assert not ExpertPool(2, team=False).team
 

@@ -95,3 +95,13 @@ def test_a_changed_inlined_helper_is_stale_in_numbas_cache_and_fresh_with_the_gu
     assert _run(tmp_path, guard=False) == "11"  # Numba alone: the old helper, from the cache
     assert _run(tmp_path, guard=True) == "21"
     assert _run(tmp_path, guard=True) == "21"  # (stamped: the new cache is kept and used)
+
+
+def test_cold_until_the_pools_share_is_in_the_cache(tmp_path):
+    src = tmp_path / "team_job.py"
+    src.write_text("x = 1\n")
+    cache = tmp_path / "__pycache__"
+    assert jitcache.cold(src)  # a fresh install: no cache directory yet
+    cache.mkdir(exist_ok=True)  # (the locator may have made it)
+    (cache / "team_job._team_share-102.py311.nbi").write_bytes(b"")
+    assert not jitcache.cold(src)

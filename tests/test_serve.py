@@ -18,15 +18,17 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from strata.cli.common import DEFAULT_MODEL
-from strata.engine.session import Session
-from strata.model.loader import load_model
-from strata.serve.app import create_app
-from strata.serve.prompt import render_prompt
-
+# the `serve` extra (and the test extra's client): skipped, not errors, without them
+pytest.importorskip("starlette")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
+
+from strata.cli.common import DEFAULT_MODEL  # noqa: E402
+from strata.engine.session import Session  # noqa: E402
+from strata.model.loader import load_model  # noqa: E402
+from strata.serve.app import create_app  # noqa: E402
+from strata.serve.prompt import render_prompt  # noqa: E402
 
 USER = [{"role": "user", "content": "Tell me a story"}]
 

@@ -81,3 +81,24 @@ def test_removed_experiment_flags_are_unknown_arguments():
     for argv in (["--host-dense", "float"], ["--car-dampen", "1"]):
         with pytest.raises(SystemExit):
             _parse(*argv)
+
+
+def test_serve_without_the_serve_extra_names_the_extra(monkeypatch, capsys):
+    import importlib.util
+
+    from strata.cli import serve
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda m, *a: None if m == "starlette" else real(m, *a)
+    )
+    assert serve.cmd_serve(_parse()) == 2
+    err = capsys.readouterr().err
+    assert "starlette" in err and "serve extra" in err and ".[serve]" in err
+
+
+def test_strata_version():
+    r = subprocess.run(
+        [sys.executable, "-m", "strata", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and r.stdout.startswith("strata ")

@@ -25,9 +25,16 @@ def model_path(arg: str | None) -> Path:
 
 
 def load(arg: str | None):
+    from strata.gpu.device import say_once
     from strata.model.loader import load_model
 
-    return load_model(model_path(arg))
+    path = model_path(arg)
+    if path.resolve() == DEFAULT_MODEL.resolve():
+        say_once(
+            "the embedded model (strata-tiny-moe) was trained on Python source only: it "
+            "completes code, not questions (--model FILE.gguf for another)"
+        )
+    return load_model(path)
 
 
 def one_line(e: BaseException) -> str:

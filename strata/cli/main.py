@@ -215,7 +215,10 @@ def cmd_profile(ns) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from strata import __version__
+
     ap = argparse.ArgumentParser(prog="strata", description="Run MoE LLMs larger than the GPU.")
+    ap.add_argument("--version", action="version", version=f"strata {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     g = sub.add_parser("generate", help="complete a prompt, streaming tokens")

@@ -106,7 +106,28 @@ def serve_options(ns: argparse.Namespace, environ: Mapping[str, str] | None = No
     )
 
 
+SERVE_MODULES = ("starlette", "uvicorn")  # what the `serve` extra installs for the server
+
+
+def missing_serve_extra() -> str | None:
+    """A one-line refusal naming the extra to install where the server's packages are missing,
+    else None."""
+    import importlib.util
+
+    missing = [m for m in SERVE_MODULES if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (
+        f"strata serve needs {' and '.join(missing)}: install the serve extra "
+        "(pip install -e '.[serve]' in the clone)"
+    )
+
+
 def cmd_serve(ns: argparse.Namespace) -> int:
+    refusal = missing_serve_extra()
+    if refusal:
+        print(f"strata: {refusal}", file=sys.stderr)
+        return 2
     import uvicorn
 
     from strata.serve.app import create_app

@@ -5,48 +5,115 @@
 The host tier's float path keeps every dense weight dequantized to float32 and multiplies the
 rounded activation by it (NumPy/BLAS): 4 bytes read a weight a token, ~4.9 GB a token for
 Qwen3-30B-A3B's attention and output head. `QuantLinear` instead quantizes x once as llama.cpp's
-CPU matmul does (the weight's vec_dot type) and runs the pool's dot kernels row by row, rows split
-over the Numba threads, straight from the quantized bytes: the integer arithmetic and roundings of
-ggml's vec_dot, not of a float GEMM (results agree with the float path to float noise, not bit
-for bit). Float weights (F32/F16/BF16, e.g. the router) run the float kernels the same way.
+CPU matmul does (the weight's vec_dot type) and runs the pool's dot kernels row by row, straight
+from the quantized bytes: the integer arithmetic and roundings of ggml's vec_dot, not of a float
+GEMM (results agree with the float path to float noise, not bit for bit; that float path is the
+reference tests hold this one to). Float weights (F32/F16/BF16, e.g. the router) run the float
+kernels the same way.
+
+The rows run as a job of the process's resident team (strata/cpu/team.py), the one the CPU pool
+and the CPU-only decode step (step.py) run on: one set of threads for the whole host tier (a
+second, Numba's parallel regions, would fight the team's spinning members for the cores).
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import literally, njit, prange
+from numba import literally, njit
 
-from strata.cpu.kernels.dispatch import dot, specialized
+from strata.cpu.kernels.dispatch import dot, native_address
 from strata.cpu.layout import ExpertMatrix, prepare
+from strata.cpu.pool.team_job import _jact, _put
 from strata.cpu.quantize import alloc_act, quantize_rows
+from strata.cpu.team import CTL_LEN, SUPPORTED, address, call_job, shared_team, team_go, team_join
 
-ROW_CHUNK = 16  # rows a parallel work item (rows of one chunk share the activation in L1)
+# a dense job (int64 [DJ_LEN]): matrices in it, activation rows T, the activation arrays
+# (5 x (address, rows, cols), `_jact`'s layout), then per matrix (weight address, rows R, row
+# bytes, address of its output y [T, R])
+DJ_M, DJ_T, DJ_ACT, DJ_MAT, DJ_MAX = 0, 1, 2, 17, 3
+DJ_LEN = DJ_MAT + 4 * DJ_MAX
+# a job of fewer weight bytes x rows runs on the calling thread: a team start (~1 us on a quiet
+# host, a scheduler slice on a busy one) would cost more than it saves
+DENSE_SPLIT_BYTES = 32 << 10
+_SOLO = np.zeros(CTL_LEN, np.int64)  # a control block no member reads: jobs on the caller only
 
 
-@njit(cache=True, parallel=True)
-def _rows(code, w, xq, xd, xb, x8, xf, y, chunk):
-    """y [T, R] = every row of w against every activation row, chunks of rows over threads."""
+@njit(cache=True, nogil=True)
+def _dense_share(tid, nt, jaddr, code, z1, z2):
+    """Thread tid's rows of the dense job at jaddr: y[a, r] = row r of w against act row a, the
+    rows of the job's matrices taken as one range split evenly over nt threads."""
     literally(code)
-    n = w.shape[0]
-    for c in prange((n + chunk - 1) // chunk):
-        for r in range(c * chunk, min(n, (c + 1) * chunk)):
-            for a in range(y.shape[0]):
-                y[a, r] = dot(code, w, r, xq, xd, xb, x8, xf, a)
+    job = numba.carray(address(jaddr), (DJ_LEN,), np.int64)
+    if tid >= nt:
+        return 0
+    xq, xd, xb, x8, xf = _jact(job, DJ_ACT)
+    t = job[DJ_T]
+    total = 0
+    for m in range(job[DJ_M]):
+        total += job[DJ_MAT + 4 * m + 1]
+    r0, r1 = total * tid // nt, total * (tid + 1) // nt
+    base = 0
+    for m in range(job[DJ_M]):
+        o = DJ_MAT + 4 * m
+        rows = job[o + 1]
+        a0, a1 = max(r0 - base, 0), min(r1 - base, rows)
+        if a0 < a1:
+            w = numba.carray(address(job[o]), (rows, job[o + 2]), np.uint8)
+            y = numba.carray(address(job[o + 3]), (t, rows), np.float32)
+            for r in range(a0, a1):
+                for a in range(t):
+                    y[a, r] = dot(code, w, r, xq, xd, xb, x8, xf, a)
+        base += rows
+    return 0
+
+
+def dense_share_address(code: int) -> int:
+    """The native address of `_dense_share` for kernel `code` (compiled, or from the cache)."""
+    z = np.int64(0)
+    return native_address(_dense_share, (z, z, z, code, z, z), (3,))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def run_job(ctl, fn, job, nt):
+    """Job (fn, job) on the team: members 1..nt-1 and the caller's share 0."""
+    jaddr = job.ctypes.data
+    target = team_go(ctl, fn, jaddr, nt)
+    call_job(fn, 0, nt, jaddr)
+    team_join(ctl, target)
+
+
+@njit(cache=True, nogil=True)
+def _matmul(fn, w, y, act, job, ctl, nt):
+    """y [T, R] = w [R, row bytes] against the T quantized rows of act, with share `fn`."""
+    job[DJ_M], job[DJ_T] = 1, y.shape[0]
+    _put(job, DJ_ACT, act[0])
+    _put(job, DJ_ACT + 3, act[1])
+    _put(job, DJ_ACT + 6, act[2])
+    _put(job, DJ_ACT + 9, act[3])
+    _put(job, DJ_ACT + 12, act[4])
+    job[DJ_MAT], job[DJ_MAT + 1], job[DJ_MAT + 2] = w.ctypes.data, w.shape[0], w.shape[1]
+    job[DJ_MAT + 3] = y.ctypes.data
+    if w.shape[0] * w.shape[1] * y.shape[0] < DENSE_SPLIT_BYTES or nt < 2:
+        call_job(fn, 0, 1, job.ctypes.data)
+    else:
+        run_job(ctl, fn, job, nt)
 
 
 class QuantLinear:
     """A dense weight (`.qtype`, numpy `.shape` [R, C], `.data` bytes) and optional float bias
     [R]: callable on x [T, C] -> [T, R] float32 (the host tier's `_Linear` interface)."""
 
-    __slots__ = ("m", "bias", "vec_dot", "_fn", "_act")
+    __slots__ = ("m", "bias", "vec_dot", "_fn", "_act", "_job")
 
     def __init__(self, t, vec_dot, bias: np.ndarray | None = None):
         r, c = (int(s) for s in t.shape)
         self.m: ExpertMatrix = prepare(t.qtype, (1, r, c), t.data)
         self.bias = None if bias is None else np.ascontiguousarray(bias, np.float32)
         self.vec_dot = vec_dot
-        self._fn = None
+        self._fn = 0  # `_dense_share`'s address for the kernel (compiled on first use)
         self._act: tuple = ()
+        self._job = np.zeros(DJ_LEN, np.int64)
 
     @property
     def nbytes(self) -> int:
@@ -61,10 +128,15 @@ class QuantLinear:
         act = tuple(a[:t] for a in self._act)
         quantize_rows(x2, m.act, *act)
         y = np.empty((t, m.rows), np.float32)
-        args = (m.kernel, m.data, *act, y, ROW_CHUNK)
-        if self._fn is None:
-            self._fn = specialized(_rows, args, (0,))
-        self._fn(*args)
+        if not self._fn:
+            self._fn = dense_share_address(m.kernel)
+        nt = numba.get_num_threads()  # the pool's count (ExpertPool sets it)
+        if nt > 1 and SUPPORTED:
+            team = shared_team(nt)
+            with team.lock:
+                _matmul(self._fn, m.data, y, act, self._job, team.ctl, nt)
+        else:
+            _matmul(self._fn, m.data, y, act, self._job, _SOLO, 1)
         if self.bias is not None:
             y += self.bias
         return y.reshape(*np.shape(x)[:-1], m.rows)

@@ -100,3 +100,10 @@ def guard() -> list[Path]:
     files = jitted_sources()
     dirs = {cache_dir_of(p) for p in files}
     return drop_stale(sorted(d for d in dirs if d is not None), sources_digest(files))
+
+
+def cold(src: Path = ROOT / "cpu" / "pool" / "team_job.py", name: str = "_team_share") -> bool:
+    """Whether the pool's kernels were never compiled into the on-disk cache (a fresh install,
+    or caches a changed source dropped): this run compiles them first (the first run only)."""
+    d = cache_dir_of(src)
+    return d is None or not any(d.glob(f"{src.stem}.{name}-*.nbi"))

@@ -119,6 +119,12 @@ class Engine:
         else:
             self.step = self.eager
         self.graph_step = None if kind is None else self.step  # None: decode eagerly
+        # CPU only with every expert in the pool: a decode token in one compiled call
+        self.host_step = None
+        if kind is None and not card and self.trace is None and adaptive is None:
+            from strata.engine.steps.host import HostStep
+
+            self.host_step = HostStep.build(tier, miss_runner, resident, self.stats.expert_hist)
 
     @property
     def n_ctx(self) -> int:
@@ -150,12 +156,25 @@ class Engine:
         self.stats.graph_steps += 1
         return out
 
+    def _host_step(self, token: int, head: bool) -> int:
+        """One decode step of `host_step` (every pick a miss) -> the greedy next token."""
+        best = self.host_step(int(token), self.pos, head)
+        st, n = self.stats, self.args.n_layer * self.args.n_expert_used
+        st.misses += n
+        st.decode_misses_before_car += n
+        self.pos += 1
+        st.tokens += 1
+        st.decode_steps += 1
+        return best
+
     def decode_greedy(self, token: int) -> int:
         """Decode `token` and return the greedy next token (lowest id on ties). On a GPU tier's
         graph steps the argmax runs on the card and no logits come back."""
         self._check([token])
         if self.graph_step is not None and self.pos > 0:
             return int(self._graph_step(int(token), "greedy"))
+        if self.host_step is not None and self.pos > 0:
+            return self._host_step(token, True)
         return int(np.argmax(self.forward([token])))
 
     def decode_sample(self, token: int, params: SampleKnobs, u: float) -> int:
@@ -167,6 +186,9 @@ class Engine:
         if self.graph_step is not None and self.pos > 0:
             self.tier.graph_decoder().set_sample(params, u)
             return int(self._graph_step(int(token), "sample"))
+        if self.host_step is not None and self.pos > 0:
+            self._host_step(token, False)
+            return int(self.tier.output_sample(self.host_step.x[None], params, u))
         x = self._layers(ids, self.pos > 0)[-1:]  # [1, D]
         return int(self.tier.output_sample(x, params, u))
 
@@ -176,6 +198,10 @@ class Engine:
         decode = ids.size == 1 and self.pos > 0
         if decode and self.graph_step is not None:
             out = np.array(self._graph_step(int(ids[0]), None), copy=True)
+            return out[None] if all_logits else out
+        if decode and self.host_step is not None:
+            self._host_step(ids[0], True)
+            out = self.host_step.logits.copy()
             return out[None] if all_logits else out
         x = self._layers(ids, decode)  # [T, D]
         if not all_logits:

@@ -68,6 +68,18 @@ def round_f16(typingctx, x):
 
 
 @intrinsic
+def f16_bits(typingctx, x):
+    """The IEEE half bits (uint16) of float32 x: round to nearest even, overflow to inf (numpy's
+    astype(float16))."""
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], HALF), I16)
+
+    return sig, codegen
+
+
+@intrinsic
 def f32_bits(typingctx, x):
     """The 32 bits of a float32 as uint32."""
     sig = types.uint32(types.float32)

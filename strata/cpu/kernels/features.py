@@ -63,3 +63,11 @@ def simd_level() -> str:
     if avx512_enabled():
         return "avx512vbmi"
     return "avx2" if simd_enabled() else "portable"
+
+
+LEVEL_NAMES = {"avx512vbmi": "AVX-512", "avx2": "AVX2", "portable": "portable kernels"}
+
+
+def level_name() -> str:
+    """The kernels' level in words ("AVX2"), for messages."""
+    return LEVEL_NAMES[simd_level()]

@@ -164,18 +164,9 @@ class ExpertPool:
     def _layer_desc(self, lw: LayerWeights) -> np.ndarray | None:
         """The team's descriptor of a layer (L_* slots), None where it cannot take the layer
         (no team, or weights that are not C-contiguous bytes)."""
-        mats = (lw.gate, lw.up, lw.down)
         if not self.team or not self.fused or self.n_threads < 2:
             return None  # (the team runs the fused phases only: nothing to compile for it)
-        if not all(m.data.flags.c_contiguous for m in mats):
-            return None
-        desc = np.zeros(L_LEN, np.int64)
-        for i, m in enumerate(mats):
-            desc[3 * i : 3 * i + 3] = (m.data.ctypes.data, *m.data.shape)
-        desc[L_NE], desc[L_AG], desc[L_AU], desc[L_AD] = lw.gate.n_expert, *(m.act for m in mats)
-        desc[L_SHARE] = _share_address(lw.gate.kernel, lw.up.kernel, lw.down.kernel)
-        desc[L_NBYTES], desc[L_GGUF] = lw.expert_nbytes, lw.expert_gguf_bytes
-        return desc
+        return layer_desc(lw)
 
     # ---- workspaces
     def _workspace(self, t_n: int, n: int, dim: int, f: int, n_expert: int, acts) -> None:
@@ -363,6 +354,21 @@ class ExpertPool:
         self.last_bytes = na * lw.expert_nbytes
         self.last_gguf_bytes = na * lw.expert_gguf_bytes
         return out
+
+
+def layer_desc(lw: LayerWeights) -> np.ndarray | None:
+    """A layer's descriptor for `_run_team` (L_* slots), None where the weights are not
+    C-contiguous bytes."""
+    mats = (lw.gate, lw.up, lw.down)
+    if not all(m.data.flags.c_contiguous for m in mats):
+        return None
+    desc = np.zeros(L_LEN, np.int64)
+    for i, m in enumerate(mats):
+        desc[3 * i : 3 * i + 3] = (m.data.ctypes.data, *m.data.shape)
+    desc[L_NE], desc[L_AG], desc[L_AU], desc[L_AD] = lw.gate.n_expert, *(m.act for m in mats)
+    desc[L_SHARE] = _share_address(lw.gate.kernel, lw.up.kernel, lw.down.kernel)
+    desc[L_NBYTES], desc[L_GGUF] = lw.expert_nbytes, lw.expert_gguf_bytes
+    return desc
 
 
 _F32, _I32 = np.dtype(np.float32), np.dtype(np.int32)

@@ -38,8 +38,10 @@ SPIN_LIMIT = 1 << 24  # barrier checks before giving up (seconds of yields): the
 # once (static schedule), which the in-region barrier needs; TBB may run two on one thread
 FUSED_LAYERS = ("omp", "workqueue")
 # the resident team from this many threads: on 16 cores a T = 1 layer is ~5% faster on it than
-# on regions; on 2 cores, where a region starts in ~1 us, slightly slower
-TEAM_MIN_THREADS = 4
+# on regions; on 2 cores about even, and the host tier's dense jobs and CPU-only decode step
+# (strata/cpu/dense.py, strata/engine/steps/host.py) run on the team anyway: regions there
+# would fight its threads for the cores and compile the pool twice (~35 s of a cold start)
+TEAM_MIN_THREADS = 2
 
 
 @njit(cache=True)

@@ -4,7 +4,9 @@
 - `RoutedGraphStep`: hybrid, routed on the card, the CPU pool on the misses;
 - `HostRoutedGraphStep`: hybrid, routed on the host between two graphs a layer;
 - `EagerStep`: layer by layer with eager launches (the CPU-only tier, no graphs); it also runs
-  every prompt.
+  every prompt;
+- `HostStep` (host.py): the CPU-only tier's decode token in one compiled call, where every expert
+  runs in the CPU pool (the engine takes it over `EagerStep` for decode; `HostStep.build`).
 """
 
 from __future__ import annotations
