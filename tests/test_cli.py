@@ -17,6 +17,7 @@ from strata.model import synth
 from strata.model.synth import SynthSpec, make_args, write_synthetic
 from strata.quant import fmt
 from tests.gguf_edit import BAD_MODEL_CASES, assemble_set, bad_models
+from tests.strata_cli import run_strata
 
 REPO = Path(__file__).resolve().parents[1]
 STEM = "tiny"
@@ -104,21 +105,9 @@ def test_a_value_error_from_deep_code_is_one_line_not_a_traceback(cli_models, ca
     assert _assert_one_error_line(err) == "strata: error: a reason spread over three lines"
 
 
-def _subprocess(*argv: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(
-        [sys.executable, "-m", "strata", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=120,
-    )
-
-
 @pytest.mark.parametrize("case", ["not_gguf", "truncated_in_last_tensor", "missing_shard"])
 def test_python_dash_m_strata_exits_2_on_a_bad_model(cli_models, case):
-    r = _subprocess("inspect", str(cli_models.bad[case]))
+    r = run_strata("inspect", str(cli_models.bad[case]))
     assert r.returncode == 2, r.stderr
     assert r.stdout == ""
     _assert_one_error_line(r.stderr)
@@ -136,7 +125,7 @@ def test_generate_prints_the_prompt_and_its_continuation(cli_models, capsys):
 
 
 def test_python_dash_m_strata_generate_exits_0(cli_models):
-    r = _subprocess("generate", "def fibonacci(n):", "-n", "4", "--model", str(cli_models.tiny))
+    r = run_strata("generate", "def fibonacci(n):", "-n", "4", "--model", str(cli_models.tiny))
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("def fibonacci(n):")
 
@@ -329,6 +318,6 @@ def test_a_stdout_that_breaks_mid_stream_is_no_error_line(cli_models, capsys, mo
 
 
 def test_generate_on_the_embedded_model_says_once_what_it_knows():
-    r = _subprocess("generate", "def f(x):", "-n", "2", "--device", "host")
+    r = run_strata("generate", "def f(x):", "-n", "2", "--device", "host")
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("trained on Python source only") == 1

@@ -4,8 +4,6 @@ checked before use; each bad file is one `strata: error:` line and exit 2, fast,
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,6 +26,7 @@ from strata.model.loader import load_model
 from strata.model.synth import SynthSpec, make_args, write_synthetic
 from tests.gguf_edit import rewrite_gguf
 from tests.gguf_mutate import nested_array_gguf, with_field
+from tests.strata_cli import run_strata
 
 REPO = Path(__file__).resolve().parents[1]
 ARCH = "qwen3moe"
@@ -182,18 +181,6 @@ def test_the_unchanged_base_loads(base):
     assert model.args.n_layer == 2
 
 
-def _strata(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(
-        [sys.executable, "-m", "strata", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=timeout,
-    )
-
-
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
 def test_a_named_pipe_as_the_model_is_refused_not_waited_on(tmp_path):
     fifo = tmp_path / "model.gguf"
@@ -201,7 +188,7 @@ def test_a_named_pipe_as_the_model_is_refused_not_waited_on(tmp_path):
     with pytest.raises(NotGGUF, match="not a regular file"):
         load_model(fifo)
     for argv in (["inspect", str(fifo)], ["generate", "x", "-n", "1", "--model", str(fifo)]):
-        r = _strata(*argv)  # a hang would blow the timeout
+        r = run_strata(*argv, timeout=60)  # a hang would blow the timeout
         assert r.returncode == 2, r.stderr
         assert r.stderr.startswith("strata: error: ") and len(r.stderr.splitlines()) == 1
         assert "not a regular file" in r.stderr
