@@ -22,7 +22,8 @@ import numba
 import numpy as np
 from numba import literally, njit
 
-from strata.cpu.kernels.dispatch import dot, native_address
+from strata.cpu.kernels.dispatch import dot, dotn, native_address
+from strata.cpu.kernels.tile import TILE, stack_buffer
 from strata.cpu.layout import ExpertMatrix, prepare
 from strata.cpu.pool.team_job import _jact, _put
 from strata.cpu.quantize import alloc_act, quantize_rows
@@ -61,11 +62,30 @@ def _dense_share(tid, nt, jaddr, code, z1, z2):
         if a0 < a1:
             w = numba.carray(address(job[o]), (rows, job[o + 2]), np.uint8)
             y = numba.carray(address(job[o + 3]), (t, rows), np.float32)
-            for r in range(a0, a1):
-                for a in range(t):
-                    y[a, r] = dot(code, w, r, xq, xd, xb, x8, xf, a)
+            if t == 1:
+                for r in range(a0, a1):
+                    y[0, r] = dot(code, w, r, xq, xd, xb, x8, xf, 0)
+            else:
+                _rows_tiled(code, w, a0, a1, xq, xd, xb, x8, xf, y)
         base += rows
     return 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rows_tiled(code, w, r0, r1, xq, xd, xb, x8, xf, y):
+    """y[a, r] (r0 <= r < r1, every act row a of y [T, R]) by `dotn`: each weight row against
+    TILE act rows a call, the tile's act rows staying in cache from row to row."""
+    t = y.shape[0]
+    rows = numba.carray(stack_buffer(np.int64(0)), (TILE,))
+    yt = numba.carray(stack_buffer(np.float32(0)), (TILE,))
+    for c0 in range(0, t, TILE):
+        n = min(TILE, t - c0)
+        for i in range(n):
+            rows[i] = c0 + i
+        for r in range(r0, r1):
+            dotn(code, w, r, xq, xd, xb, x8, xf, rows, n, yt)
+            for i in range(n):
+                y[c0 + i, r] = yt[i]
 
 
 def dense_share_address(code: int) -> int:
