@@ -120,6 +120,62 @@ def _matmul(fn, w, y, act, job, ctl, nt):
         run_job(ctl, fn, job, nt)
 
 
+@njit(cache=True, nogil=True)
+def _matmul_set(fn, t, act, job, ctl, nt):
+    """The job's matrices (DJ_M of them, slots set) against the t quantized rows of act."""
+    job[DJ_T] = t
+    _put(job, DJ_ACT, act[0])
+    _put(job, DJ_ACT + 3, act[1])
+    _put(job, DJ_ACT + 6, act[2])
+    _put(job, DJ_ACT + 9, act[3])
+    _put(job, DJ_ACT + 12, act[4])
+    nbytes = 0
+    for m in range(job[DJ_M]):
+        nbytes += job[DJ_MAT + 4 * m + 1] * job[DJ_MAT + 4 * m + 2] * t
+    if nbytes < DENSE_SPLIT_BYTES or nt < 2:
+        call_job(fn, 0, 1, job.ctypes.data)
+    else:
+        run_job(ctl, fn, job, nt)
+
+
+def linears(lins: list, x: np.ndarray) -> list[np.ndarray]:
+    """[lin(x) for lin in lins] for QuantLinears of one kernel and activation type without
+    biases (q, k, v): x quantized once, the rows of every matrix one team job (split evenly
+    over the threads as one range); others one call each."""
+    m0 = lins[0].m
+    same = all(
+        type(lin) is QuantLinear
+        and lin.bias is None
+        and (lin.m.kernel, lin.m.act, lin.m.cols) == (m0.kernel, m0.act, m0.cols)
+        for lin in lins
+    )
+    if not same or len(lins) > DJ_MAX:
+        return [lin(x) for lin in lins]
+    first = lins[0]
+    x2 = np.ascontiguousarray(np.asarray(x, np.float32).reshape(-1, m0.cols))
+    t = x2.shape[0]
+    if not first._act or first._act[0].shape[0] < t:
+        first._act = alloc_act(max(t, 1), m0.cols)
+    act = tuple(a[:t] for a in first._act)
+    quantize_rows(x2, m0.act, *act)
+    if not first._fn:
+        first._fn = dense_share_address(m0.kernel)
+    ys = [np.empty((t, lin.m.rows), np.float32) for lin in lins]
+    job = first._job
+    job[DJ_M] = len(lins)
+    for i, (lin, y) in enumerate(zip(lins, ys, strict=True)):
+        o = DJ_MAT + 4 * i
+        job[o : o + 4] = (lin.m.data.ctypes.data, lin.m.rows, lin.m.data.shape[1], y.ctypes.data)
+    nt = numba.get_num_threads()  # the pool's count (ExpertPool sets it)
+    if nt > 1 and SUPPORTED:
+        team = shared_team(nt)
+        with team.lock:
+            _matmul_set(first._fn, t, act, job, team.ctl, nt)
+    else:
+        _matmul_set(first._fn, t, act, job, _SOLO, 1)
+    return [y.reshape(*np.shape(x)[:-1], y.shape[1]) for y in ys]
+
+
 class QuantLinear:
     """A dense weight (`.qtype`, numpy `.shape` [R, C], `.data` bytes) and optional float bias
     [R]: callable on x [T, C] -> [T, R] float32 (the host tier's `_Linear` interface)."""
