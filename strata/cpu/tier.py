@@ -223,9 +223,9 @@ class HostTier:
             scores = np.matmul(qg[:, :, c0:c1], kt[..., :end]) * scale  # [G, R, n, S']
             if c1 - c0 > 1:  # a chunk's last row sees every key it holds: nothing to mask
                 mask = np.arange(end)[None, :] > (pos0 + np.arange(c0, c1))[:, None]  # future
-                scores[..., mask] = -np.inf
+                np.copyto(scores, np.float32(-np.inf), where=mask)  # (no fancy-index gather)
             scores -= scores.max(axis=-1, keepdims=True)
-            p = np.exp(scores)
+            p = np.exp(scores, out=scores)
             p /= p.sum(axis=-1, keepdims=True)
             p = round_f16(p)  # llama.cpp: probs meet f16 V as f16
             oc = np.matmul(p, vt[:, :, :end])  # [G, R, n, Dv]
