@@ -126,13 +126,16 @@ def _dotn(code, w, r, xq, xd, xb, x8, xf, rows, n, y):
 
         return unresolved
     tiled = KERNELS_N.get(code.literal_value)
+    kernel = KERNELS[code.literal_value]
     if tiled is not None:
 
         def impl_tile(code, w, r, xq, xd, xb, x8, xf, rows, n, y):
-            tiled(w, r, xq, xd, xb, x8, xf, rows, n, y)
+            if n == 1:  # a decode's one row: the one-row kernel, no tile set-up
+                y[0] = kernel(w, r, xq, xd, xb, x8, xf, rows[0])
+            else:
+                tiled(w, r, xq, xd, xb, x8, xf, rows, n, y)
 
         return impl_tile
-    kernel = KERNELS[code.literal_value]
 
     def impl(code, w, r, xq, xd, xb, x8, xf, rows, n, y):  # one row at a time
         for i in range(n):

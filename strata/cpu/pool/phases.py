@@ -51,7 +51,7 @@ def _gate_up_rows(
             h[p, r] = g / (np.float32(1.0) + np.exp(-g)) * u
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _gate_up_tiled(
     e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h, ahead
 ):  # fmt: skip
@@ -150,6 +150,40 @@ def _gate_up_phase(
         )
 
 
+@njit(cache=True, inline="always")
+def _down_tile(dk, dw, wr, p0, n, acth, rows, yt):
+    """yt[i] = down row wr on task p0 + i's quantized intermediate, i < n (one `dotn`)."""
+    for i in range(n):
+        rows[i] = p0 + i
+    dotn(dk, dw, wr, acth[0], acth[1], acth[2], acth[3], acth[4], rows, n, yt)
+
+
+@njit(cache=True)
+def _down_add_tiled(dk, dw, wr, r, p_lo, p_hi, tok, wt, order, acth, out):
+    """out[tok, r] += weight x down row wr for the tasks p_lo..p_hi of one expert, in task order
+    (the additions one by one makes), TILE tasks a `dotn` call."""
+    rows = numba.carray(stack_buffer(np.int64(0)), (TILE,))
+    yt = numba.carray(stack_buffer(np.float32(0)), (TILE,))
+    for p0 in range(p_lo, p_hi, TILE):
+        n = min(TILE, p_hi - p0)
+        _down_tile(dk, dw, wr, p0, n, acth, rows, yt)
+        for i in range(n):
+            j = order[p0 + i]
+            out[tok[j], r] += wt[j] * yt[i]
+
+
+@njit(cache=True)
+def _down_yb_tiled(dk, dw, wr, r, p_lo, p_hi, acth, yb):
+    """yb[p, r] = down row wr for the tasks p_lo..p_hi of one expert, TILE a `dotn` call."""
+    rows = numba.carray(stack_buffer(np.int64(0)), (TILE,))
+    yt = numba.carray(stack_buffer(np.float32(0)), (TILE,))
+    for p0 in range(p_lo, p_hi, TILE):
+        n = min(TILE, p_hi - p0)
+        _down_tile(dk, dw, wr, p0, n, acth, rows, yt)
+        for i in range(n):
+            yb[p0 + i, r] = yt[i]
+
+
 @njit(cache=True)
 def _down_rows(
     r0, r1, n0, n1, na, dim, tok, wt, order, start, cnt, active, dk, dw, acth, out, ahead
@@ -159,8 +193,6 @@ def _down_rows(
     expert order). Rows are prefetched `ahead` rows ahead: past r1 into the next expert's
     rows, past the last expert's into the run n0..n1 that comes next (n0 >= n1: none)."""
     hq, hd, hb, h8, hf = acth
-    rows = numba.carray(stack_buffer(np.int64(0)), (TILE,))
-    yt = numba.carray(stack_buffer(np.float32(0)), (TILE,))
     t_n = out.shape[0]
     for t in range(t_n):
         for r in range(r0, r1):
@@ -176,14 +208,13 @@ def _down_rows(
                 _prefetch(dw, active[ia + 1] * dim + r0 + ra - r1)
             elif n0 + ra - r1 < n1:  # the next run's first rows (first expert)
                 _prefetch(dw, active[0] * dim + n0 + ra - r1)
-            for p0 in range(start[e], cnt[e], TILE):
-                n = min(TILE, cnt[e] - p0)
-                for i in range(n):
-                    rows[i] = p0 + i
-                dotn(dk, dw, wr, hq, hd, hb, h8, hf, rows, n, yt)
-                for i in range(n):
-                    j = order[p0 + i]
-                    out[tok[j], r] += wt[j] * yt[i]
+            if cnt[e] - start[e] > 1:
+                _down_add_tiled(dk, dw, wr, r, start[e], cnt[e], tok, wt, order, acth, out)
+                continue
+            for p in range(start[e], cnt[e]):
+                j = order[p]
+                y = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
+                out[tok[j], r] += wt[j] * y
 
 
 @njit(cache=True)
@@ -230,20 +261,16 @@ def _down_unit(e, r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead):
     """yb[p, r] for rows r0..r1 of expert e, every task p of e: the down row r on the task's
     quantized intermediate; rows prefetched `ahead` rows on (past r1: expert ne's n0..n1)."""
     hq, hd, hb, h8, hf = acth
-    rows = numba.carray(stack_buffer(np.int64(0)), (TILE,))
-    yt = numba.carray(stack_buffer(np.float32(0)), (TILE,))
     for r in range(r0, r1):
         wr = e * dim + r
         pr = _ahead_row(e, r, r1, ne, n0, n1, dim, ahead)
         if pr >= 0:
             _prefetch(dw, pr)
-        for p0 in range(start[e], cnt[e], TILE):
-            n = min(TILE, cnt[e] - p0)
-            for i in range(n):
-                rows[i] = p0 + i
-            dotn(dk, dw, wr, hq, hd, hb, h8, hf, rows, n, yt)
-            for i in range(n):
-                yb[p0 + i, r] = yt[i]
+        if cnt[e] - start[e] > 1:
+            _down_yb_tiled(dk, dw, wr, r, start[e], cnt[e], acth, yb)
+            continue
+        for p in range(start[e], cnt[e]):
+            yb[p, r] = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
 
 
 @njit(cache=True)
