@@ -8,7 +8,7 @@ import gguf.quants
 import numpy as np
 import pytest
 
-from strata.cpu.dense import QuantLinear
+from strata.cpu.dense import QuantLinear, linears
 from strata.quant import fmt, random_quantized
 from strata.quant.activation import roundtrip
 from strata.quant.formats import QT
@@ -36,6 +36,29 @@ def test_quant_linear_matches_the_float_path(qt):
         got = lin(x)
         assert got.shape == want.shape and got.dtype == np.float32
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("qt", [QT.Q6_K, QT.IQ3_XXS, QT.F32], ids=lambda q: q.name)
+def test_linears_on_one_input_give_each_linears_bits(qt):
+    """q, k, v on one x: quantized once, one job (tiles of 32 act rows and the rest), the bits
+    of each matrix's own call; mixed types or a bias fall back to one call each."""
+    g = np.random.default_rng()
+    cols = 512
+    lins = []
+    for rows in (64, 16, 24):
+        raw = random_quantized(qt, (rows, cols), g, 1 / np.sqrt(cols))
+        lins.append(QuantLinear(_T(qt, (rows, cols), raw), fmt(qt).vec_dot))
+    for t in (1, 37, 70):
+        x = g.standard_normal((t, cols)).astype(np.float32)
+        for got, lin in zip(linears(lins, x), lins, strict=True):
+            assert np.array_equal(got, lin(x))
+    raw = random_quantized(QT.Q4_K, (8, cols), g, 1 / np.sqrt(cols))
+    other = QuantLinear(
+        _T(QT.Q4_K, (8, cols), raw), fmt(QT.Q4_K).vec_dot, bias=np.ones(8, np.float32)
+    )
+    x = g.standard_normal((5, cols)).astype(np.float32)
+    for got, lin in zip(linears([lins[0], other], x), [lins[0], other], strict=True):
+        assert np.array_equal(got, lin(x))
 
 
 def test_host_tier_on_quant_linears_decodes_like_the_float_one(synth_model):

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from gguf.quants import dequantize
+from numba import literally, njit
 
 from strata.cpu import layout as L
 from strata.cpu.kernels import dispatch as K
@@ -24,6 +25,7 @@ from strata.cpu.kernels.iq3 import portable as iq3
 from strata.cpu.kernels.iq4 import portable as iq4
 from strata.cpu.kernels.kquants import portable as kquants
 from strata.cpu.kernels.q8_0 import portable as q8_0
+from strata.cpu.kernels.tile import TILE
 from strata.cpu.layout import prepare
 from strata.cpu.quantize import (
     act_code,
@@ -296,6 +298,59 @@ def test_iq2_s_repack_covers_every_grid_entry_and_refuses_foreign_codes():
     bad[0, 0] = (bad[0, 0] & 0xF0) | 3  # level 3: none of IQ2_S's three magnitudes
     with pytest.raises(ValueError, match="level IQ2_S does not have"):
         iq2s_lut4.unpack(bad)
+
+
+TILED = [  # (format, its layout's repack or None, the kernel with a tile variant)
+    pytest.param(QT.IQ3_XXS, lut4.repack, K.K_IQ3_XXS_LUT4_AVX2, marks=needs_avx2, id="IQ3_XXS"),
+    pytest.param(QT.IQ3_S, lut4.repack_s, K.K_IQ3_S_LUT4_AVX2, marks=needs_avx2, id="IQ3_S"),
+    pytest.param(
+        QT.IQ2_XXS, lut4.repack_2xxs, K.K_IQ2_XXS_LUT4_AVX2, marks=needs_avx2, id="IQ2_XXS"
+    ),
+    pytest.param(QT.Q6_K, None, K.K_Q6_K_AVX2, marks=needs_avx2, id="Q6_K"),
+    pytest.param(QT.F32, None, K.K_F32, id="F32"),
+    pytest.param(QT.Q4_K, None, K.K_Q4_K, id="Q4_K-untiled"),  # dotn's one-row fallback
+]
+
+
+@njit
+def _tiled(code, w, xq, xd, xb, x8, xf, rows, n):
+    """y [R, n]: every row of w against act rows rows[:n] by one `dotn` call each."""
+    literally(code)
+    y = np.zeros((w.shape[0], TILE), np.float32)
+    for r in range(w.shape[0]):
+        K.dotn(code, w, r, xq, xd, xb, x8, xf, rows, n, y[r])
+    return y[:, :n]
+
+
+@njit
+def _one_by_one(code, w, xq, xd, xb, x8, xf, n):
+    """y [R, n]: every row of w against act rows 0..n-1 by the one-row `dot`."""
+    literally(code)
+    y = np.zeros((w.shape[0], n), np.float32)
+    for r in range(w.shape[0]):
+        for a in range(n):
+            y[r, a] = K.dot(code, w, r, xq, xd, xb, x8, xf, a)
+    return y
+
+
+def test_every_tiled_kernel_is_tested():
+    assert {p.values[2] for p in TILED} >= set(K.KERNELS_N)
+
+
+@pytest.mark.parametrize("qtype,prep,code", TILED)
+def test_a_tile_gives_the_one_row_kernel_bits_for_every_row(qtype, prep, code):
+    """dotn on act rows in any order (repeats, a tile of one, a full tile) = dot on each."""
+    rng = np.random.default_rng()
+    w = random_quantized(qtype, (5, 512), rng, 0.05)
+    w = prep(w) if prep is not None else w
+    x = _activations(rng, 40, 512)
+    act = quantize_act(x, fmt(qtype).vec_dot)
+    want = _one_by_one(code, w, *act, 40)  # [R, T]
+    for n in (1, 3, 8, 9, TILE):
+        rows = rng.integers(0, 40, TILE).astype(np.int64)
+        got = _tiled(code, w, *act, rows, n)
+        assert np.array_equal(got, want[:, rows[:n]]), n
+    assert np.array_equal(_gemv(code, w, act, 40), want.T)  # K.gemv: tiles of rows in order
 
 
 def test_kernel_table_covers_every_format_on_every_host_class():

@@ -22,7 +22,8 @@ import numba
 import numpy as np
 from numba import literally, njit
 
-from strata.cpu.kernels.dispatch import dot, native_address
+from strata.cpu.kernels.dispatch import dot, dotn, native_address
+from strata.cpu.kernels.tile import TILE, stack_buffer
 from strata.cpu.layout import ExpertMatrix, prepare
 from strata.cpu.pool.team_job import _jact, _put
 from strata.cpu.quantize import alloc_act, quantize_rows
@@ -61,11 +62,30 @@ def _dense_share(tid, nt, jaddr, code, z1, z2):
         if a0 < a1:
             w = numba.carray(address(job[o]), (rows, job[o + 2]), np.uint8)
             y = numba.carray(address(job[o + 3]), (t, rows), np.float32)
-            for r in range(a0, a1):
-                for a in range(t):
-                    y[a, r] = dot(code, w, r, xq, xd, xb, x8, xf, a)
+            if t == 1:
+                for r in range(a0, a1):
+                    y[0, r] = dot(code, w, r, xq, xd, xb, x8, xf, 0)
+            else:
+                _rows_tiled(code, w, a0, a1, xq, xd, xb, x8, xf, y)
         base += rows
     return 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rows_tiled(code, w, r0, r1, xq, xd, xb, x8, xf, y):
+    """y[a, r] (r0 <= r < r1, every act row a of y [T, R]) by `dotn`: each weight row against
+    TILE act rows a call, the tile's act rows staying in cache from row to row."""
+    t = y.shape[0]
+    rows = numba.carray(stack_buffer(np.int64(0)), (TILE,))
+    yt = numba.carray(stack_buffer(np.float32(0)), (TILE,))
+    for c0 in range(0, t, TILE):
+        n = min(TILE, t - c0)
+        for i in range(n):
+            rows[i] = c0 + i
+        for r in range(r0, r1):
+            dotn(code, w, r, xq, xd, xb, x8, xf, rows, n, yt)
+            for i in range(n):
+                y[c0 + i, r] = yt[i]
 
 
 def dense_share_address(code: int) -> int:
@@ -98,6 +118,62 @@ def _matmul(fn, w, y, act, job, ctl, nt):
         call_job(fn, 0, 1, job.ctypes.data)
     else:
         run_job(ctl, fn, job, nt)
+
+
+@njit(cache=True, nogil=True)
+def _matmul_set(fn, t, act, job, ctl, nt):
+    """The job's matrices (DJ_M of them, slots set) against the t quantized rows of act."""
+    job[DJ_T] = t
+    _put(job, DJ_ACT, act[0])
+    _put(job, DJ_ACT + 3, act[1])
+    _put(job, DJ_ACT + 6, act[2])
+    _put(job, DJ_ACT + 9, act[3])
+    _put(job, DJ_ACT + 12, act[4])
+    nbytes = 0
+    for m in range(job[DJ_M]):
+        nbytes += job[DJ_MAT + 4 * m + 1] * job[DJ_MAT + 4 * m + 2] * t
+    if nbytes < DENSE_SPLIT_BYTES or nt < 2:
+        call_job(fn, 0, 1, job.ctypes.data)
+    else:
+        run_job(ctl, fn, job, nt)
+
+
+def linears(lins: list, x: np.ndarray) -> list[np.ndarray]:
+    """[lin(x) for lin in lins] for QuantLinears of one kernel and activation type without
+    biases (q, k, v): x quantized once, the rows of every matrix one team job (split evenly
+    over the threads as one range); others one call each."""
+    m0 = lins[0].m
+    same = all(
+        type(lin) is QuantLinear
+        and lin.bias is None
+        and (lin.m.kernel, lin.m.act, lin.m.cols) == (m0.kernel, m0.act, m0.cols)
+        for lin in lins
+    )
+    if not same or len(lins) > DJ_MAX:
+        return [lin(x) for lin in lins]
+    first = lins[0]
+    x2 = np.ascontiguousarray(np.asarray(x, np.float32).reshape(-1, m0.cols))
+    t = x2.shape[0]
+    if not first._act or first._act[0].shape[0] < t:
+        first._act = alloc_act(max(t, 1), m0.cols)
+    act = tuple(a[:t] for a in first._act)
+    quantize_rows(x2, m0.act, *act)
+    if not first._fn:
+        first._fn = dense_share_address(m0.kernel)
+    ys = [np.empty((t, lin.m.rows), np.float32) for lin in lins]
+    job = first._job
+    job[DJ_M] = len(lins)
+    for i, (lin, y) in enumerate(zip(lins, ys, strict=True)):
+        o = DJ_MAT + 4 * i
+        job[o : o + 4] = (lin.m.data.ctypes.data, lin.m.rows, lin.m.data.shape[1], y.ctypes.data)
+    nt = numba.get_num_threads()  # the pool's count (ExpertPool sets it)
+    if nt > 1 and SUPPORTED:
+        team = shared_team(nt)
+        with team.lock:
+            _matmul_set(first._fn, t, act, job, team.ctl, nt)
+    else:
+        _matmul_set(first._fn, t, act, job, _SOLO, 1)
+    return [y.reshape(*np.shape(x)[:-1], y.shape[1]) for y in ys]
 
 
 class QuantLinear:

@@ -21,7 +21,7 @@ import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
-from strata.cpu.dense import QuantLinear
+from strata.cpu.dense import QuantLinear, linears
 from strata.cpu.half import round_f16, to_f32
 from strata.cpu.kv import dequantize_kv_rows, quantize_kv_rows
 from strata.cpu.quantize import roundtrip  # NumPy's bits, compiled (float32 Q8_K / Q8_0)
@@ -186,9 +186,13 @@ class HostTier:
         if pos0 + t > self.n_ctx:
             raise ValueError(f"context is full: {pos0 + t} tokens > n_ctx {self.n_ctx}")
         h = self.rms_norm(x, L["attn_norm"])  # [T, D]
-        q = L["q"](h).reshape(t, a.n_head, a.head_dim)  # [T, H, Dh]
-        k = L["k"](h).reshape(t, a.n_head_kv, a.head_dim)  # [T, G, Dh]
-        v = L["v"](h).reshape(t, a.n_head_kv, a.v_head_dim)  # [T, G, Dh]
+        if self.dense == "quant":  # h quantized once, q/k/v rows one job
+            q, k, v = linears([L["q"], L["k"], L["v"]], h)
+        else:
+            q, k, v = L["q"](h), L["k"](h), L["v"](h)
+        q = q.reshape(t, a.n_head, a.head_dim)  # [T, H, Dh]
+        k = k.reshape(t, a.n_head_kv, a.head_dim)  # [T, G, Dh]
+        v = v.reshape(t, a.n_head_kv, a.v_head_dim)  # [T, G, Dh]
         if a.qk_norm:
             q = self.rms_norm(q, L["q_norm"])
             k = self.rms_norm(k, L["k_norm"])
@@ -219,9 +223,9 @@ class HostTier:
             scores = np.matmul(qg[:, :, c0:c1], kt[..., :end]) * scale  # [G, R, n, S']
             if c1 - c0 > 1:  # a chunk's last row sees every key it holds: nothing to mask
                 mask = np.arange(end)[None, :] > (pos0 + np.arange(c0, c1))[:, None]  # future
-                scores[..., mask] = -np.inf
+                np.copyto(scores, np.float32(-np.inf), where=mask)  # (no fancy-index gather)
             scores -= scores.max(axis=-1, keepdims=True)
-            p = np.exp(scores)
+            p = np.exp(scores, out=scores)
             p /= p.sum(axis=-1, keepdims=True)
             p = round_f16(p)  # llama.cpp: probs meet f16 V as f16
             oc = np.matmul(p, vt[:, :, :end])  # [G, R, n, Dv]

@@ -28,6 +28,14 @@ from strata.cpu.kernels.kquants.avx512 import dot_q4_k_avx512, dot_q5_k_avx512, 
 from strata.cpu.kernels.kquants.portable import dot_q4_k, dot_q5_k, dot_q6_k
 from strata.cpu.kernels.lut4 import dot_lut4_2xxs_avx2, dot_lut4_avx2, dot_lut4_s_avx2
 from strata.cpu.kernels.q8_0.portable import dot_q8_0
+from strata.cpu.kernels.tile import (
+    TILE,
+    dotn_f32,
+    dotn_lut4_2xxs_avx2,
+    dotn_lut4_avx2,
+    dotn_lut4_s_avx2,
+    dotn_q6_k_avx2,
+)
 
 # portable kernels, on the GGUF bytes as they are
 K_F32, K_F16, K_BF16, K_Q8_0 = 0, 1, 2, 3
@@ -73,6 +81,16 @@ KERNELS = {
 }
 
 
+# kernels that take a tile of activation rows a call, each weight block decoded once (tile.py)
+KERNELS_N = {
+    K_F32: dotn_f32,
+    K_IQ3_XXS_LUT4_AVX2: dotn_lut4_avx2,
+    K_IQ3_S_LUT4_AVX2: dotn_lut4_s_avx2,
+    K_IQ2_XXS_LUT4_AVX2: dotn_lut4_2xxs_avx2,
+    K_Q6_K_AVX2: dotn_q6_k_avx2,
+}
+
+
 def dot(code, w, r, xq, xd, xb, x8, xf, a):
     """Row r of w against act row a with kernel `code` (a literal in jitted callers); float32."""
     raise NotImplementedError("dot is only callable from jitted code")
@@ -94,13 +112,51 @@ def _dot(code, w, r, xq, xd, xb, x8, xf, a):
     return impl
 
 
+def dotn(code, w, r, xq, xd, xb, x8, xf, rows, n, y):
+    """y[i] = row r of w against act row rows[i] (int64), i < n <= TILE: `dot`'s bits each."""
+    raise NotImplementedError("dotn is only callable from jitted code")
+
+
+@overload(dotn, prefer_literal=True)
+def _dotn(code, w, r, xq, xd, xb, x8, xf, rows, n, y):
+    if not isinstance(code, types.IntegerLiteral):
+
+        def unresolved(code, w, r, xq, xd, xb, x8, xf, rows, n, y):
+            y[:n] = np.nan
+
+        return unresolved
+    tiled = KERNELS_N.get(code.literal_value)
+    kernel = KERNELS[code.literal_value]
+    if tiled is not None:
+
+        def impl_tile(code, w, r, xq, xd, xb, x8, xf, rows, n, y):
+            if n == 1:  # a decode's one row: the one-row kernel, no tile set-up
+                y[0] = kernel(w, r, xq, xd, xb, x8, xf, rows[0])
+            else:
+                tiled(w, r, xq, xd, xb, x8, xf, rows, n, y)
+
+        return impl_tile
+
+    def impl(code, w, r, xq, xd, xb, x8, xf, rows, n, y):  # one row at a time
+        for i in range(n):
+            y[i] = kernel(w, r, xq, xd, xb, x8, xf, rows[i])
+
+    return impl
+
+
 @njit(cache=True)
 def gemv(code, w, xq, xd, xb, x8, xf, y):
-    """y [n, R] = every row of w against every act row (single thread; tests and tools)."""
+    """y [n, R] = every row of w against every act row, TILE act rows a call (`dotn`; single
+    thread; tests and tools)."""
     literally(code)  # compile only this code's kernel (dead branches pruned)
+    rows = np.arange(y.shape[0])
+    yt = np.zeros(TILE, np.float32)
     for r in range(w.shape[0]):
-        for a in range(y.shape[0]):
-            y[a, r] = dot(code, w, r, xq, xd, xb, x8, xf, a)
+        for a0 in range(0, y.shape[0], TILE):
+            n = min(TILE, y.shape[0] - a0)
+            dotn(code, w, r, xq, xd, xb, x8, xf, rows[a0:], n, yt)
+            for i in range(n):
+                y[a0 + i, r] = yt[i]
 
 
 def specialized(fn, args: tuple, literal_pos: tuple[int, ...]):

@@ -3,14 +3,16 @@ per-thread body that runs all four with a barrier between them."""
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit
 
-from strata.cpu.kernels.dispatch import dot
+from strata.cpu.kernels.dispatch import dot, dotn
 from strata.cpu.kernels.simd import (
     atomic_add,
     cycle_counter,
 )
+from strata.cpu.kernels.tile import TILE, stack_buffer
 from strata.cpu.pool.quant import _quant_share, _quant_x
 from strata.cpu.pool.schedule import (
     DN_CTR,
@@ -31,6 +33,11 @@ def _gate_up_rows(
     """Rows r0..r1 of expert e's gate and up for each of its tokens, SiLU(gate) * up into h.
     Rows are prefetched `ahead` rows ahead; past r1 the prefetch runs on into the run that
     comes next (expert ne's rows n0..n1; ne < 0: none)."""
+    if cnt[e] - start[e] > 1:
+        _gate_up_tiled(
+            e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h, ahead
+        )  # fmt: skip
+        return
     for r in range(r0, r1):
         wr = e * f + r
         pr = _ahead_row(e, r, r1, ne, n0, n1, f, ahead)
@@ -42,6 +49,33 @@ def _gate_up_rows(
             g = dot(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], t)
             u = dot(uk, uw, wr, actu[0], actu[1], actu[2], actu[3], actu[4], t)
             h[p, r] = g / (np.float32(1.0) + np.exp(-g)) * u
+
+
+@njit(cache=True)
+def _gate_up_tiled(
+    e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h, ahead
+):  # fmt: skip
+    """`_gate_up_rows` for an expert of several tokens: TILE of them a `dotn` call (each gate
+    and up row decoded once for the tile), the same bits."""
+    rows = numba.carray(stack_buffer(np.int64(0)), (TILE,))
+    gt = numba.carray(stack_buffer(np.float32(0)), (TILE,))
+    ut = numba.carray(stack_buffer(np.float32(0)), (TILE,))
+    for p0 in range(start[e], cnt[e], TILE):
+        n = min(TILE, cnt[e] - p0)
+        for i in range(n):
+            rows[i] = tok[order[p0 + i]]
+        for r in range(r0, r1):
+            wr = e * f + r
+            if p0 == start[e]:
+                pr = _ahead_row(e, r, r1, ne, n0, n1, f, ahead)
+                if pr >= 0:
+                    _prefetch(gw, pr)
+                    _prefetch(uw, pr)
+            dotn(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], rows, n, gt)
+            dotn(uk, uw, wr, actu[0], actu[1], actu[2], actu[3], actu[4], rows, n, ut)
+            for i in range(n):
+                g = gt[i]
+                h[p0 + i, r] = g / (np.float32(1.0) + np.exp(-g)) * ut[i]
 
 
 @njit(cache=True)
@@ -116,6 +150,40 @@ def _gate_up_phase(
         )
 
 
+@njit(cache=True, inline="always")
+def _down_tile(dk, dw, wr, p0, n, acth, rows, yt):
+    """yt[i] = down row wr on task p0 + i's quantized intermediate, i < n (one `dotn`)."""
+    for i in range(n):
+        rows[i] = p0 + i
+    dotn(dk, dw, wr, acth[0], acth[1], acth[2], acth[3], acth[4], rows, n, yt)
+
+
+@njit(cache=True)
+def _down_add_tiled(dk, dw, wr, r, p_lo, p_hi, tok, wt, order, acth, out):
+    """out[tok, r] += weight x down row wr for the tasks p_lo..p_hi of one expert, in task order
+    (the additions one by one makes), TILE tasks a `dotn` call."""
+    rows = numba.carray(stack_buffer(np.int64(0)), (TILE,))
+    yt = numba.carray(stack_buffer(np.float32(0)), (TILE,))
+    for p0 in range(p_lo, p_hi, TILE):
+        n = min(TILE, p_hi - p0)
+        _down_tile(dk, dw, wr, p0, n, acth, rows, yt)
+        for i in range(n):
+            j = order[p0 + i]
+            out[tok[j], r] += wt[j] * yt[i]
+
+
+@njit(cache=True)
+def _down_yb_tiled(dk, dw, wr, r, p_lo, p_hi, acth, yb):
+    """yb[p, r] = down row wr for the tasks p_lo..p_hi of one expert, TILE a `dotn` call."""
+    rows = numba.carray(stack_buffer(np.int64(0)), (TILE,))
+    yt = numba.carray(stack_buffer(np.float32(0)), (TILE,))
+    for p0 in range(p_lo, p_hi, TILE):
+        n = min(TILE, p_hi - p0)
+        _down_tile(dk, dw, wr, p0, n, acth, rows, yt)
+        for i in range(n):
+            yb[p0 + i, r] = yt[i]
+
+
 @njit(cache=True)
 def _down_rows(
     r0, r1, n0, n1, na, dim, tok, wt, order, start, cnt, active, dk, dw, acth, out, ahead
@@ -140,6 +208,9 @@ def _down_rows(
                 _prefetch(dw, active[ia + 1] * dim + r0 + ra - r1)
             elif n0 + ra - r1 < n1:  # the next run's first rows (first expert)
                 _prefetch(dw, active[0] * dim + n0 + ra - r1)
+            if cnt[e] - start[e] > 1:
+                _down_add_tiled(dk, dw, wr, r, start[e], cnt[e], tok, wt, order, acth, out)
+                continue
             for p in range(start[e], cnt[e]):
                 j = order[p]
                 y = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
@@ -195,6 +266,9 @@ def _down_unit(e, r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead):
         pr = _ahead_row(e, r, r1, ne, n0, n1, dim, ahead)
         if pr >= 0:
             _prefetch(dw, pr)
+        if cnt[e] - start[e] > 1:
+            _down_yb_tiled(dk, dw, wr, r, start[e], cnt[e], acth, yb)
+            continue
         for p in range(start[e], cnt[e]):
             yb[p, r] = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
 
