@@ -22,12 +22,12 @@ from numba.extending import intrinsic
 
 from strata.cpu.kernels.common import f16_at
 from strata.cpu.kernels.features import HAS_AVX2
+from strata.cpu.kernels.kquants.avx2 import q6_k_unpack
 from strata.cpu.kernels.kquants.portable import Q6K_BB
 from strata.cpu.kernels.lut4 import BB, CODE_VALUES
 from strata.cpu.kernels.simd import I32, I64, V8I32, V16I16, V32I8, Emit
 
 TILE = 32  # activation rows a call at most
-_V16I8 = ir.VectorType(ir.IntType(8), 16)
 
 
 @intrinsic
@@ -117,25 +117,7 @@ def _blkn_q6_k(typingctx, w, r, o, xq, xo, xb, bo, rows, n, isum):
             e.trap()
             return context.get_dummy_value()
         pw = e.ptr(sg.args[0], args[0], args[1], args[2])
-        sc = b.sext(e.load(pw, _V16I8, 192), V16I16)
-        sc2 = e.shuffle(sc, [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15])
-        m15, m48 = e.splat(V32I8, 15), e.splat(V32I8, 0x30)
-        qs, scs = [], []  # per 32 weights: the quants 0..63, the pair's scale splat
-        for h in range(2):
-            qh = e.load(pw, V32I8, 128 + 32 * h)
-            ql = [e.load(pw, V32I8, 64 * h + 32 * c) for c in range(2)]
-            for k in range(4):
-                v = ql[k & 1]
-                lo = b.and_(v, m15) if k < 2 else b.and_(b.lshr(v, e.splat(V32I8, 4)), m15)
-                hi = (
-                    b.shl(qh, e.splat(V32I8, 4 - 2 * k))
-                    if k < 2
-                    else b.lshr(qh, e.splat(V32I8, 2 * k - 4))
-                    if k > 2
-                    else qh
-                )
-                qs.append(b.or_(lo, b.and_(hi, m48)))
-                scs.append(e.shuffle(sc2, [4 * h + k] * 8 + [8 + 4 * h + k] * 8))
+        qs, scs, sc = q6_k_unpack(e, pw)
 
         def body(px, pb):
             acc = e.splat(V8I32, 0)

@@ -127,6 +127,33 @@ def dot_q5_k_avx2(w, r, xq, xd, xb, x8, xf, a):
     return acc
 
 
+def q6_k_unpack(e: Emit, pw):
+    """The Q6_K block at pw: its 8 vectors of 32 quants (0..63, ql | qh << 4), each vector's
+    scale pair splat [16 x i16] (even sub-block in the low 128-bit lane, odd in the high: the
+    splats are lane-local), and the 16 int8 scales widened [16 x i16]."""
+    b = e.b
+    sc = b.sext(e.load(pw, _V16I8, 192), V16I16)  # 16 int8 scales, one per 16 weights
+    sc2 = e.shuffle(sc, [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15])
+    m15, m48 = e.splat(V32I8, 15), e.splat(V32I8, 0x30)
+    qs, pairs = [], []
+    for h in range(2):
+        qh = e.load(pw, V32I8, 128 + 32 * h)
+        ql = [e.load(pw, V32I8, 64 * h + 32 * c) for c in range(2)]
+        for k in range(4):
+            v = ql[k & 1]
+            lo = b.and_(v, m15) if k < 2 else b.and_(b.lshr(v, e.splat(V32I8, 4)), m15)
+            hi = (
+                b.shl(qh, e.splat(V32I8, 4 - 2 * k))
+                if k < 2
+                else b.lshr(qh, e.splat(V32I8, 2 * k - 4))
+                if k > 2
+                else qh
+            )
+            qs.append(b.or_(lo, b.and_(hi, m48)))
+            pairs.append(e.shuffle(sc2, [4 * h + k] * 8 + [8 + 4 * h + k] * 8))
+    return qs, pairs, sc
+
+
 @intrinsic
 def _blk_q6_k(typingctx, w, r, o, xq, a, xo, xb, bo):
     """sum_s sc_s (sum q x - 32 bsum_s) of the Q6_K block at w[r, o:o+210] (int32)."""
@@ -141,28 +168,10 @@ def _blk_q6_k(typingctx, w, r, o, xq, a, xo, xb, bo):
         pw = e.ptr(sg.args[0], args[0], args[1], args[2])
         px = e.ptr(sg.args[3], args[3], args[4], args[5])
         pb = e.ptr(sg.args[6], args[6], args[4], args[7])
-        sc = b.sext(e.load(pw, _V16I8, 192), V16I16)  # 16 int8 scales, one per 16 weights
-        # even scales in the low 128-bit lane, odd in the high: the pair splats are lane-local
-        sc2 = e.shuffle(sc, [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15])
+        qs, pairs, sc = q6_k_unpack(e, pw)
         acc = e.splat(V8I32, 0)
-        m15, m48 = e.splat(V32I8, 15), e.splat(V32I8, 0x30)
-        for h in range(2):
-            qh = e.load(pw, V32I8, 128 + 32 * h)
-            ql = [e.load(pw, V32I8, 64 * h + 32 * c) for c in range(2)]
-            for k in range(4):
-                v = ql[k & 1]
-                lo = b.and_(v, m15) if k < 2 else b.and_(b.lshr(v, e.splat(V32I8, 4)), m15)
-                hi = (
-                    b.shl(qh, e.splat(V32I8, 4 - 2 * k))
-                    if k < 2
-                    else b.lshr(qh, e.splat(V32I8, 2 * k - 4))
-                    if k > 2
-                    else qh
-                )
-                q = b.or_(lo, b.and_(hi, m48))
-                p = e.maddubs(q, e.load(px, V32I8, 128 * h + 32 * k))
-                pair = 4 * h + k  # sub-blocks 2 pair and 2 pair + 1
-                acc = b.add(acc, e.madd(p, e.shuffle(sc2, [pair] * 8 + [8 + pair] * 8)))
+        for k in range(8):  # 32 weights each: sub-blocks 2 k and 2 k + 1
+            acc = b.add(acc, e.madd(e.maddubs(qs[k], e.load(px, V32I8, 32 * k)), pairs[k]))
         off = e.madd(e.load(pb, V16I16), sc)  # sum_s sc_s bsum_s
         acc = b.sub(acc, b.shl(off, e.splat(V8I32, 5)))
         return e.hsum(acc)
