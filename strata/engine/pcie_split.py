@@ -75,13 +75,12 @@ class PcieSplit:
         # bytes of one expert a layer (its three matrices, as the staging slots hold them)
         self.expert_bytes = tier.expert_bytes_per_layer()
 
-    def card_share(self, layer: int, miss: np.ndarray) -> np.ndarray | None:
-        """The distinct experts of miss [1, K] (ids >= 0) to run on the card this window, or
+    def card_share(self, layer: int, ex: np.ndarray) -> np.ndarray | None:
+        """Of the window's distinct missed experts ex (ascending), those to run on the card, or
         None for none (the pool takes them all)."""
         p = self.clock.s_per_expert
         if p is None:
             return None
-        ex = np.unique(miss[miss >= 0])
         b = self.expert_bytes[layer]
         k = pcie_count(
             ex.size, p, b * self.gather_s_per_byte, b * self.link_s_per_byte, self.tier.stage_n
@@ -93,8 +92,9 @@ class PcieSplit:
         the picks left to the pool [1, K])."""
         st = self.stats
         st.split_windows += 1
-        share = self.card_share(layer, miss)
-        n_miss = int(np.unique(miss[miss >= 0]).size)
+        ex = np.unique(miss[miss >= 0])
+        share = self.card_share(layer, ex)
+        n_miss = int(ex.size)
         if share is None:
             st.split_pool += n_miss
             return None, miss
