@@ -43,7 +43,7 @@ GENERATION_PROMPT = START + "assistant"
 EFFORTS = ("low", "medium", "high")  # what gpt-oss knows (its system message's `Reasoning:`)
 MAX_HEADER_CHARS = 256
 _HEADER_TEXT = re.compile(r"[\w.:=/\- ]*")  # roles, recipients, channels, content types
-_RECIPIENT = re.compile(r"(?:^|\s)to=([^\s<]+)")
+_RECIPIENT = re.compile(r"(?:^|[\s>])to=([^\s<]+)")
 _CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([^\s<]*)")
 
 # What `feed` and `finish` return, in order: (kind, text) with kind "reasoning" or "content", and
@@ -272,6 +272,7 @@ class HarmonyParser:
             if self._call_bytes > self.max_call_bytes:  # not a call: content from here on
                 self._put(out, "content", self._opener + self._head + MESSAGE + self._call)
                 self._kind, self._call, self._call_bytes = "raw", "", 0
+                self._opener, self._head = "", ""
         else:
             self._body_text(value, out)
 
