@@ -80,7 +80,7 @@ def _merge(events: list) -> list:
     return out
 
 
-# ---- units ------------------------------------------------------------------------------------
+# ---- units --------------------------------------------------------------------------------------
 
 
 def test_analysis_is_reasoning_and_final_is_content():
@@ -133,16 +133,14 @@ def test_plain_text_that_is_not_harmony_is_content_unchanged():
     assert parse_all("Hello") == [("content", "Hello")]
 
 
-# ---- fallbacks --------------------------------------------------------------------------------
+# ---- fallbacks ----------------------------------------------------------------------------------
 
 
 def test_unterminated_analysis_stays_reasoning_and_a_missing_final_means_no_content():
     assert parse_all("<|channel|>analysis<|message|>Still thinking about") == [
         ("reasoning", "Still thinking about")
     ]
-    assert parse_all("<|channel|>analysis<|message|>Thought.<|end|>") == [
-        ("reasoning", "Thought.")
-    ]
+    assert parse_all("<|channel|>analysis<|message|>Thought.<|end|>") == [("reasoning", "Thought.")]
 
 
 def test_a_header_cut_short_is_content_with_its_tags():
@@ -152,14 +150,16 @@ def test_a_header_cut_short_is_content_with_its_tags():
 
 
 def test_a_malformed_header_is_content_and_parsing_resumes_at_the_next_message():
-    text = "<|channel|>final, oops<|message|>x<|end|><|start|>assistant<|channel|>final<|message|>ok"
+    text = (
+        "<|channel|>final, oops<|message|>x<|end|><|start|>assistant<|channel|>final<|message|>ok"
+    )
     assert parse_all(text) == [("content", "<|channel|>final, oops<|message|>x<|end|>\nok")]
 
 
 def test_a_call_with_bad_json_is_content_with_its_header():
     text = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{not json}<|call|>"
     assert parse_all(text) == [("content", text)]
-    cut = "<|channel|>commentary to=functions.f<|message|>{\"a\": [1, 2"  # max_tokens hit
+    cut = '<|channel|>commentary to=functions.f<|message|>{"a": [1, 2'  # max_tokens hit
     assert parse_all(cut) == [("content", cut)]
     array = "<|channel|>commentary to=functions.f<|message|>[1, 2]"
     assert parse_all(array) == [("content", array)]
@@ -189,7 +189,7 @@ def test_text_between_messages_is_content_and_unknown_tags_are_text():
     assert parse_all(text) == [("content", "a <|foo|> <| b < c\nstray\nz")]
 
 
-# ---- bounds ------------------------------------------------------------------------------------
+# ---- bounds -------------------------------------------------------------------------------------
 
 
 def test_a_call_body_over_the_limit_is_content_and_the_buffer_stays_bounded():
@@ -228,7 +228,7 @@ def test_streamed_bodies_are_not_held():
     assert p.buffered_bytes == len("<|e")
 
 
-# ---- every split gives the same result -----------------------------------------------------------
+# ---- every split gives the same result ----------------------------------------------------------
 
 MALFORMED = [
     "<|channel|>analysis<|message|>unterminated",
@@ -306,7 +306,7 @@ def test_chat_output_without_tools_gives_harmony_calls_back_as_content():
     assert out.finish_reason("stop") == "stop"
 
 
-# ---- the prompt side ------------------------------------------------------------------------------
+# ---- the prompt side ----------------------------------------------------------------------------
 
 
 def test_harmony_is_chosen_by_the_template_or_the_architecture():
@@ -366,9 +366,14 @@ def test_tools_and_an_earlier_call_render_through_the_harmony_templates(template
     text = render_prompt(history, template, tools=TOOLS, effort="high", harmony=True)
     assert "type get_weather = " in text and "type now = " in text
     assert "<|start|>developer<|message|># Instructions\n\nBe brief." in text
-    assert "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>" in text
+    assert (
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>" in text
+    )
     assert '{"city": "Paris"}<|call|>' in text
-    assert '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"sunny, 21 C"' in text
+    assert (
+        '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"sunny, 21 C"'
+        in text
+    )
     assert text.endswith("<|start|>assistant")
     if template is GPT_OSS_TEMPLATE:  # its tool-call turns keep their analysis
         assert "<|channel|>analysis<|message|>Need the tool.<|end|>" in text

@@ -99,9 +99,7 @@ def test_the_server_chooses_harmony_for_a_gpt_oss_template(oss):
 def test_analysis_streams_as_reasoning_deltas_and_final_as_content(oss):
     url, engine = oss()
     engine.say(ANSWER)
-    chunks = list(
-        _client(url).chat.completions.create(model="harmony", messages=USER, stream=True)
-    )
+    chunks = list(_client(url).chat.completions.create(model="harmony", messages=USER, stream=True))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     reasoning = [r for d in deltas if (r := _reasoning(d))]
     assert "".join(reasoning) == "The user asks about the weather. I should answer."
@@ -158,7 +156,9 @@ def test_the_deployment_effort_is_the_default_and_a_request_overrides_it(oss):
     assert "\nReasoning: high\n" in engine.prompts[-1]
     client.chat.completions.create(model="harmony", messages=USER, reasoning_effort="low")
     assert "\nReasoning: low\n" in engine.prompts[-1]
-    client.chat.completions.create(model="harmony", messages=USER, extra_body={"reasoning_effort": "none"})
+    client.chat.completions.create(
+        model="harmony", messages=USER, extra_body={"reasoning_effort": "none"}
+    )
     assert "\nReasoning: low\n" in engine.prompts[-1]
 
 

@@ -56,7 +56,8 @@ HARMONY_TEMPLATE = """\
 {%- for m in (messages[1:] if system else messages) %}
 {%- if m.role == "assistant" and m.tool_calls %}
 {%- for c in m.tool_calls %}
-{{- "<|start|>assistant to=functions." + c.function.name + "<|channel|>commentary json<|message|>" }}
+{{- "<|start|>assistant to=functions." + c.function.name }}
+{{- "<|channel|>commentary json<|message|>" }}
 {{- (c.function.arguments if c.function.arguments is string else c.function.arguments | tojson) }}
 {{- "<|call|>" }}
 {%- set last.name = c.function.name %}

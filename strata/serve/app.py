@@ -38,6 +38,7 @@ from strata.config import EngineConfig
 from strata.engine.sampling import SamplingParams
 from strata.model.loader import Model, load_model
 from strata.serve import guard, schemas
+from strata.serve.harmony import GENERATION_PROMPT, uses_harmony
 from strata.serve.http import (
     check_auth,
     error_response,
@@ -47,7 +48,6 @@ from strata.serve.http import (
     watch_disconnect,
 )
 from strata.serve.metrics import CONTENT_TYPE, Metrics
-from strata.serve.harmony import GENERATION_PROMPT, uses_harmony
 from strata.serve.output import SSE_DONE, ChatOutput, sse
 from strata.serve.prompt import render_prompt
 from strata.serve.reasoning import check_effort, prompt_opens_think

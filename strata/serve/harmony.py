@@ -1,10 +1,11 @@
-"""The harmony format (gpt-oss): channels and tool calls parsed out of generated text, incrementally.
+"""The harmony format (gpt-oss): channels and tool calls parsed out of generated text as it comes.
 
 A harmony conversation is a sequence of messages (openai/harmony; llama.cpp's
 common/parsers/gpt-oss.cpp parses the same grammar):
 
-    <|start|>ROLE[ to=RECIPIENT]<|channel|>CHANNEL[ to=RECIPIENT][ [<|constrain|>]TYPE]<|message|>BODY END
-    END = <|end|> (the message ends, another follows) | <|return|> | <|call|> (generation ends)
+    <|start|>ROLE[ to=TO]<|channel|>CHANNEL[ to=TO][ [<|constrain|>]TYPE]<|message|>BODY END
+    TO = the recipient; END = <|end|> (another message follows) | <|return|> | <|call|> (the
+    generation ends)
 
 The prompt ends with `<|start|>assistant`, so generated text begins inside the first header.
 `<|return|>` and `<|call|>` end generation, so they are usually absent from the text: the text's
@@ -14,10 +15,10 @@ end closes the last message. What each message becomes:
 - `final` channel, `commentary` without a recipient (a preamble), no channel or an unknown one:
   content;
 - recipient `functions.NAME` (on any channel), when the request has tools: a tool call whose
-  arguments are the body, a JSON object. Bodies are held until the message ends and are bounded
-  by `max_call_bytes`; a longer one, one that is not a JSON object, and any message to another
-  recipient (`python`, `browser.search`, ...) are given back as content with their header, so
-  text is never dropped.
+  arguments are the body, a JSON object. Only a call's body is held (until its message ends),
+  at most `max_call_bytes`; a longer one, one that is not a JSON object, and any message to
+  another recipient (`python`, `browser.search`, ...; `to=assistant` is no recipient) are given
+  back as content with their header, so text is never dropped. Other bodies stream as they come.
 
 Fallbacks, never an exception: a header that is malformed (a character no header has, longer
 than `MAX_HEADER_CHARS`, or cut short by the end of the text) is content, tags included; text
