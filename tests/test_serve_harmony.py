@@ -377,3 +377,65 @@ def test_tools_and_an_earlier_call_render_through_the_harmony_templates(template
     assert text.endswith("<|start|>assistant")
     if template is GPT_OSS_TEMPLATE:  # its tool-call turns keep their analysis
         assert "<|channel|>analysis<|message|>Need the tool.<|end|>" in text
+
+
+# ---- with gpt-oss's special tokens: what a Session gives the parser ------------------------------
+
+HARMONY_TAGS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>"]
+HARMONY_TAGS += ["<|return|>", "<|call|>"]
+
+
+@pytest.fixture(scope="module")
+def oss_tok(tmp_path_factory):
+    """A vocabulary with harmony's tags as gpt-oss GGUFs type them (CONTROL, fixed up at load)."""
+    import gguf
+    from gguf.constants import Keys
+
+    from strata.model.gguf_file import GGUFModel
+    from strata.model.tokenizer import Tokenizer
+    from tests.test_tokenizer import _write_vocab_gguf
+
+    meta = dict(GGUFModel(_write_vocab_gguf(tmp_path_factory.mktemp("v") / "v.gguf")).metadata)
+    meta[Keys.Tokenizer.LIST] = [*meta[Keys.Tokenizer.LIST], *HARMONY_TAGS]
+    control = [int(gguf.TokenType.CONTROL)] * len(HARMONY_TAGS)
+    meta[Keys.Tokenizer.TOKEN_TYPE] = [*meta[Keys.Tokenizer.TOKEN_TYPE], *control]
+    return Tokenizer.from_metadata(meta)
+
+
+def _generate(tok, text: str, tools: bool) -> ChatOutput:
+    """Decode `text`'s ids one token at a time up to an end-of-generation id, as Session does."""
+    out, dec = ChatOutput(harmony=True, tools=tools), tok.stream()
+    for tid in tok.encode(text, add_bos=False):
+        if tid in tok.eos_ids:
+            break
+        out.feed(dec.push(tid))
+    out.feed(dec.flush())
+    out.finish()
+    return out
+
+
+def test_harmony_tags_are_single_tokens_and_only_return_and_call_end_generation(oss_tok):
+    ids = {t: oss_tok.encode(t, add_bos=False) for t in HARMONY_TAGS}
+    assert all(len(v) == 1 for v in ids.values())
+    ends = {t for t, (i,) in ids.items() if i in oss_tok.eos_ids}
+    assert ends == {"<|return|>", "<|call|>"}  # `<|end|>` separates messages, it does not stop
+    assert all(oss_tok.decode(v) == t for t, v in ids.items() if t not in ends)
+
+
+def test_a_generated_harmony_call_stops_at_call_and_parses(oss_tok):
+    out = _generate(oss_tok, CALL + "<|call|><|start|>assistant never seen", tools=True)
+    msg = out.message()
+    assert msg["reasoning_content"] == "Need the weather tool."
+    assert msg["content"] is None
+    (call,) = msg["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "unit": "°C"}
+    assert out.finish_reason("stop") == "tool_calls"
+
+
+def test_a_generated_harmony_answer_stops_at_return(oss_tok):
+    msg = _generate(oss_tok, TWO_THOUGHTS + "never seen", tools=False).message()
+    assert msg == {
+        "role": "assistant",
+        "content": "Done.",
+        "reasoning_content": "First thought.\nSecond thought.",
+    }
