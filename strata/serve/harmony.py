@@ -35,11 +35,12 @@ import json
 import re
 from typing import Any
 
-from strata.serve.toolcalls import DEFAULT_MAX_CALL_BYTES, ToolCall, _utf8_len
+from strata.serve.toolcalls import DEFAULT_MAX_CALL_BYTES, ToolCall
 
 START, END, MESSAGE = "<|start|>", "<|end|>", "<|message|>"
 CHANNEL, CONSTRAIN, RETURN, CALL = "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"
 TAGS = (START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL)
+_LONGEST_TAG = max(map(len, TAGS))
 GENERATION_PROMPT = START + "assistant"
 EFFORTS = ("low", "medium", "high")  # what gpt-oss knows (its system message's `Reasoning:`)
 MAX_HEADER_CHARS = 256
@@ -112,7 +113,8 @@ class _Lexer:
                 _text(out, buf[pos:i])
                 out.append(("tag", tag))
                 pos = i + len(tag)
-            elif any(t.startswith(buf[i:]) for t in TAGS):  # a tag cut by the piece's end
+            elif len(buf) - i < _LONGEST_TAG and any(t.startswith(buf[i:]) for t in TAGS):
+                # a tag cut by the piece's end
                 _text(out, buf[pos:i])
                 self.hold = buf[i:]
                 return out
@@ -312,6 +314,10 @@ def _parse_arguments(name: str, body: str) -> ToolCall | None:
     if not isinstance(args, dict):
         return None
     return ToolCall(name, json.dumps(args, ensure_ascii=False))
+
+
+def _utf8_len(s: str) -> int:
+    return len(s.encode("utf-8", "surrogatepass"))
 
 
 def _merge(events: list[Event]) -> list[Event]:
