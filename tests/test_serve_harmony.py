@@ -270,13 +270,17 @@ _ALPHABET = st.sampled_from(
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_ALPHABET, max_size=30), st.lists(st.integers(0, 400), max_size=6))
-def test_random_token_soups_never_raise_drop_nothing_visible_or_depend_on_splits(parts, cuts):
+def test_random_token_soups_never_raise_stay_bounded_or_depend_on_splits(parts, cuts):
     text = "".join(parts)
     whole = parse_all(text, max_call_bytes=8)
     cuts = sorted({c % (len(text) + 1) for c in cuts})
     bounds = [0, *cuts, len(text)]
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
     assert _feed(pieces, max_call_bytes=8) == whole
+    p = HarmonyParser(max_call_bytes=8)
+    for piece in pieces:
+        p.feed(piece)
+        assert p.buffered_bytes <= 8 + 4 * MAX_HEADER_CHARS + len("<|constrain|>")
     for e in whole:
         assert isinstance(e, ToolCall) or (e[0] in ("reasoning", "content") and e[1])
 
