@@ -2,8 +2,8 @@
 # run.sh: the one launcher. A release and quant become a served model under the VRAM contract,
 # in a container where there is a GPU and Docker, natively otherwise (same config either way).
 #
-#   ./run.sh [--release qwen|coder|swift] [--quant Q] [--vram-budget-mib N] [--max-context N]
-#            [--port N] [--device auto|gpu|host] [--image NAME] [--native] [--dry-run]
+#   ./run.sh [--release qwen|coder|gpt-oss-20b|gpt-oss-120b|swift] [--quant Q] [--vram-budget-mib N]
+#            [--max-context N] [--port N] [--device auto|gpu|host] [--image NAME] [--native] [--dry-run]
 #
 # Every refusal happens before a container sees anything. The config is asked of
 # `strata resolve` (flags > STRATA_* > per-release tuning > defaults) and written as STRATA_*

@@ -26,7 +26,7 @@ from strata.config import resolve as resolve_config
 PACKAGE = Path(__file__).parent
 GB = 10**9
 SHARD = re.compile(r"-(\d{5})-of-(\d{5})$")
-QUANT_TOKEN = re.compile(r"^(UD-)?(I?Q\d(_[0-9A-Z]+)*|BF16|F16|F32)$")
+QUANT_TOKEN = re.compile(r"^(UD-)?(I?Q\d(_[0-9A-Z]+)*|BF16|F16|F32|MXFP4)$")
 
 
 class ResolveError(ValueError):
@@ -241,8 +241,9 @@ def resolve(
         res.files = [PACKAGE / r["embedded"]]
         return res
     res.files, res.missing = cached_files(res.repo, q, res.hub_cache)
-    if res.repo == r["repo"] and r.get("file"):
-        res.remote = [r["file"].format(quant=q)]
+    if res.repo == r["repo"]:  # names known from the table: one `file`, or a shard set `files`
+        names = r.get("files") or ([r["file"]] if r.get("file") else [])
+        res.remote = [n.format(quant=q) for n in names]
     return res
 
 

@@ -272,3 +272,79 @@ def test_print_answers_one_value_for_shell_scripts(env, monkeypatch, capsys):
         assert capsys.readouterr().out.strip() == want
     assert main(["resolve", "--release", "qwen", "--print", "files"]) == 2
     assert "fetch it with: hf download" in capsys.readouterr().err
+
+
+# ---- gpt-oss: ggml-org's GGUFs in their native MXFP4 -----------------------------------------
+
+OSS_120B = "ggml-org/gpt-oss-120b-GGUF"
+OSS_SHARDS = [f"gpt-oss-120b-mxfp4-{k:05d}-of-00003.gguf" for k in (1, 2, 3)]
+
+
+def test_gpt_oss_releases_are_chosen_by_name_repo_and_quant(env):
+    tab = R.table()
+    assert R.choose_release("gpt-oss-120b", None, env, tab)[0] == "gpt-oss-120b"
+    e = env | {"STRATA_HF_REPO": "unsloth/gpt-oss-120b-GGUF"}
+    assert R.choose_release(None, None, e, tab) == ("gpt-oss-120b", "STRATA_HF_REPO")
+    e = env | {"STRATA_HF_REPO": "bartowski/openai_gpt-oss-20b-GGUF"}
+    assert R.choose_release(None, None, e, tab) == ("gpt-oss-20b", "STRATA_HF_REPO")
+    assert R.choose_release(None, "mxfp4", env, tab) == ("gpt-oss-20b", "quant MXFP4")
+    with pytest.raises(R.ResolveError, match="release gpt-oss-20b has no quant Q4_K_M"):
+        R.resolve("gpt-oss-20b", "Q4_K_M", env)
+
+
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        ("gpt-oss-20b-mxfp4.gguf", True),
+        ("gpt-oss-20b-MXFP4.gguf", True),
+        ("gpt-oss-120b-mxfp4-00002-of-00003.gguf", True),
+        ("gpt-oss-20b-Q4_K_M.gguf", False),
+        ("gpt-oss-20bmxfp4.gguf", False),
+    ],
+)
+def test_an_mxfp4_file_matches_only_the_mxfp4_token(name, ok):
+    assert R.quant_matches(name, "MXFP4") is ok
+
+
+def test_the_table_names_the_exact_files_of_each_gpt_oss_release():
+    rel = R.table()["releases"]
+    for name in ("gpt-oss-20b", "gpt-oss-120b"):
+        r = rel[name]
+        assert r["quants"] == [r["default_quant"]] == ["MXFP4"]
+        complete, missing = R.shard_sets(r["files"], "MXFP4")
+        assert complete == [r["files"]] and not missing  # one complete set, in shard order
+    assert rel["gpt-oss-120b"]["files"] == OSS_SHARDS
+
+
+def test_gpt_oss_120b_resolves_its_three_cached_shards_and_not_a_sibling(env):
+    snap = fake_hub(
+        Path(env["HF_HUB_CACHE"]), OSS_120B, ["gpt-oss-120b-Q8_0.gguf", *OSS_SHARDS[::-1]]
+    )
+    res = R.resolve("gpt-oss-120b", None, env)
+    assert (res.quant, res.model_id, res.license) == ("MXFP4", "gpt-oss-120b-mxfp4", "Apache-2.0")
+    assert res.files == [snap / n for n in OSS_SHARDS]
+    assert res.pack_dir == Path(env["STRATA_PACKS_DIR"]) / "gpt-oss-120b-mxfp4"
+
+
+def test_gpt_oss_offline_and_absent_names_every_shard_in_the_fetch_command(env):
+    e = env | {"HF_HUB_OFFLINE": "1"}
+    with pytest.raises(R.ResolveError) as err:
+        R.fetch(R.resolve("gpt-oss-120b", None, e))
+    assert str(err.value).endswith(f"fetch it with: hf download {OSS_120B} " + " ".join(OSS_SHARDS))
+    res = R.resolve("gpt-oss-20b", None, e)
+    assert res.fetch_command() == "hf download ggml-org/gpt-oss-20b-GGUF gpt-oss-20b-mxfp4.gguf"
+
+
+def test_gpt_oss_engine_config_allows_its_long_context_and_warns_untuned(env):
+    fake_hub(Path(env["HF_HUB_CACHE"]), "ggml-org/gpt-oss-20b-GGUF", ["gpt-oss-20b-mxfp4.gguf"])
+    res = R.resolve("gpt-oss-20b", None, env)
+    lines, notes = R.engine_env(res, {"n_ctx": 131072}, env)
+    assert lines["STRATA_CTX"] == "131072" and lines["STRATA_RELEASE"] == "gpt-oss-20b"
+    assert any("gpt-oss-20b:MXFP4 is an unmeasured combination" in n for n in notes)
+    with pytest.raises(R.ResolveError, match="unsupported for gpt-oss-20b"):
+        R.engine_env(res, {"n_ctx": 131073}, env)
+
+
+def test_gpt_oss_size_estimate_counts_mxfp4_blocks(env):
+    res = R.resolve("gpt-oss-120b", None, env)
+    assert 60 * R.GB < R.estimate_bytes(res) < 66 * R.GB  # the three shards hold about 63 GB

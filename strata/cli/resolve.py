@@ -26,7 +26,11 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "resolve", help="release + quant -> repo, files, pack dir, model id, engine config"
     )
-    p.add_argument("--release", default=None, help="qwen | coder | swift (env STRATA_RELEASE)")
+    p.add_argument(
+        "--release",
+        default=None,
+        help="qwen | coder | gpt-oss-20b | gpt-oss-120b | swift (env STRATA_RELEASE)",
+    )
     p.add_argument("--quant", default=None, help="e.g. IQ3_S (env STRATA_QUANT)")
     p.add_argument(
         "--packs-dir", default=None, metavar="DIR", help="pack root (env STRATA_PACKS_DIR; packs)"

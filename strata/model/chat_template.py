@@ -25,6 +25,57 @@ CHATML_TEMPLATE = """\
 {%- endif %}
 """
 
+# Fallback for harmony models (gpt-oss) whose GGUF carries no template: the layout of gpt-oss's
+# own template (system block with `Reasoning:`, developer instructions and tools, tool calls on
+# the commentary channel), with tool parameters as JSON schema instead of TypeScript.
+HARMONY_TEMPLATE = """\
+{{- "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\\n" }}
+{{- "Knowledge cutoff: 2024-06\\n\\nReasoning: " + (reasoning_effort or "medium") + "\\n\\n" }}
+{{- "# Valid channels: analysis, commentary, final. Channel must be included for every message." }}
+{%- if tools %}
+{{- "\\nCalls to these tools must go to the commentary channel: 'functions'." }}
+{%- endif %}
+{{- "<|end|>" }}
+{%- set system = messages and messages[0].role == "system" %}
+{%- if system or tools %}
+{{- "<|start|>developer<|message|>" }}
+{%- if system %}
+{{- "# Instructions\\n\\n" + messages[0].content + "\\n\\n" }}
+{%- endif %}
+{%- if tools %}
+{{- "# Tools\\n\\n## functions\\n\\nnamespace functions {\\n\\n" }}
+{%- for t in tools %}
+{{- "// " + (t.function.description or "") + "\\ntype " + t.function.name + " = (_: " }}
+{{- (t.function.parameters or {}) | tojson + ") => any;\\n\\n" }}
+{%- endfor %}
+{{- "} // namespace functions" }}
+{%- endif %}
+{{- "<|end|>" }}
+{%- endif %}
+{%- set last = namespace(name="") %}
+{%- for m in (messages[1:] if system else messages) %}
+{%- if m.role == "assistant" and m.tool_calls %}
+{%- for c in m.tool_calls %}
+{{- "<|start|>assistant to=functions." + c.function.name }}
+{{- "<|channel|>commentary json<|message|>" }}
+{{- (c.function.arguments if c.function.arguments is string else c.function.arguments | tojson) }}
+{{- "<|call|>" }}
+{%- set last.name = c.function.name %}
+{%- endfor %}
+{%- elif m.role == "assistant" %}
+{{- "<|start|>assistant<|channel|>final<|message|>" + m.content + "<|end|>" }}
+{%- elif m.role == "tool" %}
+{{- "<|start|>functions." + last.name + " to=assistant<|channel|>commentary<|message|>" }}
+{{- m.content | tojson + "<|end|>" }}
+{%- else %}
+{{- "<|start|>" + m.role + "<|message|>" + m.content + "<|end|>" }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- "<|start|>assistant" }}
+{%- endif %}
+"""
+
 
 class _TemplateRaised(Exception):
     """`raise_exception(msg)` called by the template itself."""

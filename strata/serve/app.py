@@ -8,8 +8,9 @@ A request is parsed and validated (`schemas`; `guard`: encodable text, a served 
 rendered through the chat template (`prompt`), checked against the context by its size in bytes,
 tokenized (parsing, rendering and tokenizing run in worker threads, so that a 16 MB body stalls
 no other request), checked by its tokens, then queued as a `Job` for the generation worker
-(`scheduler`). Its text pieces go through `output.ChatOutput` (reasoning and tool-call split) on
-the event loop. A client that goes away cancels its job between tokens: for streams Starlette
+(`scheduler`). Its text pieces go through `output.ChatOutput` (reasoning and tool-call split; the
+harmony parser for gpt-oss, chosen once per model from its template and architecture) on the
+event loop. A client that goes away cancels its job between tokens: for streams Starlette
 notices the disconnect and closes our generator; for plain responses a watcher task waits on the
 ASGI `http.disconnect` message. Every failure, whatever the input, is an OpenAI-shaped error.
 """
@@ -37,6 +38,7 @@ from strata.config import EngineConfig
 from strata.engine.sampling import SamplingParams
 from strata.model.loader import Model, load_model
 from strata.serve import guard, schemas
+from strata.serve.harmony import GENERATION_PROMPT, uses_harmony
 from strata.serve.http import (
     check_auth,
     error_response,
@@ -72,6 +74,7 @@ class ServerState:
     started: int
     names: frozenset[str]  # what a request's `model` may say (guard.model_names)
     longest_token: int  # bytes of the longest token, for the size check before tokenizing
+    harmony: bool  # the model speaks harmony (gpt-oss): its prompts and its output parser
     # one long prompt tokenized at a time: its memory is ~200x its size, and a core stays free
     long_prompts: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore())
 
@@ -189,6 +192,7 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
             effort=effort,
             bos_token=st.special(tok.bos_id),
             eos_token=st.special(tok.eos_id),
+            harmony=st.harmony,
         )
     except ValueError as e:
         raise APIError(str(e), param="messages", code="invalid_messages") from None
@@ -199,6 +203,8 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
         in_reasoning=prompt_opens_think(text),
         tools=tools is not None,
         max_call_bytes=st.max_call_bytes,
+        harmony=st.harmony,
+        in_header=text.endswith(GENERATION_PROMPT),
     )
     env = Envelope(new_id("chatcmpl"), st.model_id)
     if req.stream:
@@ -465,6 +471,7 @@ def create_app(
         started=int(time.time()),
         names=guard.model_names(model_id, model.path),
         longest_token=guard.longest_token_bytes(model.tokenizer),
+        harmony=uses_harmony(model.chat_template, model.args.arch),
     )
     scheduler.on_finish = _finish_hook(st.metrics)
 

@@ -1,5 +1,8 @@
 """Generated text to OpenAI chat deltas: reasoning split first, then tool calls in the content.
 
+For a harmony model (gpt-oss) one parser does both: `harmony.HarmonyParser` splits the channels
+and the tool calls at once.
+
 `ChatOutput.feed(piece)` returns the deltas a streaming response sends for that piece
 (`{"reasoning_content": ...}`, `{"content": ...}`, `{"tool_calls": [...]}`); `finish()` returns
 what was held back. A non-streaming response is the same deltas summed (`message()`), so both
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from strata.serve.harmony import HarmonyParser
 from strata.serve.reasoning import ReasoningParser
 from strata.serve.toolcalls import DEFAULT_MAX_CALL_BYTES, ToolCall, ToolCallParser
 
@@ -23,23 +27,34 @@ class ChatOutput:
         in_reasoning: bool = False,
         tools: bool = False,
         max_call_bytes: int = DEFAULT_MAX_CALL_BYTES,
+        harmony: bool = False,
+        in_header: bool = True,
     ) -> None:
-        self._reasoning = ReasoningParser(in_reasoning)
-        self._tools = ToolCallParser(max_call_bytes) if tools else None
+        """`harmony`: the text is harmony (`in_header`: the prompt opened its first header)."""
+        self._split: HarmonyParser | ReasoningParser = (
+            HarmonyParser(in_header=in_header, tools=tools, max_call_bytes=max_call_bytes)
+            if harmony
+            else ReasoningParser(in_reasoning)
+        )
+        self._tools = ToolCallParser(max_call_bytes) if tools and not harmony else None
         self._ws = ""  # whitespace-only content held back
         self.reasoning: list[str] = []
         self.content: list[str] = []
         self.tool_calls: list[ToolCall] = []
 
     def feed(self, piece: str) -> list[dict]:
-        return self._route(self._reasoning.feed(piece), final=False)
+        return self._route(self._split.feed(piece), final=False)
 
     def finish(self) -> list[dict]:
-        return self._route(self._reasoning.finish(), final=True)
+        return self._route(self._split.finish(), final=True)
 
-    def _route(self, parts: list[tuple[str, str]], final: bool) -> list[dict]:
+    def _route(self, parts: list[tuple[str, str] | ToolCall], final: bool) -> list[dict]:
         out: list[dict] = []
-        for kind, text in parts:
+        for part in parts:
+            if isinstance(part, ToolCall):
+                self._event(part, out)
+                continue
+            kind, text = part
             if kind == "reasoning":
                 self.reasoning.append(text)
                 out.append({"reasoning_content": text})

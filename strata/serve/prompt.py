@@ -4,13 +4,18 @@ Tools are rendered by the template when it knows the `tools` variable; for templ
 not, a Hermes-style tools block (the one Qwen templates use) is added to the system message and
 earlier assistant tool calls are written back as `<tool_call>` text, so the model sees the same
 conversation either way. Reasoning effort goes through `reasoning.apply_effort`.
+
+Harmony models (gpt-oss) take tools, earlier reasoning (as `thinking`) and the effort (as
+`reasoning_effort`: low, medium or high) through their own template;
+`chat_template.HARMONY_TEMPLATE` stands in when the GGUF has none.
 """
 
 from __future__ import annotations
 
 import json
 
-from strata.model.chat_template import CHATML_TEMPLATE, render_chat
+from strata.model.chat_template import CHATML_TEMPLATE, HARMONY_TEMPLATE, render_chat
+from strata.serve import harmony as hm
 from strata.serve.reasoning import apply_effort
 from strata.serve.toolcalls import CLOSE, OPEN, tools_system_prompt
 
@@ -52,8 +57,19 @@ def render_prompt(
     effort: str | None = None,
     bos_token: str = "",
     eos_token: str = "",
+    harmony: bool = False,
 ) -> str:
-    """Prompt text for a chat request; ValueError (one line) when the template refuses it."""
+    """Prompt text for a chat request; ValueError (one line) when the template refuses it.
+
+    `harmony`: the model speaks harmony (`harmony.uses_harmony`, decided once per model)."""
+    specials = {"bos_token": bos_token, "eos_token": eos_token}
+    if harmony:
+        kw: dict = {"reasoning_effort": hm.harmony_effort(effort)}
+        if tools:
+            kw["tools"] = hm.template_tools(tools)
+        messages = hm.template_messages(messages)
+        template = template or HARMONY_TEMPLATE
+        return render_chat(messages, template, add_generation_prompt=True, **specials, **kw)
     template = template or CHATML_TEMPLATE
     kwargs = {}
     if "tool_calls" not in template:
@@ -65,11 +81,4 @@ def render_prompt(
             messages = _with_tools_system(messages, tools)
     messages, effort_kwargs = apply_effort(messages, template, effort)
     kwargs.update(effort_kwargs)
-    return render_chat(
-        messages,
-        template,
-        add_generation_prompt=True,
-        bos_token=bos_token,
-        eos_token=eos_token,
-        **kwargs,
-    )
+    return render_chat(messages, template, add_generation_prompt=True, **specials, **kwargs)
