@@ -60,15 +60,25 @@ def _stream(ns, prompt) -> int:
         raise UserError(f"--max-tokens must be >= 1, got {ns.max_tokens}")
     cfg = engine_config(ns)
     model = load(cfg.model)
-    if callable(prompt):  # chat: the prompt is rendered with the model's own template
+    from strata.serve.harmony import uses_harmony
+
+    chat = callable(prompt)
+    if chat:  # the prompt is rendered with the model's own template
         prompt = prompt(model)
     session = Session(model, engine=build_engine(model, cfg))
     res = Generation()
     if isinstance(prompt, str):
         sys.stdout.write(prompt)
+    harmony = chat and uses_harmony(model.chat_template, model.args.arch)
+    out = _HarmonyPrinter() if harmony else None
     for piece in session.generate(prompt, ns.max_tokens, _sampling(ns), ns.stop, res):
-        sys.stdout.write(piece)
-        sys.stdout.flush()
+        if out:
+            out.feed(piece)
+        else:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    if out:
+        out.finish()
     sys.stdout.write("\n")
     session.engine.close()
     if ns.stats:
@@ -83,12 +93,34 @@ def _stream(ns, prompt) -> int:
     return 0
 
 
+class _HarmonyPrinter:
+    """A harmony model's chat answer: its reasoning to stderr, its final answer to stdout."""
+
+    def __init__(self) -> None:
+        from strata.serve.harmony import HarmonyParser
+
+        self.parser = HarmonyParser(tools=False)
+
+    def feed(self, piece: str) -> None:
+        self._show(self.parser.feed(piece))
+
+    def finish(self) -> None:
+        self._show(self.parser.finish())
+
+    @staticmethod
+    def _show(events) -> None:
+        for kind, text in events:  # no tools were offered: no tool calls come out
+            (sys.stderr if kind == "reasoning" else sys.stdout).write(text)
+        sys.stdout.flush()
+
+
 def cmd_generate(ns) -> int:
     return _stream(ns, ns.prompt)
 
 
 def cmd_chat(ns) -> int:
-    from strata.model.chat_template import render_chat
+    from strata.serve.harmony import uses_harmony
+    from strata.serve.prompt import render_prompt
 
     msgs = ([{"role": "system", "content": ns.system}] if ns.system else []) + [
         {"role": "user", "content": ns.prompt}
@@ -96,13 +128,16 @@ def cmd_chat(ns) -> int:
 
     def prompt_ids(model) -> list[int]:
         tok = model.tokenizer
-        text = render_chat(
-            msgs,
-            model.chat_template,
-            add_generation_prompt=True,
-            bos_token=tok.token_text(tok.bos_id),
-            eos_token=tok.token_text(tok.eos_id),
-        )
+        try:
+            text = render_prompt(
+                msgs,
+                model.chat_template,
+                bos_token=tok.token_text(tok.bos_id),
+                eos_token=tok.token_text(tok.eos_id),
+                harmony=uses_harmony(model.chat_template, model.args.arch),
+            )
+        except ValueError as e:
+            raise UserError(str(e)) from None
         return tok.encode(text)
 
     return _stream(ns, prompt_ids)
