@@ -121,8 +121,9 @@ E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 
 def test_mxfp4_dequantizes_as_the_ocp_formats_say():
-    """Every code under every E8M0 scale that keeps the block finite: 2**(e - 127) * E2M1(code), weights j and
-    j + 16 in the low and high nibbles of byte j (gguf.quants is the codec the kernels follow)."""
+    """Every code under every E8M0 scale that keeps the block finite: 2**(e - 127) * E2M1(code),
+    weights j and j + 16 in the low and high nibbles of byte j (gguf.quants is the codec the
+    kernels follow)."""
     rng = np.random.default_rng(41)
     blocks = rng.integers(0, 256, size=(300, 17), dtype=np.uint8)
     # every scale byte whose blocks stay finite in float32 (2**124 * 6 < 2**128), subnormal too
