@@ -14,7 +14,7 @@ from strata.quant.activation import roundtrip
 from strata.quant.formats import QT
 
 FORMATS = [QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XXS]
-FORMATS += [QT.IQ2_S, QT.IQ1_M, QT.F16, QT.BF16, QT.F32]
+FORMATS += [QT.IQ2_S, QT.IQ1_M, QT.MXFP4, QT.F16, QT.BF16, QT.F32]
 
 
 class _T:

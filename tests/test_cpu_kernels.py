@@ -24,6 +24,7 @@ from strata.cpu.kernels.iq2 import s_lut4_avx2 as iq2s_lut4
 from strata.cpu.kernels.iq3 import portable as iq3
 from strata.cpu.kernels.iq4 import portable as iq4
 from strata.cpu.kernels.kquants import portable as kquants
+from strata.cpu.kernels.mxfp4 import portable as mxfp4
 from strata.cpu.kernels.q8_0 import portable as q8_0
 from strata.cpu.kernels.tile import TILE
 from strata.cpu.layout import prepare
@@ -52,6 +53,7 @@ TERMS = {
     QT.IQ2_XXS: iq2.iq2_xxs_terms,
     QT.IQ2_S: iq2.iq2_s_terms,
     QT.IQ1_M: iq1.terms,
+    QT.MXFP4: mxfp4.terms,
 }
 FLOATS = (QT.F16, QT.BF16, QT.F32)
 needs_avx2 = pytest.mark.skipif(not HAS_AVX2, reason="host has no AVX2")
@@ -282,6 +284,37 @@ def test_iq2_avx2_kernels_are_exact_at_the_extremes(qtype):
     xr = A.roundtrip(x.astype(np.float64), QT.Q8_K)  # the activation as Q8_K rounds it
     ref = xr @ dequantize(w, qtype).astype(np.float64).T
     assert np.abs(want - ref).max() <= 2e-6 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("n_in", [1024, 32 * 11], ids=["whole-steps", "tail-blocks"])
+def test_mxfp4_kernels_are_exact_at_the_extremes(n_in):
+    """Codes of the largest values, a row of the smallest scales (GGML_E8M0_TO_FP32_HALF's two
+    subnormals and the smallest normals), large ones, +-127 activations, rows of whole
+    8-block steps and of a scalar tail: every host path gives the portable kernel's bits, and
+    that the float64 dot of the dequantized weights (the subnormal row to its float32 rounding)."""
+    rng = np.random.default_rng()
+    w = random_quantized(QT.MXFP4, (6, n_in), rng, 0.05)
+    bl = w.reshape(6, -1, 17)
+    big = np.array([0x77, 0xFF, 0x7F, 0xF7], np.uint8)  # +-12 (doubled E2M1 6.0) in both nibbles
+    bl[0::3, :, 1:] = rng.choice(big, bl[0::3, :, 1:].shape)
+    bl[1, :, 0] = np.arange(bl.shape[1]) % 4  # e = 0, 1, 2, 3
+    bl[2, ::2, 0] = 160  # large scales (2**32: the row's float32 dot stays finite)
+    bl[2, 1::2, 0] = 150
+    x = np.ones((3, n_in), np.float32) * np.array([[1], [-1], [0.5]], np.float32)
+    x[2, ::3] = -1.0
+    act = quantize_act(x, QT.Q8_0)
+    want = _gemv(K.K_MXFP4, w, act, 3)
+    if HAS_AVX2:
+        assert np.array_equal(_gemv(L.KERNEL_TABLE["avx2"][QT.MXFP4][1], w, act, 3), want)
+    wf = dequantize(w, QT.MXFP4).astype(np.float64)
+    assert np.array_equal(reference.dequant_terms(mxfp4.terms(w)), wf)
+    ref = reference.ref_gemv(mxfp4.terms(w), act[0], act[1])
+    xr = A.roundtrip(x.astype(np.float64), QT.Q8_0)
+    assert np.array_equal(ref, xr @ wf.T) or np.allclose(ref, xr @ wf.T, rtol=1e-12, atol=0)
+    assert np.all(np.isfinite(want)) and np.all(want[:, 1] != 0)
+    for r in range(6):  # float32 sums of products d_x * d_w: subnormal in row 1 (2**-128 / 127)
+        tol = (1e-3 if r == 1 else 2e-6) * np.abs(ref[:, r]).max()
+        assert np.abs(want[:, r] - ref[:, r]).max() <= tol, r
 
 
 def test_iq2_s_repack_covers_every_grid_entry_and_refuses_foreign_codes():

@@ -24,7 +24,7 @@ from strata.cpu.pack import (
 from strata.cpu.runner import PoolMissRunner
 from strata.model.loader import load_model
 
-QUANTS = ["IQ3_XXS", "IQ1_M", "Q4_K"]
+QUANTS = ["IQ3_XXS", "IQ1_M", "Q4_K", "MXFP4"]
 ROLES = (MT.FFN_GATE_EXP, MT.FFN_UP_EXP, MT.FFN_DOWN_EXP)
 
 

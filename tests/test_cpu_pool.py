@@ -68,7 +68,9 @@ def assert_matches(got, want):
 
 
 @pytest.mark.parametrize(
-    "quants", [("IQ3_XXS",) * 3, ("Q4_K", "Q4_K", "Q6_K"), ("IQ1_M",) * 3], ids="-".join
+    "quants",
+    [("IQ3_XXS",) * 3, ("Q4_K", "Q4_K", "Q6_K"), ("IQ1_M",) * 3, ("MXFP4",) * 3],
+    ids="-".join,
 )
 def test_pool_matches_the_numpy_expert_computation(quants):
     rng = np.random.default_rng()
@@ -248,11 +250,11 @@ def test_importing_strata_cpu_pulls_in_no_gpu_engine_or_server():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("quant", ["IQ3_XXS", "IQ1_M"])
+@pytest.mark.parametrize("quant", ["IQ3_XXS", "IQ1_M", "MXFP4"])
 @pytest.mark.parametrize("t_n", [1, 6])
 def test_pool_on_the_hosts_layout_gives_the_portable_kernels_bits(quant, t_n):
-    """The host's kernels and layouts (IQ3_XXS: pm or lut4, IQ1_M: t2) against the portable
-    kernels on the GGUF bytes, bit for bit."""
+    """The host's kernels and layouts (IQ3_XXS: pm or lut4, IQ1_M: t2, MXFP4: its GGUF bytes)
+    against the portable kernels on the GGUF bytes, bit for bit."""
     rng = np.random.default_rng()
     mats = _layer(rng, (quant,) * 3)
     x = rng.standard_normal((t_n, D)).astype(np.float32)

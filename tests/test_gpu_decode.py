@@ -277,7 +277,7 @@ def test_rope_kv_device_position_replays_in_a_graph(K):
 # ---- staged decode GEMV ----
 GEMV_QUANTS = [
     QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S,
-    QT.IQ1_M,
+    QT.IQ1_M, QT.MXFP4,
 ]  # fmt: skip
 
 

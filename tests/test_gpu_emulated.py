@@ -18,12 +18,13 @@ EMU = ROOT / "tools" / "gpu_emu"
 # small, quick kernel tests touching the decode chain's kernels (router top-k and its pair list,
 # the norms and activation quantization, T = 1 GEMV of float and quantized weights, the resident
 # experts with and without the residual add, every decode kernel pair; IQ4_XS and IQ1_M for their
-# register/SWAR decode, the four sign formats for their sign masks and index permutes; a
-# prompt's pairs grouped on the card; the decode GEMV on misaligned rows)
+# register/SWAR decode, the four sign formats for their sign masks and index permutes, MXFP4 for
+# its blocks at every byte offset; a prompt's pairs grouped on the card; the decode GEMV on
+# misaligned rows)
 SUBSET = (
     "router_topk or norm_quant"
     " or (gemv_matches and (F32 or F16 or BF16 or Q8_0 or IQ3_XXS or IQ4_XS or IQ1_M"
-    " or IQ3_S or IQ2_XXS))"
+    " or IQ3_S or IQ2_XXS or MXFP4))"
     " or (moe_experts_match_reference and IQ3_XXS-IQ3_XXS-IQ3_XXS)"
     " or group_pairs_on_card"
     " or (gemv1_misaligned and 3- and (IQ3_XXS or IQ1_M or IQ2_S or IQ3_S or IQ2_XXS))"

@@ -54,7 +54,13 @@ def experts_case(K, qts, d: int, f: int, t: int):
 
 @pytest.mark.parametrize(
     "qts",
-    [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.IQ3_XXS,) * 3, (QT.Q8_0,) * 3, (QT.IQ1_M,) * 3],
+    [
+        (QT.Q4_K, QT.Q4_K, QT.Q6_K),
+        (QT.IQ3_XXS,) * 3,
+        (QT.Q8_0,) * 3,
+        (QT.IQ1_M,) * 3,
+        (QT.MXFP4,) * 3,
+    ],
     ids=lambda q: "-".join(x.name for x in q),
 )
 @pytest.mark.parametrize("t", [9, 37])
@@ -93,6 +99,7 @@ def test_grouped_experts_equal_the_per_pair_kernels(K, qts, t):
         ((QT.IQ4_XS, QT.IQ4_XS, QT.IQ2_XXS), 256, 512),
         ((QT.IQ1_M, QT.IQ1_M, QT.IQ3_S), 512, 256),
         ((QT.IQ2_S,) * 3, 256, 256),
+        ((QT.MXFP4,) * 3, 160, 96),  # 17-byte blocks: rows at every byte offset
         ((QT.Q8_0,) * 3, 96, 160),  # rows past a block's 64 (early-leaving warps), odd sub-blocks
     ],
     ids=lambda v: "-".join(x.name for x in v) if isinstance(v, tuple) else str(v),

@@ -56,6 +56,7 @@ QUANTS = [
     QT.IQ2_XXS,
     QT.IQ2_S,
     QT.IQ1_M,
+    QT.MXFP4,
 ]
 FLOATS = [QT.F32, QT.F16, QT.BF16]
 
@@ -547,7 +548,8 @@ def use_moe_kernels(monkeypatch, qt, pair) -> None:
 @pytest.mark.parametrize(
     "qts",
     [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.IQ3_XXS, QT.IQ3_XXS, QT.IQ3_XXS), (QT.Q8_0,) * 3]
-    + [(q, q, q) for q in (QT.Q5_K, QT.IQ4_XS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S, QT.IQ1_M)],
+    + [(q, q, q) for q in (QT.Q5_K, QT.IQ4_XS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S, QT.IQ1_M)]
+    + [(QT.MXFP4, QT.MXFP4, QT.MXFP4)],
     ids=lambda q: "-".join(x.name for x in q),
 )
 @pytest.mark.parametrize("pair", MOE_PAIRS, ids=lambda p: "+".join(p))

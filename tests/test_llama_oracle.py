@@ -35,6 +35,7 @@ MIXES = [
     ("IQ4_XS", "Q5_K"),
     ("Q5_K", "BF16"),
     ("IQ2_S", "F32"),
+    ("MXFP4", "Q8_0"),
 ]
 
 
@@ -128,7 +129,7 @@ def llama_greedy(llm, prompt: list[int], n: int) -> tuple[list[int], list[float]
 DECISIVE = 3e-2  # a margin above what a rounding flip's cascade moves the logits (tests/oracle.py)
 
 
-@pytest.mark.parametrize("quant", ["IQ3_XXS", "Q4_K"])
+@pytest.mark.parametrize("quant", ["IQ3_XXS", "Q4_K", "MXFP4"])
 def test_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model, quant):
     """32 greedy steps on 3 prompts: our tokens are llama.cpp's. Where they part, it is at a step
     llama.cpp itself nearly tied (margin under a rounding flip's reach: random synthetic models

@@ -105,9 +105,41 @@ def test_random_quantized_is_deterministic_per_seed(qtype):
 def test_random_quantized_varies_block_scales(qtype):
     # blocks must not share one scale, or a kernel applying the wrong block's scale would pass
     raw = random_quantized(qtype, (4, 1024), np.random.default_rng(2), 0.05)
+    if qtype == QT.MXFP4:  # power-of-two scales: a few values, but neighbours mostly differ
+        e = raw.reshape(-1, 17)[:, 0]
+        assert len(np.unique(e)) >= 3 and np.mean(e[1:] != e[:-1]) > 0.4
+        return
     x = dequantize(raw, qtype).reshape(-1, fmt(qtype).block_elems)
     per_block = np.abs(x).max(axis=1)
     assert len(np.unique(per_block)) > len(per_block) // 2
+
+
+# ---------------------------------------------------------------- MXFP4
+
+# OCP MX v1.0: E2M1 (sign, 2 exponent bits with bias 1, 1 mantissa bit) and E8M0 (2**(e - 127))
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def test_mxfp4_dequantizes_as_the_ocp_formats_say():
+    """Every code under every E8M0 scale that keeps the block finite: 2**(e - 127) * E2M1(code),
+    weights j and j + 16 in the low and high nibbles of byte j (gguf.quants is the codec the
+    kernels follow)."""
+    rng = np.random.default_rng(41)
+    blocks = rng.integers(0, 256, size=(300, 17), dtype=np.uint8)
+    # every scale byte whose blocks stay finite in float32 (2**124 * 6 < 2**128), subnormal too
+    blocks[:, 0] = np.concatenate([np.arange(252), rng.integers(0, 252, 300 - 252)])
+    got = dequantize(blocks, QT.MXFP4).astype(np.float64)
+    for b, blk in enumerate(blocks):
+        codes = [blk[1 + j] & 15 for j in range(16)] + [blk[1 + j] >> 4 for j in range(16)]
+        scale = 2.0 ** (int(blk[0]) - 127)
+        want = [scale * (-1 if c & 8 else 1) * E2M1[c & 7] for c in codes]
+        assert np.array_equal(got[b], want), b
+
+
+def test_mxfp4_is_registered_for_expert_tensors():
+    f = fmt("mxfp4")
+    assert (f.block_elems, f.block_bytes, f.vec_dot) == (32, 17, QT.Q8_0)
+    assert f.can_hold_experts and QT.MXFP4 in MODEL_TYPES
 
 
 def test_random_quantized_q8_0_never_holds_minus_128():

@@ -27,7 +27,7 @@ H, G, DH = 32, 4, 128
 L2_BYTES = 64 << 20
 GEMV_QUANTS = (
     QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S,
-    QT.IQ1_M,
+    QT.IQ1_M, QT.MXFP4,
 )  # fmt: skip
 VOCAB = 151936
 SHAPES = {  # name: (rows, cols)

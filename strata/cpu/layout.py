@@ -47,6 +47,7 @@ KERNEL_TABLE = {
         QT.IQ2_XXS: (GGUF, K.K_IQ2_XXS),
         QT.IQ2_S: (GGUF, K.K_IQ2_S),
         QT.IQ1_M: (GGUF, K.K_IQ1_M),
+        QT.MXFP4: (GGUF, K.K_MXFP4),
     },
     "avx2": {
         QT.F32: (GGUF, K.K_F32),
@@ -62,6 +63,7 @@ KERNEL_TABLE = {
         QT.IQ2_XXS: ("lut4", K.K_IQ2_XXS_LUT4_AVX2),
         QT.IQ2_S: ("lut4", K.K_IQ2_S_LUT4_AVX2),
         QT.IQ1_M: ("t2", K.K_IQ1_M_T2_AVX2),
+        QT.MXFP4: (GGUF, K.K_MXFP4_AVX2),
     },
 }
 # AVX-512 VBMI + VNNI hosts: the AVX2 table but for these

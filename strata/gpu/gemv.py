@@ -31,6 +31,7 @@ Q_NAMES = {
     QT.IQ2_XXS: "iq2_xxs",
     QT.IQ2_S: "iq2_s",
     QT.IQ1_M: "iq1_m",
+    QT.MXFP4: "mxfp4",
 }
 F_NAMES = {QT.F32: "f32", QT.F16: "f16", QT.BF16: "bf16"}
 SUPPORTED = tuple(Q_NAMES) + tuple(F_NAMES)

@@ -100,6 +100,7 @@ def iq_tables() -> str:
         _c_array("ksigns_iq2xs", "u8", np.frombuffer(gq.IQ2_XXS.ksigns, np.uint8), 16),
         _c_array("kvalues_iq4nl", "i8", np.array(gq.IQ4_NL.kvalues, np.int8), 16),
         _words_define("KVALUES_IQ4NL_W", pack(np.array(gq.IQ4_NL.kvalues, np.int8), "<u4")),
+        _words_define("KVALUES_MXFP4_W", pack(np.array(gq.MXFP4.kvalues, np.int8), "<u4")),
     ]
     # the same grids as selector codes into their level bytes (GRID_CODES): IQ3's eight
     # magnitudes in two words, IQ2's three in one, IQ1's -1/0/1 as 8 * g + delta in a word per

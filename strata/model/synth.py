@@ -253,7 +253,12 @@ def _encode(w: np.ndarray, qt: QT) -> np.ndarray:
 
 def file_type(qt: QT) -> LlamaFileType:
     """general.file_type in llama.cpp's numbering for a model whose experts are `qt`."""
-    special = {QT.F32: "ALL_F32", QT.Q4_K: "MOSTLY_Q4_K_M", QT.Q5_K: "MOSTLY_Q5_K_M"}
+    special = {
+        QT.F32: "ALL_F32",
+        QT.Q4_K: "MOSTLY_Q4_K_M",
+        QT.Q5_K: "MOSTLY_Q5_K_M",
+        QT.MXFP4: "MOSTLY_MXFP4_MOE",
+    }
     return LlamaFileType[special.get(qt, f"MOSTLY_{qt.name}")]
 
 

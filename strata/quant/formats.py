@@ -117,6 +117,10 @@ _register(
         ("scales", "u1", QK_K // 64),
     ],
 )
+# MXFP4 (OCP microscaling, gpt-oss experts): an E8M0 scale byte e (2**(e - 127)) and 32 E2M1
+# codes as nibbles (weights j and j + 16 in byte j); ggml keeps the E2M1 values doubled as int8
+# (kvalues_mxfp4) and the scale halved (GGML_E8M0_TO_FP32_HALF)
+_register(QT.MXFP4, QT.Q8_0, [("e", "u1", 1), ("qs", "u1", 16)])
 _register(QT.IQ3_XXS, QT.Q8_K, [("d", "<f2", 1), ("qs", "u1", 3 * QK_K // 8)])
 _register(QT.IQ2_XXS, QT.Q8_K, [("d", "<f2", 1), ("qs", "<u2", QK_K // 8)])
 _register(

@@ -4,7 +4,9 @@ Every field of every block is drawn at random (grid indices, sign bits, sub-bloc
 bits), so a kernel that reads a bit from the wrong place gives a wrong answer; only the f16
 super-block scales are computed, so that the dequantized tensor has the standard deviation asked
 for. The super-block scale also varies from block to block (a uniform factor in [0.5, 1.5]) so a
-kernel that applies the wrong block's scale is caught too.
+kernel that applies the wrong block's scale is caught too. MXFP4's scale is a power of two (E8M0):
+each block takes one of the two powers around its target scale at random, with the odds that keep
+the expected square of the scale, so the tensor's std is still linear in the requested one.
 
 The std of a tensor whose scales are all "unit" is measured once per type by dequantizing a fixed
 sample with `gguf.quants` (the reference codec) and cached; the scale is then linear in `d`.
@@ -72,7 +74,9 @@ def _random_blocks(qt: QT, n_blocks: int, rng: np.random.Generator, scale: float
     u = rng.uniform(_U_LO, _U_HI, n_blocks).astype(np.float32)
     d = _to_f16(u * np.float32(scale))
 
-    if qt == QT.Q8_0:
+    if qt == QT.MXFP4:
+        view["e"] = _e8m0(u * np.float32(scale), rng)
+    elif qt == QT.Q8_0:
         # a real Q8_0 block never holds -128 (the quantizer's range is [-127, 127])
         view["qs"] = rng.integers(-127, 128, size=(n_blocks, 32), dtype=np.int8)
         view["d"] = d
@@ -98,6 +102,23 @@ def _random_blocks(qt: QT, n_blocks: int, rng: np.random.Generator, scale: float
         # a valid block, so only the f16 scale needs writing
         view["d"] = d
     return raw
+
+
+# E8M0 byte of the scale 1 as ggml reads MXFP4 (GGML_E8M0_TO_FP32_HALF: 2**(e - 128), the
+# E2M1 values being doubled)
+_E8M0_ONE = 128
+
+
+def _e8m0(target: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """E8M0 bytes of scales 2**k near `target` (float32 [n]): the power below or above, the one
+    above with probability p so that E[scale**2] = target**2 (p = (t**2 / 4**k_lo - 1) / 3)."""
+    k = np.floor(np.log2(target.astype(np.float64)))
+    p = ((target.astype(np.float64) / 2.0**k) ** 2 - 1.0) / 3.0
+    k = k + (rng.random(target.shape) < p)
+    e = k + _E8M0_ONE
+    if np.any(e < 2) or np.any(e > 254):  # (e < 2: ggml's subnormal halves; 255: NaN in OCP)
+        raise ValueError("requested std is out of range for an E8M0 block scale")
+    return e.astype(np.uint8)
 
 
 def _pack_scale_min_k4(sc: np.ndarray, m: np.ndarray) -> np.ndarray:

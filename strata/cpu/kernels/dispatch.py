@@ -27,6 +27,8 @@ from strata.cpu.kernels.kquants.avx2 import dot_q4_k_avx2, dot_q5_k_avx2, dot_q6
 from strata.cpu.kernels.kquants.avx512 import dot_q4_k_avx512, dot_q5_k_avx512, dot_q6_k_avx512
 from strata.cpu.kernels.kquants.portable import dot_q4_k, dot_q5_k, dot_q6_k
 from strata.cpu.kernels.lut4 import dot_lut4_2xxs_avx2, dot_lut4_avx2, dot_lut4_s_avx2
+from strata.cpu.kernels.mxfp4.avx2 import dot_mxfp4_avx2
+from strata.cpu.kernels.mxfp4.portable import dot_mxfp4
 from strata.cpu.kernels.q8_0.portable import dot_q8_0
 from strata.cpu.kernels.tile import (
     TILE,
@@ -41,10 +43,12 @@ from strata.cpu.kernels.tile import (
 K_F32, K_F16, K_BF16, K_Q8_0 = 0, 1, 2, 3
 K_Q4_K, K_Q5_K, K_Q6_K, K_IQ4_XS = 4, 5, 6, 7
 K_IQ3_XXS, K_IQ3_S, K_IQ2_XXS, K_IQ2_S, K_IQ1_M = 8, 9, 10, 11, 12
+K_MXFP4 = 13
 # AVX2 kernels: on the GGUF bytes, or on a repacked layout (lut4, t2: see layout.py)
 K_Q4_K_AVX2, K_Q5_K_AVX2, K_Q6_K_AVX2, K_IQ4_XS_AVX2, K_Q8_0_AVX2 = 20, 25, 26, 27, 28
 K_IQ3_XXS_LUT4_AVX2, K_IQ3_S_LUT4_AVX2, K_IQ2_XXS_LUT4_AVX2 = 22, 30, 32
 K_IQ2_S_LUT4_AVX2, K_IQ1_M_T2_AVX2 = 52, 24
+K_MXFP4_AVX2 = 29
 # AVX-512 VBMI + VNNI kernels: IQ1_M's T2, IQ3_XXS position-major (pm), K-quants' GGUF bytes
 K_IQ1_M_T2_AVX512, K_IQ3_XXS_PM_AVX512 = 41, 44
 K_Q4_K_AVX512, K_Q5_K_AVX512, K_Q6_K_AVX512 = 53, 54, 55
@@ -63,11 +67,13 @@ KERNELS = {
     K_IQ2_XXS: dot_iq2_xxs,
     K_IQ2_S: dot_iq2_s,
     K_IQ1_M: dot_iq1_m,
+    K_MXFP4: dot_mxfp4,
     K_Q4_K_AVX2: dot_q4_k_avx2,
     K_Q5_K_AVX2: dot_q5_k_avx2,
     K_Q6_K_AVX2: dot_q6_k_avx2,
     K_IQ4_XS_AVX2: dot_iq4_xs_avx2,
     K_Q8_0_AVX2: dot_q8_0_avx2,
+    K_MXFP4_AVX2: dot_mxfp4_avx2,
     K_IQ3_XXS_LUT4_AVX2: dot_lut4_avx2,
     K_IQ3_S_LUT4_AVX2: dot_lut4_s_avx2,
     K_IQ2_XXS_LUT4_AVX2: dot_lut4_2xxs_avx2,

@@ -29,3 +29,5 @@ KVALUES_IQ4NL = np.array(gq.IQ4_NL.kvalues, dtype=np.int8)  # [16]
 # the eight IQ3_XXS magnitudes in increasing order (a weight is one of them, with a sign)
 IQ3XXS_LEVELS = np.unique(IQ3XXS_GRID).astype(np.int8)
 assert IQ3XXS_LEVELS.size == 8
+# MXFP4's E2M1 values doubled (ggml's kvalues_mxfp4: 0, 1, 2, 3, 4, 6, 8, 12, then negated)
+KVALUES_MXFP4 = np.array(gq.MXFP4.kvalues, dtype=np.int8)  # [16]

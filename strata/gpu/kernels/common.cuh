@@ -244,6 +244,20 @@ __device__ __forceinline__ void ld_words_a2(const u8* p, u32* w) {
     for (int k = 0; k < N; ++k) w[k] = (u32)((((u64)v[k + 1] << 32) | v[k]) >> (8 * off));
 }
 
+// ... and at any byte p (MXFP4's 17-byte blocks): the aligned words holding [p, p + 4N), each
+// pair shifted by p's offset (0-3 bytes); nothing outside those words is read
+template <int N>
+__device__ __forceinline__ void ld_words_a1(const u8* p, u32* w) {
+    const int off = (int)((u64)p & 3);
+    const u32* a = (const u32*)(p - off);
+    u32 v[N + 1];
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = a[k];
+    v[N] = a[off ? N : N - 1];
+#pragma unroll
+    for (int k = 0; k < N; ++k) w[k] = (u32)((((u64)v[k + 1] << 32) | v[k]) >> (8 * off));
+}
+
 __device__ __forceinline__ void ld_w4_a16(const u8* p, u32* w) {
     const uint4 v = *(const uint4*)p;
     w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;

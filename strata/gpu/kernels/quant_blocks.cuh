@@ -23,6 +23,7 @@
 #define QT_IQ2_S 22
 #define QT_IQ4_XS 23
 #define QT_IQ1_M 29
+#define QT_MXFP4 39
 #define QT_BF16 30
 
 // How the decode reads its formats (the same integers whichever way; these are the measured
@@ -401,6 +402,34 @@ struct Fmt<QT_IQ4_XS> {
     }
 };
 
+// MXFP4 (gpt-oss experts): an E8M0 byte e, then 16 bytes of E2M1 codes (weight j in the low
+// nibble of byte j, weight j + 16 in the high one). ggml's doubled E2M1 values (kvalues_mxfp4,
+// four immediates KVALUES_MXFP4_W*) times GGML_E8M0_TO_FP32_HALF(e) = 2**(e - 128). Blocks are
+// 17 bytes: a block starts at any byte, so its codes come from aligned words (ld_words_a1).
+__device__ __forceinline__ float e8m0_half(u32 e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);  // e < 2: subnormal
+}
+
+template <>
+struct Fmt<QT_MXFP4> {
+    enum { QK = 32, BB = 17, HAS_MIN = 0 };
+    FMT_NO_TAB
+    static __device__ __forceinline__ void decode(const u8* b, int j, int* w, float& s0,
+                                                  float& s1, float& mn) {
+        u32 qw[4];
+        ld_words_a1<4>(b + 1, qw);
+        s0 = s1 = e8m0_half(b[0]);
+        mn = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            w[k] = (int)lut16_bytes(qw[k] & 0x0F0F0F0Fu, KVALUES_MXFP4_W0, KVALUES_MXFP4_W1,
+                                    KVALUES_MXFP4_W2, KVALUES_MXFP4_W3);
+            w[k + 4] = (int)lut16_bytes((qw[k] >> 4) & 0x0F0F0F0Fu, KVALUES_MXFP4_W0,
+                                        KVALUES_MXFP4_W1, KVALUES_MXFP4_W2, KVALUES_MXFP4_W3);
+        }
+    }
+};
+
 template <>
 struct Fmt<QT_IQ3_XXS> {
     enum { QK = 256, BB = 98, HAS_MIN = 0 };
@@ -595,7 +624,8 @@ __device__ __forceinline__ float dot32(const int* w, float s0, float s1, float m
     X(iq3_s, QT_IQ3_S)     \
     X(iq2_xxs, QT_IQ2_XXS) \
     X(iq2_s, QT_IQ2_S)     \
-    X(iq1_m, QT_IQ1_M)
+    X(iq1_m, QT_IQ1_M)     \
+    X(mxfp4, QT_MXFP4)
 
 // ---- staged decode (decode-sized GEMVs: T <= 8) ----
 // A warp copies the bytes of WARP_SIZE consecutive sub-blocks of a row (a "chunk": whole blocks)
