@@ -161,24 +161,30 @@ class HelperCard:
         qg, _, qd = self.qtypes[layer]
         hact = self.hacts[int(fmt(qg).vec_dot)]
         aact = self.aacts[int(fmt(qd).vec_dot)]
-        with cp.cuda.Device(self.index), self.stream:
+        rt, st = cp.cuda.runtime, self.stream
+        up, down = rt.memcpyHostToDevice, rt.memcpyDeviceToHost
+        with cp.cuda.Device(self.index), st:
             for c0 in range(0, t, TMAX):
                 n = min(TMAX, t - c0)
                 # a chunk at a time through the pinned buffers (a decode step: one chunk)
                 self.h_pin.a[:n] = h[c0 : c0 + n]
                 self.s_pin.a[: n * k] = slots[c0 : c0 + n].reshape(-1)
                 self.w_pin.a[: n * k] = w[c0 : c0 + n].reshape(-1)
-                self.h_dev[:n].set(self.h_pin.a[:n], stream=self.stream)
-                self.pair_slot[: n * k].set(self.s_pin.a[: n * k], stream=self.stream)
-                self.pair_w[: n * k].set(self.w_pin.a[: n * k], stream=self.stream)
+                for dev, pin, nb in (
+                    (self.h_dev, self.h_pin, 4 * n * a.n_embd),
+                    (self.pair_slot, self.s_pin, 4 * n * k),
+                    (self.pair_w, self.w_pin, 4 * n * k),
+                ):
+                    rt.memcpyAsync(dev.data.ptr, pin.a.ctypes.data, nb, up, st.ptr)
                 norm_quant(self.K, self.h_dev, n, act=hact)
                 moe_experts(
                     self.K, self.qtypes[layer], (a.n_embd, a.expert_ff), self.stores, hact,
                     self.pair_slot, self.pair_w, n, k, self.moe_act, aact, self.y_dev,
                 )  # fmt: skip
-                self.y_dev[:n].get(stream=self.stream, out=self.y_pin.a[:n])
+                nb = 4 * n * a.n_embd
+                rt.memcpyAsync(self.y_pin.a.ctypes.data, self.y_dev.data.ptr, nb, down, st.ptr)
                 if c0 + n < t:  # the pinned buffers are reused by the next chunk
-                    self.stream.synchronize()
+                    st.synchronize()
                     y[c0 : c0 + n] = self.y_pin.a[:n]
             self._pending = (y, c0, n, self.stream.record())
 
