@@ -68,3 +68,29 @@ def test_helper_card_gives_the_single_gpu_tokens_and_takes_misses_off_the_pool(
     assert st["helper"].helper_hits[0] > 0 and st["auto"].helper_hits[0] > 0
     alone, helped = (st[k].cpu_experts_per_window() for k in ("alone", "helper"))
     assert helped < alone and st["auto"].cpu_experts_per_window() == 0.0
+
+
+def test_helper_sizes_its_slots_from_its_own_budget_and_refuses_a_count_past_it(
+    synth_model, two_devices
+):
+    from strata.gpu.budget import DeviceBudget
+    from strata.gpu.device import DeviceError, device_info
+    from strata.gpu.helper import HelperCard
+
+    model = load_model(synth_model("tiny", "Q4_K", seed=53, n_expert=16, n_expert_used=4))
+    info = device_info(1)
+    probe = HelperCard(model, info, slots=1, budget=DeviceBudget(total_mib=2048, widen=True))
+    one, ws = sum(probe.slot_bytes), probe.budget.reservations["workspace"]
+
+    def budget(room: int) -> DeviceBudget:  # `room` bytes left for the workspace and slots
+        b = DeviceBudget(total_mib=2048, widen=True)
+        b.reserve("taken", b.free_bytes - room)
+        return b
+
+    assert HelperCard(model, info, "auto", budget(ws + 3 * one + one // 2)).n_slots == 3
+    with pytest.raises(DeviceError, match="helper GPU 1: 4 expert slots"):
+        HelperCard(model, info, 4, budget(ws + 3 * one + one // 2))
+    with cp.cuda.Device(1):  # the slots live on the helper's device, counted in its pool
+        assert probe.stores[0].buf.device.id == 1
+        assert cp.get_default_memory_pool().used_bytes() > 0
+    assert cp.cuda.runtime.getDevice() == 0  # the primary stays current
