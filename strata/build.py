@@ -187,6 +187,8 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
         resident[:] = tier.load_resident(resident)
     if placed is not None:  # what the primary could not take runs in the pool; helpers load
         placed[(placed == PRIMARY) & ~resident] = CPU
+        if adaptive is not None:  # a helper's experts start warm, as the primary's do
+            adaptive.score[placed > PRIMARY] = 1.0
         for d, h in enumerate(helpers, 1):
             h.load(placed == d)
             say_once(h.describe())
