@@ -20,7 +20,7 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from strata.cpu.tier import EXPERT_MATS
-from strata.gpu.budget import MIB, DeviceBudget
+from strata.gpu.budget import MIB, BudgetError, DeviceBudget
 from strata.gpu.decode_graph import Pinned
 from strata.gpu.device import DeviceError, DeviceInfo, device_info, import_cupy
 from strata.gpu.experts import SlotStore, moe_experts
@@ -32,11 +32,16 @@ QT = GGMLQuantizationType
 TMAX = 32  # rows a launch (the decode kernels' chunk; a longer input runs in chunks)
 
 
-def helper_budget(cp, reserve_mib: int = 0) -> DeviceBudget:
-    """The current device's budget: its free memory now, less `reserve_mib` (the budget's own
-    runtime reserve and slack come off it again)."""
+def helper_budget(cp, index: int) -> DeviceBudget:
+    """The current device's budget: its free memory now (its context already made), of which
+    the budget's runtime reserve and slack are kept back."""
     free, _ = cp.cuda.runtime.memGetInfo()
-    return DeviceBudget(total_mib=int(free // MIB) - int(reserve_mib), widen=True)
+    try:
+        return DeviceBudget(total_mib=int(free // MIB), widen=True)
+    except BudgetError:
+        raise DeviceError(
+            f"helper GPU {index}: {free / MIB:.0f} MiB free, too little for an expert cache"
+        ) from None
 
 
 class HelperCard:
@@ -47,9 +52,9 @@ class HelperCard:
         self.info, self.index = info, info.index
         a = self.args = model.args
         self.model = model
-        self.K = kernels_for(info)
-        with cp.cuda.Device(self.index):
-            self.budget = budget if budget is not None else helper_budget(cp)
+        with cp.cuda.Device(self.index):  # its kernels, pool cap and buffers live on it
+            self.K = kernels_for(info)
+            self.budget = budget if budget is not None else helper_budget(cp, self.index)
             self.budget.install_pool_cap(cp)
             self.slot_bytes = [
                 max(model.tensor(t, i).nbytes // a.n_expert for i in range(a.n_layer))
@@ -77,7 +82,7 @@ class HelperCard:
         self._free = list(range(n - 1, -1, -1))
         self.uploads = 0
         self.hits = 0  # picks computed here
-        self._pending = None  # (rows, event) of the launch `collect` waits for
+        self._pending = None  # (y, last chunk's c0 and n, event): what `collect` waits for
 
     def describe(self) -> str:
         return (
