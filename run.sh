@@ -3,7 +3,8 @@
 # in a container where there is a GPU and Docker, natively otherwise (same config either way).
 #
 #   ./run.sh [--release qwen|coder|gpt-oss-20b|gpt-oss-120b|swift] [--quant Q] [--vram-budget-mib N]
-#            [--max-context N] [--port N] [--device auto|gpu|host] [--image NAME] [--native] [--dry-run]
+#            [--max-context N] [--port N] [--device auto|gpu|host] [--primary-device N]
+#            [--helper-cache DEV=auto|N,..] [--image NAME] [--native] [--dry-run]
 #
 # Every refusal happens before a container sees anything. The config is asked of
 # `strata resolve` (flags > STRATA_* > per-release tuning > defaults) and written as STRATA_*
@@ -20,7 +21,7 @@ die() {
     echo "run.sh: error: $*" >&2
     exit 2
 }
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 
 RELEASE="" QUANT="" BUDGET="" CTX="" PORT="${STRATA_PORT:-8000}" DEVICE="${STRATA_DEVICE:-auto}"
 IMAGE="${STRATA_IMAGE:-}" NATIVE=0 DRY=0
@@ -41,6 +42,8 @@ while (($#)); do
     --max-context) CTX=$(value "$@"); shift 2 ;;
     --port) PORT=$(value "$@"); shift 2 ;;
     --device) DEVICE=$(value "$@"); shift 2 ;;
+    --primary-device) export STRATA_PRIMARY_DEVICE; STRATA_PRIMARY_DEVICE=$(value "$@"); shift 2 ;;
+    --helper-cache) export STRATA_HELPER_CACHE; STRATA_HELPER_CACHE=$(value "$@"); shift 2 ;;
     --image) IMAGE=$(value "$@"); shift 2 ;;
     --native) NATIVE=1; shift ;;
     --dry-run) DRY=1; shift ;;
@@ -48,7 +51,8 @@ while (($#)); do
     *) die "unknown argument $arg (see ./run.sh --help)" ;;
     esac
 done
-for pair in "--vram-budget-mib:$BUDGET" "--max-context:$CTX" "--port:$PORT"; do
+for pair in "--vram-budget-mib:$BUDGET" "--max-context:$CTX" "--port:$PORT" \
+    "--primary-device:${STRATA_PRIMARY_DEVICE:-}"; do
     v=${pair#*:}
     [[ -z "$v" || "$v" =~ ^[0-9]+$ ]] || die "${pair%%:*} must be a whole number, got '$v'"
 done
@@ -60,7 +64,9 @@ if [[ -n "${HSA_OVERRIDE_GFX_VERSION:-}" ]]; then
     die "HSA_OVERRIDE_GFX_VERSION=$HSA_OVERRIDE_GFX_VERSION is set: Strata runs only on cards it validates as they are; unset it"
 fi
 
-# device: AMD from the KFD topology, NVIDIA from nvidia-smi
+# device: AMD from the KFD topology, NVIDIA from nvidia-smi. CUDA numbers the cards fastest first
+# unless told otherwise; nvidia-smi by PCI bus: the engine counts as the probe does
+export CUDA_DEVICE_ORDER=PCI_BUS_ID
 VENDOR="" ARCH="" VRAM="" RESERVE="" RENDER="" GPU_INDEX="${STRATA_PRIMARY_DEVICE:-0}"
 if gpu=$("$PY" docker/hipinfo.py --shell 2>/dev/null); then
     VENDOR=rocm
@@ -109,6 +115,22 @@ budget=${budget:-10240}
 if [[ "$DEVICE" == gpu && -n "$VENDOR" ]] && ((budget + RESERVE > VRAM)); then
     die "budget $budget MiB + $RESERVE MiB reserve exceeds the card's $VRAM MiB ($ARCH); pass --vram-budget-mib $((VRAM - RESERVE)) or less"
 fi
+# helper cards (--helper-cache; the resolver checked its form): each probed as the primary is
+HELPERS=$(sed -n 's/^STRATA_HELPER_CACHE=//p' <<<"$env_lines")
+HELPER_DEVS=()
+if [[ -n "$HELPERS" && "$DEVICE" == gpu ]]; then
+    IFS=',' read -r -a entries <<<"${HELPERS// /}"
+    for entry in "${entries[@]}"; do
+        d=${entry%%=*}
+        HELPER_DEVS+=("$d")
+        if [[ $VENDOR == cuda ]]; then
+            hq=$(nvidia-smi --id="$d" --query-gpu=compute_cap --format=csv,noheader,nounits \
+                2>/dev/null | head -n1) && [[ -n "$hq" ]] || die "helper GPU $d: nvidia-smi finds no such card"
+            ((${hq/./} >= 80)) || die "helper GPU $d: NVIDIA sm_${hq/./} is not supported: compute capability 8.0 or newer is needed"
+        fi
+    done
+    say "helper cards: $HELPERS (beside primary GPU $GPU_INDEX)"
+fi
 
 MODE=native
 if [[ "$DEVICE" == gpu && $NATIVE == 0 ]] && command -v docker >/dev/null 2>&1 &&
@@ -125,7 +147,20 @@ if [[ $MODE == container ]]; then
         die "image $IMAGE is too old: its io.strata.vram-budget label is '${label}', $GUARD_VERSION or newer carries the budget guard; rebuild: docker/build.sh --vendor $VENDOR --arch $ARCH"
     fi
     # the container resolves its own paths; it gets the inputs, not this host's paths
-    cenv=$(grep -v -E '^STRATA_(MODEL|PACK)=' <<<"$env_lines")
+    cenv=$(grep -v -E '^STRATA_(MODEL|PACK|PRIMARY_DEVICE|HELPER_CACHE)=' <<<"$env_lines")
+    # the container sees only the cards it is given, numbered 0.. in PCI order (their order
+    # here): the primary and helper ordinals are renumbered to what it sees
+    gpus=$(printf '%s\n' "$GPU_INDEX" "${HELPER_DEVS[@]}" | sort -n | paste -sd, -)
+    inner() { tr ',' '\n' <<<"$gpus" | grep -n -x -- "$1" | cut -d: -f1 | awk '{print $1 - 1}'; }
+    cenv+=$'\n'"STRATA_PRIMARY_DEVICE=$(inner "$GPU_INDEX")"
+    if ((${#HELPER_DEVS[@]})); then
+        [[ $VENDOR == rocm ]] && die "helper cards in the ROCm container are not wired (one render node is passed); start with --native"
+        spec=""
+        for entry in "${entries[@]}"; do
+            spec+="${spec:+,}$(inner "${entry%%=*}")=${entry#*=}"
+        done
+        cenv+=$'\n'"STRATA_HELPER_CACHE=$spec"$'\n'"CUDA_DEVICE_ORDER=PCI_BUS_ID"
+    fi
     [[ -n "${HF_HUB_OFFLINE:-}" ]] && cenv+=$'\n'"HF_HUB_OFFLINE=$HF_HUB_OFFLINE"
     packs_abs=$(dirname "$PACK_DIR")
     [[ "$packs_abs" == /* ]] || packs_abs="$ROOT/$packs_abs"
@@ -137,6 +172,8 @@ if [[ $MODE == container ]]; then
         for dev in /dev/kfd "$RENDER"; do
             cmd+=(--device "$dev" --group-add "$(stat -c %g "$dev" 2>/dev/null || echo video)")
         done
+    elif [[ "$gpus" == *,* ]]; then
+        cmd+=(--gpus "\"device=$gpus\"") # a list: docker reads --gpus as CSV, hence the quotes
     else
         cmd+=(--gpus "device=$GPU_INDEX")
     fi

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.config import ConfigError, EngineConfig, car_unwired
+from strata.config import ConfigError, EngineConfig, car_unwired, parse_helpers
 from strata.cpu.runner import PoolMissRunner
 from strata.engine.engine import Engine
 from strata.engine.tier import Tier, is_card
@@ -17,6 +17,7 @@ from strata.model.loader import Model
 from strata.progress import reporter
 from strata.routing.car import CarKnobs
 from strata.routing.profile import AdaptiveCache, UsageProfile, place
+from strata.routing.tiers import CPU, PRIMARY, TierMap, default_counts, place_tiers
 
 MiB = 1 << 20
 
@@ -159,6 +160,12 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
         slots = min(int(tier.n_slots), total)
     profile = UsageProfile.load(cfg.profile, a.n_layer, a.n_expert) if cfg.profile else None
     resident = resident_mask(model, slots, profile)
+    helpers = open_helper_cards(model, cfg, card and slots < total)
+    placed = None  # where each expert lives [L, E] (helper cards only)
+    if helpers:
+        counts = profile.counts if profile is not None else default_counts(a.n_layer, a.n_expert)
+        placed = place_tiers(counts, [slots, *(h.n_slots for h in helpers)])
+        resident = placed == PRIMARY  # resident_mask's placement, the helpers' next
     if slots >= total:
         car_unwired(cfg, "every expert is resident, no expert runs in the CPU pool")
     elif slots == 0:
@@ -178,6 +185,13 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
         )
     if card:  # the GPU tier uploads the placed experts now
         resident[:] = tier.load_resident(resident)
+    if placed is not None:  # what the primary could not take runs in the pool; helpers load
+        placed[(placed == PRIMARY) & ~resident] = CPU
+        if adaptive is not None:  # a helper's experts start warm, as the primary's do
+            adaptive.score[placed > PRIMARY] = 1.0
+        for d, h in enumerate(helpers, 1):
+            h.load(placed == d)
+            say_once(h.describe())
     # the experts the tier does not hold run in the CPU pool
     miss_runner = None
     if slots < total:
@@ -188,10 +202,15 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
                 cfg.threads,
                 pack=cfg.pack,
                 resident_experts=cfg.resident_experts,
-                skip=resident,
+                # the RAM copy leaves out what any card holds
+                skip=resident if placed is None else placed != CPU,
                 release=cfg.release,
                 progress=progress,
             )
+        if placed is not None:
+            from strata.engine.helpers import TieredMissRunner
+
+            miss_runner = TieredMissRunner(miss_runner, helpers, TierMap(placed, len(helpers)))
     if cfg.pack and miss_runner is None:  # not read on this run, but a wrong pack is refused
         from strata.cpu.pack import open_pack
 
@@ -205,5 +224,20 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
         adaptive=adaptive,
         trace_path=cfg.dump_router_scores,
         graphs=cfg.cuda_graphs,
-        device_routing=device_routing,
+        # the card's routing serves the primary and the pool; beside helpers the host routes
+        device_routing=device_routing and not helpers,
     )
+
+
+def open_helper_cards(model: Model, cfg: EngineConfig, wanted: bool) -> list:
+    """The helper cards of `--helper-cache` (strata/gpu/helper.py): only beside a GPU tier
+    that leaves experts to the CPU pool (else said once and none)."""
+    spec = parse_helpers(cfg.helper_cache)
+    if not spec:
+        return []
+    if not wanted:
+        say_once("--helper-cache unused: the primary GPU holds every expert, or there is none")
+        return []
+    from strata.gpu.helper import open_helpers
+
+    return open_helpers(model, spec, cfg.primary_device)

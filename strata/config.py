@@ -36,6 +36,8 @@ class EngineConfig:
     device: str = "auto"  # auto (GPU if there is one) | gpu | host
     primary_device: int = 0  # index of the GPU the engine runs on
     expert_cache: str | None = None  # "all" | "auto" | a slot count; None = auto on a GPU, else all
+    # expert caches on GPUs other than the primary: "DEV=auto|N[,DEV=...]" (None: none)
+    helper_cache: str | None = None
     profile: str | None = None  # usage profile that ranks experts for the cache
     adapt_swaps: int = 96
     car_threshold: float = DEFAULT_THRESHOLD
@@ -85,6 +87,7 @@ ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "device": ("STRATA_DEVICE", str),
     "primary_device": ("STRATA_PRIMARY_DEVICE", int),
     "expert_cache": ("STRATA_EXPERT_CACHE", str),
+    "helper_cache": ("STRATA_HELPER_CACHE", str),
     "profile": ("STRATA_PROFILE", str),
     "adapt_swaps": ("STRATA_ADAPT_SWAPS", int),
     "car_threshold": ("STRATA_CAR_THRESHOLD", number),
@@ -228,11 +231,40 @@ def _check(cfg: EngineConfig) -> None:
             ) from None
         if n < 0:
             raise ConfigError(f"--expert-cache must be >= 0, got {n}")
+    if cfg.helper_cache:
+        if any(d == cfg.primary_device for d, _ in parse_helpers(cfg.helper_cache)):
+            raise ConfigError(
+                f"--helper-cache names device {cfg.primary_device}, the primary device "
+                "(--primary-device)"
+            )
     if not 1281 <= cfg.vram_budget_mib <= 10240 and not cfg.vram_budget_widen:
         raise ConfigError(
             f"--vram-budget-mib {cfg.vram_budget_mib} is outside 1281..10240 "
             "(add --vram-budget-widen to allow it)"
         )
+
+
+def parse_helpers(spec: str | None) -> list[tuple[int, int | str]]:
+    """`--helper-cache` -> [(device ordinal, "auto" | slots)]: "1=auto,2=3400"; "" or None:
+    no helper. Refuses (ConfigError, one line) a malformed entry or a device named twice."""
+    out: list[tuple[int, int | str]] = []
+    for part in (spec or "").replace(" ", "").split(","):
+        if not part:
+            continue
+        dev, sep, size = part.partition("=")
+        try:
+            d = int(dev)
+            n: int | str = "auto" if size == "auto" else int(size)
+        except ValueError:
+            d, n = -1, -1
+        if not sep or d < 0 or (n != "auto" and int(n) < 1):
+            raise ConfigError(
+                f"--helper-cache entries are DEVICE=auto or DEVICE=SLOTS (slots >= 1), got {part!r}"
+            )
+        if any(d == o for o, _ in out):
+            raise ConfigError(f"--helper-cache names device {d} twice")
+        out.append((d, n))
+    return out
 
 
 def car_unwired(cfg: EngineConfig, reason: str) -> None:

@@ -39,6 +39,8 @@ def test_engine_arms_report_speed_hits_and_car(tmp_path, capsys):
     assert off["car_substitution_rate"] == 0.0 and on["car_substitution_rate"] > 0.0
     out = capsys.readouterr().out
     assert "decode t/s" in out and "% of host read" in out
+    assert "CPU experts a decode layer-window" in out
+    assert all(0 < r["cpu_experts_per_window"] <= 8 and r["helpers"] == [] for r in (off, on))
     assert doc["bandwidth"]["host_read_gbps"] > 0  # the ceiling, measured in the same run
     assert all(r["tier_weight_gbps"] > 0 for r in (off, on))
 

@@ -33,8 +33,10 @@ def test_environ_holds_only_the_settings_strata_reads(monkeypatch):
     assert got["STRATA_CTX"] == "512" and "STRATA_HOST_DENSE" not in got
 
 
-def test_at_most_thirty_strata_names():
-    assert len(set(config.NAMES)) == len(config.NAMES) <= 30
+def test_at_most_thirty_one_strata_names():
+    # 31 since STRATA_HELPER_CACHE (#53): run.sh hands the engine its config only as STRATA_*
+    # lines, natively and in the container, so a helper card needs one name there
+    assert len(set(config.NAMES)) == len(config.NAMES) <= 31
 
 
 NUMERIC = [var for var, parse in config.ENV.values() if parse in (int, config.number)]
@@ -64,3 +66,13 @@ def test_a_malformed_disk_floor_is_one_line_naming_the_variable(raw, capsys, mon
 def test_a_non_finite_float_flag_is_refused():
     with pytest.raises(ConfigError, match="finite"):
         resolve({"car_free_ratio": float("nan")}, {})
+
+
+def test_helper_cache_refuses_the_primary_and_malformed_entries():
+    with pytest.raises(ConfigError, match="the primary device"):
+        resolve({"helper_cache": "0=auto"}, {})
+    with pytest.raises(ConfigError, match="DEVICE=auto or DEVICE=SLOTS"):
+        resolve({"helper_cache": "1=lots"}, {})
+    with pytest.raises(ConfigError, match="twice"):
+        resolve({"helper_cache": "1=4,1=auto"}, {})
+    assert resolve({"helper_cache": "1=auto, 2=3400"}, {}).helper_cache == "1=auto, 2=3400"

@@ -73,6 +73,13 @@ class _StubCupy:
 
         allocator = None
 
+        class runtime:
+            current = 0
+
+            @classmethod
+            def getDevice(cls):
+                return cls.current
+
         @classmethod
         def set_allocator(cls, fn):
             cls.allocator = fn
@@ -106,6 +113,22 @@ def test_pool_cap_turns_out_of_memory_into_a_budget_error():
     alloc(1400 * MIB)
     with pytest.raises(BudgetExceeded, match=r"2048 MiB exceeded.*weights 1000 MiB"):
         alloc(200 * MIB)
+
+
+def test_an_allocation_on_a_helper_card_names_the_helpers_budget():
+    primary = DeviceBudget(total_mib=2048, runtime_reserve_mib=512, slack_mib=128)
+    primary.reserve("weights", 1000 * MIB)
+    primary.install_pool_cap(_StubCupy)
+    _StubCupy.cuda.runtime.current = 1
+    try:
+        helper = DeviceBudget(total_mib=4096, widen=True)
+        helper.reserve("helper_slots", 2000 * MIB)
+        helper.install_pool_cap(_StubCupy)
+        _StubCupy.pool.used = 0
+        with pytest.raises(BudgetExceeded, match=r"4096 MiB exceeded.*helper_slots 2000 MiB"):
+            _StubCupy.cuda.allocator(5000 * MIB)
+    finally:
+        _StubCupy.cuda.runtime.current = 0
 
 
 # ---- device discovery (no GPU needed) ----

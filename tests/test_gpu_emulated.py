@@ -65,3 +65,9 @@ def test_card_warm_copies_and_pcie_split_on_the_emulator(tmp_path):
     _on_the_emulator(
         32, tmp_path, str(tests / "test_card_warm.py"), str(tests / "test_card_split.py")
     )
+
+
+def test_helper_card_on_two_emulated_devices(tmp_path):
+    """A second emulated device holding expert slots (strata/gpu/helper.py): the single-GPU
+    run's tokens; its kernels refuse arrays of the other device (warp 32 only)."""
+    _on_the_emulator(32, tmp_path, str(ROOT / "tests" / "test_helper_cards.py"), timeout=900)

@@ -210,3 +210,43 @@ def test_a_pack_of_another_release_stops_the_native_start(tmp_path):
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("strata: error: ") and "release 'qwen'" in last
+
+
+def test_container_sees_the_primary_and_helpers_renumbered_as_it_numbers_them(launcher):
+    out, calls = launcher(
+        "--release", "swift", "--primary-device", "2", "--helper-cache", "0=auto,3=3400",
+        nvidia="9.0, 81559, 400",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    run = next(c for c in calls if c.startswith("run "))
+    assert '--gpus "device=0,2,3"' in run  # the container numbers them 0, 1, 2
+    env = dict(c[4:].split("=", 1) for c in calls if c.startswith("ENV "))
+    assert env["STRATA_PRIMARY_DEVICE"] == "1" and env["STRATA_HELPER_CACHE"] == "0=auto,2=3400"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    out, calls = launcher("--release", "swift", nvidia="9.0, 81559, 400", STRATA_PRIMARY_DEVICE="1")
+    run = next(c for c in calls if c.startswith("run ") and "device=1" in c)
+    env = [c for c in calls if c.startswith("ENV STRATA_PRIMARY_DEVICE")]
+    assert "--gpus device=1" in run and env[-1] == "ENV STRATA_PRIMARY_DEVICE=0"
+
+
+def test_native_start_keeps_the_primary_device_and_probes_each_helper(launcher):
+    out, _ = launcher(
+        "--release", "swift", "--native", "--dry-run", "--primary-device", "1",
+        "--helper-cache", "0=auto", nvidia="9.0, 81559, 400",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = engine_lines(out.stdout)
+    assert lines["STRATA_PRIMARY_DEVICE"] == "1" and lines["STRATA_HELPER_CACHE"] == "0=auto"
+    assert "helper cards: 0=auto" in out.stderr
+    smi = launcher.tmp / "bin" / "nvidia-smi"  # GPUs 0 and 1 only
+    smi.write_text(
+        '#!/bin/sh\ncase "$1" in --id=[01]) echo "9.0, 81559, 400" ;; *) exit 6 ;; esac\n'
+    )
+    bad, _ = launcher("--release", "swift", "--helper-cache", "1=auto,4=auto")
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "run.sh: error: helper GPU 4: nvidia-smi finds no such card"
+    )
+    bad, _ = launcher("--release", "swift", "--helper-cache", "1=auto", nvidia="9.0, 81559, 400",
+                      STRATA_PRIMARY_DEVICE="1")  # fmt: skip
+    assert bad.returncode == 2 and "the primary device" in bad.stderr.strip().splitlines()[-1]

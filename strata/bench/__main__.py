@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="resident experts for car-off/car-on (default: what the budget leaves)",
     )
     ap.add_argument(
+        "--helper-cache",
+        default=None,
+        metavar="DEV=auto|N[,...]",
+        help="car-off/car-on: expert caches on GPUs other than the primary (docs/SECOND_GPU.md)",
+    )
+    ap.add_argument(
         "--adapt-swaps",
         type=int,
         default=None,
@@ -226,6 +232,8 @@ def _arm_extra(ns, arm: str) -> dict:
         extra["car_mode"] = ns.car_mode
     if ns.expert_cache and arm in ("car-off", "car-on"):
         extra["expert_cache"] = ns.expert_cache
+    if ns.helper_cache and arm in ("car-off", "car-on"):
+        extra["helper_cache"] = ns.helper_cache
     return extra
 
 
@@ -347,6 +355,14 @@ def main(argv: list[str] | None = None) -> int:
                 if dev and r["tier"] != "host":
                     line += f"; card weights {card:.0f} GB/s = {100 * card / dev:.1f}% of copy"
                 print(line)
+                print(
+                    f"  {r['arm']}: CPU experts a decode layer-window "
+                    f"{r['cpu_experts_per_window']:.2f} ({r['decode_step']} step)"
+                    + "".join(
+                        f"; helper GPU {d}: {n} slots, {hits} hits"
+                        for d, n, hits in r.get("helpers", [])
+                    )
+                )
                 if r.get("split_windows"):
                     link, gather = r["pcie_link_gbps"] or 0, r["pcie_gather_gbps"] or 0
                     print(

@@ -156,6 +156,9 @@ def run_engine_arm(
         # decode misses split between the CPU pool and the PCIe link (eager decode windows;
         # over all runs): distinct missed experts a window, and the link's measured rates
         **_split_row(engine),
+        # the CPU pool's distinct experts a decode layer-window and each helper card's
+        # (ordinal, slots, hits) over all runs (warm-up included); the decode step's kind
+        **_tier_row(engine, cfg),
         # per-layer decode window split (graph decode steps; None on eager paths)
         **{f"win_{k}_ms": v for k, v in split.items()},
         "peak_device_mib": peak / MIB if used0 is not None else None,
@@ -186,6 +189,21 @@ def _split_row(engine) -> dict:
         row["pcie_link_gbps"] = 1e-9 / sp.link_s_per_byte if sp.link_s_per_byte else None
         row["pcie_gather_gbps"] = 1e-9 / sp.gather_s_per_byte if sp.gather_s_per_byte else None
     return row
+
+
+def _tier_row(engine, cfg) -> dict:
+    from strata.engine.helpers import TieredMissRunner
+
+    mr, st = engine.miss_runner, engine.stats
+    helpers = mr.helpers if isinstance(mr, TieredMissRunner) else []
+    return {
+        "decode_step": engine.step.kind,
+        "cpu_experts_per_window": st.cpu_experts_per_window(),
+        "helper_cache": cfg.helper_cache,
+        "helpers": [
+            (h.index, h.n_slots, hits) for h, hits in zip(helpers, st.helper_hits, strict=True)
+        ],
+    }
 
 
 def _windows(st) -> np.ndarray:

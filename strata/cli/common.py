@@ -79,6 +79,13 @@ def add_engine(p: argparse.ArgumentParser) -> None:
         default=None,
         help="resident experts: all (default), auto (what the budget leaves) or N",
     )
+    g.add_argument(
+        "--helper-cache",
+        default=None,
+        metavar="DEV=auto|N[,DEV=...]",
+        help="expert caches on GPUs other than the primary: N slots, or auto (the card's free "
+        "memory less a reserve); e.g. 1=auto or 1=3400,2=auto (docs/SECOND_GPU.md)",
+    )
     g.add_argument("--profile", default=None, help="usage profile ranking experts for the cache")
     g.add_argument(
         "--adapt-swaps",

@@ -87,7 +87,9 @@ def _stream(ns, prompt) -> int:
             f"prompt {res.prompt_tokens} tok, {res.prefill_tps:.1f} tok/s | "
             f"generated {len(res.tokens)} tok, {res.decode_tps:.1f} tok/s | {res.finish_reason} | "
             f"cache hit {st.hit_rate:.1%}, CAR substituted {st.substitution_rate:.1%} of "
-            f"decode misses, {st.swaps} swaps",
+            f"decode misses, {st.swaps} swaps | CPU experts a decode layer-window "
+            f"{st.cpu_experts_per_window():.2f}"
+            + "".join(f", helper {d + 1} hits {n}" for d, n in enumerate(st.helper_hits)),
             file=sys.stderr,
         )
     return 0

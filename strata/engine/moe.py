@@ -11,6 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
+from strata.engine.helpers import TieredMissRunner
 from strata.engine.pcie_split import PcieSplit
 from strata.engine.stats import EngineStats
 from strata.engine.tier import Tier
@@ -65,9 +66,14 @@ class Moe:
             self._to_device = tier.to_device if card else None
         self._prefetch_to = tier.prefetch if card else None  # uploads of admitted experts
         self._swaps: list[tuple[int, int]] = []  # the adaptive cache's swaps of this layer
+        # helper cards: the miss runner splits the misses and follows the swaps
+        self.tiers = miss_runner if isinstance(miss_runner, TieredMissRunner) else None
+        if self.tiers is not None:
+            self.tiers.bind(stats)
         # a card with staging slots beside the pool: decode misses split with the PCIe link
+        # (not beside helper cards, which hold some of the misses)
         self.split = None
-        if card and pool and getattr(tier, "stage_n", 0):
+        if card and pool and getattr(tier, "stage_n", 0) and self.tiers is None:
             self.split = PcieSplit(tier, tier.stage_link(), stats)
 
     def route(self, i: int, logits, decode: bool, pos: int, picks=None):
@@ -87,7 +93,9 @@ class Moe:
         router_ids = ids
         car = self.car
         if decode and car is not None and st.decode_steps >= car.warmup:
-            plan = car_plan_fast(ids, probs, resident, car, slack)  # car_plan's rule, compiled
+            # beside helper cards any card's expert is a candidate (its misses: the pool's)
+            on_card = resident if self.tiers is None else self.tiers.on_gpu(i)
+            plan = car_plan_fast(ids, probs, on_card, car, slack)  # car_plan's rule, compiled
             st.decode_misses_before_car += plan.misses
             n_sub = int(plan.substituted.sum())
             st.substitutions += n_sub
@@ -112,6 +120,8 @@ class Moe:
             self._swaps = self.adaptive.warm(i, router_ids)
             st.swaps += len(self._swaps)
             st.warm_swaps += len(self._swaps)
+        if self.tiers is not None:  # the evicted take the admitted's places; helpers admit
+            self.tiers.rebalance(i, router_ids, self._swaps, decode, self.adaptive)
         return ids, weights, hit
 
     def _warms(self) -> bool:

@@ -42,6 +42,11 @@ class EngineStats:
     split_windows: int = 0
     split_pool: int = 0
     split_pcie: int = 0
+    # helper cards (strata/engine/helpers.py): picks each computed; the CPU pool's distinct
+    # experts summed over the decode layer-windows counted
+    helper_hits: list[int] = field(default_factory=list)
+    cpu_experts: int = 0
+    cpu_windows: int = 0
 
     def add_window(
         self, t0: float, t1: float, t2: float, t3: float, layer: int = -1, jobs: int = 0
@@ -71,6 +76,16 @@ class EngineStats:
         """Mean per-layer decode window split: total, waiting on the card, routing, pool."""
         n = max(1, self.window_layers)
         return {k: 1e3 * getattr(self, f"{k}_s") / n for k in ("window", "wait", "route", "pool")}
+
+    def cpu_experts_per_window(self) -> float:
+        """Mean distinct experts the CPU pool computed a decode layer-window: counted where
+        helper cards split the misses, else the decode misses after CAR a layer (one token a
+        step: its picks are distinct)."""
+        if self.cpu_windows:
+            return self.cpu_experts / self.cpu_windows
+        layers = 0 if self.expert_hist is None else self.expert_hist.shape[0]
+        n = self.decode_steps * layers
+        return (self.decode_misses_before_car - self.substitutions) / n if n else 0.0
 
     def split_per_window(self) -> dict[str, float]:
         """Mean missed experts a decode window sent to the pool and over PCIe."""

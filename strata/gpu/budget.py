@@ -144,12 +144,15 @@ class DeviceBudget:
 
     # ---- the CuPy pool cap ----
     def install_pool_cap(self, cp=None) -> None:
-        """Cap CuPy's default pool at `pool_limit_bytes` and make every CuPy allocation that
-        would pass it raise `BudgetExceeded` with this budget's description."""
+        """Cap CuPy's default pool on the current device at `pool_limit_bytes` and make every
+        CuPy allocation that would pass it raise `BudgetExceeded` with the description of the
+        budget of the device it was made on (a helper card has its own: `_BY_DEVICE`)."""
         if cp is None:
             import cupy as cp
         pool = cp.get_default_memory_pool()
-        pool.set_limit(size=self.pool_limit_bytes)
+        pool.set_limit(size=self.pool_limit_bytes)  # CuPy's limit is the current device's
+        dev = int(cp.cuda.runtime.getDevice())
+        _BY_DEVICE[dev] = self
         oom = cp.cuda.memory.OutOfMemoryError
         budget = self
 
@@ -157,9 +160,14 @@ class DeviceBudget:
             try:
                 return pool.malloc(size)
             except oom as e:
+                b = _BY_DEVICE.get(int(cp.cuda.runtime.getDevice()), budget)
                 raise BudgetExceeded(
-                    f"{budget.describe_exceeded(size)}: allocating {size / MIB:.1f} MiB "
+                    f"{b.describe_exceeded(size)}: allocating {size / MIB:.1f} MiB "
                     f"failed ({' '.join(str(e).split())})"
                 ) from None
 
         cp.cuda.set_allocator(malloc)
+
+
+# device ordinal -> the budget capping its pool (the allocator is one for the process)
+_BY_DEVICE: dict[int, DeviceBudget] = {}

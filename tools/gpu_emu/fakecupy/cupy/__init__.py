@@ -29,6 +29,16 @@ class _Data:
 
 
 class ndarray(_np.ndarray):
+    """A device array: NumPy memory tagged with the device current when it was made (views
+    keep their base's); a kernel refuses an array of another device."""
+
+    def __array_finalize__(self, obj):
+        self.device_id = getattr(obj, "device_id", cuda.runtime._current)
+
+    @property
+    def device(self):
+        return cuda.Device(self.device_id)
+
     @property
     def data(self):
         return _Data(self)
@@ -51,7 +61,9 @@ class ndarray(_np.ndarray):
 
 
 def _wrap(a):
-    return _account(a.view(ndarray))
+    v = a.view(ndarray)
+    v.device_id = cuda.runtime._current
+    return _account(v)
 
 
 def _account(a):
@@ -61,8 +73,8 @@ def _account(a):
         import weakref
 
         pool = get_default_memory_pool()
-        n = a.nbytes
-        weakref.finalize(a, lambda: setattr(pool, "_used", pool._used - n))
+        n, dev = a.nbytes, cuda.runtime._current
+        weakref.finalize(a, lambda: pool.release(dev, n))
     return a
 
 
@@ -264,6 +276,12 @@ class _Kernel:
         for a, (base, ptr, pname) in zip(args, self.params, strict=True):
             if ptr:
                 if isinstance(a, _np.ndarray):
+                    dev = getattr(a, "device_id", None)
+                    if dev is not None and dev != cuda.runtime._current:
+                        raise ValueError(
+                            f"{self.name}.{pname}: an array of device {dev} in a kernel "
+                            f"launched on device {cuda.runtime._current}"
+                        )
                     want = _PTR_DT.get(base, "?")
                     if want is not None and want != "?" and a.dtype != want:
                         raise TypeError(f"{self.name}.{pname}: array dtype {a.dtype} for {base}*")

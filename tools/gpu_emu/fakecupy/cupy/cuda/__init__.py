@@ -4,20 +4,28 @@ from . import compiler, memory, runtime  # noqa
 
 
 class Device:
-    def __init__(self, i=0):
-        self.id = i
+    """A device ordinal (EMU_NDEV of them); as a context it makes itself current and restores
+    the previous one on exit, as CuPy's does."""
+
+    def __init__(self, i=None):
+        self.id = runtime._current if i is None else int(i)
+        self._prev = []
 
     def use(self):
+        if not 0 <= self.id < runtime.getDeviceCount():
+            raise runtime.CUDARuntimeError(f"cudaErrorInvalidDevice: device {self.id}")
         runtime._current = self.id
 
     def synchronize(self):
         pass
 
     def __enter__(self):
+        self._prev.append(runtime._current)
+        self.use()
         return self
 
     def __exit__(self, *a):
-        pass
+        runtime._current = self._prev.pop()
 
     @property
     def attributes(self):

@@ -9,12 +9,35 @@ class OutOfMemoryError(MemoryError):
 
 
 class MemoryPool:
+    """CuPy's default pool: a limit and a count of bytes per device (the current one's)."""
+
     def __init__(self):
-        self._limit = 0
-        self._used = 0
+        self._limits = {}
+        self._useds = {}
+
+    @property
+    def _dev(self):
+        from . import runtime
+
+        return runtime._current
+
+    @property
+    def _limit(self):
+        return self._limits.get(self._dev, 0)
+
+    @property
+    def _used(self):
+        return self._useds.get(self._dev, 0)
+
+    @_used.setter
+    def _used(self, v):
+        self._useds[self._dev] = v
+
+    def release(self, dev, n):
+        self._useds[dev] = self._useds.get(dev, 0) - n
 
     def set_limit(self, size=None, fraction=None):
-        self._limit = int(size or 0)
+        self._limits[self._dev] = int(size or 0)
 
     def get_limit(self):
         return self._limit
