@@ -619,6 +619,21 @@ def test_metrics_read_cache_and_car_rates_from_the_engine_stats(scripted, server
     assert _metric(server, "strata_cache_hit_rate") == 1.0  # the real engine: all resident
 
 
+def test_metrics_report_cpu_experts_a_window_and_each_helper_cards_picks():
+    from strata.engine.stats import EngineStats
+    from strata.serve.metrics import Metrics
+
+    a, b = EngineStats(), EngineStats()
+    a.decode_steps, a.cpu_experts, a.cpu_windows, a.helper_hits = 4, 30, 10, [5, 2]
+    b.decode_steps, b.cpu_experts, b.cpu_windows, b.helper_hits = 2, 10, 10, [1]
+    text = Metrics().render(queued=0, active=0, slots=1, engine_stats=[a, b])
+    assert "strata_cpu_experts_per_window 2.0" in text  # (3.0 + 1.0) / 2
+    assert 'strata_helper_card_picks_total{card="1"} 6' in text
+    assert 'strata_helper_card_picks_total{card="2"} 2' in text
+    idle = Metrics().render(queued=0, active=0, slots=1, engine_stats=[EngineStats()])
+    assert "strata_cpu_experts_per_window 0.0" in idle and "helper_card" not in idle
+
+
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

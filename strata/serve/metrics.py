@@ -39,6 +39,19 @@ def engine_rates(stats_list: Iterable[Any]) -> dict[str, float | None]:
     return out
 
 
+def tier_figures(stats_list: Iterable[Any]) -> tuple[float, list[int]]:
+    """Mean CPU-pool experts a decode layer-window over engines, and each helper card's picks
+    summed over engines (helper i at index i; empty without helper cards)."""
+    cpu, hits = [], []
+    for s in stats_list:
+        if callable(getattr(s, "cpu_experts_per_window", None)) and s.decode_steps:
+            cpu.append(float(s.cpu_experts_per_window()))
+        for i, n in enumerate(getattr(s, "helper_hits", None) or []):
+            hits.extend([0] * (i + 1 - len(hits)))
+            hits[i] += int(n)
+    return (sum(cpu) / len(cpu) if cpu else 0.0), hits
+
+
 def _esc(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -165,6 +178,20 @@ class Metrics:
             if rates[key] is None:
                 lines.append(f"# {name}: the engine does not report it; 0 until it does")
             metric(name, kind, help_, [("", rates[key] or 0)])
+        cpu, hits = tier_figures(engine_stats)
+        metric(
+            "strata_cpu_experts_per_window",
+            "gauge",
+            "Mean distinct experts the CPU pool computed a decode layer-window.",
+            [("", cpu)],
+        )
+        if hits:
+            metric(
+                "strata_helper_card_picks_total",
+                "counter",
+                "Expert picks computed on each helper card (--helper-cache).",
+                [(f'{{card="{i + 1}"}}', n) for i, n in enumerate(hits)],
+            )
         return "\n".join(lines) + "\n"
 
 
