@@ -61,6 +61,7 @@ def test_split_decode_matches_all_pool_and_all_resident(synth_model, device):
     st = engines["split"].stats
     assert st.split_pcie > 0 and st.split_pool > 0 and st.split_windows > 0
     assert engines["pool"].stats.split_windows == 0
+    assert st.link_gbps > 0 and st.gather_gbps > 0  # measured at start, printed by --stats
     got = np.array(logits["split"])
     for other in ("pool", "resident"):
         want = np.array(logits[other])

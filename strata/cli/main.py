@@ -89,7 +89,12 @@ def _stream(ns, prompt) -> int:
             f"cache hit {st.hit_rate:.1%}, CAR substituted {st.substitution_rate:.1%} of "
             f"decode misses, {st.swaps} swaps | CPU experts a decode layer-window "
             f"{st.cpu_experts_per_window():.2f}"
-            + "".join(f", helper {d + 1} hits {n}" for d, n in enumerate(st.helper_hits)),
+            + "".join(f", helper {d + 1} hits {n}" for d, n in enumerate(st.helper_hits))
+            + (
+                f" | host to card {st.link_gbps:.1f} GB/s (gather {st.gather_gbps:.1f} GB/s)"
+                if st.link_gbps
+                else ""
+            ),
             file=sys.stderr,
         )
     return 0

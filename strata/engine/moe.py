@@ -73,8 +73,11 @@ class Moe:
         # a card with staging slots beside the pool: decode misses split with the PCIe link
         # (not beside helper cards, which hold some of the misses)
         self.split = None
-        if card and pool and getattr(tier, "stage_n", 0) and self.tiers is None:
-            self.split = PcieSplit(tier, tier.stage_link(), stats)
+        if card and pool and getattr(tier, "stage_n", 0):
+            link = tier.stage_link()  # measured once at start; --stats reports it
+            stats.gather_gbps, stats.link_gbps = (1e-9 / max(v, 1e-30) for v in link)
+            if self.tiers is None:
+                self.split = PcieSplit(tier, link, stats)
 
     def route(self, i: int, logits, decode: bool, pos: int, picks=None):
         """Top-k, trace, CAR (decode), statistics, adaptive cache -> ids [T, K], weights

@@ -45,6 +45,10 @@ class EngineStats:
     # helper cards (strata/engine/helpers.py): picks each computed; the CPU pool's distinct
     # experts summed over the decode layer-windows counted
     helper_hits: list[int] = field(default_factory=list)
+    # the host-to-card path measured at start (strata/gpu/link.py): the host's gather into
+    # pinned memory and the link's copy, GB/s of expert bytes (0: not measured, no card)
+    gather_gbps: float = 0.0
+    link_gbps: float = 0.0
     cpu_experts: int = 0
     cpu_windows: int = 0
 
