@@ -53,7 +53,7 @@ class Model:
             if parts[0] == "blk" and len(parts) > 1 and parts[1].isdecimal():
                 ids.add(int(parts[1]))
         held = max(ids) + 1 if ids else 0
-        n = self.args.n_layer
+        n = self.args.n_layer + self.args.n_nextn  # block_count: the trunk and NextN layers
         if n != held:
             key = Keys.LLM.BLOCK_COUNT.format(arch=self.args.arch)
             raise BadMetadata(f"{self.path.name}: {key} is {n}, the file holds {held} layers")
@@ -61,7 +61,7 @@ class Model:
     def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
         m, a = self.arch_module, self.args
         shapes = dict(m.global_tensors(a))
-        for i in range(a.n_layer):
+        for i in range(a.n_layer + a.n_nextn):
             shapes.update(m.layer_tensors(a, i))
         return shapes
 
@@ -84,6 +84,8 @@ class Model:
                     f"{self.path.name}: tensor {tname} is {t.qtype.name}, "
                     + (f"{self.args.arch} stores it as {kinds}" if kinds else "not a type for it")
                 )
+        if hasattr(self.arch_module, "check"):  # what one tensor at a time cannot say
+            self.arch_module.check(self)
 
     def tensor(self, t: MT | str, layer: int | None = None) -> TensorRef:
         tname = t if isinstance(t, str) else name(t, layer)
@@ -126,7 +128,8 @@ class Model:
         return rows * (a.head_dim + a.v_head_dim) * 2
 
     def dense_bytes(self) -> int:
-        expert = {name(t, i) for i in range(self.args.n_layer) for t in EXPERT_TENSORS}
+        layers = range(self.args.n_layer + self.args.n_nextn)
+        expert = {name(t, i) for i in layers for t in EXPERT_TENSORS}
         return sum(t.nbytes for n, t in self.gguf.tensors.items() if n not in expert)
 
 

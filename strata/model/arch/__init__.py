@@ -11,11 +11,11 @@ from typing import Any
 
 from gguf.constants import Keys
 
-from strata.model.arch import qwen2moe, qwen3moe
+from strata.model.arch import qwen2moe, qwen3moe, qwen3next
 from strata.model.args import ModelArgs
 from strata.model.errors import UnsupportedArchitecture
 
-ARCHS: dict[str, ModuleType] = {m.ARCH: m for m in (qwen3moe, qwen2moe)}
+ARCHS: dict[str, ModuleType] = {m.ARCH: m for m in (qwen3moe, qwen2moe, qwen3next)}
 
 
 def get(arch: str) -> ModuleType:
