@@ -59,9 +59,9 @@ class Engine:
         self.model, self.args = model, model.args
         a = self.args
         if tier is None:
-            from strata.cpu.tier import HostTier
+            from strata.cpu.hybrid_tier import make_host_tier
 
-            tier = HostTier(model, n_ctx=n_ctx or min(a.n_ctx_train, 4096))
+            tier = make_host_tier(model, n_ctx=n_ctx or min(a.n_ctx_train, 4096))
         self.tier = tier
         self.miss_runner = miss_runner or tier
         if resident is None:  # which experts the tier holds: [L, E]; default all
