@@ -121,3 +121,10 @@ def test_host_tier_refuses_to_rewind_the_recurrent_state(tiny):
         e.forward([5])
     e.reset()
     e.forward([5])  # a new sequence starts afresh
+
+
+def test_qwen3next_without_deltanet_sizes_is_refused():
+    from strata.model.errors import BadMetadata
+
+    with pytest.raises(BadMetadata, match="ssm"):
+        make_args("tiny", "qwen3next")

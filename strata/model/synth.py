@@ -183,7 +183,10 @@ def make_args(shape: str, arch: str | None = None, **overrides) -> ModelArgs:
         kw.setdefault("shared_ff", 2 * kw["expert_ff"])
     kw.update({k: v for k, v in overrides.items() if v is not None})
     kw.setdefault("v_head_dim", kw["head_dim"])
-    return ModelArgs(arch=arch, **traits, **kw)
+    args = ModelArgs(arch=arch, **traits, **kw)
+    if hasattr(archs.get(arch), "check_args"):  # e.g. qwen3next needs a hybrid shape
+        archs.get(arch).check_args(args)
+    return args
 
 
 def _check_quant(tname: str, shape: tuple[int, ...], qt: QT) -> QT:

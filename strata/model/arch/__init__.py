@@ -30,4 +30,8 @@ def get(arch: str) -> ModuleType:
 def model_args(meta: dict[str, Any], n_vocab_fallback: int | None = None) -> ModelArgs:
     """ModelArgs from GGUF metadata, with the architecture's own traits."""
     arch = str(meta.get(Keys.General.ARCHITECTURE, ""))
-    return ModelArgs.from_metadata(meta, arch, get(arch).TRAITS, n_vocab_fallback)
+    mod = get(arch)
+    args = ModelArgs.from_metadata(meta, arch, mod.TRAITS, n_vocab_fallback)
+    if hasattr(mod, "check_args"):  # what the architecture needs beyond the common keys
+        mod.check_args(args)
+    return args

@@ -20,11 +20,11 @@ from gguf.constants import TENSOR_NAMES
 
 from strata.model.arch.common import global_tensors, name
 from strata.model.args import ModelArgs
-from strata.model.errors import MissingTensor
+from strata.model.errors import BadMetadata, MissingTensor
 
 ARCH = "qwen3next"
 TRAITS = dict(qk_norm=True, qkv_bias=False, norm_topk=True, shared_expert=True)
-__all__ = ["ARCH", "TRAITS", "OPTIONAL", "global_tensors", "layer_tensors", "check", "ssm_a_name"]
+__all__ = ["ARCH", "TRAITS", "OPTIONAL", "global_tensors", "layer_tensors", "check", "check_args"]
 
 # a DeltaNet layer's input projections: the split form (attn_qkv + attn_gate) or the legacy
 # fused one (ssm_in); `check` asks for one of the two
@@ -119,6 +119,12 @@ def layer_tensors(a: ModelArgs, i: int) -> dict[str, tuple[int, ...]]:
 def uses_split_qkv(has, i: int) -> bool:
     """Whether DeltaNet layer i stores attn_qkv + attn_gate (else the legacy ssm_in)."""
     return has(name(MT.ATTN_QKV, i))
+
+
+def check_args(a: ModelArgs) -> None:
+    """qwen3next is a hybrid: its ssm.* sizes are not optional (llama.cpp requires them too)."""
+    if not a.linear_attn:
+        raise BadMetadata(f"{ARCH}: the ssm.* keys (DeltaNet sizes) are missing")
 
 
 def check(model) -> None:
