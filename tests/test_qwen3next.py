@@ -128,3 +128,26 @@ def test_qwen3next_without_deltanet_sizes_is_refused():
 
     with pytest.raises(BadMetadata, match="ssm"):
         make_args("tiny", "qwen3next")
+
+
+def test_session_reuses_a_prefix_only_where_the_recurrent_state_stands(tiny):
+    """Prefix reuse keeps KV rows per position, a DeltaNet state only whole: a prompt that
+    extends the whole history continues it; one that shares part of it starts afresh. Either way
+    the logits are those of the prompt run from scratch."""
+    from strata.engine.session import Session
+
+    model = load_model(tiny)
+    s = Session(model, n_ctx=64)
+    fresh = Session(model, n_ctx=64)
+    a = [5, 6, 7, 8]
+    n, _ = s._prefill(a)
+    assert n == 0
+    n, got = s._prefill(a + [9, 10])  # extends the history: the state continues
+    assert n == 4
+    _, want = fresh._prefill(a + [9, 10])
+    assert position_errors(got[None], want[None])[0] < 1e-5
+    n, got = s._prefill(a[:2] + [11])  # shares 2 tokens: nothing kept
+    assert n == 0
+    fresh.history = []
+    _, want = fresh._prefill(a[:2] + [11])
+    np.testing.assert_array_equal(got, want)

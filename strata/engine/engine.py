@@ -130,6 +130,14 @@ class Engine:
     def n_ctx(self) -> int:
         return self.tier.n_ctx
 
+    def reusable(self, n: int) -> int:
+        """How many of the first n positions a new sequence may keep. KV rows are kept per
+        position; a recurrent (DeltaNet) state only as a whole, where it stands (it cannot go
+        back), so a hybrid model keeps n == pos or nothing."""
+        if self.args.linear_attn and n != self.pos:
+            return 0
+        return n
+
     def reset(self, keep: int = 0) -> None:
         """Forget the sequence past `keep` positions (the KV rows beyond are overwritten later)."""
         self.pos = min(self.pos, keep)
