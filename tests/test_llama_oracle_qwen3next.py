@@ -75,3 +75,32 @@ def test_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model, quant):
         decisive = np.array(margins) >= DECISIVE
         assert decisive.mean() > 0.5
         assert (forced.argmax(-1) == np.array(theirs))[decisive].all(), prompt
+
+
+def test_cpu_pool_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model):
+    """What `strata generate --device host` builds (dense matrices on the pool's kernels, every
+    expert in the CPU pool, the eager host step): llama.cpp's greedy tokens up to its own
+    near-ties, and every decisive teacher-forced step the same."""
+    from strata.build import build_engine
+    from strata.config import EngineConfig
+
+    path = synth_model("tiny-qwen3next", "IQ3_XXS", seed=5)
+    model = load_model(path)
+    engine = build_engine(model, EngineConfig(device="host", threads=2, n_ctx=128))
+    assert type(engine.tier).__name__ == "HybridHostTier" and engine.host_step is None
+    llm = open_llama(llama_cpp, path)
+    ids = model.tokenizer.encode("The capital of France is")
+    n = 16
+    theirs, margins = llama_greedy(llm, ids, n)
+    tok = int(np.argmax(engine.forward(ids)))
+    ours = [tok]
+    for _ in range(n - 1):
+        tok = engine.decode_greedy(tok)
+        ours.append(tok)
+    k = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), n)
+    if k < n:
+        assert margins[k] < DECISIVE, f"step {k} differs at margin {margins[k]:.3g}"
+    engine.reset()
+    forced = engine.forward(ids + theirs[:-1], all_logits=True)[len(ids) - 1 :]  # [n, V]
+    decisive = np.array(margins) >= DECISIVE
+    assert (forced.argmax(-1) == np.array(theirs))[decisive].all()

@@ -151,3 +151,11 @@ def test_session_reuses_a_prefix_only_where_the_recurrent_state_stands(tiny):
     fresh.history = []
     _, want = fresh._prefill(a[:2] + [11])
     np.testing.assert_array_equal(got, want)
+
+
+def test_kv_cache_counts_attention_layers_and_the_recurrent_state_its_own(tiny):
+    m = load_model(tiny)
+    a = m.args
+    assert m.kv_bytes(100) == 1 * 100 * a.n_head_kv * (a.head_dim + a.v_head_dim) * 2
+    c = 2 * 2 * 64 + 256
+    assert m.recurrent_bytes() == 3 * (3 * c + 4 * 64 * 64) * 4

@@ -122,10 +122,20 @@ class Model:
         """K and V for every layer at `n_ctx` positions: f16, or int8 with a float32 scale per
         row (token, KV head; K and V each)."""
         a = self.args
-        rows = a.n_layer * n_ctx * a.n_head_kv  # per K and per V
+        n_attn = sum(not a.is_recurrent(i) for i in range(a.n_layer))  # DeltaNet layers: none
+        rows = n_attn * n_ctx * a.n_head_kv  # per K and per V
         if kv_type == "int8":
             return rows * (a.head_dim + a.v_head_dim + 2 * 4)
         return rows * (a.head_dim + a.v_head_dim) * 2
+
+    def recurrent_bytes(self) -> int:
+        """One sequence's DeltaNet states in float32: per DeltaNet layer the conv window
+        [Kc-1, C] and the recurrent matrices [Hv, Dk, Dk] (0 without such layers)."""
+        a = self.args
+        n_rec = sum(a.is_recurrent(i) for i in range(a.n_layer))
+        c = 2 * a.ssm_n_group * a.ssm_d_state + a.ssm_d_inner
+        per = max(a.ssm_d_conv - 1, 0) * c + a.ssm_dt_rank * a.ssm_d_state**2
+        return n_rec * per * 4
 
     def dense_bytes(self) -> int:
         layers = range(self.args.n_layer + self.args.n_nextn)
