@@ -104,3 +104,26 @@ def test_cpu_pool_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model):
     forced = engine.forward(ids + theirs[:-1], all_logits=True)[len(ids) - 1 :]  # [n, V]
     decisive = np.array(margins) >= DECISIVE
     assert (forced.argmax(-1) == np.array(theirs))[decisive].all()
+
+
+def test_legacy_ssm_in_file_matches_llama_cpp(llama_cpp, synth_model, tmp_path):
+    """llama.cpp's legacy path (ssm_in, per key head [q, k, v, z]) and ours read the same file
+    the same way."""
+    from tests.test_qwen3next import legacy_copy
+
+    split = synth_model("tiny-qwen3next", "Q4_K", seed=21)
+    path = tmp_path / "legacy.gguf"
+    legacy_copy(split, path, load_model(split).args)
+    model = load_model(path)
+    llm = open_llama(llama_cpp, path)
+    ref = Reference(model, "llama", lanes=simd_lanes(llama_cpp))
+    rng = np.random.default_rng(21)
+    errs, tied = [], []
+    for _ in range(6):
+        tokens = rng.integers(0, model.args.n_vocab, size=4).tolist()
+        margins: list[np.ndarray] = []
+        errs.append(
+            position_errors(ref.forward(tokens, margins=margins), llama_logits(llm, tokens))
+        )
+        tied.append(near_tie_onward(margins))
+    assert_logits_match(np.concatenate(errs), 1e-4, apart=np.concatenate(tied))

@@ -159,3 +159,49 @@ def test_kv_cache_counts_attention_layers_and_the_recurrent_state_its_own(tiny):
     assert m.kv_bytes(100) == 1 * 100 * a.n_head_kv * (a.head_dim + a.v_head_dim) * 2
     c = 2 * 2 * 64 + 256
     assert m.recurrent_bytes() == 3 * (3 * c + 4 * 64 * 64) * 4
+
+
+def legacy_copy(src, dst, a) -> None:
+    """`src` with every DeltaNet layer's attn_qkv + attn_gate fused into the legacy ssm_in (per
+    key head [q, k, v, z] rows), as older converters wrote it: the same rows, reordered."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    t = {x.name: x for x in r.tensors}
+    hk, dk, rv = a.ssm_n_group, a.ssm_d_state, a.ssm_d_inner // a.ssm_n_group
+    drop, extra = [], {}
+    for i in range(a.n_layer):
+        if not a.is_recurrent(i):
+            continue
+        qkv, z = t[f"blk.{i}.attn_qkv.weight"], t[f"blk.{i}.attn_gate.weight"]
+        assert qkv.tensor_type == z.tensor_type
+        rows_qkv, rows_z = np.asarray(qkv.data), np.asarray(z.data)  # [rows, row bytes]
+        parts = []
+        for g in range(hk):
+            parts += [rows_qkv[g * dk : (g + 1) * dk], rows_qkv[(hk + g) * dk : (hk + g + 1) * dk]]
+            parts.append(rows_qkv[2 * hk * dk + g * rv : 2 * hk * dk + (g + 1) * rv])
+            parts.append(rows_z[g * rv : (g + 1) * rv])
+        drop += [qkv.name, z.name]
+        extra[f"blk.{i}.ssm_in.weight"] = (np.concatenate(parts), int(qkv.tensor_type))
+    del r
+    rewrite_gguf(src, dst, drop=drop, extra_tensors=extra)
+
+
+def test_legacy_fused_ssm_in_gives_the_same_logits(tiny, tmp_path):
+    """A file with ssm_in (older converters) in place of attn_qkv + attn_gate: the reference and
+    the CPU-only tier give the split file's logits."""
+    from strata.engine.engine import Engine
+
+    split = load_model(tiny)
+    legacy_path = tmp_path / "legacy.gguf"
+    legacy_copy(tiny, legacy_path, split.args)
+    legacy = load_model(legacy_path)
+    assert legacy.has("blk.0.ssm_in.weight") and not legacy.has("blk.0.attn_qkv.weight")
+    toks = [3, 700, 21, 900, 5]
+    want = Reference(split, "exact").forward(toks)
+    np.testing.assert_allclose(
+        Reference(legacy, "exact").forward(toks), want, rtol=0, atol=1e-10 * np.abs(want).max()
+    )
+    got = Engine(legacy, n_ctx=32).forward(toks, all_logits=True)
+    ref = Engine(split, n_ctx=32).forward(toks, all_logits=True)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
