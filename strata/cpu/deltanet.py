@@ -44,19 +44,19 @@ def conv(x, state, w):
     t, c = x.shape
     kc = w.shape[1]
     y = np.empty((t, c), np.float32)
-    for ch in range(c):
-        win = np.empty(kc - 1 + t, np.float32)
-        for j in range(kc - 1):
-            win[j] = state[j, ch]
-        for s in range(t):
-            win[kc - 1 + s] = x[s, ch]
-        for s in range(t):
-            acc = np.float32(0.0)
-            for j in range(kc):
-                acc += win[s + j] * w[ch, j]
-            y[s, ch] = acc
-        for j in range(kc - 1):
-            state[j, ch] = win[t + j]
+    for s in range(t):
+        for j in range(kc):  # row s + j of [state; x]
+            r = s + j
+            if r < kc - 1:
+                for ch in range(c):
+                    y[s, ch] = (y[s, ch] if j else np.float32(0.0)) + state[r, ch] * w[ch, j]
+            else:
+                for ch in range(c):
+                    y[s, ch] = (y[s, ch] if j else np.float32(0.0)) + x[r - kc + 1, ch] * w[ch, j]
+    for j in range(kc - 1):  # the last Kc-1 rows of [state; x], read before overwritten
+        r = t + j
+        for ch in range(c):
+            state[j, ch] = state[r, ch] if r < kc - 1 else x[r - kc + 1, ch]
     return y
 
 
@@ -73,9 +73,11 @@ def delta_rule_ref(q, k, v, g, beta, m: np.ndarray) -> np.ndarray:
     return out
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"})
 def delta_rule(q, k, v, g, beta, m):
-    """`delta_rule_ref` compiled (llama.cpp's loop: decay, correction, rank-1 update, read)."""
+    """`delta_rule_ref` compiled (llama.cpp's loop: decay, correction, rank-1 update, read),
+    the dot products summed in SIMD lanes (reassociated, as ggml_vec_dot_f32 does: float32
+    noise against the reference; a given T and state give the same bits every time)."""
     t_n, hv, dk = q.shape
     dv = v.shape[2]
     scale = np.float32(1.0 / np.sqrt(dk))
