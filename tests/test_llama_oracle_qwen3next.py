@@ -1,5 +1,6 @@
-"""qwen3next against llama.cpp (llama-cpp-python) on the same synthetic GGUF (tiny-qwen3next:
-3 gated DeltaNet layers, 1 gated attention layer, MoE with a shared expert, a NextN block).
+"""qwen3next and qwen35moe against llama.cpp (llama-cpp-python) on the same synthetic GGUF
+(tiny-qwen3next / tiny-qwen35moe: 3 gated DeltaNet layers, 1 gated attention layer, MoE with a
+shared expert, a NextN block).
 
 The reference copies llama.cpp's roundings (tests/oracle.py): on a first position without a
 rounding flip its logits are llama.cpp's bit for bit (measured 0 error with F32, Q8_0 and Q4_K
@@ -21,13 +22,19 @@ from tests.test_llama_oracle import DECISIVE, llama_greedy, llama_logits, open_l
 
 pytestmark = pytest.mark.llama
 
-MIXES = [("Q4_K", "Q8_0"), ("IQ3_XXS", "Q8_0"), ("Q8_0", "Q6_K")]
+MIXES = [
+    ("tiny-qwen3next", "Q4_K", "Q8_0"),
+    ("tiny-qwen3next", "IQ3_XXS", "Q8_0"),
+    ("tiny-qwen3next", "Q8_0", "Q6_K"),
+    ("tiny-qwen35moe", "Q4_K", "Q8_0"),
+    ("tiny-qwen35moe", "IQ2_XXS", "Q5_K"),
+]
 
 
-@pytest.mark.parametrize("quant,dense", MIXES)
-def test_reference_logits_match_llama_cpp(llama_cpp, synth_model, quant, dense):
+@pytest.mark.parametrize("shape,quant,dense", MIXES)
+def test_reference_logits_match_llama_cpp(llama_cpp, synth_model, shape, quant, dense):
     rng = np.random.default_rng()
-    path = synth_model("tiny-qwen3next", quant, dense=dense, seed=int(rng.integers(1000)))
+    path = synth_model(shape, quant, dense=dense, seed=int(rng.integers(1000)))
     model = load_model(path)
     llm = open_llama(llama_cpp, path)
     ref = Reference(model, "llama", lanes=simd_lanes(llama_cpp))
@@ -48,12 +55,15 @@ def test_reference_logits_match_llama_cpp(llama_cpp, synth_model, quant, dense):
     assert (np.concatenate(exact_errs) <= 1e-4).mean() < 0.2
 
 
-@pytest.mark.parametrize("quant", ["Q4_K", "IQ3_XXS"])
-def test_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model, quant):
+@pytest.mark.parametrize(
+    "shape,quant",
+    [("tiny-qwen3next", "Q4_K"), ("tiny-qwen3next", "IQ3_XXS"), ("tiny-qwen35moe", "Q4_K")],
+)
+def test_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model, shape, quant):
     """24 greedy steps on 2 prompts on the CPU-only tier: our tokens are llama.cpp's, except
     from a step llama.cpp itself nearly tied; teacher-forced on llama.cpp's tokens every
     decisive step picks the same token."""
-    path = synth_model("tiny-qwen3next", quant, seed=7)
+    path = synth_model(shape, quant, seed=7)
     model = load_model(path)
     tok = model.tokenizer
     llm = open_llama(llama_cpp, path)

@@ -205,3 +205,24 @@ def test_legacy_fused_ssm_in_gives_the_same_logits(tiny, tmp_path):
     got = Engine(legacy, n_ctx=32).forward(toks, all_logits=True)
     ref = Engine(split, n_ctx=32).forward(toks, all_logits=True)
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
+def test_qwen35moe_reads_beta_alpha_and_tiles_value_heads(tmp_path):
+    """qwen35moe: separate ssm_beta / ssm_alpha, no ssm_ba or legacy ssm_in, value heads tiled
+    over the key heads, the RoPE sections from the file."""
+    from strata.model.arch import qwen35moe
+    from strata.model.synth import SynthSpec, write_synthetic
+
+    a = make_args("tiny-qwen35moe")
+    assert a.v_heads_tiled and a.rope_sections == (3, 3, 2, 0)
+    t = qwen35moe.layer_tensors(a, 0)
+    assert t["blk.0.ssm_beta.weight"] == (4, 256) and "blk.0.ssm_ba.weight" not in t
+    assert "blk.0.ssm_in.weight" not in t and "blk.0.attn_qkv.weight" not in qwen35moe.OPTIONAL
+    path = write_synthetic(tmp_path / "q35.gguf", SynthSpec(a, seed=1), progress=False)[0]
+    m = load_model(path)
+    assert m.args.v_heads_tiled and m.args.rope_sections == (3, 3, 2, 0) and m.args.n_nextn == 1
+    x = np.arange(2 * 3).reshape(1, 2, 3)  # [T, Hk, Dk]
+    from strata.model.reference_hybrid import value_head_keys
+
+    assert value_head_keys(a, x)[0, :, 0].tolist() == [0, 3, 0, 3]  # j % Hk
+    assert value_head_keys(make_args("tiny-qwen3next"), x)[0, :, 0].tolist() == [0, 0, 3, 3]

@@ -1,7 +1,7 @@
-"""The CPU-only tier of hybrid linear-attention models (qwen3next): `HostTier` with gated DeltaNet
-layers (deltanet.py, a conv window and a recurrent state per layer) and gated full attention
-(output times sigmoid of the q projection's gate half, q/k RMS norm, NEOX RoPE over the first
-n_rot dims). The FFN side is HostTier's: the router reads post_attention_norm, the shared expert
+"""The CPU-only tier of hybrid linear-attention models (qwen3next, qwen35moe): `HostTier` with
+gated DeltaNet layers (deltanet.py, a conv window and a recurrent state per layer) and gated full
+attention (output times sigmoid of the q projection's gate half, q/k RMS norm, NEOX RoPE over the
+first n_rot dims; qwen35moe's multi-section RoPE is that for text). The FFN side is HostTier's: the router reads post_attention_norm, the shared expert
 is sigmoid-gated, the routed experts run in the CPU pool or here.
 
 The recurrent state holds one sequence and only moves forward: a forward at position 0 starts a
@@ -65,8 +65,12 @@ class HybridHostTier(HostTier):
             L["z"] = self._linear(MT.ATTN_GATE, i)  # [Hv*Dv, D]
         else:
             L["qkvz"] = self._linear(MT.SSM_IN, i)  # legacy: per key head [q, k, v, z]
+        if model.has(f"blk.{i}.ssm_ba.weight"):
+            L["ba"] = self._linear(MT.SSM_BETA_ALPHA, i)  # [2*Hv, D], per key head [b, a]
+        else:  # qwen35moe: two projections [Hv, D]
+            L["beta"] = self._linear(MT.SSM_BETA, i)
+            L["alpha"] = self._linear(MT.SSM_ALPHA, i)
         L.update(
-            ba=self._linear(MT.SSM_BETA_ALPHA, i),  # [2*Hv, D]
             conv_w=dequant(model.tensor(MT.SSM_CONV1D, i)),  # [C, Kc]
             dt_bias=dequant(model.tensor(f"blk.{i}.ssm_dt.bias")),  # [Hv]
             ssm_a=dequant(model.tensor(SSM_A.format(i=i))),  # [Hv], -exp(A_log)
@@ -117,14 +121,18 @@ class HybridHostTier(HostTier):
         self._state_at(layer, pos0)
         t, hk, hv, dk = x.shape[0], a.ssm_n_group, a.ssm_dt_rank, a.ssm_d_state
         h = self.rms_norm(x, L["attn_norm"])  # [T, D]
+        lins = [L["qkv"], L["z"]] if "qkv" in L else [L["qkvz"]]
+        lins += [L["ba"]] if "ba" in L else [L["beta"], L["alpha"]]
+        ys = linears(lins, h) if self.dense == "quant" else [lin(h) for lin in lins]
         if "qkv" in L:
-            qkv, z, ba = linears([L["qkv"], L["z"], L["ba"]], h) if self.dense == "quant" else (
-                L["qkv"](h), L["z"](h), L["ba"](h))  # fmt: skip
+            qkv, z = ys[0], ys[1]
         else:
-            mixed, ba = L["qkvz"](h), L["ba"](h)
-            qkv, z = _split_legacy(mixed, hk, dk)
-        ba = ba.reshape(t, hk, 2, hv // hk)
-        b, alpha = ba[:, :, 0].reshape(t, hv), ba[:, :, 1].reshape(t, hv)  # [T, Hv]
+            qkv, z = _split_legacy(ys[0], hk, dk)
+        if "ba" in L:
+            ba = ys[-1].reshape(t, hk, 2, hv // hk)
+            b, alpha = ba[:, :, 0].reshape(t, hv), ba[:, :, 1].reshape(t, hv)  # [T, Hv]
+        else:
+            b, alpha = ys[-2], ys[-1]
         beta = np.float32(1.0) / (np.float32(1.0) + np.exp(-b))
         g = dn.softplus(alpha + L["dt_bias"]) * L["ssm_a"]  # [T, Hv]
         y = dn.conv(np.ascontiguousarray(qkv, np.float32), self.conv_state[layer], L["conv_w"])
@@ -132,9 +140,12 @@ class HybridHostTier(HostTier):
         q = dn.l2_norm(y[:, : hk * dk].reshape(t, hk, dk), self.eps)  # [T, Hk, Dk]
         k = dn.l2_norm(y[:, hk * dk : 2 * hk * dk].reshape(t, hk, dk), self.eps)
         v = np.ascontiguousarray(y[:, 2 * hk * dk :].reshape(t, hv, dk))  # [T, Hv, Dv]
-        rep = hv // hk  # value head j reads key head j // rep
-        q = np.ascontiguousarray(np.repeat(q, rep, axis=1))  # [T, Hv, Dk]
-        k = np.ascontiguousarray(np.repeat(k, rep, axis=1))
+        rep = hv // hk  # value head j reads key head j // rep, or (tiled) j % Hk
+        if a.v_heads_tiled:
+            q, k = np.tile(q, (1, rep, 1)), np.tile(k, (1, rep, 1))  # [T, Hv, Dk]
+        else:
+            q, k = np.repeat(q, rep, axis=1), np.repeat(k, rep, axis=1)
+        q, k = np.ascontiguousarray(q), np.ascontiguousarray(k)
         o = dn.delta_rule(q, k, v, np.ascontiguousarray(g), np.ascontiguousarray(beta),
                           self.rec_state[layer])  # fmt: skip
         self.state_pos[layer] = pos0 + t

@@ -71,6 +71,8 @@ class ModelArgs:
     recurrent_layers: tuple[bool, ...] = ()  # per layer, from the file; () = by the interval
     n_rot: int = 0  # RoPE'd dims of a head (0: all, head_dim)
     n_nextn: int = 0  # NextN/MTP layers stored after the L trunk layers (a forward skips them)
+    v_heads_tiled: bool = False  # value head j reads key head j % Hk (qwen35moe); else j // (Hv/Hk)
+    rope_sections: tuple[int, ...] = ()  # multi-section RoPE (qwen35moe); text: all one position
 
     def __post_init__(self) -> None:
         problems = []
@@ -219,6 +221,12 @@ def _hybrid_fields(meta: Mapping[str, Any], arch: str, get, count) -> dict[str, 
         n_rot=count(Keys.Rope.DIMENSION_COUNT, 0),
         n_nextn=n_nextn,
     )
+    sections = get(Keys.Rope.DIMENSION_SECTIONS, None)
+    if sections is not None:
+        if not isinstance(sections, list) or any(type(v) is not int for v in sections):
+            key = Keys.Rope.DIMENSION_SECTIONS.format(arch=arch)
+            raise BadMetadata(f"{arch}: {key} = {_short(sections)} is not a list of integers")
+        kw["rope_sections"] = tuple(sections)
     rec = get(RECURRENT_LAYERS_KEY, None)
     if rec is not None:
         if not isinstance(rec, list) or any(type(r) not in (bool, int) for r in rec):
@@ -248,6 +256,8 @@ def _hybrid_problems(a: ModelArgs) -> list[str]:
         p.append(f"rope dimension_count {a.n_rot} not an even number in 0..{a.head_dim}")
     if not 0 <= a.n_nextn < MAX_COUNT or a.n_layer < 1:
         p.append(f"nextn_predict_layers {a.n_nextn} leaves {a.n_layer} trunk layers")
+    if a.rope_sections and (min(a.rope_sections) < 0 or 2 * sum(a.rope_sections) > a.rope_dims):
+        p.append(f"rope dimension_sections {list(a.rope_sections)} exceed {a.rope_dims} dims")
     if a.recurrent_layers and len(a.recurrent_layers) < a.n_layer:
         p.append(f"recurrent_layers has {len(a.recurrent_layers)} entries for {a.n_layer} layers")
     return p

@@ -35,7 +35,10 @@ def deltanet_inputs(ref, i: int, h: np.ndarray):
         z = ref.matmul(h, MT.ATTN_GATE, i)  # [T, Hv*Dv]
     else:
         qkv, z = split_legacy_qkvz(ref.matmul(h, MT.SSM_IN, i), a.ssm_n_group, a.ssm_d_state)
-    b, alpha = split_ba(ref.matmul(h, MT.SSM_BETA_ALPHA, i), a.ssm_n_group)  # [T, Hv] each
+    if ref.model.has(name(MT.SSM_BETA_ALPHA, i)):  # qwen3next: interleaved per key head
+        b, alpha = split_ba(ref.matmul(h, MT.SSM_BETA_ALPHA, i), a.ssm_n_group)  # [T, Hv] each
+    else:  # qwen35moe: two projections
+        b, alpha = ref.matmul(h, MT.SSM_BETA, i), ref.matmul(h, MT.SSM_ALPHA, i)
     g = softplus(alpha + ref.w(name(MT.SSM_DT, i, "bias"))) * ref.w(ssm_a_name(i))
     return qkv, z, g, sigmoid(b)
 
@@ -52,15 +55,21 @@ def deltanet(ref, i: int, x: np.ndarray, state: dict) -> np.ndarray:
     q = l2_norm(y[:, : hk * dk].reshape(t, hk, dk), a.rms_eps)  # [T, Hk, Dk]
     k = l2_norm(y[:, hk * dk : 2 * hk * dk].reshape(t, hk, dk), a.rms_eps)
     v = y[:, 2 * hk * dk :].reshape(t, hv, dk)  # [T, Hv, Dv]
-    rep = hv // hk  # value head j reads key head j // rep
-    q, k = np.repeat(q, rep, axis=1), np.repeat(k, rep, axis=1)  # [T, Hv, Dk]
+    q, k = value_head_keys(a, q), value_head_keys(a, k)  # [T, Hv, Dk]
     o = delta_rule(q, k, v, g, beta, state["m"])  # [T, Hv, Dv]
     o = gated_rms_norm(o, ref.w(MT.SSM_NORM, i), z.reshape(t, hv, dk), a.rms_eps)
     return ref.residual(x + ref.matmul(o.reshape(t, -1), MT.SSM_OUT, i))
 
 
+def value_head_keys(a, x: np.ndarray) -> np.ndarray:
+    """[T, Hk, Dk] -> [T, Hv, Dk]: value head j's key head, j // (Hv/Hk) or (tiled) j % Hk."""
+    rep = a.ssm_dt_rank // a.ssm_n_group
+    return np.tile(x, (1, rep, 1)) if a.v_heads_tiled else np.repeat(x, rep, axis=1)
+
+
 def partial_rope(ref, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """NEOX RoPE over the first n_rot dims of each head (frequencies by n_rot), the rest as is."""
+    """NEOX RoPE over the first n_rot dims of each head (frequencies by n_rot), the rest as is.
+    (qwen35moe's multi-section RoPE is this for text: every section has the token's position.)"""
     r = ref.args.rope_dims
     if r == x.shape[-1]:
         return ref.rope(x, pos)

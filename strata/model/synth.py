@@ -122,6 +122,32 @@ SHAPES: dict[str, dict] = {
         n_rot=16,
         n_nextn=1,
     ),
+    # qwen35moe: qwen3next's layout with separate beta / alpha projections, tiled value heads
+    # and multi-section RoPE
+    "tiny-qwen35moe": dict(
+        arch="qwen35moe",
+        n_vocab=1024,
+        n_embd=256,
+        n_layer=4,
+        n_head=4,
+        n_head_kv=2,
+        head_dim=64,
+        n_expert=8,
+        n_expert_used=2,
+        expert_ff=256,
+        shared_ff=256,
+        n_ctx_train=2048,
+        rope_theta=10_000_000.0,
+        ssm_d_conv=4,
+        ssm_d_inner=256,
+        ssm_d_state=64,
+        ssm_n_group=2,
+        ssm_dt_rank=4,
+        full_attn_interval=4,
+        n_rot=16,
+        rope_sections=(3, 3, 2, 0),
+        n_nextn=1,
+    ),
     # Qwen/Qwen3-Next-80B-A3B-Instruct's config.json
     "qwen3-next-80b-a3b": dict(
         arch="qwen3next",
@@ -183,6 +209,8 @@ def make_args(shape: str, arch: str | None = None, **overrides) -> ModelArgs:
         kw.setdefault("shared_ff", 2 * kw["expert_ff"])
     kw.update({k: v for k, v in overrides.items() if v is not None})
     kw.setdefault("v_head_dim", kw["head_dim"])
+    if getattr(archs.get(arch), "V_HEADS_TILED", False):
+        kw["v_heads_tiled"] = True
     args = ModelArgs(arch=arch, **traits, **kw)
     if hasattr(archs.get(arch), "check_args"):  # e.g. qwen3next needs a hybrid shape
         archs.get(arch).check_args(args)

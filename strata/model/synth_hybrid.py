@@ -44,7 +44,7 @@ def values(tname: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.n
 
 
 def add_metadata(w: gguf.GGUFWriter, a: ModelArgs) -> None:
-    """The keys llama.cpp's qwen3next loader reads besides the plain MoE ones."""
+    """The keys llama.cpp's qwen3next / qwen35moe loaders read besides the plain MoE ones."""
     w.add_ssm_conv_kernel(a.ssm_d_conv)
     w.add_ssm_inner_size(a.ssm_d_inner)
     w.add_ssm_state_size(a.ssm_d_state)
@@ -52,5 +52,7 @@ def add_metadata(w: gguf.GGUFWriter, a: ModelArgs) -> None:
     w.add_ssm_time_step_rank(a.ssm_dt_rank)
     w.add_full_attention_interval(a.full_attn_interval)
     w.add_rope_dimension_count(a.rope_dims)
+    if a.rope_sections:
+        w.add_rope_dimension_sections(list(a.rope_sections))
     if a.n_nextn:
         w.add_nextn_predict_layers(a.n_nextn)
