@@ -1,8 +1,9 @@
 """The CPU-only tier of hybrid linear-attention models (qwen3next, qwen35moe): `HostTier` with
 gated DeltaNet layers (deltanet.py, a conv window and a recurrent state per layer) and gated full
 attention (output times sigmoid of the q projection's gate half, q/k RMS norm, NEOX RoPE over the
-first n_rot dims; qwen35moe's multi-section RoPE is that for text). The FFN side is HostTier's: the router reads post_attention_norm, the shared expert
-is sigmoid-gated, the routed experts run in the CPU pool or here.
+first n_rot dims; qwen35moe's multi-section RoPE is that for text). The FFN side is HostTier's:
+the router reads post_attention_norm, the shared expert is sigmoid-gated, the routed experts run
+in the CPU pool or here.
 
 The recurrent state holds one sequence and only moves forward: a forward at position 0 starts a
 new sequence, one at the position the state has reached continues it, and any other position
