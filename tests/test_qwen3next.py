@@ -226,3 +226,19 @@ def test_qwen35moe_reads_beta_alpha_and_tiles_value_heads(tmp_path):
 
     assert value_head_keys(a, x)[0, :, 0].tolist() == [0, 3, 0, 3]  # j % Hk
     assert value_head_keys(make_args("tiny-qwen3next"), x)[0, :, 0].tolist() == [0, 0, 3, 3]
+
+
+def test_host_tier_keeps_kv_rows_for_attention_layers_only(tiny):
+    """One attention layer of four: one layer of KV rows, in f16 or int8 (both give the
+    reference's greedy tokens here)."""
+    from strata.cpu.hybrid_tier import make_host_tier
+    from strata.engine.engine import Engine
+
+    model = load_model(tiny)
+    toks = [9, 99, 999, 5, 55]
+    want = Reference(model, "llama").forward(toks).argmax(-1)
+    for kv in ("f16", "int8"):
+        tier = make_host_tier(model, 32, kv_type=kv)
+        assert tier.k_cache.shape[0] == 1 and tier.kv_row == {3: 0}
+        got = Engine(model, tier).forward(toks, all_logits=True)
+        assert (got.argmax(-1) == want).all(), kv

@@ -91,7 +91,14 @@ class HybridHostTier(HostTier):
             if a.is_recurrent(i):
                 self.conv_state[i] = np.zeros((a.ssm_d_conv - 1, c), np.float32)
                 self.rec_state[i] = np.zeros((a.ssm_dt_rank,) + (a.ssm_d_state,) * 2, np.float32)
+        c_layers = set(self.conv_state)
         self.state_pos = dict.fromkeys(self.conv_state, 0)  # the position each state is at
+        # KV rows for the attention layers only: layer -> its row in the caches
+        self.kv_row = {i: n for n, i in enumerate(i for i in range(a.n_layer) if i not in c_layers)}
+        n_attn = len(self.kv_row)
+        self.k_cache, self.v_cache = self.k_cache[:n_attn].copy(), self.v_cache[:n_attn].copy()
+        if self.k_scale is not None:
+            self.k_scale, self.v_scale = self.k_scale[:n_attn].copy(), self.v_scale[:n_attn].copy()
 
     def rope(self, x: np.ndarray, pos0: int) -> np.ndarray:
         """NEOX RoPE over the first n_rot dims of x [T, heads, Dh] at positions pos0.."""
@@ -181,6 +188,7 @@ class HybridHostTier(HostTier):
         a = self.args
         t = q.shape[0]
         s = pos0 + t
+        layer = self.kv_row[layer]  # its row in the attention layers' caches
         if self.kv_type == "int8":
             self.k_cache[layer, pos0:s], self.k_scale[layer, pos0:s] = quantize_kv_rows(k)
             self.v_cache[layer, pos0:s], self.v_scale[layer, pos0:s] = quantize_kv_rows(v)
