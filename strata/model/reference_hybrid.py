@@ -144,10 +144,44 @@ def new_state(ref) -> dict:
 
 def forward_hybrid(ref, tokens, record=None, margins=None, state: dict | None = None):
     """Logits [T, V] for `tokens` after the sequence `state` holds (None: a new one; updated)."""
+    return ref.matmul(trunk_hidden(ref, tokens, state, record, margins), MT.OUTPUT)  # [T, V]
+
+
+def new_nextn_state() -> dict:
+    """The NextN block's own KV (its attention layer) for one sequence."""
+    return {"k": [], "v": []}
+
+
+def forward_nextn(ref, h: np.ndarray, tokens, pos, state: dict | None = None) -> np.ndarray:
+    """The NextN (MTP) block of layer L: from the trunk's output-normed hidden rows h [T, D]
+    and the next tokens [T] (at positions pos [T]), the draft logits [T, V] for the token
+    after each. llama.cpp's graph_mtp: eh_proj([enorm(embed(tok)), hnorm(h)]) -> a gated
+    attention block with MoE and shared expert -> shared_head_norm (else output_norm) ->
+    shared_head_head (else output). `state` holds the block's KV across calls."""
+    i = ref.args.n_layer
+    st = new_nextn_state() if state is None else state
+    ids = np.asarray(tokens, dtype=np.int64)
+    own = name(MT.NEXTN_EMBED_TOKENS, i)
+    e = ref.w(own if ref.model.has(own) else MT.TOKEN_EMBD)[ids]  # [T, D]
+    eh = np.concatenate(
+        [ref.rms_norm(e, ref.w(MT.NEXTN_ENORM, i)), ref.rms_norm(h, ref.w(MT.NEXTN_HNORM, i))],
+        axis=-1,
+    )  # [T, 2D]
+    x = ref.matmul(eh, MT.NEXTN_EH_PROJ, i)  # [T, D]
+    x = gated_attention(ref, i, x, np.asarray(pos, dtype=np.float64), st)
+    x = moe(ref, i, x)
+    head_norm = name(MT.NEXTN_SHARED_HEAD_NORM, i)
+    x = ref.rms_norm(x, ref.w(head_norm if ref.model.has(head_norm) else MT.OUTPUT_NORM))
+    head = name(MT.NEXTN_SHARED_HEAD_HEAD, i)
+    return ref.matmul(x, head if ref.model.has(head) else MT.OUTPUT)  # [T, V]
+
+
+def trunk_hidden(ref, tokens, state=None, record=None, margins=None) -> np.ndarray:
+    """The trunk's output-normed hidden rows [T, D] (what the LM head and the NextN block read)."""
     a = ref.args
     st = new_state(ref) if state is None else state
     ids = np.asarray(tokens, dtype=np.int64)
-    x = ref.w(MT.TOKEN_EMBD)[ids]  # [T, D]
+    x = ref.w(MT.TOKEN_EMBD)[ids]
     pos = np.arange(st["pos"], st["pos"] + len(ids), dtype=np.float64)
     for i in range(a.n_layer):
         if a.is_recurrent(i):
@@ -156,5 +190,4 @@ def forward_hybrid(ref, tokens, record=None, margins=None, state: dict | None = 
             x = gated_attention(ref, i, x, pos, st[i])
         x = moe(ref, i, x, record, margins)
     st["pos"] += len(ids)
-    x = ref.rms_norm(x, ref.w(MT.OUTPUT_NORM))
-    return ref.matmul(x, MT.OUTPUT)  # [T, V]
+    return ref.rms_norm(x, ref.w(MT.OUTPUT_NORM))
