@@ -242,3 +242,27 @@ def test_host_tier_keeps_kv_rows_for_attention_layers_only(tiny):
         assert tier.k_cache.shape[0] == 1 and tier.kv_row == {3: 0}
         got = Engine(model, tier).forward(toks, all_logits=True)
         assert (got.argmax(-1) == want).all(), kv
+
+
+def test_host_tier_nextn_draft_matches_the_reference(tiny):
+    """The CPU-only tier's NextN block (its own KV row, its experts on the tier) gives the
+    reference's draft logits, in one call and in two (the KV carried)."""
+    from strata.cpu.hybrid_tier import make_host_tier
+    from strata.model.reference_hybrid import forward_nextn, trunk_hidden
+
+    model = load_model(tiny)
+    ref = Reference(model, "llama")
+    toks = [17, 230, 512, 8, 1000, 3]
+    h = trunk_hidden(ref, toks).astype(np.float32)  # [T, D]
+    nxt = toks[1:] + [77]
+    want = forward_nextn(ref, h.astype(np.float64), nxt, np.arange(6))
+    tier = make_host_tier(model, 32)
+    got = tier.nextn(h, np.array(nxt), 0)
+    errs = position_errors(got, want)
+    assert (errs < 1e-4).mean() >= 0.8 and errs.max() < FLIP_BOUND, errs
+    assert (got.argmax(-1) == want.argmax(-1)).all()
+    tier2 = make_host_tier(model, 32)
+    two = np.concatenate(
+        [tier2.nextn(h[:4], np.array(nxt[:4]), 0), tier2.nextn(h[4:], np.array(nxt[4:]), 4)]
+    )
+    assert position_errors(two, got).max() < 1e-5

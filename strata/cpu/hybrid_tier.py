@@ -20,7 +20,8 @@ from strata.cpu import deltanet as dn
 from strata.cpu.dense import linears
 from strata.cpu.half import round_f16, to_f32
 from strata.cpu.kv import dequantize_kv_rows, quantize_kv_rows
-from strata.cpu.tier import HOST_ATTN_SCORES_BYTES, HostTier, rope_inv_freq
+from strata.cpu.tier import EXPERT_MATS, HOST_ATTN_SCORES_BYTES, HostTier, rope_inv_freq
+from strata.quant import fmt
 from strata.quant.dequant import dequant
 
 SSM_A = "blk.{i}.ssm_a"  # the one tensor name without a .weight suffix
@@ -95,10 +96,60 @@ class HybridHostTier(HostTier):
         self.state_pos = dict.fromkeys(self.conv_state, 0)  # the position each state is at
         # KV rows for the attention layers only: layer -> its row in the caches
         self.kv_row = {i: n for n, i in enumerate(i for i in range(a.n_layer) if i not in c_layers)}
+        if a.n_nextn:  # the NextN block's attention has a row of its own (loaded on first use)
+            self.kv_row[a.n_layer] = len(self.kv_row)
         n_attn = len(self.kv_row)
         self.k_cache, self.v_cache = self.k_cache[:n_attn].copy(), self.v_cache[:n_attn].copy()
         if self.k_scale is not None:
             self.k_scale, self.v_scale = self.k_scale[:n_attn].copy(), self.v_scale[:n_attn].copy()
+
+    # ---- the NextN (MTP) block: a draft of the token after next ----
+    def _load_nextn(self) -> dict:
+        """Layer L's tensors (a gated attention block with MoE) and the NextN ones, on first use."""
+        model, i = self.model, self.args.n_layer
+        if len(self.layers) > i:
+            return self.layers[i]
+        L = self._load_layer(i)
+
+        def opt(tname: str, fallback):
+            return tname if model.has(tname) else fallback
+
+        L.update(
+            eh_proj=self._linear(MT.NEXTN_EH_PROJ, i),  # [D, 2D]
+            enorm=dequant(model.tensor(MT.NEXTN_ENORM, i)),
+            hnorm=dequant(model.tensor(MT.NEXTN_HNORM, i)),
+            embd=model.tensor(opt(f"blk.{i}.nextn.embed_tokens.weight", MT.TOKEN_EMBD)),
+            head_norm=dequant(
+                model.tensor(opt(f"blk.{i}.nextn.shared_head_norm.weight", MT.OUTPUT_NORM))
+            ),
+        )
+        own_head = f"blk.{i}.nextn.shared_head_head.weight"
+        L["head"] = self._linear(own_head) if model.has(own_head) else self.lm_head
+        self.expert_vec_dot.append(
+            tuple(fmt(model.tensor(m, i).qtype).vec_dot for m in EXPERT_MATS)
+        )
+        self.layers.append(L)
+        return L
+
+    def nextn(self, h: np.ndarray, tokens: np.ndarray, pos0: int) -> np.ndarray:
+        """Draft logits [T, V] of the NextN block: h [T, D] the trunk's output-normed rows at
+        positions pos0.., tokens [T] the tokens after them (the reference's forward_nextn).
+        Its routed experts run on this tier; its KV row holds the positions drafted so far."""
+        a, i = self.args, self.args.n_layer
+        if not a.n_nextn:
+            raise ValueError(f"{a.arch}: this file has no NextN (MTP) block")
+        L = self._load_nextn()
+        e = dequant(L["embd"], np.asarray(tokens, dtype=np.int64))  # [T, D]
+        eh = np.concatenate([self.rms_norm(e, L["enorm"]), self.rms_norm(h, L["hnorm"])], axis=-1)
+        x = self.gated_attention(i, L["eh_proj"](eh), pos0)  # [T, D]
+        hn, logits = self.router(i, x)  # post_attention_norm; [T, E]
+        p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        ids = np.argsort(-p, axis=-1, kind="stable")[:, : a.n_expert_used]  # [T, K]
+        w = np.take_along_axis(p, ids, axis=-1)
+        w = w / np.maximum(w.sum(axis=-1, keepdims=True), np.float32(6.103515625e-5))
+        x = x + self.experts(i, hn, ids, w.astype(np.float32)) + self.shared_expert(i, hn)
+        return L["head"](self.rms_norm(x, L["head_norm"]))  # [T, V]
 
     def rope(self, x: np.ndarray, pos0: int) -> np.ndarray:
         """NEOX RoPE over the first n_rot dims of x [T, heads, Dh] at positions pos0.."""
