@@ -266,3 +266,19 @@ def test_host_tier_nextn_draft_matches_the_reference(tiny):
         [tier2.nextn(h[:4], np.array(nxt[:4]), 0), tier2.nextn(h[4:], np.array(nxt[4:]), 4)]
     )
     assert position_errors(two, got).max() < 1e-5
+
+
+def test_host_tier_snapshot_restores_the_recurrent_state(tiny):
+    """A snapshot taken after a prefix, restored after the sequence went on elsewhere, continues
+    as if the other tokens had never run."""
+    from strata.engine.engine import Engine
+
+    model = load_model(tiny)
+    e = Engine(model, n_ctx=32)
+    e.forward([4, 40, 400])
+    snap = e.tier.snapshot()
+    want = e.forward([7])
+    e.forward([8, 9])  # another continuation
+    e.reset(keep=e.tier.restore(snap))
+    assert e.pos == 3
+    np.testing.assert_array_equal(e.forward([7]), want)

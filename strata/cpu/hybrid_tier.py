@@ -164,6 +164,22 @@ class HybridHostTier(HostTier):
         return self.gated_attention(layer, x, pos0)
 
     # ---- DeltaNet ----
+    def snapshot(self) -> dict:
+        """A copy of every DeltaNet state and the position it stands at (a speculative step's
+        rollback point, a server's saved prefix); KV rows need none, they are kept per position."""
+        return {
+            i: (self.conv_state[i].copy(), self.rec_state[i].copy(), self.state_pos[i])
+            for i in self.conv_state
+        }
+
+    def restore(self, snap: dict) -> int:
+        """Put a `snapshot` back -> the position the sequence continues from."""
+        for i, (conv, rec, pos) in snap.items():
+            self.conv_state[i][...] = conv
+            self.rec_state[i][...] = rec
+            self.state_pos[i] = pos
+        return min((p for _, _, p in snap.values()), default=0)
+
     def _state_at(self, layer: int, pos0: int) -> None:
         """Start the layer's state afresh at position 0; refuse any position it is not at."""
         if pos0 == 0:
