@@ -86,6 +86,12 @@ def make_tier(
     prompt's missed experts run on the tier (`experts_staged`)."""
     if device not in DEVICES:
         raise ValueError(f"device must be auto, gpu or host, not {device!r}")
+    if model.args.linear_attn and device != "host":  # no DeltaNet kernels on the card yet
+        if device == "gpu":
+            raise DeviceError(f"--device gpu: {model.args.arch} runs on the CPU-only tier only")
+        if info is not None:
+            say_once(f"{model.args.arch}: the GPU tier has no DeltaNet layers yet, CPU-only tier")
+        info = None
     if device != "host" and info is not None:
         from strata.gpu.budget import DEFAULT_BUDGET_MIB, DeviceBudget
         from strata.gpu.cupy_tier import CupyTier
@@ -103,11 +109,11 @@ def make_tier(
         )
     if device == "gpu":
         raise DeviceError("--device gpu: no usable GPU (CuPy and a CUDA/ROCm device needed)")
-    from strata.cpu.tier import HostTier
+    from strata.cpu.hybrid_tier import make_host_tier
 
     # the dense matrices on the CPU pool's kernels, from the weights' own bytes
     with reporter("loading dense weights", unit="layer") as progress:
-        return HostTier(
+        return make_host_tier(
             model,
             n_ctx,
             kv_type=kv_type,
@@ -125,7 +131,9 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
     if n_ctx < 1:
         raise ConfigError(f"--ctx must be >= 1, got {n_ctx}")
     total = a.n_layer * a.n_expert
-    info = primary_device(cfg.primary_device) if cfg.device in ("auto", "gpu") else None
+    # a hybrid linear-attention model (qwen3next) runs on the CPU-only tier (make_tier says so)
+    card_ok = cfg.device in ("auto", "gpu") and not a.linear_attn
+    info = primary_device(cfg.primary_device) if card_ok else None
     on_gpu = info is not None
     # without a GPU every expert runs in the CPU pool by default: its quantized kernels beat the
     # host tier's emulation of the device in decode and prefill

@@ -27,6 +27,16 @@ def report(model: Model, budget_mib: int = 10240, n_ctx: int = 4096) -> str:
         f"rope theta {a.rope_theta:g}   ctx (train) {a.n_ctx_train}",
         f"experts    {a.n_expert} per layer, {a.n_expert_used} used per token, ffn {a.expert_ff}"
         + (f", shared expert ffn {a.shared_ff}" if a.shared_ff else ""),
+    ]
+    if a.linear_attn:
+        n_rec = sum(a.is_recurrent(i) for i in range(a.n_layer))
+        lines.append(
+            f"deltanet   {n_rec} of {a.n_layer} layers (key heads {a.ssm_n_group}, value heads "
+            f"{a.ssm_dt_rank}, head dim {a.ssm_d_state}, conv {a.ssm_d_conv}); rope dims "
+            f"{a.rope_dims}; state {_mib(model.recurrent_bytes())} a sequence; "
+            f"NextN layers {a.n_nextn}"
+        )
+    lines += [
         "",
         "tensor types:",
     ]

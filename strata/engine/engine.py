@@ -59,9 +59,9 @@ class Engine:
         self.model, self.args = model, model.args
         a = self.args
         if tier is None:
-            from strata.cpu.tier import HostTier
+            from strata.cpu.hybrid_tier import make_host_tier
 
-            tier = HostTier(model, n_ctx=n_ctx or min(a.n_ctx_train, 4096))
+            tier = make_host_tier(model, n_ctx=n_ctx or min(a.n_ctx_train, 4096))
         self.tier = tier
         self.miss_runner = miss_runner or tier
         if resident is None:  # which experts the tier holds: [L, E]; default all
@@ -129,6 +129,14 @@ class Engine:
     @property
     def n_ctx(self) -> int:
         return self.tier.n_ctx
+
+    def reusable(self, n: int) -> int:
+        """How many of the first n positions a new sequence may keep. KV rows are kept per
+        position; a recurrent (DeltaNet) state only as a whole, where it stands (it cannot go
+        back), so a hybrid model keeps n == pos or nothing."""
+        if self.args.linear_attn and n != self.pos:
+            return 0
+        return n
 
     def reset(self, keep: int = 0) -> None:
         """Forget the sequence past `keep` positions (the KV rows beyond are overwritten later)."""

@@ -59,6 +59,8 @@ class Session:
                 break
             n += 1
         n = min(n, len(prompt) - 1)  # always run at least one token to get logits
+        if hasattr(self.engine, "reusable"):  # a recurrent state keeps all it holds or nothing
+            n = self.engine.reusable(n)
         self.engine.reset(keep=n)
         self.history = list(prompt)
         return n, self.engine.forward(prompt[n:])

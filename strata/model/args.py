@@ -4,6 +4,10 @@ Shape letters used across Strata (defined once here):
   T = tokens in a batch, D = hidden size (n_embd), V = vocab, L = layers,
   H = query heads, G = KV heads, Dh = head dim, E = experts, K = experts used per token,
   F = expert FFN size, Fs = shared-expert FFN size, S = KV positions (sequence so far).
+Hybrid linear attention (qwen3next's gated DeltaNet layers):
+  Hk = linear-attention key heads (ssm_n_group), Hv = value heads (ssm_dt_rank),
+  Dk = their head dim (ssm_d_state, also the value head dim), C = conv channels 2*Hk*Dk + Hv*Dk,
+  Kc = conv kernel (ssm_d_conv).
 """
 
 from __future__ import annotations
@@ -57,6 +61,18 @@ class ModelArgs:
     qk_norm: bool = True  # per-head RMS norm on q and k (qwen3moe)
     qkv_bias: bool = False  # biases on q, k, v (qwen2moe)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    # hybrid linear attention (qwen3next); every 0 / () means "absent"
+    ssm_d_conv: int = 0  # Kc
+    ssm_d_inner: int = 0  # Hv * Dk
+    ssm_d_state: int = 0  # Dk
+    ssm_n_group: int = 0  # Hk
+    ssm_dt_rank: int = 0  # Hv
+    full_attn_interval: int = 0  # every n-th layer is full attention (with ssm_*)
+    recurrent_layers: tuple[bool, ...] = ()  # per layer, from the file; () = by the interval
+    n_rot: int = 0  # RoPE'd dims of a head (0: all, head_dim)
+    n_nextn: int = 0  # NextN/MTP layers stored after the L trunk layers (a forward skips them)
+    v_heads_tiled: bool = False  # value head j reads key head j % Hk (qwen35moe); else j // (Hv/Hk)
+    rope_sections: tuple[int, ...] = ()  # multi-section RoPE (qwen35moe); text: all one position
 
     def __post_init__(self) -> None:
         problems = []
@@ -79,8 +95,26 @@ class ModelArgs:
             )
         if not 0 < self.n_expert_used <= self.n_expert:
             problems.append(f"expert_used_count {self.n_expert_used} not in 1..{self.n_expert}")
+        problems += _hybrid_problems(self)
         if problems:
             raise ModelError(f"{self.arch}: inconsistent metadata: {'; '.join(problems)}")
+
+    @property
+    def linear_attn(self) -> bool:
+        """Whether some layers are gated DeltaNet (linear attention) layers."""
+        return self.ssm_d_state > 0
+
+    def is_recurrent(self, i: int) -> bool:
+        """Whether trunk layer i is a DeltaNet layer (else full attention)."""
+        if not self.linear_attn or i >= self.n_layer:
+            return False
+        if self.recurrent_layers:
+            return bool(self.recurrent_layers[i])
+        return (i + 1) % self.full_attn_interval != 0
+
+    @property
+    def rope_dims(self) -> int:
+        return self.n_rot or self.head_dim
 
     @property
     def q_dim(self) -> int:
@@ -142,11 +176,12 @@ class ModelArgs:
         if type(norm_topk) is not bool:
             key = Keys.LLM.EXPERT_WEIGHTS_NORM.format(arch=arch)
             raise BadMetadata(f"{arch}: {key} = {_short(norm_topk)} is not a bool")
+        hybrid = _hybrid_fields(meta, arch, get, count)
         return cls(
             arch=arch,
             n_vocab=n_vocab,
             n_embd=n_embd,
-            n_layer=count(Keys.LLM.BLOCK_COUNT),
+            n_layer=count(Keys.LLM.BLOCK_COUNT) - hybrid.get("n_nextn", 0),
             n_head=n_head,
             n_head_kv=count(Keys.Attention.HEAD_COUNT_KV, n_head),
             head_dim=head_dim,
@@ -161,7 +196,71 @@ class ModelArgs:
             norm_topk=norm_topk,
             qk_norm=traits["qk_norm"],
             qkv_bias=traits["qkv_bias"],
+            **hybrid,
         )
+
+
+# gguf 0.19 has no constant for it; llama.cpp's LLM_KV_ATTENTION_RECURRENT_LAYERS
+RECURRENT_LAYERS_KEY = getattr(
+    Keys.Attention, "RECURRENT_LAYERS", "{arch}.attention.recurrent_layers"
+)
+
+
+def _hybrid_fields(meta: Mapping[str, Any], arch: str, get, count) -> dict[str, Any]:
+    """The linear-attention keys of a hybrid model (present when ssm.state_size is); {} else."""
+    if Keys.SSM.STATE_SIZE.format(arch=arch) not in meta:
+        return {}
+    n_nextn = count(Keys.LLM.NEXTN_PREDICT_LAYERS, 0)
+    kw = dict(
+        ssm_d_conv=count(Keys.SSM.CONV_KERNEL),
+        ssm_d_inner=count(Keys.SSM.INNER_SIZE),
+        ssm_d_state=count(Keys.SSM.STATE_SIZE),
+        ssm_n_group=count(Keys.SSM.GROUP_COUNT),
+        ssm_dt_rank=count(Keys.SSM.TIME_STEP_RANK),
+        full_attn_interval=count(Keys.LLM.FULL_ATTENTION_INTERVAL, 4),
+        n_rot=count(Keys.Rope.DIMENSION_COUNT, 0),
+        n_nextn=n_nextn,
+    )
+    sections = get(Keys.Rope.DIMENSION_SECTIONS, None)
+    if sections is not None:
+        if not isinstance(sections, list) or any(type(v) is not int for v in sections):
+            key = Keys.Rope.DIMENSION_SECTIONS.format(arch=arch)
+            raise BadMetadata(f"{arch}: {key} = {_short(sections)} is not a list of integers")
+        kw["rope_sections"] = tuple(sections)
+    rec = get(RECURRENT_LAYERS_KEY, None)
+    if rec is not None:
+        if not isinstance(rec, list) or any(type(r) not in (bool, int) for r in rec):
+            key = RECURRENT_LAYERS_KEY.format(arch=arch)
+            raise BadMetadata(f"{arch}: {key} = {_short(rec)} is not a list of bools")
+        kw["recurrent_layers"] = tuple(bool(r) for r in rec)
+    return kw
+
+
+def _hybrid_problems(a: ModelArgs) -> list[str]:
+    """What is inconsistent in the linear-attention sizes (none when they are absent)."""
+    if not a.linear_attn:
+        return [] if a.n_nextn == 0 else [f"nextn_predict_layers {a.n_nextn} without ssm sizes"]
+    p = []
+    for n in ("ssm_d_conv", "ssm_d_inner", "ssm_d_state", "ssm_n_group", "ssm_dt_rank"):
+        if not 1 <= getattr(a, n) <= MAX_COUNT:
+            p.append(f"{n} = {getattr(a, n)} is not in 1..{MAX_COUNT}")
+    if p:
+        return p
+    if a.ssm_dt_rank % a.ssm_n_group:
+        p.append(f"ssm time_step_rank {a.ssm_dt_rank} not a multiple of group_count")
+    if a.ssm_d_inner != a.ssm_dt_rank * a.ssm_d_state:
+        p.append(f"ssm inner_size {a.ssm_d_inner} != time_step_rank x state_size")
+    if not 1 <= a.full_attn_interval <= MAX_COUNT:
+        p.append(f"full_attention_interval {a.full_attn_interval} is not >= 1")
+    if not 0 <= a.n_rot <= a.head_dim or a.n_rot % 2:
+        p.append(f"rope dimension_count {a.n_rot} not an even number in 0..{a.head_dim}")
+    if not 0 <= a.n_nextn < MAX_COUNT or a.n_layer < 1:
+        p.append(f"nextn_predict_layers {a.n_nextn} leaves {a.n_layer} trunk layers")
+    if a.rope_sections and (min(a.rope_sections) < 0 or 2 * sum(a.rope_sections) > a.rope_dims):
+        p.append(f"rope dimension_sections {list(a.rope_sections)} exceed {a.rope_dims} dims")
+    if a.recurrent_layers and len(a.recurrent_layers) < a.n_layer:
+        p.append(f"recurrent_layers has {len(a.recurrent_layers)} entries for {a.n_layer} layers")
+    return p
 
 
 def _short(v: Any) -> str:

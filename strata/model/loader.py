@@ -53,7 +53,7 @@ class Model:
             if parts[0] == "blk" and len(parts) > 1 and parts[1].isdecimal():
                 ids.add(int(parts[1]))
         held = max(ids) + 1 if ids else 0
-        n = self.args.n_layer
+        n = self.args.n_layer + self.args.n_nextn  # block_count: the trunk and NextN layers
         if n != held:
             key = Keys.LLM.BLOCK_COUNT.format(arch=self.args.arch)
             raise BadMetadata(f"{self.path.name}: {key} is {n}, the file holds {held} layers")
@@ -61,7 +61,7 @@ class Model:
     def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
         m, a = self.arch_module, self.args
         shapes = dict(m.global_tensors(a))
-        for i in range(a.n_layer):
+        for i in range(a.n_layer + a.n_nextn):
             shapes.update(m.layer_tensors(a, i))
         return shapes
 
@@ -84,6 +84,8 @@ class Model:
                     f"{self.path.name}: tensor {tname} is {t.qtype.name}, "
                     + (f"{self.args.arch} stores it as {kinds}" if kinds else "not a type for it")
                 )
+        if hasattr(self.arch_module, "check"):  # what one tensor at a time cannot say
+            self.arch_module.check(self)
 
     def tensor(self, t: MT | str, layer: int | None = None) -> TensorRef:
         tname = t if isinstance(t, str) else name(t, layer)
@@ -120,13 +122,24 @@ class Model:
         """K and V for every layer at `n_ctx` positions: f16, or int8 with a float32 scale per
         row (token, KV head; K and V each)."""
         a = self.args
-        rows = a.n_layer * n_ctx * a.n_head_kv  # per K and per V
+        n_attn = sum(not a.is_recurrent(i) for i in range(a.n_layer))  # DeltaNet layers: none
+        rows = n_attn * n_ctx * a.n_head_kv  # per K and per V
         if kv_type == "int8":
             return rows * (a.head_dim + a.v_head_dim + 2 * 4)
         return rows * (a.head_dim + a.v_head_dim) * 2
 
+    def recurrent_bytes(self) -> int:
+        """One sequence's DeltaNet states in float32: per DeltaNet layer the conv window
+        [Kc-1, C] and the recurrent matrices [Hv, Dk, Dk] (0 without such layers)."""
+        a = self.args
+        n_rec = sum(a.is_recurrent(i) for i in range(a.n_layer))
+        c = 2 * a.ssm_n_group * a.ssm_d_state + a.ssm_d_inner
+        per = max(a.ssm_d_conv - 1, 0) * c + a.ssm_dt_rank * a.ssm_d_state**2
+        return n_rec * per * 4
+
     def dense_bytes(self) -> int:
-        expert = {name(t, i) for i in range(self.args.n_layer) for t in EXPERT_TENSORS}
+        layers = range(self.args.n_layer + self.args.n_nextn)
+        expert = {name(t, i) for i in layers for t in EXPERT_TENSORS}
         return sum(t.nbytes for n, t in self.gguf.tensors.items() if n not in expert)
 
 

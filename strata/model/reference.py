@@ -21,6 +21,7 @@ from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
 from strata.model.loader import Model
+from strata.model.reference_hybrid import forward_hybrid
 from strata.quant import fmt
 from strata.quant.activation import roundtrip
 from strata.quant.dequant import dequant
@@ -238,6 +239,8 @@ class Reference:
     ) -> np.ndarray:
         """Logits [T, V] for every position of `tokens`. Per layer, `record` collects the router's
         ids [T, K] and `margins` its top-K tie margins [T]."""
+        if self.args.linear_attn:  # qwen3next: DeltaNet and gated attention layers
+            return forward_hybrid(self, tokens, record, margins)
         ids = np.asarray(tokens, dtype=np.int64)
         x = self.w(MT.TOKEN_EMBD)[ids]  # [T, D]
         pos = np.arange(len(ids), dtype=np.float64)

@@ -23,6 +23,7 @@ from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType, LlamaFileType
 
 from strata.model import arch as archs
+from strata.model import synth_hybrid
 from strata.model.arch.common import name
 from strata.model.args import ModelArgs
 from strata.quant import fmt
@@ -97,6 +98,80 @@ SHAPES: dict[str, dict] = {
         shared_ff=20480,
         n_ctx_train=32768,
     ),
+    # hybrid DeltaNet / gated attention: 3 DeltaNet layers + 1 attention layer, a NextN block
+    "tiny-qwen3next": dict(
+        arch="qwen3next",
+        n_vocab=1024,
+        n_embd=256,
+        n_layer=4,
+        n_head=4,
+        n_head_kv=2,
+        head_dim=64,
+        n_expert=8,
+        n_expert_used=2,
+        expert_ff=256,
+        shared_ff=256,
+        n_ctx_train=2048,
+        rope_theta=10_000_000.0,
+        ssm_d_conv=4,
+        ssm_d_inner=256,
+        ssm_d_state=64,
+        ssm_n_group=2,
+        ssm_dt_rank=4,
+        full_attn_interval=4,
+        n_rot=16,
+        n_nextn=1,
+    ),
+    # qwen35moe: qwen3next's layout with separate beta / alpha projections, tiled value heads
+    # and multi-section RoPE
+    "tiny-qwen35moe": dict(
+        arch="qwen35moe",
+        n_vocab=1024,
+        n_embd=256,
+        n_layer=4,
+        n_head=4,
+        n_head_kv=2,
+        head_dim=64,
+        n_expert=8,
+        n_expert_used=2,
+        expert_ff=256,
+        shared_ff=256,
+        n_ctx_train=2048,
+        rope_theta=10_000_000.0,
+        ssm_d_conv=4,
+        ssm_d_inner=256,
+        ssm_d_state=64,
+        ssm_n_group=2,
+        ssm_dt_rank=4,
+        full_attn_interval=4,
+        n_rot=16,
+        rope_sections=(3, 3, 2, 0),
+        n_nextn=1,
+    ),
+    # Qwen/Qwen3-Next-80B-A3B-Instruct's config.json
+    "qwen3-next-80b-a3b": dict(
+        arch="qwen3next",
+        n_vocab=151936,
+        n_embd=2048,
+        n_layer=48,
+        n_head=16,
+        n_head_kv=2,
+        head_dim=256,
+        n_expert=512,
+        n_expert_used=10,
+        expert_ff=512,
+        shared_ff=512,
+        n_ctx_train=262144,
+        rope_theta=10_000_000.0,
+        ssm_d_conv=4,
+        ssm_d_inner=4096,
+        ssm_d_state=128,
+        ssm_n_group=16,
+        ssm_dt_rank=32,
+        full_attn_interval=4,
+        n_rot=64,
+        n_nextn=1,
+    ),
 }
 
 
@@ -134,7 +209,12 @@ def make_args(shape: str, arch: str | None = None, **overrides) -> ModelArgs:
         kw.setdefault("shared_ff", 2 * kw["expert_ff"])
     kw.update({k: v for k, v in overrides.items() if v is not None})
     kw.setdefault("v_head_dim", kw["head_dim"])
-    return ModelArgs(arch=arch, **traits, **kw)
+    if getattr(archs.get(arch), "V_HEADS_TILED", False):
+        kw["v_heads_tiled"] = True
+    args = ModelArgs(arch=arch, **traits, **kw)
+    if hasattr(archs.get(arch), "check_args"):  # e.g. qwen3next needs a hybrid shape
+        archs.get(arch).check_args(args)
+    return args
 
 
 def _check_quant(tname: str, shape: tuple[int, ...], qt: QT) -> QT:
@@ -154,6 +234,7 @@ def tensor_plan(spec: SynthSpec) -> list[tuple[str, tuple[int, ...], QT, float]]
     mod = archs.get(a.arch)
     d = a.n_embd
     plan: list[tuple[str, tuple[int, ...], QT, float]] = []
+    hybrid = synth_hybrid.plan if a.linear_attn else (lambda *_: None)
     for tname, shape in mod.global_tensors(a).items():
         if tname == name(MT.OUTPUT) and spec.tied_output:
             continue
@@ -163,8 +244,14 @@ def tensor_plan(spec: SynthSpec) -> list[tuple[str, tuple[int, ...], QT, float]]
             plan.append((tname, shape, spec.dense_quant, spec.logit_gain / np.sqrt(d)))
         else:
             plan.append((tname, shape, QT.F32, 0.0))  # norms: ~1, see _norm_weight
-    for i in range(a.n_layer):
+    for i in range(a.n_layer + a.n_nextn):
         for tname, shape in mod.layer_tensors(a, i).items():
+            special = hybrid(tname, shape, spec.dense_quant)
+            if special == synth_hybrid.SKIP:
+                continue
+            if special is not None:
+                plan.append((tname, shape, *special))
+                continue
             _, _, base, suffix = tname.split(".")  # blk.N.<base>.<weight|bias>
             if suffix == "bias":
                 plan.append((tname, shape, QT.F32, 0.1))
@@ -219,6 +306,8 @@ class _Generator:
     def tensor(self, idx: int, tname: str, shape, qt: QT, std: float) -> np.ndarray:
         spec, a = self.spec, self.spec.args
         rng = np.random.default_rng([spec.seed, idx])
+        if a.linear_attn and (v := synth_hybrid.values(tname, shape, rng)) is not None:
+            return v
         if qt in (QT.F32,):
             if std == 0.0:  # norm weight: around 1
                 return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
@@ -279,7 +368,7 @@ def write_synthetic(out: str | os.PathLike, spec: SynthSpec, progress: bool = Tr
     w.add_vocab_size(a.n_vocab)
     w.add_context_length(a.n_ctx_train)
     w.add_embedding_length(a.n_embd)
-    w.add_block_count(a.n_layer)
+    w.add_block_count(a.n_layer + a.n_nextn)
     w.add_feed_forward_length(a.expert_ff)
     w.add_expert_feed_forward_length(a.expert_ff)
     if a.shared_ff:
@@ -292,6 +381,8 @@ def write_synthetic(out: str | os.PathLike, spec: SynthSpec, progress: bool = Tr
     w.add_layer_norm_rms_eps(a.rms_eps)
     w.add_expert_count(a.n_expert)
     w.add_expert_used_count(a.n_expert_used)
+    if a.linear_attn:
+        synth_hybrid.add_metadata(w, a)
     w.add_uint32("strata.synth.seed", spec.seed)
     w.add_float32("strata.synth.skew", spec.skew)
     if spec.routing_entropy is not None:
