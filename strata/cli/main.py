@@ -238,7 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("synth", help="write a random but valid MoE GGUF of a given shape and quant")
     s.add_argument("out", help="output .gguf path")
-    s.add_argument("--shape", default="tiny", help="tiny | small | qwen3-30b-a3b | qwen2-57b-a14b")
+    s.add_argument(
+        "--shape",
+        default="tiny",
+        help="tiny | small | qwen3-30b-a3b | qwen2-57b-a14b | tiny-gpt-oss | gpt-oss-20b | "
+        "gpt-oss-120b",
+    )
     s.add_argument("--arch", default=None, choices=list(ARCHS))
     s.add_argument("--quant", default="Q4_K", help="expert tensor type (e.g. IQ3_XXS)")
     s.add_argument("--dense-quant", default="Q8_0", help="attention and output tensor type")
