@@ -155,3 +155,31 @@ def test_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model, quant):
         decisive = np.array(margins) >= DECISIVE
         assert decisive.mean() > 0.5
         assert (forced.argmax(-1) == np.array(theirs))[decisive].all(), prompt
+
+
+# ---- gpt-oss: sinks, a sliding window of 8, biases, YaRN, the clamped SwiGLU ----
+
+
+@pytest.mark.parametrize("quant,dense", [("Q8_0", "Q8_0"), ("Q4_K", "Q8_0"), ("IQ4_XS", "F16")])
+def test_gpt_oss_reference_logits_match_llama_cpp(llama_cpp, synth_model, quant, dense):
+    """Short sequences (many, so that flips stay rare) and sequences of 24, three times the
+    sliding window: the reference's llama numerics give llama.cpp's logits."""
+    rng = np.random.default_rng()
+    path = synth_model("tiny-gpt-oss", quant, dense=dense, seed=int(rng.integers(1000)))
+    model = load_model(path)
+    llm = open_llama(llama_cpp, path)
+    llama_ref = Reference(model, "llama", lanes=simd_lanes(llama_cpp))
+    exact_ref = Reference(model, "exact")
+    for size, n in ((4, 12), (24, 4)):
+        errs, exact_errs, tied = [], [], []
+        for _ in range(n):
+            tokens = rng.integers(0, model.args.n_vocab, size=size).tolist()
+            theirs = llama_logits(llm, tokens)  # [T, V]
+            assert np.abs(theirs).max() > 1.0
+            margins: list[np.ndarray] = []
+            errs.append(position_errors(llama_ref.forward(tokens, margins=margins), theirs))
+            tied.append(near_tie_onward(margins))
+            exact_errs.append(position_errors(exact_ref.forward(tokens), theirs))
+        assert_logits_match(np.concatenate(errs), 1e-4, apart=np.concatenate(tied))
+        assert (np.concatenate(exact_errs) <= 1e-4).mean() < 0.2
+
