@@ -41,6 +41,25 @@ def resident_mask(model: Model, slots: int, profile: UsageProfile | None) -> np.
     return mask
 
 
+def host_tier_only(a) -> str | None:
+    """What the GPU tier's kernels and the CPU pool's expert kernels lack for model args `a`
+    (gpt-oss's pieces), or None: such a model runs on the CPU-only tier's float path, every
+    expert on the host tier (HostTier.experts), until those kernels learn them."""
+    lacks = [
+        what
+        for what, on in (
+            ("attention sinks", a.attn_sinks),
+            ("sliding-window attention", any(a.swa_layers)),
+            ("attention-output, router and expert biases", a.o_bias or a.expert_bias),
+            ("the clamped SwiGLU", a.ffn_act != "silu"),
+            ("softmax over the top-K gating", a.gating != "softmax"),
+            ("RoPE scaling", a.rope_scaling != "none"),
+        )
+        if on
+    ]
+    return ", ".join(lacks) or None
+
+
 PREFILL_STAGE_AUTO = 64  # staging slots of --prefill-offload auto
 
 
@@ -124,11 +143,21 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
     if n_ctx < 1:
         raise ConfigError(f"--ctx must be >= 1, got {n_ctx}")
     total = a.n_layer * a.n_expert
-    info = primary_device(cfg.primary_device) if cfg.device in ("auto", "gpu") else None
+    lacks = host_tier_only(a)
+    if lacks and cfg.device == "gpu":
+        raise ConfigError(f"--device gpu: the GPU tier has no {lacks} yet ({a.arch})")
+    auto = cfg.device == "auto" and not lacks
+    info = primary_device(cfg.primary_device) if auto or cfg.device == "gpu" else None
     on_gpu = info is not None
     # without a GPU every expert runs in the CPU pool by default: its quantized kernels beat the
     # host tier's emulation of the device in decode and prefill
     cache = cfg.expert_cache or ("auto" if on_gpu else "0")
+    if lacks:
+        say_once(
+            f"{a.arch}: CPU-only, experts on the host tier's float path (the GPU tier and "
+            f"the CPU pool have no {lacks} yet)"
+        )
+        cache = "all"
     if cache == "all":
         slots = total
     elif cache == "auto":
@@ -144,7 +173,7 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
     tier = make_tier(
         model,
         n_ctx,
-        cfg.device,
+        "host" if lacks else cfg.device,
         info,
         vram_budget_mib=cfg.vram_budget_mib,
         # auto: what the tier's own budget leaves after weights, KV, workspace and reserves;

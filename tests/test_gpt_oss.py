@@ -10,12 +10,17 @@ import numpy as np
 import pytest
 from gguf.constants import MODEL_TENSOR as MT
 
+from strata.cpu.rope import rope_table
+from strata.cpu.rope import swiglu_oai as swiglu_oai_f32
+from strata.engine.engine import Engine
 from strata.model import ref_gpt_oss as oss
 from strata.model.errors import MissingTensor
 from strata.model.loader import load_model
 from strata.model.reference import Reference
 from strata.model.synth import make_args
+from strata.routing.topk import topk_softmax_weight
 from tests.gguf_edit import rewrite_gguf
+from tests.oracle import assert_logits_match, position_errors, routed_apart, trace_ids
 
 SHAPE = "tiny-gpt-oss"
 
@@ -44,6 +49,22 @@ def test_a_file_without_its_attention_sinks_is_refused(synth_model, tmp_path):
         load_model(bad)
 
 
+@pytest.mark.parametrize("llama", [False, True])
+def test_host_rope_table_is_the_reference_yarn(llama):
+    a = make_args(SHAPE)
+    pos = np.arange(0, 3000, 37, dtype=np.float64)
+    theta, mscale = oss.rope_angles(a, pos, llama)
+    assert mscale == pytest.approx(1 + 0.1 * np.log(32), rel=1e-6)  # cos/sin grow with YaRN
+    tab = rope_table(a)
+    assert tab.mscale == pytest.approx(mscale, rel=1e-6)
+    cos = np.concatenate([tab.cos_sin(int(p), 1)[0] for p in pos])  # [T, Dh/2]
+    np.testing.assert_allclose(cos, np.cos(theta) * mscale, atol=2e-5 if llama else 2e-4)
+    # high-frequency pairs keep their angle, low-frequency ones are divided by the factor
+    inv = a.rope_theta ** (-np.arange(a.head_dim // 2) * 2.0 / a.head_dim)
+    assert theta[1, 0] == pytest.approx(pos[1] * inv[0], rel=1e-6)
+    assert theta[1, -1] == pytest.approx(pos[1] * inv[-1] / 32, rel=1e-5)
+
+
 def test_sinks_take_a_share_of_the_softmax():
     rng = np.random.default_rng()
     scores = rng.standard_normal((3, 5, 7))  # [H, T, S]
@@ -64,7 +85,20 @@ def test_swiglu_oai_clamps_gate_above_and_up_both_ways():
     want = np.minimum(g, 7) / (1 + np.exp(-1.702 * np.minimum(g, 7))) * (np.clip(u, -7, 7) + 1)
     np.testing.assert_allclose(oss.swiglu_oai(g, u, False), want, rtol=1e-12)
     np.testing.assert_allclose(oss.swiglu_oai(g, u, True), want, rtol=1e-5, atol=1e-6)
+    got = swiglu_oai_f32(g.astype(np.float32), u.astype(np.float32))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert oss.swiglu_oai(np.array([50.0]), np.array([-50.0]), False)[0] < 0  # up clamped to -7
+
+
+def test_softmax_weight_gating_softmaxes_the_picked_logits_only():
+    rng = np.random.default_rng()
+    logits = rng.standard_normal((9, 16)).astype(np.float32)
+    ids, w, probs = topk_softmax_weight(logits, 4)
+    rid, rw = oss.softmax_weight_topk(logits.astype(np.float64), 4)
+    assert (ids == rid).all() and probs.shape == (9, 16)
+    np.testing.assert_allclose(w, rw, rtol=1e-6)
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-6)
+    assert (np.sort(logits, -1)[:, ::-1][:, :4] == np.take_along_axis(logits, ids, -1)).all()
 
 
 def test_the_sliding_window_matters_past_it_and_only_there(synth_model):
@@ -76,3 +110,56 @@ def test_the_sliding_window_matters_past_it_and_only_there(synth_model):
     full = Reference(wide, "exact").forward(tokens)
     np.testing.assert_allclose(slid[:8], full[:8], rtol=1e-10, atol=1e-10)
     assert (np.abs(slid[8:] - full[8:]).max(-1) > 1e-3).all()
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
+def test_engine_logits_match_reference_prefill_and_cached_decode(synth_model, tmp_path, quant):
+    """The host tier (the CPU-only engine) against the reference with llama numerics, with a
+    window of 4: sequences of 7 at once, then prefill 4 and one token at a time through the KV
+    cache (positions 4.. are past the window). Short sequences, as for qwen3moe: a Q8 rounding
+    flip spoils only the rest of its own."""
+    model = load_model(synth_model(SHAPE, quant, seed=3, sliding_window=4))
+    assert model.args.window(0) == 4
+    n_layer = model.args.n_layer
+    rng = np.random.default_rng()
+    reference = Reference(model, "llama")
+    errs, step_errs, apart, step_apart = [], [], [], []
+    for i in range(12):
+        tokens = rng.integers(0, model.args.n_vocab, size=7).tolist()
+        ref_ids: list[np.ndarray] = []
+        ref = reference.forward(tokens, record=ref_ids)  # [T, V]
+        full_trace, step_trace = tmp_path / f"full{i}.strcs", tmp_path / f"step{i}.strcs"
+        eng = Engine(model, n_ctx=64, trace_path=str(full_trace))
+        full = eng.forward(tokens, all_logits=True)
+        eng.close()
+        errs.append(position_errors(full, ref))
+        apart.append(routed_apart(trace_ids(full_trace, n_layer), ref_ids))
+        eng = Engine(model, n_ctx=64, trace_path=str(step_trace))
+        step = [eng.forward(tokens[:4])] + [eng.forward([t]) for t in tokens[4:]]
+        eng.close()
+        step_errs.append(position_errors(np.stack(step), full[3:]))
+        step_apart.append(
+            routed_apart(trace_ids(step_trace, n_layer), trace_ids(full_trace, n_layer))[3:]
+        )
+    assert_logits_match(np.concatenate(errs), 1e-5, apart=np.concatenate(apart))
+    assert_logits_match(np.concatenate(step_errs), 1e-5, apart=np.concatenate(step_apart))
+
+
+def test_cpu_only_build_runs_gpt_oss_on_the_host_tier(synth_model):
+    """`strata generate` on a CPU: every expert on the host tier (the pool has no expert biases
+    yet), the same greedy tokens as the reference forward on the growing sequence."""
+    from strata.build import build_engine
+    from strata.config import resolve
+
+    model = load_model(synth_model(SHAPE, "Q8_0", seed=11))
+    eng = build_engine(model, resolve(dict(device="host", n_ctx=64), {}))
+    assert eng.miss_runner is eng.tier and eng.host_step is None
+    prompt = np.random.default_rng().integers(0, model.args.n_vocab, size=10).tolist()
+    seq = list(prompt)
+    tok = int(np.argmax(eng.forward(prompt)))
+    for _ in range(4):
+        seq.append(tok)
+        tok = eng.decode_greedy(tok)
+    seq.append(tok)
+    ref = Reference(model, "exact").forward(seq[:-1])
+    assert ref[len(prompt) - 1 :].argmax(-1).tolist() == seq[len(prompt) :]

@@ -183,3 +183,28 @@ def test_gpt_oss_reference_logits_match_llama_cpp(llama_cpp, synth_model, quant,
         assert_logits_match(np.concatenate(errs), 1e-4, apart=np.concatenate(tied))
         assert (np.concatenate(exact_errs) <= 1e-4).mean() < 0.2
 
+
+def test_gpt_oss_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model):
+    """The CPU-only engine's greedy tokens are llama.cpp's past the sliding window (prompt +
+    32 steps > 8), with llama.cpp's near ties excepted as for qwen3moe."""
+    path = synth_model("tiny-gpt-oss", "Q4_K", seed=7)
+    model = load_model(path)
+    tok = model.tokenizer
+    llm = open_llama(llama_cpp, path)
+    for prompt in ["def fibonacci(n):", "The capital of France is"]:
+        ids = tok.encode(prompt)
+        theirs, margins = llama_greedy(llm, ids, 32)
+        engine = Engine(model, n_ctx=256)
+        logits = engine.forward(ids)
+        ours = []
+        for _ in range(32):
+            ours.append(int(np.argmax(logits)))
+            logits = engine.forward([ours[-1]])
+        k = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), 32)
+        if k < 32:
+            assert margins[k] < DECISIVE, f"{prompt!r}: step {k} differs at margin {margins[k]:.3g}"
+        engine.reset()
+        forced = engine.forward(ids + theirs[:-1], all_logits=True)[len(ids) - 1 :]  # [32, V]
+        decisive = np.array(margins) >= DECISIVE
+        assert decisive.mean() > 0.5
+        assert (forced.argmax(-1) == np.array(theirs))[decisive].all(), prompt
