@@ -41,10 +41,9 @@ def resident_mask(model: Model, slots: int, profile: UsageProfile | None) -> np.
     return mask
 
 
-def host_tier_only(a) -> str | None:
-    """What the GPU tier's kernels and the CPU pool's expert kernels lack for model args `a`
-    (gpt-oss's pieces), or None: such a model runs on the CPU-only tier's float path, every
-    expert on the host tier (HostTier.experts), until those kernels learn them."""
+def card_lacks(a) -> str | None:
+    """What the GPU tier's kernels lack for model args `a` (gpt-oss's pieces), or None: such a
+    model runs CPU-only (the host tier and the CPU pool have them) until the card learns them."""
     lacks = [
         what
         for what, on in (
@@ -143,7 +142,7 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
     if n_ctx < 1:
         raise ConfigError(f"--ctx must be >= 1, got {n_ctx}")
     total = a.n_layer * a.n_expert
-    lacks = host_tier_only(a)
+    lacks = card_lacks(a)
     if lacks and cfg.device == "gpu":
         raise ConfigError(f"--device gpu: the GPU tier has no {lacks} yet ({a.arch})")
     auto = cfg.device == "auto" and not lacks
@@ -152,12 +151,8 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
     # without a GPU every expert runs in the CPU pool by default: its quantized kernels beat the
     # host tier's emulation of the device in decode and prefill
     cache = cfg.expert_cache or ("auto" if on_gpu else "0")
-    if lacks:
-        say_once(
-            f"{a.arch}: CPU-only, experts on the host tier's float path (the GPU tier and "
-            f"the CPU pool have no {lacks} yet)"
-        )
-        cache = "all"
+    if lacks and cfg.device == "auto" and primary_device(cfg.primary_device) is not None:
+        say_once(f"{a.arch}: CPU-only (the GPU tier has no {lacks} yet)")
     if cache == "all":
         slots = total
     elif cache == "auto":

@@ -145,15 +145,42 @@ def test_engine_logits_match_reference_prefill_and_cached_decode(synth_model, tm
     assert_logits_match(np.concatenate(step_errs), 1e-5, apart=np.concatenate(step_apart))
 
 
-def test_cpu_only_build_runs_gpt_oss_on_the_host_tier(synth_model):
-    """`strata generate` on a CPU: every expert on the host tier (the pool has no expert biases
-    yet), the same greedy tokens as the reference forward on the growing sequence."""
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
+def test_cpu_pool_experts_match_the_host_tier(synth_model, quant):
+    """The CPU pool's kernels with gpt-oss's expert biases and clamped SwiGLU against the host
+    tier's float path (HostTier.experts): one token, a few, and a prompt's worth (where a Q8
+    rounding flip of the intermediate may move a row by ~1e-4)."""
+    from strata.cpu.runner import PoolMissRunner
+    from strata.cpu.tier import HostTier
+
+    model = load_model(synth_model(SHAPE, quant, seed=4))
+    a = model.args
+    tier, pool = HostTier(model, n_ctx=8), PoolMissRunner(model, 2)
+    assert pool.layers[0].glu == 1 and pool.layers[1].down_bias.shape == (a.n_expert, a.n_embd)
+    rng = np.random.default_rng()
+    for t, tol in ((1, 1e-5), (3, 1e-5), (40, 1e-3)):
+        h = rng.standard_normal((t, a.n_embd)).astype(np.float32)
+        ids = np.stack([rng.permutation(a.n_expert)[: a.n_expert_used] for _ in range(t)])
+        ids = ids.astype(np.int32)
+        ids[0, -1] = -1  # a pick the tier serves: skipped
+        w = rng.random((t, a.n_expert_used)).astype(np.float32)
+        for layer in range(a.n_layer):
+            want = tier.experts(layer, h, ids, w)
+            got = pool.experts(layer, h, ids, w)
+            assert np.abs(got - want).max() <= tol * np.abs(want).max(), (t, layer)
+
+
+def test_cpu_only_build_runs_gpt_oss_on_the_cpu_pool(synth_model):
+    """`strata generate` on a CPU: the experts in the CPU pool (the compiled one-call decode
+    step stays qwen3moe's: eager steps here), the same greedy tokens as the reference forward
+    on the growing sequence."""
     from strata.build import build_engine
     from strata.config import resolve
+    from strata.cpu.runner import PoolMissRunner
 
     model = load_model(synth_model(SHAPE, "Q8_0", seed=11))
     eng = build_engine(model, resolve(dict(device="host", n_ctx=64), {}))
-    assert eng.miss_runner is eng.tier and eng.host_step is None
+    assert isinstance(eng.miss_runner, PoolMissRunner) and eng.host_step is None
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, size=10).tolist()
     seq = list(prompt)
     tok = int(np.argmax(eng.forward(prompt)))
