@@ -161,17 +161,23 @@ def test_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model, quant):
 # ---- gpt-oss: sinks, a sliding window of 8, biases, YaRN, the clamped SwiGLU ----
 
 
+FLIP_CASCADE = 0.05  # what flips carry through a sequence of 24 (~1e-2); the window moves 0.1-0.8
+
+
 @pytest.mark.parametrize("quant,dense", [("Q8_0", "Q8_0"), ("Q4_K", "Q8_0"), ("IQ4_XS", "F16")])
 def test_gpt_oss_reference_logits_match_llama_cpp(llama_cpp, synth_model, quant, dense):
-    """Short sequences (many, so that flips stay rare) and sequences of 24, three times the
-    sliding window: the reference's llama numerics give llama.cpp's logits."""
+    """Short sequences with a window of 4 (7 tokens, 3 past it; many sequences, so that flips
+    stay rare): the reference's llama numerics give llama.cpp's logits to 1e-4. Sequences of 24
+    with the window of 8: every position (before a router near tie) within what flips carry,
+    while a window off by one would move the logits past it by 0.1-0.8."""
     rng = np.random.default_rng()
-    path = synth_model("tiny-gpt-oss", quant, dense=dense, seed=int(rng.integers(1000)))
-    model = load_model(path)
-    llm = open_llama(llama_cpp, path)
-    llama_ref = Reference(model, "llama", lanes=simd_lanes(llama_cpp))
-    exact_ref = Reference(model, "exact")
-    for size, n in ((4, 12), (24, 4)):
+    seed = int(rng.integers(1000))
+    for window, size, n in ((4, 7, 16), (8, 24, 4)):
+        path = synth_model("tiny-gpt-oss", quant, dense=dense, seed=seed, sliding_window=window)
+        model = load_model(path)
+        llm = open_llama(llama_cpp, path)
+        llama_ref = Reference(model, "llama", lanes=simd_lanes(llama_cpp))
+        exact_ref = Reference(model, "exact")
         errs, exact_errs, tied = [], [], []
         for _ in range(n):
             tokens = rng.integers(0, model.args.n_vocab, size=size).tolist()
@@ -181,8 +187,12 @@ def test_gpt_oss_reference_logits_match_llama_cpp(llama_cpp, synth_model, quant,
             errs.append(position_errors(llama_ref.forward(tokens, margins=margins), theirs))
             tied.append(near_tie_onward(margins))
             exact_errs.append(position_errors(exact_ref.forward(tokens), theirs))
-        assert_logits_match(np.concatenate(errs), 1e-4, apart=np.concatenate(tied))
-        assert (np.concatenate(exact_errs) <= 1e-4).mean() < 0.2
+        errs, tied = np.concatenate(errs), np.concatenate(tied)
+        if size < 8:
+            assert_logits_match(errs, 1e-4, apart=tied)
+            assert (np.concatenate(exact_errs) <= 1e-4).mean() < 0.2
+        else:
+            assert errs[~tied].max(initial=0) <= FLIP_CASCADE, np.sort(errs[~tied])[::-1][:8]
 
 
 def test_gpt_oss_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model):
