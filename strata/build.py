@@ -42,6 +42,26 @@ def resident_mask(model: Model, slots: int, profile: UsageProfile | None) -> np.
     return mask
 
 
+def card_lacks(a) -> str | None:
+    """What the GPU tier's kernels lack for model args `a` (qwen3next's DeltaNet layers,
+    gpt-oss's pieces), or None: such a model runs CPU-only (the host tier and the CPU pool have
+    them) until the card learns them."""
+    lacks = [
+        what
+        for what, on in (
+            ("DeltaNet layers", a.linear_attn),
+            ("attention sinks", a.attn_sinks),
+            ("sliding-window attention", any(a.swa_layers)),
+            ("attention-output, router and expert biases", a.o_bias or a.expert_bias),
+            ("the clamped SwiGLU", a.ffn_act != "silu"),
+            ("softmax over the top-K gating", a.gating != "softmax"),
+            ("RoPE scaling", a.rope_scaling != "none"),
+        )
+        if on
+    ]
+    return ", ".join(lacks) or None
+
+
 PREFILL_STAGE_AUTO = 64  # staging slots of --prefill-offload auto
 
 
@@ -131,13 +151,17 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
     if n_ctx < 1:
         raise ConfigError(f"--ctx must be >= 1, got {n_ctx}")
     total = a.n_layer * a.n_expert
-    # a hybrid linear-attention model (qwen3next) runs on the CPU-only tier (make_tier says so)
-    card_ok = cfg.device in ("auto", "gpu") and not a.linear_attn
+    lacks = card_lacks(a)  # qwen3next, gpt-oss: CPU-only until the card learns their pieces
+    if lacks and cfg.device == "gpu":
+        raise ConfigError(f"--device gpu: the GPU tier has no {lacks} yet ({a.arch})")
+    card_ok = (cfg.device == "auto" and not lacks) or cfg.device == "gpu"
     info = primary_device(cfg.primary_device) if card_ok else None
     on_gpu = info is not None
     # without a GPU every expert runs in the CPU pool by default: its quantized kernels beat the
     # host tier's emulation of the device in decode and prefill
     cache = cfg.expert_cache or ("auto" if on_gpu else "0")
+    if lacks and cfg.device == "auto" and primary_device(cfg.primary_device) is not None:
+        say_once(f"{a.arch}: CPU-only (the GPU tier has no {lacks} yet)")
     if cache == "all":
         slots = total
     elif cache == "auto":
@@ -153,7 +177,7 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
     tier = make_tier(
         model,
         n_ctx,
-        cfg.device,
+        "host" if lacks else cfg.device,
         info,
         vram_budget_mib=cfg.vram_budget_mib,
         # auto: what the tier's own budget leaves after weights, KV, workspace and reserves;

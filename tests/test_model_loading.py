@@ -235,11 +235,13 @@ def test_an_unchanged_rewrite_loads_like_its_source(models, tmp_path):
 def test_each_architecture_is_one_registered_module_with_the_same_interface():
     from strata.model import arch
 
-    assert list(arch.ARCHS)[:2] == ["qwen3moe", "qwen2moe"] and "qwen3next" in arch.ARCHS
+    assert list(arch.ARCHS) == ["qwen3moe", "qwen2moe", "qwen3next", "qwen35moe", "gpt-oss"]
     for key, mod in arch.ARCHS.items():
-        assert mod.ARCH == key and mod.__name__ == f"strata.model.arch.{key}"
-        assert set(mod.TRAITS) == {"qk_norm", "qkv_bias", "norm_topk", "shared_expert"}
+        assert mod.ARCH == key and mod.__name__ == f"strata.model.arch.{key.replace('-', '_')}"
+        assert set(mod.TRAITS) >= {"qk_norm", "qkv_bias", "norm_topk", "shared_expert"}
         a = make_args("tiny" if key in ("qwen3moe", "qwen2moe") else f"tiny-{key}", key)
         assert mod.layer_tensors(a, 0) and mod.global_tensors(a) and mod.OPTIONAL
-    with pytest.raises(ModelError, match="unsupported architecture 'llama'.*qwen3moe, qwen2moe"):
+    with pytest.raises(
+        ModelError, match="unsupported architecture 'llama'.*qwen3moe, qwen2moe, gpt-oss"
+    ):
         arch.get("llama")

@@ -283,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--shape",
         default="tiny",
-        help="tiny | small | qwen3-30b-a3b | qwen2-57b-a14b | tiny-qwen3next | qwen3-next-80b-a3b",
+        help="tiny | small | qwen3-30b-a3b | qwen2-57b-a14b | tiny-qwen3next | "
+        "qwen3-next-80b-a3b | tiny-gpt-oss | gpt-oss-20b | gpt-oss-120b",
     )
     s.add_argument("--arch", default=None, choices=list(ARCHS))
     s.add_argument("--quant", default="Q4_K", help="expert tensor type (e.g. IQ3_XXS)")

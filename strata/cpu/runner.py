@@ -76,6 +76,7 @@ class PoolMissRunner:
                 prepare_layer(*(model.tensor(m, i) for m in EXPERT_TENSORS))
                 for i in range(a.n_layer)
             ]
+        self.layers = [_with_model_extras(lw, model, i) for i, lw in enumerate(self.layers)]
         self.bytes_read = 0  # expert bytes the pool's kernels read (its own layout)
         self.gguf_bytes = 0  # the same experts counted in the GGUF encoding
         self._out = np.zeros((0, a.n_embd), np.float32)  # grows to the largest T
@@ -171,6 +172,20 @@ class PoolMissRunner:
         self.bytes_read += self.pool.last_bytes
         self.gguf_bytes += self.pool.last_gguf_bytes
         return out
+
+
+def _with_model_extras(lw, model, layer: int):
+    """lw with the layer's expert biases and activation where the model has them (gpt-oss)."""
+    from strata.cpu.pool import GLU_SILU, GLU_SWIGLU_OAI, with_extras
+    from strata.quant.dequant import dequant
+
+    a = model.args
+    glu = GLU_SWIGLU_OAI if getattr(a, "ffn_act", "silu") == "swiglu_oai" else GLU_SILU
+    biases = None
+    if getattr(a, "expert_bias", False):
+        names = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+        biases = [dequant(model.tensor(f"blk.{layer}.{n}.bias")) for n in names]
+    return with_extras(lw, biases, glu)
 
 
 @njit(cache=True)

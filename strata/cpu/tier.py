@@ -25,6 +25,7 @@ from strata.cpu.dense import QuantLinear, linears
 from strata.cpu.half import round_f16, to_f32
 from strata.cpu.kv import dequantize_kv_rows, quantize_kv_rows
 from strata.cpu.quantize import roundtrip  # NumPy's bits, compiled (float32 Q8_K / Q8_0)
+from strata.cpu.rope import rope_inv_freq, rope_table, swiglu_oai
 from strata.cpu.sampling import sample_ref
 from strata.quant import fmt
 from strata.quant.dequant import dequant
@@ -38,17 +39,6 @@ def check_kv_type(kv_type: str) -> str:
     if kv_type not in KV_TYPES:
         raise ValueError(f"KV cache type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
     return kv_type
-
-
-def rope_inv_freq(head_dim: int, base: float) -> np.ndarray:
-    """ggml's NEOX frequencies: powers of powf(base, -2/Dh) by repeated f32 product. [Dh/2]"""
-    scale = np.float32(base) ** np.float32(-2.0 / head_dim)
-    inv = np.empty(head_dim // 2, np.float32)
-    acc = np.float32(1.0)
-    for i in range(head_dim // 2):
-        inv[i] = acc
-        acc = np.float32(acc * scale)
-    return inv
 
 
 # the attention's score rows of one query chunk stay under this (H x rows x keys float32)
@@ -123,15 +113,24 @@ class HostTier:
         def bias(n: str) -> str | None:
             return f"blk.{i}.attn_{n}.bias" if a.qkv_bias else None
 
+        o_bias = f"blk.{i}.attn_output.bias" if a.o_bias else None
+        router_bias = f"blk.{i}.ffn_gate_inp.bias" if a.router_bias else None
         L = {
             "attn_norm": dequant(model.tensor(MT.ATTN_NORM, i)),
             "q": self._linear(MT.ATTN_Q, i, bias("q")),
             "k": self._linear(MT.ATTN_K, i, bias("k")),
             "v": self._linear(MT.ATTN_V, i, bias("v")),
-            "o": self._linear(MT.ATTN_OUT, i),
+            "o": self._linear(MT.ATTN_OUT, i, o_bias),
             "ffn_norm": dequant(model.tensor(MT.FFN_NORM, i)),
-            "router": self._linear(MT.FFN_GATE_INP, i),
+            "router": self._linear(MT.FFN_GATE_INP, i, router_bias),
         }
+        if a.attn_sinks:
+            L["sinks"] = dequant(model.tensor(MT.ATTN_SINKS, i))  # [H]
+        if a.expert_bias:  # [E, F], [E, F], [E, D]
+            L["exp_bias"] = tuple(
+                dequant(model.tensor(f"blk.{i}.{m}.bias"))
+                for m in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+            )
         if a.qk_norm:
             L["q_norm"] = dequant(model.tensor(MT.ATTN_Q_NORM, i))
             L["k_norm"] = dequant(model.tensor(MT.ATTN_K_NORM, i))
@@ -145,6 +144,7 @@ class HostTier:
     def _init_rest(self, model) -> None:
         a, n_ctx = self.args, self.n_ctx
         self.inv_freq = rope_inv_freq(a.head_dim, a.rope_theta)  # [Dh/2]
+        self.rope_table = rope_table(a)  # with the model's RoPE scaling (gpt-oss: YaRN)
         # KV cache, allocated once: [L, S, G, Dh] f16, or int8 with scales [L, S, G] float32
         kv = np.int8 if self.kv_type == "int8" else np.float16
         self.k_cache = np.zeros((a.n_layer, n_ctx, a.n_head_kv, a.head_dim), kv)
@@ -169,9 +169,8 @@ class HostTier:
 
     def rope(self, x: np.ndarray, pos0: int) -> np.ndarray:
         """NEOX RoPE on x [T, heads, Dh] at positions pos0.."""
-        t = x.shape[0]
-        theta = np.arange(pos0, pos0 + t, dtype=np.float32)[:, None] * self.inv_freq[None, :]
-        cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # [T, 1, Dh/2]
+        cos, sin = self.rope_table.cos_sin(pos0, x.shape[0])  # [T, Dh/2]
+        cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, Dh/2]
         half = x.shape[-1] // 2
         x0, x1 = x[..., :half], x[..., half:]
         return np.concatenate([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
@@ -198,37 +197,49 @@ class HostTier:
             k = self.rms_norm(k, L["k_norm"])
         q, k = self.rope(q, pos0), self.rope(k, pos0)
         s = pos0 + t
+        window = a.window(layer)  # a sliding layer's query sees its last `window` positions
+        lo = max(0, pos0 - window + 1) if window else 0  # the first key any query here sees
         if self.kv_type == "int8":  # int8 rows, one scale each: quantized from float32 k, v
             self.k_cache[layer, pos0:s], self.k_scale[layer, pos0:s] = quantize_kv_rows(k)
             self.v_cache[layer, pos0:s], self.v_scale[layer, pos0:s] = quantize_kv_rows(v)
-            kc = dequantize_kv_rows(self.k_cache[layer, :s], self.k_scale[layer, :s])  # [S, G, Dh]
-            vc = dequantize_kv_rows(self.v_cache[layer, :s], self.v_scale[layer, :s])
+            kc = dequantize_kv_rows(self.k_cache[layer, lo:s], self.k_scale[layer, lo:s])
+            vc = dequantize_kv_rows(self.v_cache[layer, lo:s], self.v_scale[layer, lo:s])
         else:
             self.k_cache[layer, pos0:s] = k
             self.v_cache[layer, pos0:s] = v
-            kc = to_f32(self.k_cache[layer, :s])  # [S, G, Dh] (F16C: NumPy's cast is slow)
-            vc = to_f32(self.v_cache[layer, :s])
+            kc = to_f32(self.k_cache[layer, lo:s])  # [S, G, Dh] (F16C: NumPy's cast is slow)
+            vc = to_f32(self.v_cache[layer, lo:s])
         g, rep = a.n_head_kv, a.n_head // a.n_head_kv
         qg = round_f16(q).reshape(t, g, rep, a.head_dim).transpose(1, 2, 0, 3)  # [G, R, T, Dh]
         scale = np.float32(1 / np.sqrt(a.head_dim))
         kt, vt = kc.transpose(1, 2, 0)[:, None], vc.transpose(1, 0, 2)[:, None]  # [G, 1, ., .]
         o = np.empty((t, a.n_head * a.v_head_dim), np.float32)
+        sinks = L.get("sinks")  # [H] -> [G, R, 1, 1]: in the denominator only
+        sinks = None if sinks is None else sinks.reshape(g, rep, 1, 1)
         # query rows in chunks whose scores stay under HOST_ATTN_SCORES_BYTES (a long prompt
         # would otherwise hold H x T x S floats, several times over); a chunk sees the keys up
-        # to its last row's position
+        # to its last row's position, from its first row's window on
         step = max(1, HOST_ATTN_SCORES_BYTES // (4 * a.n_head * s))
         for c0 in range(0, t, step):
             c1 = min(t, c0 + step)
-            end = pos0 + c1  # keys 0..end-1
-            scores = np.matmul(qg[:, :, c0:c1], kt[..., :end]) * scale  # [G, R, n, S']
+            end = pos0 + c1  # keys beg..end-1 (rows from lo in kc)
+            beg = max(lo, pos0 + c0 - window + 1) if window else 0
+            scores = np.matmul(qg[:, :, c0:c1], kt[..., beg - lo : end - lo]) * scale
             if c1 - c0 > 1:  # a chunk's last row sees every key it holds: nothing to mask
-                mask = np.arange(end)[None, :] > (pos0 + np.arange(c0, c1))[:, None]  # future
+                kp, qp = np.arange(beg, end)[None, :], (pos0 + np.arange(c0, c1))[:, None]
+                mask = (kp > qp) | ((qp - kp >= window) if window else False)  # future, slid out
                 np.copyto(scores, np.float32(-np.inf), where=mask)  # (no fancy-index gather)
-            scores -= scores.max(axis=-1, keepdims=True)
+            m = scores.max(axis=-1, keepdims=True)
+            if sinks is not None:
+                m = np.maximum(m, sinks)
+            scores -= m
             p = np.exp(scores, out=scores)
-            p /= p.sum(axis=-1, keepdims=True)
+            total = p.sum(axis=-1, keepdims=True)
+            if sinks is not None:
+                total += np.exp(sinks - m)
+            p /= total
             p = round_f16(p)  # llama.cpp: probs meet f16 V as f16
-            oc = np.matmul(p, vt[:, :, :end])  # [G, R, n, Dv]
+            oc = np.matmul(p, vt[:, :, beg - lo : end - lo])  # [G, R, n, Dv]
             o[c0:c1] = oc.transpose(2, 0, 1, 3).reshape(c1 - c0, -1)
         return x + L["o"](o)
 
@@ -258,6 +269,10 @@ class HostTier:
     def experts(
         self, layer: int, h: np.ndarray, ids: np.ndarray, weights: np.ndarray
     ) -> np.ndarray:
+        """Σ_k weights[t, k] · expert_{ids[t, k]}(h[t]) -> [T, D] (gpt-oss: with each expert's
+        biases and the clamped SwiGLU)."""
+        bias = self.layers[layer].get("exp_bias")  # ([E, F], [E, F], [E, D]) or None
+        oai = self.args.ffn_act == "swiglu_oai"
         vd_gate, vd_up, vd_down = self.expert_vec_dot[layer]
         out = np.zeros_like(h)  # [T, D]
         hg = roundtrip(h, vd_gate)
@@ -267,8 +282,12 @@ class HostTier:
             gate, up, down = self.slot(layer, int(e))
             g = hg[rows] @ gate.T  # [n, F]
             u = hu[rows] @ up.T
-            act = g / (np.float32(1.0) + np.exp(-g)) * u
+            if bias is not None:
+                g, u = g + bias[0][e], u + bias[1][e]
+            act = swiglu_oai(g, u) if oai else g / (np.float32(1.0) + np.exp(-g)) * u
             y = roundtrip(act, vd_down) @ down.T  # [n, D]
+            if bias is not None:
+                y = y + bias[2][e]
             out[rows] += weights[rows, ks][:, None] * y
         return out
 

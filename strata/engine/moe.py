@@ -18,7 +18,8 @@ from strata.engine.tier import Tier
 from strata.model.args import ModelArgs
 from strata.routing.car import CarKnobs, car_plan_fast
 from strata.routing.profile import AdaptiveCache, observe_fast
-from strata.routing.topk import count_picks, topk_fast
+from strata.routing.topk import count_picks
+from strata.routing.topk import route as route_picks
 from strata.routing.trace import TraceWriter
 
 # a prompt chunk of at least this many tokens runs its missed experts on the tier's staging
@@ -87,7 +88,8 @@ class Moe:
         if picks is not None:
             (ids, weights), probs = picks, None
         else:
-            ids, weights, probs = topk_fast(logits, a.n_expert_used, a.norm_topk)  # [T, K], [T, E]
+            # [T, K], [T, K], [T, E]
+            ids, weights, probs = route_picks(logits, a.n_expert_used, a.norm_topk, a.gating)
         count_picks(st.expert_hist[i], ids)
         slack = st.slack.jobs(i, ids.shape[0]) if decode and st.slack is not None else 0.0
         if self.trace is not None:

@@ -8,6 +8,9 @@ Hybrid linear attention (qwen3next's gated DeltaNet layers):
   Hk = linear-attention key heads (ssm_n_group), Hv = value heads (ssm_dt_rank),
   Dk = their head dim (ssm_d_state, also the value head dim), C = conv channels 2*Hk*Dk + Hv*Dk,
   Kc = conv kernel (ssm_d_conv).
+
+Fields past `qkv_bias` are the pieces of newer architectures (gpt-oss, qwen3next); each default means
+"absent", so an architecture that never sets them reads as before.
 """
 
 from __future__ import annotations
@@ -39,6 +42,16 @@ _COUNTS = {
 _REALS = {"rope_theta": Keys.Rope.FREQ_BASE, "rms_eps": Keys.Attention.LAYERNORM_RMS_EPS}
 MAX_COUNT = 2**31 - 1  # every count and dimension fits an int32 index
 
+# router gating: softmax over all E logits, top-K of the probabilities (qwen3moe, qwen2moe), or
+# top-K of the logits, then a softmax over the K picked (gpt-oss; llama.cpp's SOFTMAX_WEIGHT)
+GATINGS = ("softmax", "softmax_weight")
+# expert activation: silu(gate) * up, or gpt-oss's clamped SwiGLU (llama.cpp's SWIGLU_OAI)
+FFN_ACTS = ("silu", "swiglu_oai")
+SWIGLU_OAI_ALPHA = 1.702  # llama.cpp hard-codes both (build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE)
+SWIGLU_OAI_LIMIT = 7.0
+ROPE_SCALINGS = ("none", "linear", "yarn")
+MAX_LAYERS = 1 << 16  # a per-layer pattern is spelled out; no model comes near
+
 
 @dataclass(frozen=True)
 class ModelArgs:
@@ -60,6 +73,20 @@ class ModelArgs:
     norm_topk: bool = True  # renormalize the K router weights (qwen3moe yes, qwen2moe no)
     qk_norm: bool = True  # per-head RMS norm on q and k (qwen3moe)
     qkv_bias: bool = False  # biases on q, k, v (qwen2moe)
+    o_bias: bool = False  # a bias on the attention output (gpt-oss)
+    attn_sinks: bool = False  # a learned logit per head in the softmax's denominator [H]
+    router_bias: bool = False  # a bias on the router logits [E]
+    expert_bias: bool = False  # biases on each expert's gate, up [E, F] and down [E, D]
+    gating: str = "softmax"  # GATINGS
+    ffn_act: str = "silu"  # FFN_ACTS
+    sliding_window: int = 0  # n_swa: a sliding layer's query sees its last n_swa positions
+    swa_layers: tuple[bool, ...] = ()  # per layer: sliding (True) or full attention
+    rope_scaling: str = "none"  # ROPE_SCALINGS
+    rope_factor: float = 1.0  # context scale factor (llama.cpp's 1 / freq_scale)
+    rope_orig_ctx: int = 0  # YaRN's original context (0: n_ctx_train)
+    rope_attn_factor: float = 1.0  # extra magnitude scale of cos/sin
+    yarn_beta_fast: float = 32.0  # YaRN ramp ends (llama.cpp's defaults; gpt-oss files omit them)
+    yarn_beta_slow: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     # hybrid linear attention (qwen3next); every 0 / () means "absent"
     ssm_d_conv: int = 0  # Kc
@@ -96,6 +123,20 @@ class ModelArgs:
         if not 0 < self.n_expert_used <= self.n_expert:
             problems.append(f"expert_used_count {self.n_expert_used} not in 1..{self.n_expert}")
         problems += _hybrid_problems(self)
+        if self.swa_layers and len(self.swa_layers) != self.n_layer:
+            problems.append(
+                f"sliding_window_pattern names {len(self.swa_layers)} layers, not {self.n_layer}"
+            )
+        if not 0 <= self.sliding_window <= MAX_COUNT:
+            problems.append(f"sliding_window {self.sliding_window} is not in 0..{MAX_COUNT}")
+        elif any(self.swa_layers) and self.sliding_window < 1:
+            problems.append(f"sliding layers with a sliding_window of {self.sliding_window}")
+        if self.gating not in GATINGS or self.ffn_act not in FFN_ACTS:
+            problems.append(f"gating {self.gating!r} / activation {self.ffn_act!r} unknown")
+        if self.rope_scaling not in ROPE_SCALINGS:
+            problems.append(f"rope scaling {self.rope_scaling!r} not one of {ROPE_SCALINGS}")
+        elif not (math.isfinite(self.rope_factor) and self.rope_factor > 0):
+            problems.append(f"rope scaling factor {self.rope_factor} is not > 0")
         if problems:
             raise ModelError(f"{self.arch}: inconsistent metadata: {'; '.join(problems)}")
 
@@ -124,6 +165,14 @@ class ModelArgs:
     def kv_dim(self) -> int:
         return self.n_head_kv * self.head_dim
 
+    def is_swa(self, layer: int) -> bool:
+        """Whether `layer` attends over a sliding window of `sliding_window` positions."""
+        return bool(self.swa_layers) and self.swa_layers[layer]
+
+    def window(self, layer: int) -> int:
+        """Positions a query of `layer` sees (itself included); 0 = every earlier one."""
+        return self.sliding_window if self.is_swa(layer) else 0
+
     @classmethod
     def from_metadata(
         cls,
@@ -133,7 +182,9 @@ class ModelArgs:
         n_vocab_fallback: int | None = None,
     ) -> ModelArgs:
         """Read the `arch.*` keys; `traits` are the architecture's fixed flags
-        (strata.model.arch: qk_norm, qkv_bias, shared_expert, norm_topk when metadata is silent)."""
+        (strata.model.arch: qk_norm, qkv_bias, shared_expert, norm_topk when metadata is silent;
+        the newer fields' names where the architecture has them, and `swa_pattern`, the period
+        of sliding layers when the file has no sliding_window_pattern)."""
 
         def get(key: str, default: Any = ModelError) -> Any:
             k = key.format(arch=arch)
@@ -177,6 +228,10 @@ class ModelArgs:
             key = Keys.LLM.EXPERT_WEIGHTS_NORM.format(arch=arch)
             raise BadMetadata(f"{arch}: {key} = {_short(norm_topk)} is not a bool")
         hybrid = _hybrid_fields(meta, arch, get, count)
+        newer = {k: traits[k] for k in _NEWER if k in traits}
+        if "swa_pattern" in traits:
+            newer.update(_sliding(get, count, arch, traits["swa_pattern"]))
+            newer.update(_rope_scaling(get, count, real, arch))
         return cls(
             arch=arch,
             n_vocab=n_vocab,
@@ -197,6 +252,7 @@ class ModelArgs:
             qk_norm=traits["qk_norm"],
             qkv_bias=traits["qkv_bias"],
             **hybrid,
+            **newer,
         )
 
 
@@ -261,6 +317,52 @@ def _hybrid_problems(a: ModelArgs) -> list[str]:
     if a.recurrent_layers and len(a.recurrent_layers) < a.n_layer:
         p.append(f"recurrent_layers has {len(a.recurrent_layers)} entries for {a.n_layer} layers")
     return p
+
+
+# ModelArgs fields an architecture's TRAITS may fix beyond the four every one names
+_NEWER = ("o_bias", "attn_sinks", "router_bias", "expert_bias", "gating", "ffn_act")
+
+
+def _sliding(get, count, arch: str, default_period: int) -> dict[str, Any]:
+    """sliding_window and the sliding layers: the file's sliding_window_pattern (a bool per
+    layer, or a period n: layer i slides unless i % n == n - 1), else `default_period`
+    (llama.cpp's set_swa_pattern; period 0: every layer slides)."""
+    n_layer = count(Keys.LLM.BLOCK_COUNT)
+    pattern = get(Keys.Attention.SLIDING_WINDOW_PATTERN, default_period)
+    key = Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=arch)
+    if isinstance(pattern, list):
+        if not all(type(b) is bool for b in pattern):
+            raise BadMetadata(f"{arch}: {key} = {_short(pattern)} is not a list of bools")
+        layers = tuple(pattern)
+    elif not 0 < n_layer <= MAX_LAYERS:
+        key = Keys.LLM.BLOCK_COUNT.format(arch=arch)
+        raise BadMetadata(f"{arch}: {key} = {n_layer} is not in 1..{MAX_LAYERS}")
+    elif type(pattern) is int and 0 <= pattern <= MAX_COUNT:
+        layers = swa_period_layers(pattern, n_layer)
+    else:
+        raise BadMetadata(f"{arch}: {key} = {_short(pattern)} is not a period or a list")
+    return dict(sliding_window=count(Keys.Attention.SLIDING_WINDOW), swa_layers=layers)
+
+
+def swa_period_layers(period: int, n_layer: int) -> tuple[bool, ...]:
+    """llama.cpp's set_swa_pattern: layer i slides unless i % period == period - 1 (0: all)."""
+    return tuple(period == 0 or i % period < period - 1 for i in range(n_layer))
+
+
+def _rope_scaling(get, count, real, arch: str) -> dict[str, Any]:
+    """RoPE scaling as llama.cpp reads it: type (default linear), factor (0 or absent: 1),
+    YaRN's original context and attention factor."""
+    kind = get(Keys.Rope.SCALING_TYPE, "linear")
+    if kind not in ROPE_SCALINGS:
+        key = Keys.Rope.SCALING_TYPE.format(arch=arch)
+        raise BadMetadata(f"{arch}: {key} = {_short(kind)} is not one of {ROPE_SCALINGS}")
+    factor = real(Keys.Rope.SCALING_FACTOR, 0.0)
+    return dict(
+        rope_scaling=kind,
+        rope_factor=factor if factor != 0.0 else 1.0,
+        rope_orig_ctx=count(Keys.Rope.SCALING_ORIG_CTX_LEN, 0),
+        rope_attn_factor=real(Keys.Rope.SCALING_ATTN_FACTOR, 1.0),
+    )
 
 
 def _short(v: Any) -> str:

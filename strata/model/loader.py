@@ -32,6 +32,7 @@ class Model:
         except ModelError as e:  # name the file the metadata came from
             raise type(e)(f"{gguf.path.name}: {e}") from None
         self.arch_module = arch.get(self.args.arch)
+        self.aliases = getattr(self.arch_module, "ALIASES", {})  # role -> the name stored
         self._check_layer_count()
         self.expected = self._expected_shapes()
         self._check()
@@ -88,7 +89,7 @@ class Model:
             self.arch_module.check(self)
 
     def tensor(self, t: MT | str, layer: int | None = None) -> TensorRef:
-        tname = t if isinstance(t, str) else name(t, layer)
+        tname = t if isinstance(t, str) else name(self.aliases.get(t, t), layer)
         if tname == name(MT.OUTPUT) and tname not in self.gguf.tensors:
             tname = name(MT.TOKEN_EMBD)  # tied embeddings
         return self.gguf.tensors[tname]

@@ -1,4 +1,5 @@
-"""Float64 NumPy reference forward pass of qwen3moe / qwen2moe: the oracle the engine is held to.
+"""Float64 NumPy reference forward pass of qwen3moe / qwen2moe / gpt-oss: the oracle the engine is
+held to (gpt-oss's own pieces: ref_gpt_oss.py).
 
 Readable on purpose: the whole sequence at once, causal attention without a KV cache, every
 weight dequantized through `gguf.quants`. Two numerics:
@@ -20,6 +21,7 @@ import numpy as np
 from gguf.constants import MODEL_TENSOR as MT
 from gguf.constants import GGMLQuantizationType
 
+from strata.model import ref_gpt_oss as oss
 from strata.model.loader import Model
 from strata.model.reference_hybrid import forward_hybrid
 from strata.quant import fmt
@@ -137,9 +139,11 @@ class Reference:
         """NEOX RoPE: rotate pairs (i, i + Dh/2). x [T, heads, Dh], pos [T]."""
         dh = x.shape[-1]
         half = dh // 2
-        if (
-            self.llama
-        ):  # ggml: theta_scale = powf(base, -2/n_dims) in f32, powers by repeated product
+        mscale = 1.0
+        if self.args.rope_scaling != "none":  # linear or YaRN (gpt-oss)
+            theta, mscale = oss.rope_angles(self.args, pos, self.llama)
+        elif self.llama:
+            # ggml: theta_scale = powf(base, -2/n_dims) in f32, powers by repeated product
             scale = np.float32(self.args.rope_theta) ** np.float32(-2.0 / dh)
             inv = np.empty(half, np.float32)
             acc = np.float32(1.0)
@@ -150,7 +154,12 @@ class Reference:
         else:
             inv = self.args.rope_theta ** (-np.arange(half) * 2.0 / dh)
             theta = pos[:, None] * inv[None, :]
-        cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]  # [T, 1, Dh/2]
+        cos, sin = np.cos(theta), np.sin(theta)  # [T, Dh/2]
+        if mscale != 1.0:  # ggml's cache holds cosf(theta) * mscale in float32
+            cos, sin = cos * mscale, sin * mscale
+            if self.llama:
+                cos, sin = _f32(cos), _f32(sin)
+        cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, Dh/2]
         x0, x1 = x[..., :half], x[..., half:]
         return np.concatenate([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
 
@@ -178,19 +187,35 @@ class Reference:
         k = np.repeat(k, rep, axis=1)  # [T, H, Dh]
         v = np.repeat(v, rep, axis=1)
         scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(a.head_dim)  # [H, T, S]
-        causal = np.tril(np.ones((t, t), dtype=bool))
+        causal = oss.visible(t, 0, t, a.window(i))  # [T, S]: a sliding layer's window too
         scores = np.where(causal[None], scores, -np.inf)
-        scores -= scores.max(axis=-1, keepdims=True)
-        p = np.exp(scores)
-        p /= p.sum(axis=-1, keepdims=True)
+        sinks = self.w(MT.ATTN_SINKS, i) if a.attn_sinks else None  # [H]
+        p = oss.softmax_with_sinks(scores, sinks)
         if self.llama:
             p = _f16(p)
         o = np.einsum("hts,shd->thd", p, v).reshape(t, -1)  # [T, H*Dh]
-        return self.residual(x + self.matmul(o, MT.ATTN_OUT, i))
+        out = self.matmul(o, MT.ATTN_OUT, i)  # [T, D]
+        if a.o_bias:
+            out = self.bias_add(out, f"blk.{i}.attn_output.bias")
+        return self.residual(x + out)
+
+    def bias_add(self, y: np.ndarray, tname: str) -> np.ndarray:
+        """y + a bias, rounded to float32 as ggml's add leaves it (llama numerics)."""
+        y = y + self.w(tname)
+        return _f32(y) if self.llama else y
+
+    def router_logits(self, i: int, h: np.ndarray) -> np.ndarray:
+        logits = self.matmul(h, MT.FFN_GATE_INP, i)  # [T, E]
+        if self.args.router_bias:
+            logits = self.bias_add(logits, f"blk.{i}.ffn_gate_inp.bias")
+        return logits
 
     def route(self, i: int, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Router: softmax over all E, top-K, renormalized (qwen3moe). ids/weights [T, K]."""
-        logits = self.matmul(h, MT.FFN_GATE_INP, i)  # [T, E]
+        """Router: softmax over all E, top-K, renormalized (qwen3moe); gpt-oss: top-K of the
+        logits, a softmax over those K. ids/weights [T, K]."""
+        logits = self.router_logits(i, h)  # [T, E]
+        if self.args.gating == "softmax_weight":
+            return oss.softmax_weight_topk(logits, self.args.n_expert_used)
         p = np.exp(logits - logits.max(axis=-1, keepdims=True))
         p /= p.sum(axis=-1, keepdims=True)
         ids = np.argsort(-p, axis=-1, kind="stable")[:, : self.args.n_expert_used]  # [T, K]
@@ -200,16 +225,31 @@ class Reference:
         return ids, wts
 
     def expert(self, i: int, e: int, h: np.ndarray) -> np.ndarray:
-        """One SwiGLU expert on rows h [n, D] -> [n, D]."""
+        """One SwiGLU expert on rows h [n, D] -> [n, D] (gpt-oss: biases, clamped SwiGLU)."""
+        a = self.args
         gate = self.act(h, self.qtype(MT.FFN_GATE_EXP, i)) @ self.w(MT.FFN_GATE_EXP, i)[e].T
         up = self.act(h, self.qtype(MT.FFN_UP_EXP, i)) @ self.w(MT.FFN_UP_EXP, i)[e].T  # [n, F]
-        act = gate / (1.0 + np.exp(-gate)) * up
-        return self.act(act, self.qtype(MT.FFN_DOWN_EXP, i)) @ self.w(MT.FFN_DOWN_EXP, i)[e].T
+        if a.expert_bias:
+            gate = self.expert_bias_add(gate, f"blk.{i}.ffn_gate_exps.bias", e)
+            up = self.expert_bias_add(up, f"blk.{i}.ffn_up_exps.bias", e)
+        if a.ffn_act == "swiglu_oai":
+            act = oss.swiglu_oai(gate, up, self.llama)
+        else:
+            act = gate / (1.0 + np.exp(-gate)) * up
+        y = self.act(act, self.qtype(MT.FFN_DOWN_EXP, i)) @ self.w(MT.FFN_DOWN_EXP, i)[e].T
+        if a.expert_bias:
+            y = self.expert_bias_add(y, f"blk.{i}.ffn_down_exps.bias", e)
+        return y
+
+    def expert_bias_add(self, y: np.ndarray, tname: str, e: int) -> np.ndarray:
+        """y + expert e's row of a stacked bias [E, ...] (float32 in llama numerics)."""
+        y = (_f32(y) if self.llama else y) + self.w(tname)[e]
+        return _f32(y) if self.llama else y
 
     def router_margin(self, i: int, h: np.ndarray) -> np.ndarray:
         """Per token, the router-logit gap between the K-th pick and the best expert left out
         [T]: how close the top-K choice is to a tie."""
-        logits = np.sort(self.matmul(h, MT.FFN_GATE_INP, i), axis=-1)[:, ::-1]  # [T, E]
+        logits = np.sort(self.router_logits(i, h), axis=-1)[:, ::-1]  # [T, E]
         k = self.args.n_expert_used
         return logits[:, k - 1] - logits[:, k]
 

@@ -1,4 +1,5 @@
-"""Synthetic qwen3moe / qwen2moe GGUF files: random but valid weights of any shape and quant mix.
+"""Synthetic qwen3moe / qwen2moe / gpt-oss GGUF files: random but valid weights of any shape and
+quant mix.
 
 Blocks have sane scales (dequantized weights have a chosen std), activations stay finite through
 every layer, and the tokenizer metadata is a real byte-level BPE vocabulary llama.cpp accepts.
@@ -25,7 +26,7 @@ from gguf.constants import GGMLQuantizationType, LlamaFileType
 from strata.model import arch as archs
 from strata.model import synth_hybrid
 from strata.model.arch.common import name
-from strata.model.args import ModelArgs
+from strata.model.args import ModelArgs, swa_period_layers
 from strata.quant import fmt
 from strata.quant.synth_blocks import random_quantized
 
@@ -33,6 +34,14 @@ QT = GGMLQuantizationType
 ALPHA = 0.7  # with skew > 0: the share of the embeddings along the popularity direction
 TOPICS = 2  # with routing_entropy: prompt distributions (vocabulary ranges) of their own routing
 
+# the RoPE of both gpt-oss models (their GGUFs: YaRN x32 over 4096 positions, base 150000)
+GPT_OSS_ROPE = dict(
+    rope_theta=150000.0,
+    rope_scaling="yarn",
+    rope_factor=32.0,
+    rope_orig_ctx=4096,
+    rms_eps=1e-5,
+)
 # shapes: the hyper-parameters that matter; vocab sizes of the small ones are synthetic
 SHAPES: dict[str, dict] = {
     "tiny": dict(
@@ -83,6 +92,52 @@ SHAPES: dict[str, dict] = {
         n_expert_used=8,
         expert_ff=768,
         n_ctx_train=40960,
+    ),
+    # gpt-oss: a window of 8 so that short prompts already slide past it; YaRN as the real files
+    "tiny-gpt-oss": dict(
+        arch="gpt-oss",
+        n_vocab=1024,
+        n_embd=256,
+        n_layer=2,
+        n_head=4,
+        n_head_kv=2,
+        head_dim=64,
+        n_expert=8,
+        n_expert_used=4,
+        expert_ff=256,
+        n_ctx_train=2048,
+        **GPT_OSS_ROPE,
+        sliding_window=8,
+    ),
+    "gpt-oss-20b": dict(
+        arch="gpt-oss",
+        n_vocab=201088,
+        n_embd=2880,
+        n_layer=24,
+        n_head=64,
+        n_head_kv=8,
+        head_dim=64,
+        n_expert=32,
+        n_expert_used=4,
+        expert_ff=2880,
+        n_ctx_train=131072,
+        **GPT_OSS_ROPE,
+        sliding_window=128,
+    ),
+    "gpt-oss-120b": dict(
+        arch="gpt-oss",
+        n_vocab=201088,
+        n_embd=2880,
+        n_layer=36,
+        n_head=64,
+        n_head_kv=8,
+        head_dim=64,
+        n_expert=128,
+        n_expert_used=4,
+        expert_ff=2880,
+        n_ctx_train=131072,
+        **GPT_OSS_ROPE,
+        sliding_window=128,
     ),
     "qwen2-57b-a14b": dict(
         arch="qwen2moe",
@@ -207,8 +262,12 @@ def make_args(shape: str, arch: str | None = None, **overrides) -> ModelArgs:
     traits = dict(archs.get(arch).TRAITS)
     if traits.pop("shared_expert"):
         kw.setdefault("shared_ff", 2 * kw["expert_ff"])
+    period = traits.pop("swa_pattern", None)
     kw.update({k: v for k, v in overrides.items() if v is not None})
     kw.setdefault("v_head_dim", kw["head_dim"])
+    if period is not None:  # the architecture's default pattern (the file then omits the key)
+        kw.setdefault("sliding_window", 128)  # gpt-oss's, for a shape of another architecture
+        kw.setdefault("swa_layers", swa_period_layers(period, kw["n_layer"]))
     if getattr(archs.get(arch), "V_HEADS_TILED", False):
         kw["v_heads_tiled"] = True
     args = ModelArgs(arch=arch, **traits, **kw)
@@ -255,6 +314,8 @@ def tensor_plan(spec: SynthSpec) -> list[tuple[str, tuple[int, ...], QT, float]]
             _, _, base, suffix = tname.split(".")  # blk.N.<base>.<weight|bias>
             if suffix == "bias":
                 plan.append((tname, shape, QT.F32, 0.1))
+            elif base == "attn_sinks":  # a logit per head, against scores of about +-1
+                plan.append((tname, shape, QT.F32, 1.0))
             elif len(shape) == 1 and "shexp" not in base:
                 plan.append((tname, shape, QT.F32, 0.0))  # a norm weight
             elif base == "ffn_gate_inp_shexp":
@@ -351,6 +412,25 @@ def file_type(qt: QT) -> LlamaFileType:
     return LlamaFileType[special.get(qt, f"MOSTLY_{qt.name}")]
 
 
+def _add_newer_keys(w: gguf.GGUFWriter, a: ModelArgs) -> None:
+    """The sliding window and RoPE scaling keys (gpt-oss); nothing for the other architectures.
+    The sliding layers are written only where they differ from the architecture's default."""
+    if a.sliding_window:
+        w.add_sliding_window(a.sliding_window)
+        period = archs.get(a.arch).TRAITS.get("swa_pattern")
+        if period is None or a.swa_layers != swa_period_layers(period, a.n_layer):
+            w.add_array(
+                gguf.Keys.Attention.SLIDING_WINDOW_PATTERN.format(arch=a.arch), list(a.swa_layers)
+            )
+    if a.rope_scaling != "none":
+        w.add_rope_scaling_type(gguf.RopeScalingType(a.rope_scaling))
+        w.add_rope_scaling_factor(a.rope_factor)
+        if a.rope_orig_ctx:
+            w.add_rope_scaling_orig_ctx_len(a.rope_orig_ctx)
+        if a.rope_attn_factor != 1.0:
+            w.add_rope_scaling_attn_factors(a.rope_attn_factor)
+
+
 def write_synthetic(out: str | os.PathLike, spec: SynthSpec, progress: bool = True) -> list[Path]:
     """Write the model; returns the files written. Written to temporaries, renamed at the end."""
     from strata.model.vocab_synth import add_tokenizer_metadata, synth_vocab
@@ -378,6 +458,7 @@ def write_synthetic(out: str | os.PathLike, spec: SynthSpec, progress: bool = Tr
     w.add_key_length(a.head_dim)
     w.add_value_length(a.v_head_dim)
     w.add_rope_freq_base(a.rope_theta)
+    _add_newer_keys(w, a)
     w.add_layer_norm_rms_eps(a.rms_eps)
     w.add_expert_count(a.n_expert)
     w.add_expert_used_count(a.n_expert_used)

@@ -112,6 +112,28 @@ def topk_fast(
     return ids, weights.astype(np.float32), probs
 
 
+def topk_softmax_weight(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """gpt-oss's gating (llama.cpp's SOFTMAX_WEIGHT): the K largest logits (highest first, equal
+    ones lower id first), then a softmax over those K alone. logits [T, E] -> ids [T, K] int32,
+    weights [T, K] float32, probs [T, E] float32 (the softmax over all E, which orders the experts
+    as the logits do: what traces and CAR read)."""
+    lg = logits.astype(np.float32, copy=False)
+    ids = np.empty((lg.shape[0], k), np.int32)
+    _select_rows(lg, k, ids)
+    sel = np.take_along_axis(lg, ids, axis=-1)  # [T, K]
+    return ids, softmax(sel).astype(np.float32), softmax(lg)
+
+
+def route(
+    logits: np.ndarray, k: int, renormalize: bool, gating: str = "softmax"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The router's picks under the model's gating (ModelArgs.gating): `topk_fast`, or
+    `topk_softmax_weight` for "softmax_weight"."""
+    if gating == "softmax_weight":
+        return topk_softmax_weight(logits, k)
+    return topk_fast(logits, k, renormalize)
+
+
 @njit(cache=True)
 def count_picks(hist_row, ids):
     """hist_row[e] += 1 for every pick e in ids [T, K] (np.add.at's counts)."""

@@ -3,6 +3,9 @@
     # T = tokens, D = hidden dim, F = expert FFN dim, E = experts, N = (token, expert) tasks
     out[t] = sum_{tasks j of token t, by expert} weight[j] * down_e(silu(gate_e(x_t)) * up_e(x_t))
 
+(gpt-oss: gate, up and down each plus the expert's bias, and its clamped SwiGLU in silu's place:
+LayerWeights.extras.)
+
 with the roundings of llama.cpp's CPU matmul: x quantized once to the gate/up weights' vec_dot
 type, the intermediate quantized to the down weights' vec_dot type. Phases of one call:
 
@@ -33,6 +36,20 @@ arrives; nothing else is allocated per call.
 """
 
 from strata.cpu.pool.expert_pool import TRACE_STAMPS, ExpertPool
-from strata.cpu.pool.weights import LayerWeights, prepare_layer
+from strata.cpu.pool.weights import (
+    GLU_SILU,
+    GLU_SWIGLU_OAI,
+    LayerWeights,
+    prepare_layer,
+    with_extras,
+)
 
-__all__ = ["TRACE_STAMPS", "ExpertPool", "LayerWeights", "prepare_layer"]
+__all__ = [
+    "GLU_SILU",
+    "GLU_SWIGLU_OAI",
+    "TRACE_STAMPS",
+    "ExpertPool",
+    "LayerWeights",
+    "prepare_layer",
+    "with_extras",
+]

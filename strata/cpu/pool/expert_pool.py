@@ -25,7 +25,9 @@ from strata.cpu.pool.team_job import (
     L_AD,
     L_AG,
     L_AU,
+    L_GB,
     L_GGUF,
+    L_GLU,
     L_LEN,
     L_NBYTES,
     L_NE,
@@ -157,7 +159,7 @@ class ExpertPool:
         if plan is None or plan[0] is not lw:
             g, u, d = lw.gate, lw.up, lw.down
             wargs = (g.data, g.kernel, u.data, u.kernel, d.data, d.kernel, g.n_expert)
-            wargs += (g.act, u.act, d.act)
+            wargs += (g.act, u.act, d.act, lw.extras)
             plan = self._plans[id(lw)] = (lw, wargs, {}, self._layer_desc(lw))
         return plan
 
@@ -368,6 +370,9 @@ def layer_desc(lw: LayerWeights) -> np.ndarray | None:
     desc[L_NE], desc[L_AG], desc[L_AU], desc[L_AD] = lw.gate.n_expert, *(m.act for m in mats)
     desc[L_SHARE] = _share_address(lw.gate.kernel, lw.up.kernel, lw.down.kernel)
     desc[L_NBYTES], desc[L_GGUF] = lw.expert_nbytes, lw.expert_gguf_bytes
+    for i, b in enumerate((lw.gate_bias, lw.up_bias, lw.down_bias)):
+        desc[L_GB + 3 * i : L_GB + 3 * i + 3] = (b.ctypes.data, *b.shape)
+    desc[L_GLU] = lw.glu
     return desc
 
 

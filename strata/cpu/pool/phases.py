@@ -1,4 +1,4 @@
-"""Phases 2 and 4 (gate/up with SiLU, down with the weighted sum) and the fused region's
+"""Phases 2 and 4 (gate/up with the activation, down with the weighted sum) and the fused region's
 per-thread body that runs all four with a barrier between them."""
 
 from __future__ import annotations
@@ -24,18 +24,45 @@ from strata.cpu.pool.schedule import (
     _this_and_next,
     _unit_rows,
 )
+from strata.cpu.pool.weights import GLU_SWIGLU_OAI
+
+
+@njit(cache=True, inline="always")
+def _act(e, r, g, u, eb):
+    """The expert activation of gate g and up u at row r of expert e. eb = (gate bias [E, F],
+    up bias [E, F], down bias [E, D], glu): biases ([0, 0]: none) and the activation (GLU_SILU:
+    silu(g) * u; GLU_SWIGLU_OAI: gpt-oss's, min(g, 7) sigmoid(1.702 min(g, 7)) (clip(u, 7) + 1))."""
+    gb, ub, _, glu = eb
+    if gb.shape[0]:
+        g += gb[e, r]
+        u += ub[e, r]
+    if glu == GLU_SWIGLU_OAI:
+        x = min(g, np.float32(7.0))
+        y = min(max(u, np.float32(-7.0)), np.float32(7.0))
+        return x / (np.float32(1.0) + np.exp(np.float32(1.702) * -x)) * (y + np.float32(1.0))
+    return g / (np.float32(1.0) + np.exp(-g)) * u
+
+
+@njit(cache=True, inline="always")
+def _down_bias(e, r, y, eb):
+    """y plus expert e's down bias at output row r, where the layer has one."""
+    db = eb[2]
+    if db.shape[0]:
+        return y + db[e, r]
+    return y
 
 
 @njit(cache=True)
 def _gate_up_rows(
-    e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h, ahead
+    e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h, ahead, eb
 ):  # fmt: skip
     """Rows r0..r1 of expert e's gate and up for each of its tokens, SiLU(gate) * up into h.
     Rows are prefetched `ahead` rows ahead; past r1 the prefetch runs on into the run that
     comes next (expert ne's rows n0..n1; ne < 0: none)."""
     if cnt[e] - start[e] > 1:
         _gate_up_tiled(
-            e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h, ahead
+            e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h, ahead,
+            eb,
         )  # fmt: skip
         return
     for r in range(r0, r1):
@@ -48,12 +75,12 @@ def _gate_up_rows(
             t = tok[order[p]]
             g = dot(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], t)
             u = dot(uk, uw, wr, actu[0], actu[1], actu[2], actu[3], actu[4], t)
-            h[p, r] = g / (np.float32(1.0) + np.exp(-g)) * u
+            h[p, r] = _act(e, r, g, u, eb)
 
 
 @njit(cache=True)
 def _gate_up_tiled(
-    e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h, ahead
+    e, r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h, ahead, eb
 ):  # fmt: skip
     """`_gate_up_rows` for an expert of several tokens: TILE of them a `dotn` call (each gate
     and up row decoded once for the tile), the same bits."""
@@ -74,13 +101,12 @@ def _gate_up_tiled(
             dotn(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], rows, n, gt)
             dotn(uk, uw, wr, actu[0], actu[1], actu[2], actu[3], actu[4], rows, n, ut)
             for i in range(n):
-                g = gt[i]
-                h[p0 + i, r] = g / (np.float32(1.0) + np.exp(-g)) * ut[i]
+                h[p0 + i, r] = _act(e, r, gt[i], ut[i], eb)
 
 
 @njit(cache=True)
 def _gate_up_share(
-    tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf
+    tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, eb
 ):  # fmt: skip
     """Thread tid's contiguous share of phase 2 (the static split): the F rows of every active
     expert, weighted by the expert's token count, cut into nt runs at row granularity (so a
@@ -104,7 +130,7 @@ def _gate_up_share(
             r1 = min(f, (hi - pos + n_e - 1) // n_e)
             _gate_up_rows(
                 e, r0, r1, e, r1, f, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu, h,
-                ahead,
+                ahead, eb,
             )  # fmt: skip
         pos += span
 
@@ -112,7 +138,7 @@ def _gate_up_share(
 @njit(cache=True)
 def _gate_up_dyn(
     tid, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-    gk, gw, actg, uk, uw, actu, h, pf,
+    gk, gw, actg, uk, uw, actu, h, pf, eb,
 ):  # fmt: skip
     """Phase 2 scheduled dynamically: units of `urows[ia]` rows of expert slot ia (unit ids
     ufirst[ia].., about `units` of them a thread), thread tid's first unit tid, then each next
@@ -129,7 +155,7 @@ def _gate_up_dyn(
         ia, r0, r1, ne, n0, n1 = _this_and_next(u, nxt, ia, ufirst, urows, f, na, active)
         _gate_up_rows(
             active[ia], r0, r1, ne, n0, n1, f, tok, order, start, cnt, gk, gw, actg, uk, uw, actu,
-            h, ahead,
+            h, ahead, eb,
         )  # fmt: skip
         u = nxt
 
@@ -137,16 +163,16 @@ def _gate_up_dyn(
 @njit(cache=True)
 def _gate_up_phase(
     tid, nt, dyn, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-    gk, gw, actg, uk, uw, actu, h, pf,
+    gk, gw, actg, uk, uw, actu, h, pf, eb,
 ):  # fmt: skip
     if dyn:
         _gate_up_dyn(
             tid, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-            gk, gw, actg, uk, uw, actu, h, pf,
+            gk, gw, actg, uk, uw, actu, h, pf, eb,
         )  # fmt: skip
     else:
         _gate_up_share(
-            tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf
+            tid, nt, na, f, tok, order, start, cnt, active, gk, gw, actg, uk, uw, actu, h, pf, eb
         )
 
 
@@ -159,7 +185,7 @@ def _down_tile(dk, dw, wr, p0, n, acth, rows, yt):
 
 
 @njit(cache=True)
-def _down_add_tiled(dk, dw, wr, r, p_lo, p_hi, tok, wt, order, acth, out):
+def _down_add_tiled(dk, dw, wr, r, p_lo, p_hi, tok, wt, order, acth, out, e, eb):
     """out[tok, r] += weight x down row wr for the tasks p_lo..p_hi of one expert, in task order
     (the additions one by one makes), TILE tasks a `dotn` call."""
     rows = numba.carray(stack_buffer(np.int64(0)), (TILE,))
@@ -169,11 +195,11 @@ def _down_add_tiled(dk, dw, wr, r, p_lo, p_hi, tok, wt, order, acth, out):
         _down_tile(dk, dw, wr, p0, n, acth, rows, yt)
         for i in range(n):
             j = order[p0 + i]
-            out[tok[j], r] += wt[j] * yt[i]
+            out[tok[j], r] += wt[j] * _down_bias(e, r, yt[i], eb)
 
 
 @njit(cache=True)
-def _down_yb_tiled(dk, dw, wr, r, p_lo, p_hi, acth, yb):
+def _down_yb_tiled(dk, dw, wr, r, p_lo, p_hi, acth, yb, e, eb):
     """yb[p, r] = down row wr for the tasks p_lo..p_hi of one expert, TILE a `dotn` call."""
     rows = numba.carray(stack_buffer(np.int64(0)), (TILE,))
     yt = numba.carray(stack_buffer(np.float32(0)), (TILE,))
@@ -181,12 +207,12 @@ def _down_yb_tiled(dk, dw, wr, r, p_lo, p_hi, acth, yb):
         n = min(TILE, p_hi - p0)
         _down_tile(dk, dw, wr, p0, n, acth, rows, yt)
         for i in range(n):
-            yb[p0 + i, r] = yt[i]
+            yb[p0 + i, r] = _down_bias(e, r, yt[i], eb)
 
 
 @njit(cache=True)
 def _down_rows(
-    r0, r1, n0, n1, na, dim, tok, wt, order, start, cnt, active, dk, dw, acth, out, ahead
+    r0, r1, n0, n1, na, dim, tok, wt, order, start, cnt, active, dk, dw, acth, out, ahead, eb
 ):  # fmt: skip
     """Output rows r0..r1 of phase 4: zeroed, then every active expert's rows ascending, its
     tokens' weighted results added (each output element summed by this thread alone, in
@@ -209,17 +235,17 @@ def _down_rows(
             elif n0 + ra - r1 < n1:  # the next run's first rows (first expert)
                 _prefetch(dw, active[0] * dim + n0 + ra - r1)
             if cnt[e] - start[e] > 1:
-                _down_add_tiled(dk, dw, wr, r, start[e], cnt[e], tok, wt, order, acth, out)
+                _down_add_tiled(dk, dw, wr, r, start[e], cnt[e], tok, wt, order, acth, out, e, eb)
                 continue
             for p in range(start[e], cnt[e]):
                 j = order[p]
                 y = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
-                out[tok[j], r] += wt[j] * y
+                out[tok[j], r] += wt[j] * _down_bias(e, r, y, eb)
 
 
 @njit(cache=True)
 def _down_share(
-    tid, nt, na, dim, run, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf
+    tid, nt, na, dim, run, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, eb
 ):  # fmt: skip
     """Thread tid's contiguous share of the D rows of phase 4 (the static split), every active
     expert ascending, in runs of `run` rows (outputs that stay within OUT_BLOCK floats: at T = 1
@@ -231,13 +257,13 @@ def _down_share(
         r1 = min(hi, r0 + run)
         _down_rows(
             r0, r1, r1, min(hi, r1 + run), na, dim, tok, wt, order, start, cnt, active, dk, dw,
-            acth, out, ahead,
+            acth, out, ahead, eb,
         )  # fmt: skip
 
 
 @njit(cache=True)
 def _down_dyn(
-    tid, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out, pf
+    tid, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out, pf, eb
 ):  # fmt: skip
     """Phase 4 scheduled dynamically: units of `run` output rows (every active expert), thread
     tid's first unit tid, the next ones from the shared counter bar[DN_CTR] one unit ahead (as
@@ -251,13 +277,13 @@ def _down_dyn(
         n0 = nxt * run
         _down_rows(
             r0, min(dim, r0 + run), n0, min(dim, n0 + run) if nxt < nu else n0, na, dim, tok,
-            wt, order, start, cnt, active, dk, dw, acth, out, ahead,
+            wt, order, start, cnt, active, dk, dw, acth, out, ahead, eb,
         )  # fmt: skip
         u = nxt
 
 
 @njit(cache=True, inline="always")
-def _down_unit(e, r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead):
+def _down_unit(e, r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead, eb):
     """yb[p, r] for rows r0..r1 of expert e, every task p of e: the down row r on the task's
     quantized intermediate; rows prefetched `ahead` rows on (past r1: expert ne's n0..n1)."""
     hq, hd, hb, h8, hf = acth
@@ -267,15 +293,15 @@ def _down_unit(e, r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead):
         if pr >= 0:
             _prefetch(dw, pr)
         if cnt[e] - start[e] > 1:
-            _down_yb_tiled(dk, dw, wr, r, start[e], cnt[e], acth, yb)
+            _down_yb_tiled(dk, dw, wr, r, start[e], cnt[e], acth, yb, e, eb)
             continue
         for p in range(start[e], cnt[e]):
-            yb[p, r] = dot(dk, dw, wr, hq, hd, hb, h8, hf, p)
+            yb[p, r] = _down_bias(e, r, dot(dk, dw, wr, hq, hd, hb, h8, hf, p), eb)
 
 
 @njit(cache=True)
 def _down_expert_dyn(
-    tid, na, dim, start, cnt, active, dfirst, drows, bar, dk, dw, acth, yb, pf
+    tid, na, dim, start, cnt, active, dfirst, drows, bar, dk, dw, acth, yb, pf, eb
 ):  # fmt: skip
     """Phase 4a of the expert-major down: units of rows of one expert (`_unit_table` over D,
     taken as `_gate_up_dyn` takes its units, from bar[DN_CTR]); yb[p, r] = the down row r of
@@ -288,7 +314,7 @@ def _down_expert_dyn(
     while u < nu:
         nxt = atomic_add(bar, DN_CTR, 1)
         ia, r0, r1, ne, n0, n1 = _this_and_next(u, nxt, ia, dfirst, drows, dim, na, active)
-        _down_unit(active[ia], r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead)
+        _down_unit(active[ia], r0, r1, ne, n0, n1, dim, start, cnt, dk, dw, acth, yb, ahead, eb)
         u = nxt
 
 
@@ -319,13 +345,15 @@ def _down_reduce(tid, nt, na, dim, tok, wt, order, start, cnt, active, yb, out):
 @njit(cache=True)
 def _down_phase(
     tid, nt, dyn, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out,
-    pf,
+    pf, eb,
 ):  # fmt: skip
     if dyn:
-        _down_dyn(tid, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out, pf)
+        _down_dyn(
+            tid, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth, out, pf, eb
+        )
     else:
         _down_share(
-            tid, nt, na, dim, run, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf
+            tid, nt, na, dim, run, tok, wt, order, start, cnt, active, dk, dw, acth, out, pf, eb
         )
 
 
@@ -333,7 +361,7 @@ def _down_phase(
 def _fused_share(
     tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, bx, waitpf, pf, x, tok, wt, order, start,
     cnt, active, na, ufirst, urows, dfirst, drows, yb, gw, gk, uw, uk, dw, dk, ag, actg, au, actu,
-    ad, acth, h, out, bar, stats, trace,
+    ad, acth, h, out, bar, stats, trace, eb,
 ):  # fmt: skip
     """All four phases for thread tid in one parallel region, a spin barrier between phases.
 
@@ -367,7 +395,7 @@ def _fused_share(
     tr[2] = cycle_counter()
     _gate_up_phase(
         tid, nt, dyn_g, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-        gk, gw, actg, uk, uw, actu, h, pf,
+        gk, gw, actg, uk, uw, actu, h, pf, eb,
     )  # fmt: skip
     tr[3] = cycle_counter()
     k = _barrier(bar, 2 * nt, dw, none, active, ja, dn, d0, d1 - d0, dim, 0)
@@ -385,11 +413,11 @@ def _fused_share(
     if not bx:
         _down_phase(
             tid, nt, dyn_d, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth,
-            out, pf,
+            out, pf, eb,
         )  # fmt: skip
         tr[7] = tr[8] = tr[9] = cycle_counter()
         return
-    _down_expert_dyn(tid, na, dim, start, cnt, active, dfirst, drows, bar, dk, dw, acth, yb, pf)
+    _down_expert_dyn(tid, na, dim, start, cnt, active, dfirst, drows, bar, dk, dw, acth, yb, pf, eb)
     tr[7] = cycle_counter()
     if _barrier(bar, 4 * nt, dw, none, active, 0, 0, 0, 0, dim, 0) < 0:
         stats[2] = 1

@@ -15,7 +15,7 @@ from strata.cpu.pool.schedule import ERR_BARRIER, _group
 @njit(cache=True, parallel=True)
 def _run_layer(
     x, tok, ex, wt, out,
-    gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad,
+    gw, gk, uw, uk, dw, dk, n_expert, ag, au, ad, eb,
     actg, actu, acth, h, order, cnt, start, active, ufirst, urows, dfirst, drows, yb, bar, stats,
     trace, nt, min_tasks, chunk, pf, fused,
 ):  # fmt: skip
@@ -37,7 +37,7 @@ def _run_layer(
         _fused_share(
             0, 1, False, False, n, f, dim, run, False, False, False, False, pf, x, tok, wt,
             order, start, cnt, active, na, ufirst, urows, dfirst, drows, yb,
-            gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
+            gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace, eb,
         )  # fmt: skip
         trace[nt, 1] = cycle_counter()
         return na
@@ -46,7 +46,7 @@ def _run_layer(
             _fused_share(
                 tid, nt, q1, q3, n, f, dim, run, dyn_g, dyn_d, bx, True, pf, x, tok, wt,
                 order, start, cnt, active, na, ufirst, urows, dfirst, drows, yb,
-                gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace,
+                gw, gk, uw, uk, dw, dk, ag, actg, au, actu, ad, acth, h, out, bar, stats, trace, eb,
             )  # fmt: skip
         trace[nt, 1] = cycle_counter()  # ... and after it (row nt: the caller's two stamps)
         return -ERR_BARRIER if stats[2] else na
@@ -58,11 +58,11 @@ def _run_layer(
             _quant_x(tid, nt, x, ag, actg, au, actu)
     else:
         _quant_x(0, 1, x, ag, actg, au, actu)
-    # ---- 2. gate, up, silu(gate) * up
+    # ---- 2. gate, up, the activation (silu(gate) * up, or gpt-oss's with biases)
     for tid in prange(nt):
         _gate_up_phase(
             tid, nt, dyn_g, na, f, tok, order, start, cnt, active, ufirst, urows, bar,
-            gk, gw, actg, uk, uw, actu, h, pf,
+            gk, gw, actg, uk, uw, actu, h, pf, eb,
         )  # fmt: skip
     # ---- 3. quantize the intermediate rows (one per task, in grouped order)
     if q3:
@@ -74,6 +74,6 @@ def _run_layer(
     for tid in prange(nt):
         _down_phase(
             tid, nt, dyn_d, na, dim, run, tok, wt, order, start, cnt, active, bar, dk, dw, acth,
-            out, pf,
+            out, pf, eb,
         )  # fmt: skip
     return na

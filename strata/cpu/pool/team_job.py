@@ -24,7 +24,7 @@ from strata.cpu.team import address, call_job, team_go, team_join
 J_Q1, J_Q3, J_N, J_F, J_DIM, J_RUN, J_DYNG, J_DYND, J_BX, J_PF = range(10)
 
 
-J_NA, J_AG, J_AU, J_AD = range(10, 14)
+J_NA, J_AG, J_AU, J_AD, J_GLU = range(10, 15)
 
 
 _JOB_ARRAYS = ("x", "tok", "wt", "out", "gw", "uw", "dw", "order", "cnt", "start", "active")
@@ -34,6 +34,9 @@ _JOB_ARRAYS += ("ufirst", "urows", "dfirst", "drows", "yb", "h", "bar", "stats",
 
 
 _JOB_ARRAYS += tuple(f"{a}{i}" for a in ("actg", "actu", "acth") for i in range(5))
+
+
+_JOB_ARRAYS += ("gb", "ub", "db")  # the layer's expert biases ([0, 0]: none)
 
 
 _SLOT = {name: 20 + 3 * i for i, name in enumerate(_JOB_ARRAYS)}  # (address, rows, cols)
@@ -60,6 +63,9 @@ A_BAR, A_STATS, A_TRACE = _SLOT["bar"], _SLOT["stats"], _SLOT["trace"]
 A_ACTG, A_ACTU, A_ACTH = _SLOT["actg0"], _SLOT["actu0"], _SLOT["acth0"]
 
 
+A_GB = _SLOT["gb"]  # gate, up, down biases in three consecutive slots
+
+
 # a layer's descriptor (ExpertPool._plan): gate, up, down as (address, rows, cols), then
 L_NE, L_AG, L_AU, L_AD, L_SHARE = 9, 10, 11, 12, 13  # E, act codes, `_team_share`'s address
 
@@ -67,7 +73,11 @@ L_NE, L_AG, L_AU, L_AD, L_SHARE = 9, 10, 11, 12, 13  # E, act codes, `_team_shar
 L_NBYTES, L_GGUF = 14, 15  # bytes one expert's three matrices read, and in the GGUF encoding
 
 
-L_LEN = 16
+# the expert biases as (address, rows, cols) each (LayerWeights.extras), and the activation
+L_GB, L_GLU = 16, 25
+
+
+L_LEN = 26
 
 
 @njit(cache=True, inline="always")
@@ -119,6 +129,8 @@ def _team_share(tid, nt, jaddr, gk, uk, dk):
         _jact(job, A_ACTU), job[J_AD], _jact(job, A_ACTH), _j2(job, A_H, np.float32),
         _j2(job, A_OUT, np.float32), _j1(job, A_BAR, np.int64), _j1(job, A_STATS, np.int64),
         _j2(job, A_TRACE, np.int64),
+        (_j2(job, A_GB, np.float32), _j2(job, A_GB + 3, np.float32),
+         _j2(job, A_GB + 6, np.float32), job[J_GLU]),
     )  # fmt: skip
     return 0
 
@@ -153,8 +165,10 @@ def _run_team(
     _put(job, A_TOK, tok)
     _put(job, A_WT, wt)
     _put(job, A_OUT, out)
-    for k in range(9):  # gate, up, down
+    for k in range(9):  # gate, up, down; their biases
         job[A_GW + k] = ldesc[k]
+        job[A_GB + k] = ldesc[L_GB + k]
+    job[J_GLU] = ldesc[L_GLU]
     job[J_Q1], job[J_Q3], job[J_N], job[J_F], job[J_DIM], job[J_RUN] = q1, q3, n, f, dim, run
     job[J_DYNG], job[J_DYND], job[J_BX], job[J_PF], job[J_NA] = dyn_g, dyn_d, bx, pf, na
     job[J_AG], job[J_AU], job[J_AD] = ldesc[L_AG], ldesc[L_AU], ldesc[L_AD]

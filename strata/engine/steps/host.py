@@ -290,8 +290,8 @@ class HostStep:
         """The step, or None where it does not apply: a tier other than the host tier with
         dense matrices on the pool's kernels and an f16 KV cache, a resident expert (or a pool
         other than `PoolMissRunner` over RAM copies not all loaded), a shared expert or
-        attention biases (qwen2moe), DeltaNet layers (qwen3next), layers whose experts differ
-        in shape or activation types, or weights that are not C-contiguous bytes."""
+        attention biases (qwen2moe), DeltaNet layers (qwen3next), gpt-oss's pieces, layers whose
+        experts differ in shape or activation types, or weights that are not C-contiguous bytes."""
         from strata.cpu.dense import QuantLinear
         from strata.cpu.runner import PoolMissRunner
         from strata.cpu.tier import HostTier
@@ -303,6 +303,8 @@ class HostStep:
             return None
         if a.linear_attn:  # DeltaNet layers: the eager host path
             return None
+        if a.attn_sinks or any(a.swa_layers) or a.rope_scaling != "none" or a.expert_bias:
+            return None  # gpt-oss: its pieces are not in the compiled step (eager steps run it)
         if resident.any() or (runner.source == "ram" and not runner._loaded.all()):
             return None
         if runner.pool.n_threads > 1 and not SUPPORTED:

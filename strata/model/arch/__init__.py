@@ -1,7 +1,8 @@
 """The architectures Strata runs, keyed by GGUF `general.architecture`.
 
 A new architecture is one module here: `ARCH`, `TRAITS` (the ModelArgs flags it fixes),
-`global_tensors(args)`, `layer_tensors(args, i)` and `OPTIONAL`, added to `ARCHS`.
+`global_tensors(args)`, `layer_tensors(args, i)` and `OPTIONAL`, added to `ARCHS`; `ALIASES`
+where it stores a role's tensor under another name (gpt-oss's FFN norm).
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from typing import Any
 
 from gguf.constants import Keys
 
-from strata.model.arch import qwen2moe, qwen3moe, qwen3next, qwen35moe
+from strata.model.arch import gpt_oss, qwen2moe, qwen3moe, qwen3next, qwen35moe
 from strata.model.args import ModelArgs
 from strata.model.errors import UnsupportedArchitecture
 
-ARCHS: dict[str, ModuleType] = {m.ARCH: m for m in (qwen3moe, qwen2moe, qwen3next, qwen35moe)}
+ARCHS: dict[str, ModuleType] = {
+    m.ARCH: m for m in (qwen3moe, qwen2moe, qwen3next, qwen35moe, gpt_oss)
+}
 
 
 def get(arch: str) -> ModuleType:
