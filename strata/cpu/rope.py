@@ -57,9 +57,10 @@ class RopeTable:
 
 
 def rope_table(a) -> RopeTable:
-    """The angles of model args `a` (ModelArgs: rope_theta, head_dim and the RoPE scaling
-    fields), as llama.cpp's context and ggml's rope_yarn derive them."""
-    inv = rope_inv_freq(a.head_dim, a.rope_theta)
+    """The angles of model args `a` (ModelArgs: rope_theta, the rotated dims `rope_dims` (the
+    head dim, or qwen3next's partial n_rot) and the RoPE scaling fields), as llama.cpp's context
+    and ggml's rope_yarn derive them."""
+    inv = rope_inv_freq(a.rope_dims, a.rope_theta)
     kind = getattr(a, "rope_scaling", "none")
     if kind == "none":
         return RopeTable(inv, F32(1), None, F32(1))
@@ -70,7 +71,7 @@ def rope_table(a) -> RopeTable:
     factor = F32(1) / fs  # llama_context's yarn_attn_factor, cancelled against rope_yarn's
     m = F32(F32(0.1) * np.log(factor) + F32(1)) if factor > 1 else F32(1)
     attn = F32(F32(m * (F32(1) / (F32(1) + F32(0.1) * np.log(factor)))) * attn)
-    dh, orig = a.head_dim, a.rope_orig_ctx or a.n_ctx_train
+    dh, orig = a.rope_dims, a.rope_orig_ctx or a.n_ctx_train
     lo = F32(max(0.0, np.floor(_corr_dim(dh, orig, a.yarn_beta_fast, a.rope_theta))))
     hi = F32(min(dh - 1.0, np.ceil(_corr_dim(dh, orig, a.yarn_beta_slow, a.rope_theta))))
     y = ((np.arange(dh // 2, dtype=F32) - lo) / max(F32(0.001), F32(hi - lo))).astype(F32)
