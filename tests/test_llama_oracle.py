@@ -165,7 +165,9 @@ def test_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model, quant):
 FLIP_CASCADE = 0.05  # what flips carry through a sequence of 24 (~1e-2); the window moves 0.1-0.8
 
 
-@pytest.mark.parametrize("quant,dense", [("Q8_0", "Q8_0"), ("Q4_K", "Q8_0"), ("IQ4_XS", "F16")])
+@pytest.mark.parametrize(
+    "quant,dense", [("MXFP4", "Q8_0"), ("Q8_0", "Q8_0"), ("Q4_K", "Q8_0"), ("IQ4_XS", "F16")]
+)
 def test_gpt_oss_reference_logits_match_llama_cpp(llama_cpp, synth_model, quant, dense):
     """Short sequences with a window of 4 (7 tokens, 3 past it; many sequences, so that flips
     stay rare): the reference's llama numerics give llama.cpp's logits to 1e-4. Sequences of 24
@@ -196,10 +198,12 @@ def test_gpt_oss_reference_logits_match_llama_cpp(llama_cpp, synth_model, quant,
             assert errs[~tied].max(initial=0) <= FLIP_CASCADE, np.sort(errs[~tied])[::-1][:8]
 
 
-def test_gpt_oss_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model):
+@pytest.mark.parametrize("quant", ["MXFP4", "Q4_K"])
+def test_gpt_oss_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model, quant):
     """The CPU-only engine's greedy tokens are llama.cpp's past the sliding window (prompt +
-    32 steps > 8), with llama.cpp's near ties excepted as for qwen3moe."""
-    path = synth_model("tiny-gpt-oss", "Q4_K", seed=7)
+    32 steps > 8), with llama.cpp's near ties excepted as for qwen3moe; MXFP4 is gpt-oss's own
+    expert format."""
+    path = synth_model("tiny-gpt-oss", quant, seed=7)
     model = load_model(path)
     tok = model.tokenizer
     llm = open_llama(llama_cpp, path)
@@ -224,11 +228,11 @@ def test_gpt_oss_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model):
 
 def test_gpt_oss_120b_shaped_layer_loads_in_llama_cpp_and_matches(llama_cpp, synth_model):
     """The real dimensions (D 2880, 64 heads of 64, 8 KV heads, a window of 128, YaRN over 4096)
-    in two layers of 4 experts: llama.cpp loads the file and the reference gives its logits.
+    and expert format (MXFP4) in two layers of 4 experts: llama.cpp loads the file and the reference gives its logits.
     At this width a Q8 flip is common even at a sequence's first position (~1 in 6 here, as at
     qwen3moe's real width), so the statement is the oracle's: most first positions agree to
     1e-4, none is off by more than a flip, and the greedy picks agree."""
-    path = synth_model("gpt-oss-120b", "Q8_0", seed=2, n_layer=2, n_expert=4, n_vocab=1024)
+    path = synth_model("gpt-oss-120b", "MXFP4", seed=2, n_layer=2, n_expert=4, n_vocab=1024)
     model = load_model(path)
     assert (model.args.n_embd, model.args.n_head, model.args.window(0)) == (2880, 64, 128)
     llm = open_llama(llama_cpp, path)
