@@ -157,8 +157,9 @@ def cmd_synth(ns) -> int:
 
     if ns.shape not in SHAPES:
         raise UserError(f"unknown --shape {ns.shape!r} (known: {', '.join(SHAPES)})")
+    quant = ns.quant or ("MXFP4" if "gpt-oss" in ns.shape else "Q4_K")  # each model's own
     try:
-        qs = [fmt(q).qtype for q in (ns.quant, ns.dense_quant, ns.embd_quant)]
+        qs = [fmt(q).qtype for q in (quant, ns.dense_quant, ns.embd_quant)]
     except UnsupportedType as e:
         raise UserError(str(e)) from None
     for flag, q in zip(("--quant", "--dense-quant", "--embd-quant"), qs, strict=True):
@@ -287,7 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
         "qwen3-next-80b-a3b | tiny-gpt-oss | gpt-oss-20b | gpt-oss-120b",
     )
     s.add_argument("--arch", default=None, choices=list(ARCHS))
-    s.add_argument("--quant", default="Q4_K", help="expert tensor type (e.g. IQ3_XXS)")
+    s.add_argument(
+        "--quant", default=None, help="expert tensor type (default Q4_K; gpt-oss shapes: MXFP4)"
+    )
     s.add_argument("--dense-quant", default="Q8_0", help="attention and output tensor type")
     s.add_argument("--embd-quant", default="Q8_0", help="token embedding type")
     s.add_argument("--layers", type=int, default=None, help="override the shape's layer count")
