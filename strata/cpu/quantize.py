@@ -6,7 +6,8 @@ activation vector of length n):
     xq [rows, n]      int8     Q8 quants (Q8_K: blocks of 256; Q8_0: blocks of 32)
     xd [rows, n/32]   float32  block scales: Q8_K uses the first n/256 columns, Q8_0 all n/32
                                (the f16 scale of Q8_0 already widened to float32)
-    xb [rows, n/16]   int16    Q8_K bsums: sums of 16 consecutive quants (ggml's block_q8_K.bsums)
+    xb [rows, n/16]   int16    sums of 16 consecutive quants (Q8_K: ggml's block_q8_K.bsums; Q8_0:
+                               the MXFP4 kernels' offset term)
     x8 [rows, n/8]    int16    sums of 8 consecutive quants (IQ1_M's delta term)
     xf [rows, n]      float32  the activation rounded to the weight's float type (F16/BF16/F32);
                                for Q8_K, its first n bytes of a row hold the quants again in
@@ -90,8 +91,9 @@ def q8_K_row(x, qs, d, bs, s8, xp):
 
 
 @njit(cache=True)
-def q8_0_blocks(x, qs, d, b0, b1):
-    """Quantize Q8_0 blocks b0..b1-1 of one row x [n] as ggml-cpu's x86 SIMD path (d: f16 value)."""
+def q8_0_blocks(x, qs, d, bs, b0, b1):
+    """Quantize Q8_0 blocks b0..b1-1 of one row x [n] as ggml-cpu's x86 SIMD path (d: f16 value),
+    and the sums of each 16 quants into bs [n/16]."""
     for b in range(b0, b1):
         o = b * QK8_0
         amax = np.float32(0.0)
@@ -102,12 +104,18 @@ def q8_0_blocks(x, qs, d, b0, b1):
         for i in range(QK8_0):
             q = np.rint(np.float32(x[o + i] * inv))
             qs[o + i] = np.int8(min(max(q, -128.0), 127.0))
+        for h in range(2):
+            s = np.int32(0)
+            for i in range(16):
+                s += qs[o + 16 * h + i]
+            bs[2 * b + h] = s
 
 
 @njit(cache=True)
-def q8_0_row(x, qs, d):
-    """Quantize one row x [n] to Q8_0 as ggml-cpu's x86 SIMD path: qs [n], d [n/32] (f16 value)."""
-    q8_0_blocks(x, qs, d, 0, x.shape[0] // QK8_0)
+def q8_0_row(x, qs, d, bs):
+    """Quantize one row x [n] to Q8_0 as ggml-cpu's x86 SIMD path: qs [n], d [n/32] (f16 value),
+    bs [n/16] (sums of 16 quants)."""
+    q8_0_blocks(x, qs, d, bs, 0, x.shape[0] // QK8_0)
 
 
 @njit(cache=True)
@@ -128,7 +136,7 @@ def quantize_row(x, code, r, xq, xd, xb, x8, xf):
     if code == ACT_Q8_K:
         q8_K_row(x, xq[r], xd[r], xb[r], x8[r], xf[r].view(np.int8))
     elif code == ACT_Q8_0:
-        q8_0_row(x, xq[r], xd[r])
+        q8_0_row(x, xq[r], xd[r], xb[r])
     else:
         float_row(x, code, xf[r])
 
@@ -146,7 +154,7 @@ def quantize_units(x, code, r, xq, xd, xb, x8, xf, u0, u1):
     if code == ACT_Q8_K:
         q8_K_blocks(x, xq[r], xd[r], xb[r], x8[r], u0, u1, xf[r].view(np.int8))
     elif code == ACT_Q8_0:
-        q8_0_blocks(x, xq[r], xd[r], u0, u1)
+        q8_0_blocks(x, xq[r], xd[r], xb[r], u0, u1)
     else:
         float_row(x, code, xf[r], u0 * QK8_0, u1 * QK8_0)
 
@@ -178,7 +186,7 @@ def _roundtrip_rows(x, code, out):
         if code == ACT_Q8_K:
             q8_K_blocks(x[r], qs, d, bs, s8, 0, n // QK_K, xp)
         else:
-            q8_0_blocks(x[r], qs, d, 0, n // QK8_0)
+            q8_0_blocks(x[r], qs, d, bs, 0, n // QK8_0)
         for i in range(n):
             out[r, i] = d[i // unit] * np.float32(qs[i])
 
@@ -237,6 +245,7 @@ def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x2 = np.ascontiguousarray(x.reshape(-1, n))
     xq = np.zeros(x2.shape, np.int8)
     xd = np.zeros((x2.shape[0], n // QK8_0), np.float32)
+    bs = np.zeros(n // 16, np.int16)
     for r in range(x2.shape[0]):
-        q8_0_row(x2[r], xq[r], xd[r])
+        q8_0_row(x2[r], xq[r], xd[r], bs)
     return xd.astype(np.float16).reshape(*x.shape[:-1], n // QK8_0), xq.reshape(x.shape)

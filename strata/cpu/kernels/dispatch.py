@@ -102,7 +102,8 @@ def dot(code, w, r, xq, xd, xb, x8, xf, a):
     raise NotImplementedError("dot is only callable from jitted code")
 
 
-@overload(dot, prefer_literal=True)
+# inline: the kernel call lands in the caller itself (a kernel marked inline="always" with it)
+@overload(dot, prefer_literal=True, inline="always")
 def _dot(code, w, r, xq, xd, xb, x8, xf, a):
     if not isinstance(code, types.IntegerLiteral):
         # typed once without the literal before `literally` retypes the caller: compile nothing

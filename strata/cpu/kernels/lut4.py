@@ -377,23 +377,30 @@ def _blk_avx2(typingctx, w, r, qo, so, xq, a, xo, xb, bo, variant):
         ps = e.ptr(sg.args[0], args[0], args[1], args[3])
         px = e.ptr(sg.args[4], args[4], args[5], args[6])
         pb = e.ptr(sg.args[7], args[7], args[5], args[8])
+        # in each 128-bit lane, int32 i holds the int16 pair (sc_i, sc_i+4), sc = 2 ls + 1: every
+        # splat below is one in-lane vpshufb of these bytes
         s = e.bcast(e.load(ps, I32), V8I32)
-        ls = b.and_(b.lshr(s, e.const(V8I32, range(0, 32, 4))), e.splat(V8I32, 15))
-        sc = b.trunc(
-            b.add(b.shl(ls, e.splat(V8I32, 1)), e.splat(V8I32, 1)), ir.VectorType(ir.IntType(16), 8)
-        )
-        sc = e.shuffle(sc, list(range(8)) * 2)  # both 128-bit lanes: splats become vpshufb
+        ls = b.and_(b.lshr(s, e.const(V8I32, [0, 4, 8, 12] * 2)), e.splat(V8I32, 0x000F000F))
+        sc = b.bitcast(b.add(b.shl(ls, e.splat(V8I32, 1)), e.splat(V8I32, 0x00010001)), V32I8)
+
+        def splat(ctl):  # int16 words: sub-block k's scale is bytes 4 (k % 4) + 2 (k // 4), + 1
+            return b.bitcast(e.pshufb(sc, e.const(V32I8, ctl)), V16I16)
+
+        def word(k):
+            return [4 * (k % 4) + 2 * (k // 4), 4 * (k % 4) + 2 * (k // 4) + 1]
+
         lut = e.const(V32I8, lut_values)
         acc = e.splat(V8I32, 0)
         for j in range(4):
             lo, hi = e.nibbles(e.load(pw, V32I8, 32 * j))
             pl = e.maddubs(e.pshufb(lut, lo), e.load(px, V32I8, 64 * j))
             ph = e.maddubs(e.pshufb(lut, hi), e.load(px, V32I8, 64 * j + 32))
-            acc = b.add(acc, e.madd(pl, e.shuffle(sc, [2 * j] * 8 + [8 + 2 * j] * 8)))
-            acc = b.add(acc, e.madd(ph, e.shuffle(sc, [2 * j + 1] * 8 + [9 + 2 * j] * 8)))
+            acc = b.add(acc, e.madd(pl, splat(word(2 * j) * 16)))
+            acc = b.add(acc, e.madd(ph, splat(word(2 * j + 1) * 16)))
         # the +64 offset: 64 * sum_s sc_s * (bsum[2s] + bsum[2s+1]), scales 0..3 low, 4..7 high
-        pairs = e.shuffle(sc, [k // 2 for k in range(8)] + [12 + k // 2 for k in range(8)])
-        corr = e.madd(e.load(pb, V16I16), pairs)
+        pairs = [c for k in range(8) for c in word(k // 2)]
+        pairs += [c for k in range(8) for c in word(4 + k // 2)]
+        corr = e.madd(e.load(pb, V16I16), splat(pairs))
         acc = b.sub(acc, b.shl(corr, e.splat(V8I32, 6)))
         return e.hsum(acc)
 

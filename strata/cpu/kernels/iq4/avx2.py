@@ -56,24 +56,25 @@ def _blk_iq4_xs(typingctx, w, r, o, xq, a, xo):
             return ir.Constant(I32, 0)
         pw = e.ptr(sg.args[0], args[0], args[1], args[2])
         px = e.ptr(sg.args[3], args[3], args[4], args[5])
-        # ls_s = (nibble s of the 4 scales_l bytes) | ((scales_h >> 2 s) & 3) << 4, minus 32
+        # ls_s = (nibble s of the 4 scales_l bytes) | ((scales_h >> 2 s) & 3) << 4, minus 32,
+        # as int32 with the even sub-blocks in the low 128-bit lane and the odd in the high (the
+        # order is in the shift counts), so each pair's int16 splat is one in-lane vpshufb
+        order = [0, 2, 4, 6, 1, 3, 5, 7]
         lo = b.and_(
-            b.lshr(e.bcast(e.load(pw, I32, 4), V8I32), e.const(V8I32, range(0, 32, 4))),
+            b.lshr(e.bcast(e.load(pw, I32, 4), V8I32), e.const(V8I32, [4 * s for s in order])),
             e.splat(V8I32, 15),
         )
         sh = e.bcast(b.zext(e.load(pw, I16, 2), I32), V8I32)
-        hi = b.and_(b.lshr(sh, e.const(V8I32, range(0, 16, 2))), e.splat(V8I32, 3))
+        hi = b.and_(b.lshr(sh, e.const(V8I32, [2 * s for s in order])), e.splat(V8I32, 3))
         ls = b.sub(b.or_(lo, b.shl(hi, e.splat(V8I32, 4))), e.splat(V8I32, 32))
-        ls = b.trunc(ls, _V8I16)
-        # even sub-blocks' scales in the low 128-bit lane, odd in the high
-        sc2 = e.shuffle(ls, [0, 2, 4, 6, 0, 0, 0, 0, 1, 3, 5, 7, 1, 1, 1, 1])
+        ls = b.bitcast(ls, V32I8)  # the low int16 of each int32 lane is ls_s
         kv = e.const(V32I8, _KV)
         acc = e.splat(V8I32, 0)
         for c in range(4):  # sub-blocks 2c, 2c+1
             qlo, qhi = e.nibbles(e.load(pw, V32I8, 8 + 32 * c))
             xlo = concat16(e, e.load(px, V16I8, 64 * c), e.load(px, V16I8, 64 * c + 32))
             xhi = concat16(e, e.load(px, V16I8, 64 * c + 16), e.load(px, V16I8, 64 * c + 48))
-            s = e.shuffle(sc2, [c] * 8 + [8 + c] * 8)
+            s = b.bitcast(e.pshufb(ls, e.const(V32I8, [4 * c, 4 * c + 1] * 16)), V16I16)
             acc = b.add(acc, e.madd(_sdot(e, e.pshufb(kv, qlo), xlo), s))
             acc = b.add(acc, e.madd(_sdot(e, e.pshufb(kv, qhi), xhi), s))
         return e.hsum(acc)

@@ -1,10 +1,11 @@
 """Q4_K, Q5_K and Q6_K on the GGUF bytes with AVX2 (no repack: 32 weights per load already).
 
-Q4_K/Q5_K per super-block: the 12 scale bytes unpack to 8 scales + 8 mins with four 32-bit
-mask/shift steps (ggml's utmp trick); each 32-byte load of quants feeds two vpmaddubsw (low and
-high nibbles, Q5_K's fifth bit or-ed in) and vpmaddwd by the broadcast sub-block scale; the mins
-meet the Q8_K bsums in one vpmaddwd. Q6_K: 6-bit quants (0..63) from ql nibbles and qh pairs,
-16 int8 scales per 16 weights, the -32 offset through the bsums. Quants stay <= 63, so
+Q4_K/Q5_K per super-block: the 12 scale bytes unpack to 8 scales + 8 mins with ggml's utmp
+mask/shift steps done on one xmm; each 32-byte load of quants feeds two vpmaddubsw (low and high
+nibbles, Q5_K's fifth bit or-ed in) and vpmaddwd by the sub-block scale (one vpshufb splat);
+the mins meet the Q8_K bsums in one vpmaddwd, and both sums are reduced together. Q6_K: 6-bit
+quants (0..63) from ql nibbles and qh pairs, 16 int8 scales per 16 weights, the -32 offset
+through the bsums. Quants stay <= 63, so
 vpmaddubsw cannot saturate. The plain twins are in `kquants`.
 """
 
@@ -24,20 +25,34 @@ _V4I32 = ir.VectorType(I32, 4)
 _V16I8 = ir.VectorType(ir.IntType(8), 16)
 
 
+def _mix(b, x, y, lanes):
+    """shufflevector of two vectors of one type."""
+    return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, len(lanes)), lanes))
+
+
 def _k4_scales(e, pw):
-    """<16 x i16>: lanes 0..7 the scales, 8..15 the mins of the k4-packed bytes at pw + 4."""
+    """<32 x i8>: in each 128-bit lane, bytes 0..7 the scales, 8..15 the mins of the k4-packed
+    bytes at pw + 4 (ggml's utmp trick on the three words in one xmm: lane k of the result is
+    the utmp[k] ggml builds), both lanes alike for the in-lane vpshufb splats."""
     b = e.b
-    u0, u1, u2 = (e.load(pw, I32, 4 + 4 * k) for k in range(3))
-    k1, k2, k3 = (ir.Constant(I32, v) for v in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
-    c4, c6 = ir.Constant(I32, 4), ir.Constant(I32, 6)
-    sc_lo = b.and_(u0, k1)  # scales 0..3
-    sc_hi = b.or_(b.and_(u2, k2), b.shl(b.and_(b.lshr(u0, c6), k3), c4))  # scales 4..7
-    mn_lo = b.and_(u1, k1)  # mins 0..3
-    mn_hi = b.or_(b.and_(b.lshr(u2, c4), k2), b.shl(b.and_(b.lshr(u1, c6), k3), c4))
-    v = ir.Constant(_V4I32, None)
-    for i, t in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
-        v = b.insert_element(v, t, ir.Constant(I32, i))
-    return b.zext(b.bitcast(v, _V16I8), V16I16)
+    u = e.load(pw, _V4I32, 4)  # [u0, u1, u2, -] (the 4th word: quants, unused)
+    k1, k2, k3 = 0x3F3F3F3F, 0x0F0F0F0F, 0x30303030
+    lo = b.and_(
+        b.lshr(e.shuffle(u, [0, 2, 1, 2]), e.const(_V4I32, [0, 0, 0, 4])),
+        e.const(_V4I32, [k1, k2, k1, k2]),
+    )
+    # the top 2 bits of u0 / u1's bytes as bits 4, 5 of the high scales / mins
+    hi = b.lshr(e.shuffle(u, [0, 0, 1, 1]), e.splat(_V4I32, 2))
+    hi = b.and_(hi, e.const(_V4I32, [0, k3, 0, k3]))
+    sm = b.bitcast(b.or_(lo, hi), _V16I8)
+    return b.bitcast(e.shuffle(sm, list(range(16)) * 2), V32I8)
+
+
+def _splat16(e, sm, idx):
+    """<16 x i16> whose word i is byte idx[i % len(idx)] of each lane of sm, zero-extended
+    (vpshufb: a control byte of 0x80 gives 0)."""
+    ctl = [c for i in range(16) for c in (idx[i % len(idx)], 0x80)]
+    return e.b.bitcast(e.pshufb(sm, e.const(V32I8, ctl)), V16I16)
 
 
 def _k_block(e, sg, args, bb, fifth_bit):
@@ -46,8 +61,7 @@ def _k_block(e, sg, args, bb, fifth_bit):
     pw = e.ptr(sg.args[0], args[0], args[1], args[2])
     px = e.ptr(sg.args[3], args[3], args[4], args[5])
     pb = e.ptr(sg.args[6], args[6], args[4], args[7])
-    sm = _k4_scales(e, pw)  # lanes 0..7 scales, 8..15 mins
-    sc = e.shuffle(sm, list(range(8)) * 2)  # scales in both 128-bit lanes: vpshufb splats
+    sm = _k4_scales(e, pw)  # per lane: bytes 0..7 scales, 8..15 mins
     qo = 16 if not fifth_bit else 48
     qh = e.load(pw, V32I8, 16) if fifth_bit else None
     acc = e.splat(V8I32, 0)
@@ -67,10 +81,18 @@ def _k_block(e, sg, args, bb, fifth_bit):
                     hi = b.or_(hi, bit)
         pl = e.maddubs(lo, e.load(px, V32I8, 64 * j))
         ph = e.maddubs(hi, e.load(px, V32I8, 64 * j + 32))
-        acc = b.add(acc, e.madd(pl, e.shuffle(sc, [2 * j] * 8 + [8 + 2 * j] * 8)))
-        acc = b.add(acc, e.madd(ph, e.shuffle(sc, [2 * j + 1] * 8 + [9 + 2 * j] * 8)))
-    mins = e.madd(e.load(pb, V16I16), e.shuffle(sm, [8 + k // 2 for k in range(16)]))
-    return e.hsum(acc), e.hsum(mins)
+        acc = b.add(acc, e.madd(pl, _splat16(e, sm, [2 * j])))
+        acc = b.add(acc, e.madd(ph, _splat16(e, sm, [2 * j + 1])))
+    # min m_s against the bsums of its two 16-weight halves: words [m0, m0, m1, m1, ...]
+    mins = e.madd(e.load(pb, V16I16), _splat16(e, sm, [8 + k // 2 for k in range(16)]))
+    # both sums reduced together: [isum, msum]
+    t = b.add(
+        _mix(b, acc, mins, [0, 1, 8, 9, 4, 5, 12, 13]),
+        _mix(b, acc, mins, [2, 3, 10, 11, 6, 7, 14, 15]),
+    )
+    t = b.add(_mix(b, t, t, [0, 1, 2, 3]), _mix(b, t, t, [4, 5, 6, 7]))  # [i, i, m, m]
+    t = b.add(_mix(b, t, t, [0, 2]), _mix(b, t, t, [1, 3]))
+    return b.extract_element(t, ir.Constant(I32, 0)), b.extract_element(t, ir.Constant(I32, 1))
 
 
 @intrinsic

@@ -6,10 +6,11 @@ weight j + 16 in its high nibble). ggml keeps the E2M1 values doubled as small i
 (GGML_E8M0_TO_FP32_HALF: 2**(e - 128), as float32, subnormal for e < 2), so a block's dot is an
 integer sum times one float, as ggml_vec_dot_mxfp4_q8_0: float32(d_x * e8m0_half(e)) * sum.
 
-GROUP: the block products are summed eight at a time (256 weights, by halves: `group_sum`) and
-each group's sum added to the row's total, not added to the total one by one as ggml's scalar loop
-does (its AVX2 loop has an order of its own too): the SIMD kernel then chains one float add per
-256 weights, not eight in a row, which held it to ~0.75x the speed.
+LANES: block k of every 8-block group (256 weights) is added into accumulator k % 8, and the
+eight accumulators are summed by halves at the row's end (`group_sum`), the tail blocks then one
+at a time; not added to one total block by block as ggml's scalar loop does (its AVX2 loop has an
+order of its own too): the SIMD kernel keeps the eight accumulators in one vector, one vector add
+per 256 weights and no horizontal sum in the loop.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def block_term(w, r, o, xq, a, xo, d):
 
 @njit(cache=True, inline="always")
 def group_sum(p):
-    """The 8 block products p summed by halves: ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7))
+    """The 8 accumulators p summed by halves: ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7))
     (a vector's halves added, twice, then its two lanes)."""
     h0, h1, h2, h3 = p[0] + p[4], p[1] + p[5], p[2] + p[6], p[3] + p[7]
     return (h0 + h2) + (h1 + h3)
@@ -56,12 +57,11 @@ def group_sum(p):
 @njit(cache=True)
 def dot_mxfp4(w, r, xq, xd, xb, x8, xf, a):
     nb = w.shape[1] // BB
-    acc = np.float32(0.0)
-    p = np.empty(8, np.float32)
-    for g in range(0, nb - 7, 8):  # groups of 8 blocks: summed by halves, then added (GROUP)
+    p = np.zeros(8, np.float32)
+    for g in range(0, nb - 7, 8):  # groups of 8 blocks: block g + k into accumulator k (LANES)
         for k in range(8):
-            p[k] = block_term(w, r, (g + k) * BB, xq, a, 32 * (g + k), xd[a, g + k])
-        acc += group_sum(p)
+            p[k] += block_term(w, r, (g + k) * BB, xq, a, 32 * (g + k), xd[a, g + k])
+    acc = group_sum(p)
     for b in range(nb - nb % 8, nb):  # the blocks past the last group, one at a time
         acc += block_term(w, r, b * BB, xq, a, 32 * b, xd[a, b])
     return acc
