@@ -228,10 +228,11 @@ def test_gpt_oss_engine_greedy_tokens_equal_llama_cpp(llama_cpp, synth_model, qu
 
 def test_gpt_oss_120b_shaped_layer_loads_in_llama_cpp_and_matches(llama_cpp, synth_model):
     """The real dimensions (D 2880, 64 heads of 64, 8 KV heads, a window of 128, YaRN over 4096)
-    and expert format (MXFP4) in two layers of 4 experts: llama.cpp loads the file and the reference gives its logits.
-    At this width a Q8 flip is common even at a sequence's first position (~1 in 6 here, as at
-    qwen3moe's real width), so the statement is the oracle's: most first positions agree to
-    1e-4, none is off by more than a flip, and the greedy picks agree."""
+    and expert format (MXFP4) in two layers of 4 experts: llama.cpp loads the file and the
+    reference gives its logits. At this width a Q8 flip is common even at a sequence's first
+    position (~1 in 6 here, as at qwen3moe's real width), so the statement is the oracle's:
+    most first positions agree to 1e-4, none is off by more than a flip, and the greedy picks
+    agree."""
     path = synth_model("gpt-oss-120b", "MXFP4", seed=2, n_layer=2, n_expert=4, n_vocab=1024)
     model = load_model(path)
     assert (model.args.n_embd, model.args.n_head, model.args.window(0)) == (2880, 64, 128)

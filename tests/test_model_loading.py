@@ -242,6 +242,7 @@ def test_each_architecture_is_one_registered_module_with_the_same_interface():
         a = make_args("tiny" if key in ("qwen3moe", "qwen2moe") else f"tiny-{key}", key)
         assert mod.layer_tensors(a, 0) and mod.global_tensors(a) and mod.OPTIONAL
     with pytest.raises(
-        ModelError, match="unsupported architecture 'llama'.*qwen3moe, qwen2moe, gpt-oss"
+        ModelError,
+        match="unsupported architecture 'llama'.*qwen3moe, qwen2moe, qwen3next, qwen35moe, gpt-oss",
     ):
         arch.get("llama")

@@ -9,8 +9,8 @@ Hybrid linear attention (qwen3next's gated DeltaNet layers):
   Dk = their head dim (ssm_d_state, also the value head dim), C = conv channels 2*Hk*Dk + Hv*Dk,
   Kc = conv kernel (ssm_d_conv).
 
-Fields past `qkv_bias` are the pieces of newer architectures (gpt-oss, qwen3next); each default means
-"absent", so an architecture that never sets them reads as before.
+Fields past `qkv_bias` are the pieces of newer architectures (gpt-oss, qwen3next); each default
+means "absent", so an architecture that never sets them reads as before.
 """
 
 from __future__ import annotations
