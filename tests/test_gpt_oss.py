@@ -142,7 +142,8 @@ def test_cpu_pool_experts_match_the_host_tier(synth_model, quant):
 def test_cpu_only_build_runs_gpt_oss_on_the_cpu_pool(synth_model):
     """`strata generate` on a CPU: the experts in the CPU pool (the compiled one-call decode
     step stays qwen3moe's: eager steps here), the same greedy tokens as the reference forward
-    on the growing sequence."""
+    on the growing sequence, in the engine's own numerics (llama's Q8 roundings: against the
+    exact numerics a rounding near a tie flipped a token in about one run of two)."""
     from strata.build import build_engine
     from strata.config import resolve
     from strata.cpu.runner import PoolMissRunner
@@ -157,5 +158,5 @@ def test_cpu_only_build_runs_gpt_oss_on_the_cpu_pool(synth_model):
         seq.append(tok)
         tok = eng.decode_greedy(tok)
     seq.append(tok)
-    ref = Reference(model, "exact").forward(seq[:-1])
+    ref = Reference(model, "llama").forward(seq[:-1])
     assert ref[len(prompt) - 1 :].argmax(-1).tolist() == seq[len(prompt) :]
