@@ -40,45 +40,69 @@ def runner(model):
     return PoolMissRunner(model)
 
 
-def _prompts(model, n, seed):
-    rng = np.random.default_rng(seed)
-    lens = rng.integers(3, 30, n)
-    return {s: rng.integers(0, model.args.n_vocab, int(k)).tolist() for s, k in enumerate(lens)}
+TEXTS = (
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea, there lived",
+    "import numpy as np\nimport",
+    "# Sort a list of numbers in Python\n",
+)
+SYSTEM = (
+    "You are a careful assistant. Answer in one short sentence, cite no sources, and say so "
+    "when you do not know the answer to a question.\n"
+)
 
 
-def _alone(eng: Engine, prompt, n_new, params=GREEDY):
-    """`prompt` then n_new - 1 decode steps on the single-sequence engine -> n_new tokens."""
+def _prompts(model, texts=TEXTS):
+    return {s: model.tokenizer.encode(t) for s, t in enumerate(texts)}
+
+
+def _alone(eng: Engine, prompt, n_new, chunk, params=GREEDY, logits=None):
+    """`prompt` in chunks of `chunk` tokens (as the batch prefills it), then n_new - 1 decode
+    steps on the single-sequence engine -> n_new tokens (their logits appended to `logits`)."""
     eng.reset()
     pick = Sampler(params)
-    toks = [pick(eng.forward(prompt))]
-    while len(toks) < n_new:
-        toks.append(pick(eng.forward([toks[-1]])))
-    return toks
+    for c in range(0, len(prompt), chunk):
+        out = eng.forward(prompt[c : c + chunk])
+    toks = []
+    while True:
+        if logits is not None:
+            logits.append(out)
+        toks.append(pick(out))
+        if len(toks) == n_new:
+            return toks
+        out = eng.forward([toks[-1]])
 
 
-def _batched(be: BatchEngine, prompts, n_new, joins, chunk=7, params=None):
+def _batched(be: BatchEngine, prompts, n_new, joins, chunk, params=None, logits=None):
     """Admit sequence s before decode step joins[s] (prefilled in chunks), decode every running
-    sequence each step, release one once it has its n_new[s] tokens -> tokens by sequence."""
+    sequence each step, release one once it has its n_new[s] tokens -> tokens by sequence
+    (their logits appended to logits[s])."""
     params = params or {}
     picks = {s: Sampler(params.get(s, GREEDY)) for s in prompts}
     out: dict[int, list[int]] = {s: [] for s in prompts}
+
+    def take(s, row):
+        if logits is not None:
+            logits.setdefault(s, []).append(row.copy())
+        out[s].append(picks[s](row))
+
     running: list[int] = []
     step = 0
     while step <= max(joins.values()) or running:
         for s in [s for s, j in joins.items() if j == step]:
             be.admit(s, prompts[s])
-            logits = None
-            while logits is None:
-                logits = be.prefill(s, chunk)
-            out[s].append(picks[s](logits))
+            row = None
+            while row is None:
+                row = be.prefill(s, chunk)
+            take(s, row)
             running.append(s)
         for s in [s for s in running if len(out[s]) >= n_new[s]]:
             be.release(s)
             running.remove(s)
         if running:
-            logits = be.decode(running, [out[s][-1] for s in running])  # [B, V]
+            rows = be.decode(running, [out[s][-1] for s in running])  # [B, V]
             for b, s in enumerate(running):
-                out[s].append(picks[s](logits[b]))
+                take(s, rows[b])
         step += 1
     return out
 
@@ -88,97 +112,124 @@ JOINS = {0: 0, 1: 2, 2: 4, 3: 4}
 N_NEW = {0: 9, 1: 12, 2: 6, 3: 10}
 
 
+def _pool_only(model):
+    return np.zeros((model.args.n_layer, model.args.n_expert), bool)
+
+
+def test_batch_rows_are_each_sequences_alone_bit_for_bit(model, tiers, runner):
+    """Every expert in the CPU pool: the logits of every sequence at every step equal the
+    single-sequence engine's eager path exactly (the rows never mix)."""
+    res = _pool_only(model)
+    eng = Engine(model, tiers["f16"], miss_runner=runner, resident=res)
+    eng.host_step = None  # the layer-by-layer path: the same kernels, row by row
+    prompts = _prompts(model)
+    want: dict[int, list] = {s: [] for s in prompts}
+    for s, p in prompts.items():
+        _alone(eng, p, N_NEW[s], 5, logits=want[s])
+    be = BatchEngine(
+        model, tiers["f16"], n_ctx=N_CTX, max_batch=4, miss_runner=runner, resident=res
+    )
+    got: dict[int, list] = {}
+    _batched(be, prompts, N_NEW, JOINS, 5, logits=got)
+    for s in prompts:
+        assert np.array_equal(np.stack(got[s]), np.stack(want[s])), s
+
+
 @pytest.mark.parametrize("pool", [True, False], ids=["cpu-pool", "tier-experts"])
 def test_batch_tokens_equal_each_sequence_alone(model, tiers, runner, pool):
-    a = model.args
-    res = np.zeros((a.n_layer, a.n_expert), bool) if pool else None
+    res = _pool_only(model) if pool else None
     kw = dict(miss_runner=runner if pool else None, resident=res)
     eng = Engine(model, tiers["f16"], **kw)
-    assert (eng.host_step is not None) == pool  # the compiled step is the reference there
-    prompts = _prompts(model, 4, seed=1)
-    want = {s: _alone(eng, p, N_NEW[s]) for s, p in prompts.items()}
+    assert (eng.host_step is not None) == pool  # the compiled step decodes alone there
+    prompts = _prompts(model)
+    want = {s: _alone(eng, p, N_NEW[s], 7) for s, p in prompts.items()}
     be = BatchEngine(model, tiers["f16"], n_ctx=N_CTX, max_batch=4, **kw)
-    assert _batched(be, prompts, N_NEW, JOINS) == want
+    assert _batched(be, prompts, N_NEW, JOINS, 7) == want
     st = be.stats
     assert st.batch_steps > 0 and st.batch_rows > st.batch_steps and st.kv_blocks_used == 0
 
 
 def test_int8_kv_batch_tokens_equal_alone(model, tiers, runner):
-    a = model.args
-    res = np.zeros((a.n_layer, a.n_expert), bool)
+    res = _pool_only(model)
     eng = Engine(model, tiers["int8"], miss_runner=runner, resident=res)
-    prompts = _prompts(model, 3, seed=2)
+    prompts = _prompts(model, TEXTS[:3])
     n_new = {0: 8, 1: 8, 2: 8}
-    want = {s: _alone(eng, p, 8) for s, p in prompts.items()}
-    be = BatchEngine(model, tiers["int8"], n_ctx=N_CTX, max_batch=3, miss_runner=runner, resident=res)
+    want: dict[int, list] = {s: [] for s in prompts}
+    toks = {s: _alone(eng, p, 8, 4, logits=want[s]) for s, p in prompts.items()}
+    be = BatchEngine(
+        model, tiers["int8"], n_ctx=N_CTX, max_batch=3, miss_runner=runner, resident=res
+    )
     assert be.kv.kv_type == "int8"
-    assert _batched(be, prompts, n_new, {0: 0, 1: 0, 2: 1}, chunk=4) == want
+    got: dict[int, list] = {}
+    assert _batched(be, prompts, n_new, {0: 0, 1: 0, 2: 1}, 4, logits=got) == toks
+    for s in prompts:  # the int8 tier decodes eagerly alone: the same rows exactly
+        assert np.array_equal(np.stack(got[s]), np.stack(want[s])), s
 
 
 @pytest.mark.parametrize("threshold", [1.0, 0.35])
 def test_car_batch_tokens_equal_alone(model, tiers, runner, threshold):
     """Half the experts on the tier, the rest in the pool; CAR off (1.0) and on (the ratio rule,
-    which substitutes per row alike in a batch)."""
+    which substitutes row by row alike in a batch)."""
     a = model.args
-    res = np.zeros((a.n_layer, a.n_expert), bool)
+    res = _pool_only(model)
     res[:, : a.n_expert // 2] = True
     car = CarKnobs(threshold, mode="ratio")
     eng = Engine(model, tiers["f16"], miss_runner=runner, resident=res, car=car)
-    prompts = _prompts(model, 3, seed=3)
+    prompts = _prompts(model, TEXTS[:3])
     n_new = {0: 8, 1: 8, 2: 8}
-    want = {s: _alone(eng, p, 8) for s, p in prompts.items()}
+    want = {s: _alone(eng, p, 8, 7) for s, p in prompts.items()}
     be = BatchEngine(model, tiers["f16"], n_ctx=N_CTX, miss_runner=runner, resident=res, car=car)
-    assert _batched(be, prompts, n_new, {0: 0, 1: 1, 2: 1}) == want
-    subst = be.engine_stats.substitutions
-    assert (subst > 0) == (threshold < 1.0)
+    assert _batched(be, prompts, n_new, {0: 0, 1: 1, 2: 1}, 7) == want
+    assert (be.engine_stats.substitutions > 0) == (threshold < 1.0)
 
 
 def test_seeded_sampled_sequences_equal_alone(model, tiers, runner):
-    a = model.args
-    res = np.zeros((a.n_layer, a.n_expert), bool)
+    res = _pool_only(model)
     eng = Engine(model, tiers["f16"], miss_runner=runner, resident=res)
-    prompts = _prompts(model, 3, seed=4)
+    prompts = _prompts(model, TEXTS[:3])
     params = {s: SamplingParams(temperature=0.8, seed=100 + s) for s in prompts}
     n_new = {0: 10, 1: 10, 2: 10}
-    want = {s: _alone(eng, p, 10, params[s]) for s, p in prompts.items()}
+    want = {s: _alone(eng, p, 10, 7, params[s]) for s, p in prompts.items()}
+    joins = {0: 0, 1: 0, 2: 3}
     be = BatchEngine(model, tiers["f16"], n_ctx=N_CTX, miss_runner=runner, resident=res)
-    got = _batched(be, prompts, n_new, {0: 0, 1: 0, 2: 3}, params=params)
+    got = _batched(be, prompts, n_new, joins, 7, params=params)
     assert got == want
-    greedy = _batched(
-        BatchEngine(model, tiers["f16"], n_ctx=N_CTX, miss_runner=runner, resident=res),
-        prompts, n_new, {0: 0, 1: 0, 2: 3},
-    )  # fmt: skip
-    assert got != greedy  # the sampler did sample
+    assert got != _batched(be, prompts, n_new, joins, 7)  # the sampler did sample
 
 
 def test_prefix_reuse_gives_the_tokens_of_no_reuse(model, tiers, runner):
-    a = model.args
-    res = np.zeros((a.n_layer, a.n_expert), bool)
-    rng = np.random.default_rng(5)
-    system = rng.integers(0, a.n_vocab, 37).tolist()  # 2 full blocks of 16 and 5 tokens
-    prompts = {s: system + rng.integers(0, a.n_vocab, 4 + s).tolist() for s in range(3)}
-    eng = Engine(model, tiers["f16"], miss_runner=runner, resident=res)
-    want = {s: _alone(eng, p, 6) for s, p in prompts.items()}
+    """Three questions after one system prompt (two full blocks of 16 and more): the later two
+    reuse the blocks they share with an earlier one and prefill from there in the chunks of 16
+    the first ran, so their logits are exactly those of a run without the cache."""
+    res = _pool_only(model)
+    tok = model.tokenizer
+    system = tok.encode(SYSTEM)
+    assert 32 < len(system) < 48
+    questions = ("What is 2 + 2?", "Name a color.", "Why is the sky blue?")
+    prompts = {s: system + tok.encode(q) for s, q in enumerate(questions)}
+    assert prompts[0][:48] == prompts[2][:48] != prompts[1][:48]  # "What", "Why": 3 blocks
+    n_new = {s: 6 for s in prompts}
+    cold: dict[int, list] = {}
+    for s, p in prompts.items():  # a fresh engine each: nothing to reuse
+        be = BatchEngine(model, tiers["f16"], n_ctx=N_CTX, miss_runner=runner, resident=res)
+        _batched(be, {s: p}, n_new, {s: 0}, 16, logits=cold)
+        assert be.stats.prefix_hit_tokens == 0
     be = BatchEngine(model, tiers["f16"], n_ctx=N_CTX, miss_runner=runner, resident=res)
-    got = _batched(be, {0: prompts[0]}, {0: 6}, {0: 0})  # leaves its blocks cached
-    assert be.stats.prefix_hit_tokens == 0
-    got.update(_batched(be, {1: prompts[1], 2: prompts[2]}, {1: 6, 2: 6}, {1: 0, 2: 1}))
-    assert be.stats.prefix_hit_tokens == 2 * 32
-    assert got == want
-    be.admit(9, prompts[0])  # its own prompt again: every full block but the last token's
-    assert be.stats.prefix_hit_tokens == 2 * 32 + 32
-    logits = None
-    while logits is None:
-        logits = be.prefill(9, 4)
-    assert int(np.argmax(logits)) == want[0][0]
+    warm: dict[int, list] = {}
+    _batched(be, {0: prompts[0]}, n_new, {0: 0}, 16, logits=warm)  # its blocks stay cached
+    _batched(be, {1: prompts[1], 2: prompts[2]}, n_new, {1: 0, 2: 1}, 16, logits=warm)
+    assert be.stats.prefix_hit_tokens == 32 + 48
+    for s in prompts:
+        assert np.array_equal(np.stack(warm[s]), np.stack(cold[s])), s
+    assert be.admit(9, prompts[0]) == 48  # its own prompt again: every full block
+    assert be.stats.prefix_hit_tokens == 32 + 48 + 48
 
 
 def test_kv_full_changes_nothing_and_the_batch_goes_on(model, tiers, runner):
-    a = model.args
-    res = np.zeros((a.n_layer, a.n_expert), bool)
+    res = _pool_only(model)
     prompts = {0: list(range(10, 25)), 1: list(range(40, 48))}  # 15 and 8 tokens
     eng = Engine(model, tiers["f16"], miss_runner=runner, resident=res)
-    want = {s: _alone(eng, p, 6) for s, p in prompts.items()}
+    want = {s: _alone(eng, p, 6, 32) for s, p in prompts.items()}
     be = BatchEngine(
         model, tiers["f16"], n_ctx=N_CTX, kv_blocks=3, block_size=16, miss_runner=runner,
         resident=res,
@@ -228,7 +279,9 @@ def test_paged_attention_is_the_tiers_bit_for_bit(synth_model, kv, arch):
     for pos0, t in ((0, 13), (13, 9), (22, 1), (23, 1), (24, 1)):
         x = rng.standard_normal((t, a.n_embd)).astype(np.float32)
         for i in range(a.n_layer):
-            assert np.array_equal(tier.attention(i, x, pos0), pool.attention(tier, i, x, pos0, table))
+            assert np.array_equal(
+                tier.attention(i, x, pos0), pool.attention(tier, i, x, pos0, table)
+            )
 
 
 def test_refusals(model, synth_model):

@@ -153,7 +153,7 @@ class BatchEngine:
         if b_n > self.max_batch:
             raise ValueError(f"at most {self.max_batch} sequences a step, got {b_n}")
         runs = [self._run(q) for q in seqs]
-        for q, run in zip(seqs, runs):
+        for q, run in zip(seqs, runs, strict=True):
             if run.done < len(run.prompt):
                 raise ValueError(f"sequence {q}: its prompt has not finished its prefill")
             if run.done + 1 > self.n_ctx:
@@ -173,7 +173,7 @@ class BatchEngine:
                 y = y + tier.shared_expert(i, h)
             x = att + y
         out = tier.output(x)  # [B, V]
-        for q, run, t in zip(seqs, runs, ids.tolist()):
+        for q, run, t in zip(seqs, runs, ids.tolist(), strict=True):
             run.done += 1
             self.blocks.commit(q, run.done, (t,))
         st = self.engine_stats

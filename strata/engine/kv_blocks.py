@@ -41,7 +41,9 @@ class _Seq:
 class BlockManager:
     def __init__(self, n_blocks: int, block_size: int):
         if n_blocks < 1 or block_size < 1:
-            raise ValueError(f"need n_blocks >= 1 and block_size >= 1, got {n_blocks}, {block_size}")
+            raise ValueError(
+                f"need n_blocks >= 1 and block_size >= 1, got {n_blocks}, {block_size}"
+            )
         self.n_blocks, self.block_size = n_blocks, block_size
         self.ref = [0] * n_blocks
         self.name: list[bytes | None] = [None] * n_blocks  # a full written block's chain hash
@@ -88,7 +90,9 @@ class BlockManager:
         new = self.blocks_for(n_pos) - len(hit)
         cached_hits = sum(1 for b in hit if self.ref[b] == 0)
         if new > self.available - cached_hits:
-            raise KvFull(f"sequence {seq}: {new} KV blocks needed, {self.available - cached_hits} free")
+            raise KvFull(
+                f"sequence {seq}: {new} KV blocks needed, {self.available - cached_hits} free"
+            )
         for b in hit:
             self._hold(b)
         s = _Seq(list(tokens))
@@ -100,10 +104,13 @@ class BlockManager:
 
     def grow(self, seqs: Sequence[int], n_pos: Sequence[int]) -> None:
         """Make each seqs[b] hold blocks for n_pos[b] positions, all or none (KvFull)."""
-        need = [max(0, self.blocks_for(n) - len(self.seqs[q].table)) for q, n in zip(seqs, n_pos)]
+        need = [
+            max(0, self.blocks_for(n) - len(self.seqs[q].table))
+            for q, n in zip(seqs, n_pos, strict=True)
+        ]
         if sum(need) > self.available:
             raise KvFull(f"{sum(need)} KV blocks needed, {self.available} free")
-        for q, n in zip(seqs, need):
+        for q, n in zip(seqs, need, strict=True):
             self.seqs[q].table.extend(self._take() for _ in range(n))
 
     def commit(self, seq: int, n_kv: int, new_tokens: Sequence[int] = ()) -> None:
