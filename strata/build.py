@@ -332,6 +332,6 @@ def build_batch_engine(model: Model, cfg: EngineConfig, max_batch: int):
         n_ctx=n_ctx,
         max_batch=max_batch,
         miss_runner=miss_runner,
-        car=car,
+        car=car if car.enabled else None,  # CAR off is CAR not wired
         resident=resident,
     )

@@ -37,10 +37,8 @@ class PagedKv:
         extra = 0 if self.k_scale is None else self.k_scale.nbytes + self.v_scale.nbytes
         return self.k.nbytes + self.v.nbytes + extra
 
-    def _write(self, layer: int, table: np.ndarray, pos0: int, k, v) -> None:
-        """k [T, G, Dh], v [T, G, Dv] into positions pos0.. of the sequence's blocks."""
-        pos = np.arange(pos0, pos0 + k.shape[0])
-        blk, row = table[pos // self.block_size], pos % self.block_size
+    def _write(self, layer: int, blk: np.ndarray, row: np.ndarray, k, v) -> None:
+        """k [T, G, Dh], v [T, G, Dv] into rows row [T] of blocks blk [T]."""
         if self.kv_type == "int8":  # one scale a row, quantized from float32 k, v
             self.k[layer, blk, row], self.k_scale[layer, blk, row] = quantize_kv_rows(k)
             self.v[layer, blk, row], self.v_scale[layer, blk, row] = quantize_kv_rows(v)
@@ -72,6 +70,25 @@ class PagedKv:
         if -(-s // self.block_size) > table.shape[0]:
             raise ValueError(f"{s} positions need more than the {table.shape[0]} blocks given")
         q, k, v = tier.qkv(layer, x, pos0)
-        self._write(layer, table, pos0, k, v)
+        pos = np.arange(pos0, s)
+        self._write(layer, table[pos // self.block_size], pos % self.block_size, k, v)
         kc, vc = self._read(layer, table, tier.first_key(layer, pos0), s)
         return tier.attend(layer, x, q, kc, vc, pos0)
+
+    def decode_attention(
+        self, tier, layer: int, x: np.ndarray, pos: np.ndarray, tables
+    ) -> np.ndarray:
+        """One token of each of B sequences, x [B, D], sequence b at position pos[b] [B] over
+        the blocks of tables[b] -> x + attention [B, D]: the projections, RoPE and KV writes run
+        over the B rows at once (each row on its own: the rows of `attention`), the softmax
+        attention sequence by sequence."""
+        bs = self.block_size
+        q, k, v = tier.qkv_rows(layer, x)  # [B, H, Dh], [B, G, Dh], [B, G, Dv]
+        q, k = tier.rope_at(q, pos), tier.rope_at(k, pos)
+        blk = np.array([t[p // bs] for t, p in zip(tables, pos, strict=True)])  # [B]
+        self._write(layer, blk, pos % bs, k, v)
+        o = np.empty((x.shape[0], q.shape[1] * self.v.shape[-1]), np.float32)  # [B, H * Dv]
+        for b, p in enumerate(pos.tolist()):
+            kc, vc = self._read(layer, tables[b], tier.first_key(layer, p), p + 1)
+            o[b] = tier.attend_heads(layer, q[b : b + 1], kc, vc, p)[0]
+        return x + tier.layers[layer]["o"](o)

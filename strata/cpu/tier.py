@@ -169,7 +169,11 @@ class HostTier:
 
     def rope(self, x: np.ndarray, pos0: int) -> np.ndarray:
         """NEOX RoPE on x [T, heads, Dh] at positions pos0.."""
-        cos, sin = self.rope_table.cos_sin(pos0, x.shape[0])  # [T, Dh/2]
+        return self.rope_at(x, np.arange(pos0, pos0 + x.shape[0]))
+
+    def rope_at(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """NEOX RoPE on x [T, heads, Dh], row t at position pos[t]."""
+        cos, sin = self.rope_table.cos_sin_at(pos)  # [T, Dh/2]
         cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, Dh/2]
         half = x.shape[-1] // 2
         x0, x1 = x[..., :half], x[..., half:]
@@ -206,6 +210,11 @@ class HostTier:
     def qkv(self, layer: int, x: np.ndarray, pos0: int):
         """x [T, D] at positions pos0.. -> q [T, H, Dh], k [T, G, Dh], v [T, G, Dv] (normed,
         roped): the rows the KV cache keeps, wherever it keeps them (paged_kv.py)."""
+        q, k, v = self.qkv_rows(layer, x)
+        return self.rope(q, pos0), self.rope(k, pos0), v
+
+    def qkv_rows(self, layer: int, x: np.ndarray):
+        """`qkv` before RoPE: each row on its own (rows at any positions)."""
         a, L = self.args, self.layers[layer]
         t = x.shape[0]
         h = self.rms_norm(x, L["attn_norm"])  # [T, D]
@@ -219,15 +228,21 @@ class HostTier:
         if a.qk_norm:
             q = self.rms_norm(q, L["q_norm"])
             k = self.rms_norm(k, L["k_norm"])
-        return self.rope(q, pos0), self.rope(k, pos0), v
+        return q, k, v
 
     def attend(
         self, layer: int, x: np.ndarray, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int
     ) -> np.ndarray:
         """x + o(softmax(q K^T) V) for q [T, H, Dh] at positions pos0.. over the keys kc, values
         vc [S', G, Dh] float32 of positions first_key(layer, pos0)..pos0 + T - 1."""
+        return x + self.layers[layer]["o"](self.attend_heads(layer, q, kc, vc, pos0))
+
+    def attend_heads(
+        self, layer: int, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int
+    ) -> np.ndarray:
+        """`attend` before the output projection -> o [T, H * Dv]."""
         a, L = self.args, self.layers[layer]
-        t = x.shape[0]
+        t = q.shape[0]
         s = pos0 + t
         window = a.window(layer)  # a sliding layer's query sees its last `window` positions
         lo = self.first_key(layer, pos0)  # the first key any query here sees
@@ -263,7 +278,7 @@ class HostTier:
             p = round_f16(p)  # llama.cpp: probs meet f16 V as f16
             oc = np.matmul(p, vt[:, :, beg - lo : end - lo])  # [G, R, n, Dv]
             o[c0:c1] = oc.transpose(2, 0, 1, 3).reshape(c1 - c0, -1)
-        return x + L["o"](o)
+        return o
 
     def router(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         L = self.layers[layer]

@@ -6,12 +6,14 @@
 Each sequence's KV rows live in blocks of one pool (strata/cpu/paged_kv.py) named by its block
 table (strata/engine/kv_blocks.py, which also shares the full blocks of identical prompt
 prefixes). A prompt runs in chunks as the eager step runs it (attention over the sequence's
-blocks, router, experts). A decode step runs, per layer, the attention of each sequence at its
-own position over its own blocks, then the router over all B rows and the experts over all B
+blocks, router, experts). A decode step runs, per layer, the q/k/v and output projections over
+all B rows at once and the softmax attention of each sequence at its own position over its own
+blocks (`PagedKv.decode_attention`), then the router over the B rows and the experts over the B
 rows at once (`Moe`: top-k, CAR, resident picks on the tier, the rest in the CPU pool, which
 reads each expert's bytes once for every row that picked it), the shared expert, and the output
-head over the B rows. Each sequence gets the logits it gets alone (the rows never mix; only
-float sums of row blocks may run in another order).
+head over the B rows. The rows never mix: with the dense matrices and the experts on the pool's
+kernels a sequence gets the logits of the single-sequence eager path bit for bit, where its
+prompt runs in the same chunks (the tier's own float experts: to float noise).
 
 The hybrid tier (DeltaNet layers) keeps one recurrent state: it is refused here for now.
 """
@@ -104,7 +106,6 @@ class BatchEngine:
             pool=miss_runner is not None,
         )
         self._runs: dict[int, _Run] = {}
-        self._att = np.zeros((max_batch, a.n_embd), np.float32)  # [B, D]: the attention's rows
 
     # ---- BatchRunner ----
     def admit(self, seq: int, tokens: Sequence[int]) -> int:
@@ -162,16 +163,15 @@ class BatchEngine:
         self.blocks.grow(seqs, [run.done + 1 for run in runs])  # KvFull: nothing changed
         tables = [np.asarray(self.blocks.table(q), np.intp) for q in seqs]
         tier, moe, a, kv = self.tier, self.moe, self.args, self.kv
-        att = self._att[:b_n]  # [B, D]
+        pos = np.array([run.done for run in runs])  # [B]
         x = tier.embed(ids)  # [B, D]
         for i in range(a.n_layer):
-            for b, run in enumerate(runs):  # each at its own position over its own blocks
-                att[b] = kv.attention(tier, i, x[b : b + 1], run.done, tables[b])[0]
-            h, logits = tier.router(i, att)  # [B, D], [B, E]
-            y = moe(i, h, logits, True, runs[0].done)  # each expert once for its rows
+            x = kv.decode_attention(tier, i, x, pos, tables)  # each at its own position
+            h, logits = tier.router(i, x)  # [B, D], [B, E]
+            y = moe(i, h, logits, True, int(pos[0]))  # each expert once for its rows
             if a.shared_ff:
                 y = y + tier.shared_expert(i, h)
-            x = att + y
+            x = x + y
         out = tier.output(x)  # [B, V]
         for q, run, t in zip(seqs, runs, ids.tolist(), strict=True):
             run.done += 1
