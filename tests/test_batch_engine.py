@@ -306,3 +306,27 @@ def test_build_batch_engine_runs_every_expert_in_the_pool(model):
     assert be.stats.kv_blocks_total == 3 * 4
     with pytest.raises(ValueError, match="n_ctx"):
         be.admit(0, list(range(64)))
+
+
+@pytest.mark.parametrize("arch", ["qwen2moe", "gpt-oss"])
+def test_other_architectures_batch_bit_for_bit(synth_model, arch):
+    """qwen2moe's shared expert and attention biases; gpt-oss's sinks, expert biases and a
+    sliding window of 8 over blocks of 4 (its first keys start inside the table)."""
+    over = {"sliding_window": 8} if arch == "gpt-oss" else {}
+    m = load_model(synth_model("tiny", "Q4_K", arch=arch, seed=11, **over))
+    a = m.args
+    tier = HostTier(m, n_ctx=48, dense="quant")
+    pool, res = PoolMissRunner(m), _pool_only(m)
+    eng = Engine(m, tier, miss_runner=pool, resident=res)
+    eng.host_step = None
+    rng = np.random.default_rng(12)
+    prompts = {s: rng.integers(0, a.n_vocab, 5 + 6 * s).tolist() for s in range(3)}
+    n_new = {0: 14, 1: 9, 2: 12}
+    want: dict[int, list] = {s: [] for s in prompts}
+    for s, p in prompts.items():
+        _alone(eng, p, n_new[s], 3, logits=want[s])
+    be = BatchEngine(m, tier, n_ctx=48, max_batch=3, block_size=4, miss_runner=pool, resident=res)
+    got: dict[int, list] = {}
+    _batched(be, prompts, n_new, {0: 0, 1: 1, 2: 3}, 3, logits=got)
+    for s in prompts:
+        assert np.array_equal(np.stack(got[s]), np.stack(want[s])), s
