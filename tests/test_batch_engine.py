@@ -330,3 +330,19 @@ def test_other_architectures_batch_bit_for_bit(synth_model, arch):
     _batched(be, prompts, n_new, {0: 0, 1: 1, 2: 3}, 3, logits=got)
     for s in prompts:
         assert np.array_equal(np.stack(got[s]), np.stack(want[s])), s
+
+
+def test_a_preempted_sequence_resumes_from_its_cached_blocks(model, tiers, runner):
+    """Released mid-decode and admitted again with its prompt plus the tokens it made (the
+    scheduler's preemption), a sequence reuses its own full blocks and goes on with the tokens
+    it would have made (the resumed tail runs as a prompt chunk: equal to float noise)."""
+    res = _pool_only(model)
+    prompt = model.tokenizer.encode(TEXTS[1])  # 23 tokens
+    be = BatchEngine(model, tiers["f16"], n_ctx=N_CTX, miss_runner=runner, resident=res)
+    want = _batched(be, {0: prompt}, {0: 24}, {0: 0}, 8)[0]
+    be = BatchEngine(model, tiers["f16"], n_ctx=N_CTX, miss_runner=runner, resident=res)
+    made = _batched(be, {0: prompt}, {0: 12}, {0: 0}, 8)[0]  # released after 11 decode steps
+    again = prompt + made[:-1]  # 34 tokens whose KV was written, then its last token
+    rest = _batched(be, {1: again}, {1: 13}, {1: 0}, 8)[1]
+    assert be.stats.prefix_hit_tokens == 32
+    assert made + rest[1:] == want
