@@ -273,3 +273,65 @@ def open_helper_cards(model: Model, cfg: EngineConfig, wanted: bool) -> list:
     from strata.gpu.helper import open_helpers
 
     return open_helpers(model, spec, cfg.primary_device)
+
+
+def build_batch_engine(model: Model, cfg: EngineConfig, max_batch: int):
+    """A `BatchEngine` (strata/engine/batch.py) of up to `max_batch` sequences as `cfg`
+    describes it: the CPU-only tier, every expert in the CPU pool unless `--expert-cache` keeps
+    some on the tier. Batching runs on the CPU-only tier for now; a GPU config is refused."""
+    from strata.engine.batch import BatchEngine
+
+    a = model.args
+    if a.linear_attn:
+        raise ConfigError(
+            f"batched decode: {a.arch}'s DeltaNet layers keep one recurrent state per engine; "
+            "batching them is not supported yet"
+        )
+    if cfg.device == "gpu" or (
+        cfg.device == "auto" and primary_device(cfg.primary_device) is not None
+    ):
+        raise ConfigError("batched decode is CPU-only for now: use --device host")
+    n_ctx = cfg.n_ctx or min(a.n_ctx_train, 4096)
+    if n_ctx < 2:
+        raise ConfigError(f"--ctx must be >= 2 for batched decode, got {n_ctx}")
+    total = a.n_layer * a.n_expert
+    cache = cfg.expert_cache or "0"
+    slots = total if cache == "all" else 0 if cache == "auto" else min(int(cache), total)
+    profile = UsageProfile.load(cfg.profile, a.n_layer, a.n_expert) if cfg.profile else None
+    resident = resident_mask(model, slots, profile)
+    if slots >= total:
+        car_unwired(cfg, "every expert is resident, no expert runs in the CPU pool")
+    elif slots == 0:
+        car_unwired(cfg, "no expert is resident, CAR has nothing to substitute")
+    car = CarKnobs(
+        cfg.car_threshold,
+        cfg.car_warmup,
+        cfg.car_budget,
+        cfg.car_free_ratio,
+        cfg.car_mode,
+        cfg.car_max_weight,
+    )
+    # the tier's own one-sequence cache goes unused: the sequences' rows live in the KV pool
+    tier = make_tier(model, 1, "host", kv_type=cfg.kv_type)
+    miss_runner = None
+    if slots < total:
+        single_threaded_blas()
+        with reporter("experts to RAM", cfg.resident_experts, unit="B") as progress:
+            miss_runner = PoolMissRunner(
+                model,
+                cfg.threads,
+                pack=cfg.pack,
+                resident_experts=cfg.resident_experts,
+                skip=resident,
+                release=cfg.release,
+                progress=progress,
+            )
+    return BatchEngine(
+        model,
+        tier,
+        n_ctx=n_ctx,
+        max_batch=max_batch,
+        miss_runner=miss_runner,
+        car=car if car.enabled else None,  # CAR off is CAR not wired
+        resident=resident,
+    )

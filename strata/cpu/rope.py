@@ -44,7 +44,11 @@ class RopeTable:
 
     def cos_sin(self, pos0: int, t: int) -> tuple[np.ndarray, np.ndarray]:
         """cos, sin [T, Dh/2] float32 at positions pos0..pos0+T-1."""
-        extrap = np.arange(pos0, pos0 + t, dtype=F32)[:, None] * self.inv[None, :]  # [T, Dh/2]
+        return self.cos_sin_at(np.arange(pos0, pos0 + t))
+
+    def cos_sin_at(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin [T, Dh/2] float32 at positions pos [T] (any order)."""
+        extrap = np.asarray(pos, dtype=F32)[:, None] * self.inv[None, :]  # [T, Dh/2]
         theta = extrap
         if self.fs != 1:
             theta = (self.fs * extrap).astype(F32)

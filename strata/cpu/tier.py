@@ -169,7 +169,11 @@ class HostTier:
 
     def rope(self, x: np.ndarray, pos0: int) -> np.ndarray:
         """NEOX RoPE on x [T, heads, Dh] at positions pos0.."""
-        cos, sin = self.rope_table.cos_sin(pos0, x.shape[0])  # [T, Dh/2]
+        return self.rope_at(x, np.arange(pos0, pos0 + x.shape[0]))
+
+    def rope_at(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """NEOX RoPE on x [T, heads, Dh], row t at position pos[t]."""
+        cos, sin = self.rope_table.cos_sin_at(pos)  # [T, Dh/2]
         cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, Dh/2]
         half = x.shape[-1] // 2
         x0, x1 = x[..., :half], x[..., half:]
@@ -180,10 +184,39 @@ class HostTier:
         return dequant(self.embd, np.asarray(ids, dtype=np.int64))  # [T, D]
 
     def attention(self, layer: int, x: np.ndarray, pos0: int) -> np.ndarray:
-        a, L = self.args, self.layers[layer]
         t = x.shape[0]
         if pos0 + t > self.n_ctx:
             raise ValueError(f"context is full: {pos0 + t} tokens > n_ctx {self.n_ctx}")
+        q, k, v = self.qkv(layer, x, pos0)
+        s = pos0 + t
+        lo = self.first_key(layer, pos0)
+        if self.kv_type == "int8":  # int8 rows, one scale each: quantized from float32 k, v
+            self.k_cache[layer, pos0:s], self.k_scale[layer, pos0:s] = quantize_kv_rows(k)
+            self.v_cache[layer, pos0:s], self.v_scale[layer, pos0:s] = quantize_kv_rows(v)
+            kc = dequantize_kv_rows(self.k_cache[layer, lo:s], self.k_scale[layer, lo:s])
+            vc = dequantize_kv_rows(self.v_cache[layer, lo:s], self.v_scale[layer, lo:s])
+        else:
+            self.k_cache[layer, pos0:s] = k
+            self.v_cache[layer, pos0:s] = v
+            kc = to_f32(self.k_cache[layer, lo:s])  # [S, G, Dh] (F16C: NumPy's cast is slow)
+            vc = to_f32(self.v_cache[layer, lo:s])
+        return self.attend(layer, x, q, kc, vc, pos0)
+
+    def first_key(self, layer: int, pos0: int) -> int:
+        """The first position any query from pos0 on sees (a sliding layer's window)."""
+        window = self.args.window(layer)
+        return max(0, pos0 - window + 1) if window else 0
+
+    def qkv(self, layer: int, x: np.ndarray, pos0: int):
+        """x [T, D] at positions pos0.. -> q [T, H, Dh], k [T, G, Dh], v [T, G, Dv] (normed,
+        roped): the rows the KV cache keeps, wherever it keeps them (paged_kv.py)."""
+        q, k, v = self.qkv_rows(layer, x)
+        return self.rope(q, pos0), self.rope(k, pos0), v
+
+    def qkv_rows(self, layer: int, x: np.ndarray):
+        """`qkv` before RoPE: each row on its own (rows at any positions)."""
+        a, L = self.args, self.layers[layer]
+        t = x.shape[0]
         h = self.rms_norm(x, L["attn_norm"])  # [T, D]
         if self.dense == "quant":  # h quantized once, q/k/v rows one job
             q, k, v = linears([L["q"], L["k"], L["v"]], h)
@@ -195,20 +228,24 @@ class HostTier:
         if a.qk_norm:
             q = self.rms_norm(q, L["q_norm"])
             k = self.rms_norm(k, L["k_norm"])
-        q, k = self.rope(q, pos0), self.rope(k, pos0)
+        return q, k, v
+
+    def attend(
+        self, layer: int, x: np.ndarray, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int
+    ) -> np.ndarray:
+        """x + o(softmax(q K^T) V) for q [T, H, Dh] at positions pos0.. over the keys kc, values
+        vc [S', G, Dh] float32 of positions first_key(layer, pos0)..pos0 + T - 1."""
+        return x + self.layers[layer]["o"](self.attend_heads(layer, q, kc, vc, pos0))
+
+    def attend_heads(
+        self, layer: int, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int
+    ) -> np.ndarray:
+        """`attend` before the output projection -> o [T, H * Dv]."""
+        a, L = self.args, self.layers[layer]
+        t = q.shape[0]
         s = pos0 + t
         window = a.window(layer)  # a sliding layer's query sees its last `window` positions
-        lo = max(0, pos0 - window + 1) if window else 0  # the first key any query here sees
-        if self.kv_type == "int8":  # int8 rows, one scale each: quantized from float32 k, v
-            self.k_cache[layer, pos0:s], self.k_scale[layer, pos0:s] = quantize_kv_rows(k)
-            self.v_cache[layer, pos0:s], self.v_scale[layer, pos0:s] = quantize_kv_rows(v)
-            kc = dequantize_kv_rows(self.k_cache[layer, lo:s], self.k_scale[layer, lo:s])
-            vc = dequantize_kv_rows(self.v_cache[layer, lo:s], self.v_scale[layer, lo:s])
-        else:
-            self.k_cache[layer, pos0:s] = k
-            self.v_cache[layer, pos0:s] = v
-            kc = to_f32(self.k_cache[layer, lo:s])  # [S, G, Dh] (F16C: NumPy's cast is slow)
-            vc = to_f32(self.v_cache[layer, lo:s])
+        lo = self.first_key(layer, pos0)  # the first key any query here sees
         g, rep = a.n_head_kv, a.n_head // a.n_head_kv
         qg = round_f16(q).reshape(t, g, rep, a.head_dim).transpose(1, 2, 0, 3)  # [G, R, T, Dh]
         scale = np.float32(1 / np.sqrt(a.head_dim))
@@ -241,7 +278,7 @@ class HostTier:
             p = round_f16(p)  # llama.cpp: probs meet f16 V as f16
             oc = np.matmul(p, vt[:, :, beg - lo : end - lo])  # [G, R, n, Dv]
             o[c0:c1] = oc.transpose(2, 0, 1, 3).reshape(c1 - c0, -1)
-        return x + L["o"](o)
+        return o
 
     def router(self, layer: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         L = self.layers[layer]
