@@ -130,10 +130,13 @@ def test_sampled_requests_decode_without_drafts_and_reuse_stays_right(model, pla
     from strata.engine.sampling import SamplingParams
 
     s = Session(model, engine=engine(model, 2))
+    assert run(s, prompts(model)[0]).tokens == plain[0]
     for _ in s.generate(prompts(model)[0], 6, SamplingParams(temperature=0.8, seed=1)):
         pass
-    assert s.engine.stats.spec_steps == 0
-    assert run(s, prompts(model)[0]).tokens == plain[0]
+    assert s.engine.stats.spec_steps == len(plain[0]) - 1 - s.engine.stats.spec_accepted
+    go_on = [*s.history, *prompts(model)[1]]  # a continuation of the sampled request
+    want = run(Session(model, engine=engine(model)), go_on).tokens
+    assert run(s, go_on).tokens == want
 
 
 def test_spec_on_a_model_without_nextn_is_refused_in_one_line(synth_model):

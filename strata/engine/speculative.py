@@ -85,9 +85,9 @@ class Speculator:
         return keep, logits
 
     def forget(self) -> None:
-        """The engine ran tokens this decoder did not see (a sampled request): nothing past its
-        position is known; the next prefill keeps what the rows cover."""
-        self.h_n = min(self.h_n, self.engine.pos)
+        """The engine is about to run tokens this decoder does not see (a sampled request): no
+        row is known to match the sequence after it, so the next prefill starts afresh."""
+        self.h_n = self.nextn_n = 0
 
     def _draft(self, p: int, n: int) -> list[int]:
         """Catch the NextN block up through position p-1 (the token at p is toks[p]) and draft
