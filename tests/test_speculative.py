@@ -211,3 +211,15 @@ def test_the_shared_expert_gives_each_row_the_bits_of_its_own_step(model):
         many = tier.shared_expert(layer, h)  # [5, D]
         one = np.concatenate([tier.shared_expert(layer, h[t : t + 1]) for t in range(5)])
         np.testing.assert_array_equal(many, one)
+
+
+def test_metrics_count_drafts_and_verify_steps():
+    from strata.engine.stats import EngineStats
+    from strata.serve.metrics import Metrics
+
+    st = EngineStats(spec_steps=4, spec_tokens=7, spec_drafted=8, spec_accepted=3)
+    assert st.acceptance == 3 / 8 and st.tokens_per_verify == 7 / 4
+    text = Metrics().render(queued=0, active=0, slots=1, engine_stats=[st, None])
+    for line in ("strata_spec_drafted_total 8", "strata_spec_accepted_total 3",
+                 "strata_spec_verify_steps_total 4", "strata_spec_tokens_total 7"):  # fmt: skip
+        assert line in text.splitlines()
