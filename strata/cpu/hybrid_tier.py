@@ -8,7 +8,9 @@ in the CPU pool or here.
 The recurrent state holds one sequence and only moves forward: a forward at position 0 starts a
 new sequence, one at the position the state has reached continues it, and any other position
 (rewinding into a prefix) is refused (`RecurrentRewind`): the state of an earlier position is
-gone. Shape letters: strata/model/args.py and deltanet.py.
+gone. A speculative verify step alone takes tokens back: `verify_begin` saves the states,
+`verify_keep` keeps the first n of the forward's tokens. Shape letters: strata/model/args.py and
+deltanet.py.
 """
 
 from __future__ import annotations

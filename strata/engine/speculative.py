@@ -12,6 +12,9 @@ DeltaNet states by the tier's `verify_begin`/`verify_keep` (a copy before the fo
 rejection the saved state replayed over the kept rows only: the recurrence, not the trunk, which
 costs a fraction of a re-run and none of the memory of a state per position). The NextN block's
 rows written by chained drafts are overwritten by the next catch-up from the trunk's true rows.
+The verify forward computes each row as a one-token step would (the tier attends row by row while
+verifying; every other op sums within a row), so its greedy tokens are those of --spec 0 bit for
+bit, not only up to float noise that a near tie would turn into another token.
 
 Greedy only: a sampled request decodes without drafts (the session's choice).
 
