@@ -21,9 +21,10 @@ def model(request, synth_model):
     return load_model(synth_model(request.param, "Q4_K", seed=5))
 
 
-def engine(model, spec: int = 0, min_p: float = 0.0):
-    cfg = resolve({"device": "host", "n_ctx": 96, "spec": spec, "spec_min_p": min_p}, {})
-    return build_engine(model, cfg)
+def engine(model, spec: int = 0, min_p: float = 0.0, cache: str | None = None):
+    """The CPU-only engine: every expert in the CPU pool, or (cache "all") on the tier."""
+    flags = {"device": "host", "n_ctx": 96, "spec": spec, "spec_min_p": min_p}
+    return build_engine(model, resolve({**flags, "expert_cache": cache}, {}))
 
 
 def prompts(model, n: int = 3, seed: int = 50) -> list[list[int]]:
@@ -163,11 +164,13 @@ def test_spec_settings_are_checked():
         resolve({"spec_min_p": 1.5}, {})
 
 
-def test_a_verify_forward_gives_each_row_the_bits_of_a_decode_step(model):
+@pytest.mark.parametrize("cache", [None, "all"])
+def test_a_verify_forward_gives_each_row_the_bits_of_a_decode_step(model, cache):
     """The trunk's rows of a verify forward equal the logits of the same tokens decoded one by
-    one, bit for bit, at lengths either side of the attention sums' blocks of 8; after
-    `verify_keep(n)` the sequence goes on as if only n of them had run."""
-    e = engine(model)
+    one, bit for bit, at lengths either side of the attention sums' blocks of 8, with the
+    experts in the CPU pool or on the tier; after `verify_keep(n)` the sequence goes on as if
+    only n of them had run."""
+    e = engine(model, cache=cache)
     rng = np.random.default_rng(1)
     for n_prompt in (5, 13, 14, 20, 29, 30, 45):
         prompt = rng.integers(0, model.args.n_vocab, n_prompt).tolist()
