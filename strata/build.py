@@ -151,6 +151,11 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
     if n_ctx < 1:
         raise ConfigError(f"--ctx must be >= 1, got {n_ctx}")
     total = a.n_layer * a.n_expert
+    if cfg.spec > 0 and not a.n_nextn:
+        raise ConfigError(
+            f"--spec {cfg.spec}: {a.arch} model {model.path.name} has no NextN (MTP) block "
+            "to draft with"
+        )
     lacks = card_lacks(a)  # qwen3next, gpt-oss: CPU-only until the card learns their pieces
     if lacks and cfg.device == "gpu":
         raise ConfigError(f"--device gpu: the GPU tier has no {lacks} yet ({a.arch})")
@@ -198,6 +203,8 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
         counts = profile.counts if profile is not None else default_counts(a.n_layer, a.n_expert)
         placed = place_tiers(counts, [slots, *(h.n_slots for h in helpers)])
         resident = placed == PRIMARY  # resident_mask's placement, the helpers' next
+    if cfg.spec > 0:  # the verify forward is a multi-token step: CAR acts on decode steps
+        car_unwired(cfg, "--spec verifies drafts in multi-token steps, where CAR does not act")
     if slots >= total:
         car_unwired(cfg, "every expert is resident, no expert runs in the CPU pool")
     elif slots == 0:
@@ -247,7 +254,7 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
         from strata.cpu.pack import open_pack
 
         open_pack(cfg.pack, model, release=cfg.release)
-    return Engine(
+    engine = Engine(
         model,
         tier,
         miss_runner=miss_runner,
@@ -259,6 +266,14 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
         # the card's routing serves the primary and the pool; beside helpers the host routes
         device_routing=device_routing and not helpers,
     )
+    if cfg.spec > 0:
+        from strata.engine.speculative import SpecKnobs, Speculator, SpecUnsupported
+
+        try:
+            engine.spec = Speculator(engine, SpecKnobs(cfg.spec, cfg.spec_min_p))
+        except SpecUnsupported as e:
+            raise ConfigError(str(e)) from None
+    return engine
 
 
 def open_helper_cards(model: Model, cfg: EngineConfig, wanted: bool) -> list:

@@ -57,6 +57,8 @@ class EngineConfig:
     # count; "off": the CPU pool computes them)
     prefill_offload: str = "auto"
     model_id: str | None = None  # the id the server answers to (default: the file's stem)
+    spec: int = 0  # most NextN (MTP) drafts a greedy decode step verifies (0 = off)
+    spec_min_p: float = 0.0  # stop drafting where a draft's probability is below this
     # which fields the user set explicitly (flag or environment), for refusals vs downgrades
     explicit: set[str] = field(default_factory=set, repr=False)
     notices: list[str] = field(default_factory=list, repr=False)
@@ -105,6 +107,8 @@ ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "kv_type": ("STRATA_KV_TYPE", str),
     "prefill_offload": ("STRATA_PREFILL_OFFLOAD", str),
     "model_id": ("STRATA_MODEL_ID", str),
+    "spec": ("STRATA_SPEC", int),
+    "spec_min_p": ("STRATA_SPEC_MIN_P", number),
 }
 
 # ServeConfig field -> environment variable (the server's own settings beyond the engine's)
@@ -218,6 +222,10 @@ def _check(cfg: EngineConfig) -> None:
                 "--prefill-offload must be 'auto', 'off' or a slot count >= 0, "
                 f"got {cfg.prefill_offload!r}"
             )
+    if cfg.spec < 0:
+        raise ConfigError(f"--spec must be >= 0 (0 = off), got {cfg.spec}")
+    if not 0 <= cfg.spec_min_p <= 1:
+        raise ConfigError(f"--spec-min-p must be in [0, 1], got {cfg.spec_min_p}")
     if cfg.device not in DEVICES:
         raise ConfigError(f"--device must be auto, gpu or host, got {cfg.device!r}")
     if cfg.primary_device < 0:

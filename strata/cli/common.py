@@ -160,6 +160,21 @@ def add_engine(p: argparse.ArgumentParser) -> None:
         help="a prompt's missed experts run on the card from N staging slots (auto: 64) "
         "instead of in the CPU pool (default auto)",
     )
+    g.add_argument(
+        "--spec",
+        type=int,
+        default=None,
+        metavar="N",
+        help="greedy decoding drafts up to N tokens a step with the model's NextN (MTP) block "
+        "and verifies them in one forward (default 0 = off)",
+    )
+    g.add_argument(
+        "--spec-min-p",
+        type=float,
+        default=None,
+        metavar="P",
+        help="stop drafting where a draft's probability is below P (default 0)",
+    )
 
 
 def engine_config(ns: argparse.Namespace, env=None) -> EngineConfig:

@@ -94,6 +94,12 @@ def _stream(ns, prompt) -> int:
                 f" | host to card {st.link_gbps:.1f} GB/s (gather {st.gather_gbps:.1f} GB/s)"
                 if st.link_gbps
                 else ""
+            )
+            + (
+                f" | spec: accepted {res.accepted} of {res.drafted} drafts "
+                f"({res.acceptance:.1%}), {res.tokens_per_verify:.2f} tok a verify step"
+                if res.verify_steps
+                else ""
             ),
             file=sys.stderr,
         )

@@ -8,7 +8,9 @@ in the CPU pool or here.
 The recurrent state holds one sequence and only moves forward: a forward at position 0 starts a
 new sequence, one at the position the state has reached continues it, and any other position
 (rewinding into a prefix) is refused (`RecurrentRewind`): the state of an earlier position is
-gone. Shape letters: strata/model/args.py and deltanet.py.
+gone. A speculative verify step alone takes tokens back: `verify_begin` saves the states,
+`verify_keep` keeps the first n of the forward's tokens. Shape letters: strata/model/args.py and
+deltanet.py.
 """
 
 from __future__ import annotations
@@ -92,6 +94,9 @@ class HybridHostTier(HostTier):
             if a.is_recurrent(i):
                 self.conv_state[i] = np.zeros((a.ssm_d_conv - 1, c), np.float32)
                 self.rec_state[i] = np.zeros((a.ssm_dt_rank,) + (a.ssm_d_state,) * 2, np.float32)
+        self._saved: dict | None = None  # verify_begin's copies of the states
+        self._saved_pos: dict = {}
+        self._inputs: dict | None = None  # layer -> its recurrence inputs, while verifying
         c_layers = set(self.conv_state)
         self.state_pos = dict.fromkeys(self.conv_state, 0)  # the position each state is at
         # KV rows for the attention layers only: layer -> its row in the caches
@@ -135,6 +140,15 @@ class HybridHostTier(HostTier):
         """Draft logits [T, V] of the NextN block: h [T, D] the trunk's output-normed rows at
         positions pos0.., tokens [T] the tokens after them (the reference's forward_nextn).
         Its routed experts run on this tier; its KV row holds the positions drafted so far."""
+        return self.nextn_head(self.nextn_hidden(h, tokens, pos0))
+
+    def nextn_head(self, x: np.ndarray) -> np.ndarray:
+        """The NextN block's LM head on its head-normed rows x [T, D] -> logits [T, V]."""
+        return self._load_nextn()["head"](x)
+
+    def nextn_hidden(self, h: np.ndarray, tokens: np.ndarray, pos0: int) -> np.ndarray:
+        """`nextn` up to its head: the head-normed rows [T, D] (what a chained draft step reads
+        as its h, the head's input)."""
         a, i = self.args, self.args.n_layer
         if not a.n_nextn:
             raise ValueError(f"{a.arch}: this file has no NextN (MTP) block")
@@ -149,7 +163,24 @@ class HybridHostTier(HostTier):
         w = np.take_along_axis(p, ids, axis=-1)
         w = w / np.maximum(w.sum(axis=-1, keepdims=True), np.float32(6.103515625e-5))
         x = x + self.experts(i, hn, ids, w.astype(np.float32)) + self.shared_expert(i, hn)
-        return L["head"](self.rms_norm(x, L["head_norm"]))  # [T, V]
+        return self.rms_norm(x, L["head_norm"])  # [T, D]
+
+    def output_hidden(self, x: np.ndarray, last: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """`output` and the output-normed rows it read: (logits [T, V] (of the last row only:
+        [1, V] if `last`), h [T, D], what the NextN block reads)."""
+        h = self.rms_norm(x, self.out_norm)
+        return self.lm_head(h[-1:] if last else h), h
+
+    def experts(
+        self, layer: int, h: np.ndarray, ids: np.ndarray, weights: np.ndarray
+    ) -> np.ndarray:
+        """HostTier's experts; while verifying drafts row by row (tokens that share an expert
+        meet in one matrix product otherwise, whose sums differ from a one-token step's)."""
+        one = super().experts
+        if self._inputs is None or h.shape[0] == 1:
+            return one(layer, h, ids, weights)
+        rows = range(h.shape[0])
+        return np.concatenate([one(layer, h[[t]], ids[[t]], weights[[t]]) for t in rows])
 
     def rope(self, x: np.ndarray, pos0: int) -> np.ndarray:
         """NEOX RoPE over the first n_rot dims of x [T, heads, Dh] at positions pos0.."""
@@ -171,6 +202,36 @@ class HybridHostTier(HostTier):
             i: (self.conv_state[i].copy(), self.rec_state[i].copy(), self.state_pos[i])
             for i in self.conv_state
         }
+
+    def verify_begin(self) -> None:
+        """Save every DeltaNet state (into buffers made once) and keep the next forward's
+        recurrence inputs, so that `verify_keep` can take back its rejected tokens."""
+        if self._saved is None:
+            self._saved = {
+                i: (c.copy(), self.rec_state[i].copy()) for i, c in self.conv_state.items()
+            }
+        for i, (conv, rec) in self._saved.items():
+            np.copyto(conv, self.conv_state[i])
+            np.copyto(rec, self.rec_state[i])
+        self._saved_pos = dict(self.state_pos)
+        self._inputs = {}
+
+    def verify_keep(self, n: int) -> None:
+        """After one forward of T tokens since `verify_begin`: the DeltaNet states as if only its
+        first n tokens had run. The conv window is the last Kc-1 rows of [saved window; inputs
+        :n]; the recurrence is replayed from the saved state over those n rows (the kernel runs
+        token by token, so the bits equal a forward of the n tokens alone)."""
+        inputs, self._inputs = self._inputs, None
+        for i, (qkv, q, k, v, g, beta) in inputs.items():
+            if n == qkv.shape[0]:
+                continue
+            conv, rec = self._saved[i]
+            w = conv.shape[0]  # Kc-1
+            keep = np.concatenate([conv, qkv[:n]])[n : n + w]  # [Kc-1, C]
+            np.copyto(self.conv_state[i], keep)
+            np.copyto(self.rec_state[i], rec)
+            dn.delta_rule(q[:n], k[:n], v[:n], g[:n], beta[:n], self.rec_state[i])
+            self.state_pos[i] = self._saved_pos[i] + n
 
     def restore(self, snap: dict) -> int:
         """Put a `snapshot` back -> the position the sequence continues from."""
@@ -210,7 +271,8 @@ class HybridHostTier(HostTier):
             b, alpha = ys[-2], ys[-1]
         beta = np.float32(1.0) / (np.float32(1.0) + np.exp(-b))
         g = dn.softplus(alpha + L["dt_bias"]) * L["ssm_a"]  # [T, Hv]
-        y = dn.conv(np.ascontiguousarray(qkv, np.float32), self.conv_state[layer], L["conv_w"])
+        qkv = np.ascontiguousarray(qkv, np.float32)
+        y = dn.conv(qkv, self.conv_state[layer], L["conv_w"])
         y = y / (np.float32(1.0) + np.exp(-y))  # SiLU [T, C]
         q = dn.l2_norm(y[:, : hk * dk].reshape(t, hk, dk), self.eps)  # [T, Hk, Dk]
         k = dn.l2_norm(y[:, hk * dk : 2 * hk * dk].reshape(t, hk, dk), self.eps)
@@ -221,8 +283,10 @@ class HybridHostTier(HostTier):
         else:
             q, k = np.repeat(q, rep, axis=1), np.repeat(k, rep, axis=1)
         q, k = np.ascontiguousarray(q), np.ascontiguousarray(k)
-        o = dn.delta_rule(q, k, v, np.ascontiguousarray(g), np.ascontiguousarray(beta),
-                          self.rec_state[layer])  # fmt: skip
+        g, beta = np.ascontiguousarray(g), np.ascontiguousarray(beta)
+        if self._inputs is not None:
+            self._inputs[layer] = (qkv, q, k, v, g, beta)
+        o = dn.delta_rule(q, k, v, g, beta, self.rec_state[layer])
         self.state_pos[layer] = pos0 + t
         o = dn.gated_rms_norm(o, L["ssm_norm"], z.reshape(t, hv, dk), self.eps)
         return x + L["out"](o.reshape(t, -1))
@@ -271,6 +335,8 @@ class HybridHostTier(HostTier):
         kt, vt = kc.transpose(1, 2, 0)[:, None], vc.transpose(1, 0, 2)[:, None]
         o = np.empty((t, a.n_head * a.v_head_dim), np.float32)
         step = max(1, HOST_ATTN_SCORES_BYTES // (4 * a.n_head * s))
+        if self._inputs is not None:  # verifying drafts: each row as its own decode step
+            step = 1  # computes it (the same sums, bit for bit, not a masked longer row's)
         for c0 in range(0, t, step):
             c1 = min(t, c0 + step)
             end = pos0 + c1

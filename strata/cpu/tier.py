@@ -341,7 +341,9 @@ class HostTier:
             return np.zeros_like(h)
         g = L["sh_gate"](h)
         y = L["sh_down"](g / (np.float32(1.0) + np.exp(-g)) * L["sh_up"](h))
-        gate = 1.0 / (1.0 + np.exp(-(h @ L["sh_inp"])))  # [T]
+        # each row's own sum (a matrix-vector product sums a row differently as T changes; a
+        # speculative verify step must give a row the bits of a one-token step)
+        gate = 1.0 / (1.0 + np.exp(-np.sum(h * L["sh_inp"], axis=-1)))  # [T]
         return y * gate[:, None].astype(np.float32)
 
     def output(self, x: np.ndarray) -> np.ndarray:

@@ -119,6 +119,7 @@ class Engine:
         else:
             self.step = self.eager
         self.graph_step = None if kind is None else self.step  # None: decode eagerly
+        self.spec = None  # the speculative decoder (strata/engine/speculative.py), if any
         # CPU only with every expert in the pool: a decode token in one compiled call
         self.host_step = None
         if kind is None and not card and self.trace is None and adaptive is None:
@@ -216,6 +217,16 @@ class Engine:
             x = x[-1:]
         out = self.tier.output(x)  # [T or 1, V]
         return out if all_logits else out[0]
+
+    def forward_hidden(
+        self, tokens: Sequence[int], all_logits: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`forward` eagerly, with the trunk's output-normed rows: (logits [V] of the last token
+        ([T, V] if all_logits), h [T, D]), for the tiers that draft with a NextN block."""
+        ids = self._check(tokens)
+        x = self._layers(ids, ids.size == 1 and self.pos > 0)  # [T, D]
+        logits, h = self.tier.output_hidden(x, last=not all_logits)
+        return (logits if all_logits else logits[0]), h
 
     def _layers(self, ids: np.ndarray, decode: bool):
         """Every layer eagerly at positions pos.. (pos and counters advance) -> x [T, D]."""

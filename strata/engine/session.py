@@ -22,6 +22,19 @@ class Generation:
     finish_reason: str | None = None  # "stop" | "length"
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    # speculative decoding: the trunk's decode forwards, NextN drafts verified and accepted
+    verify_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_verify(self) -> float:
+        """Tokens a decode forward of the trunk yielded (the first token comes from prefill)."""
+        return (len(self.tokens) - 1) / self.verify_steps if self.verify_steps else 0.0
 
     @property
     def decode_tps(self) -> float:
@@ -52,13 +65,16 @@ class Session:
         self.tokenizer = model.tokenizer
         self.history: list[int] = []  # tokens whose KV rows the engine holds
 
-    def _prefill(self, prompt: list[int]):
+    def _prefill(self, prompt: list[int], spec=None):
         n = 0
         for a, b in zip(prompt, self.history, strict=False):
             if a != b:
                 break
             n += 1
         n = min(n, len(prompt) - 1)  # always run at least one token to get logits
+        if spec is not None:  # the drafter keeps the trunk's rows of the prompt
+            self.history = list(prompt)
+            return spec.prefill(self.history, n)
         if hasattr(self.engine, "reusable"):  # a recurrent state keeps all it holds or nothing
             n = self.engine.reusable(n)
         self.engine.reset(keep=n)
@@ -91,8 +107,15 @@ class Session:
         res.prompt_tokens = len(ids)
         if getattr(self.engine, "adaptive", None) is not None:
             self.engine.adaptive.new_window()  # --adapt-swaps counts per request
+        # greedy requests draft with the model's NextN block where the engine has a drafter
+        spec = getattr(self.engine, "spec", None)
+        if spec is not None and sampling.temperature > 0:
+            spec.forget()
+            spec = None
+        st = self.engine.stats if spec is not None else None
+        before = (st.spec_steps, st.spec_drafted, st.spec_accepted) if st else (0, 0, 0)
         t0 = time.perf_counter()
-        res.reused_tokens, logits = self._prefill(ids)
+        res.reused_tokens, logits = self._prefill(ids, spec)
         res.prefill_s = time.perf_counter() - t0
         dec = tok.stream()
         emitted = 0  # chars of res.text already yielded
@@ -103,8 +126,12 @@ class Session:
         greedy = sampling.temperature == 0 and hasattr(self.engine, "decode_greedy")
         on_card = sampling.temperature > 0 and hasattr(self.engine, "decode_sample")
         pending: int | None = None
+        ready: list[int] = []  # a verify step's tokens; all but the last already run
         for step in range(max_tokens):
-            nxt = pending if pending is not None else sampler(logits)
+            if ready:
+                nxt = ready.pop(0)
+            else:
+                nxt = pending if pending is not None else sampler(logits)
             if nxt in tok.eos_ids:
                 res.finish_reason = "stop"
                 break
@@ -120,16 +147,25 @@ class Session:
             if safe > emitted:
                 yield res.text[emitted:safe]
                 emitted = safe
-            if step + 1 < max_tokens:
-                if greedy:
-                    pending = self.engine.decode_greedy(nxt)
-                elif on_card:
-                    pending = self.engine.decode_sample(nxt, sampling, sampler.draw())
-                else:
-                    logits = self.engine.forward([nxt])
-                self.history.append(nxt)
+            if ready or step + 1 >= max_tokens:
+                continue  # nxt was run with its step's drafts, or is the last token
+            if spec is not None:
+                ready = spec.step(nxt, max_tokens - step - 1)
+                self.history += [nxt, *ready[:-1]]
+                continue
+            if greedy:
+                pending = self.engine.decode_greedy(nxt)
+            elif on_card:
+                pending = self.engine.decode_sample(nxt, sampling, sampler.draw())
+            else:
+                logits = self.engine.forward([nxt])
+            self.history.append(nxt)
         if dec is not None:
             res.text += dec.flush()  # bytes of a character the last token left unfinished
         res.decode_s = time.perf_counter() - t1
+        if st is not None:
+            res.verify_steps = st.spec_steps - before[0]
+            res.drafted = st.spec_drafted - before[1]
+            res.accepted = st.spec_accepted - before[2]
         if len(res.text) > emitted:
             yield res.text[emitted:]

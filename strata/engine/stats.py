@@ -51,6 +51,12 @@ class EngineStats:
     link_gbps: float = 0.0
     cpu_experts: int = 0
     cpu_windows: int = 0
+    # speculative decoding (strata/engine/speculative.py): the trunk's decode forwards, the
+    # tokens they yielded, the NextN drafts they verified and the drafts accepted
+    spec_steps: int = 0
+    spec_tokens: int = 0
+    spec_drafted: int = 0
+    spec_accepted: int = 0
 
     def add_window(
         self, t0: float, t1: float, t2: float, t3: float, layer: int = -1, jobs: int = 0
@@ -95,6 +101,16 @@ class EngineStats:
         """Mean missed experts a decode window sent to the pool and over PCIe."""
         n = max(1, self.split_windows)
         return {"pool": self.split_pool / n, "pcie": self.split_pcie / n}
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted drafts over drafted ones."""
+        return self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0
+
+    @property
+    def tokens_per_verify(self) -> float:
+        """Tokens a speculative decode forward of the trunk yielded, on average (1 + accepted)."""
+        return self.spec_tokens / self.spec_steps if self.spec_steps else 0.0
 
     @property
     def hit_rate(self) -> float:

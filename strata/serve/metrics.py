@@ -52,6 +52,16 @@ def tier_figures(stats_list: Iterable[Any]) -> tuple[float, list[int]]:
     return (sum(cpu) / len(cpu) if cpu else 0.0), hits
 
 
+# speculative decoding (--spec): acceptance = accepted / drafted, tokens a verify step =
+# tokens / verify steps
+SPEC_COUNTERS = (
+    ("spec_drafted", "strata_spec_drafted_total", "NextN drafts verified (--spec)."),
+    ("spec_accepted", "strata_spec_accepted_total", "NextN drafts the trunk accepted."),
+    ("spec_steps", "strata_spec_verify_steps_total", "Speculative decode forwards of the trunk."),
+    ("spec_tokens", "strata_spec_tokens_total", "Tokens the speculative decode forwards yielded."),
+)
+
+
 def _esc(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -185,6 +195,9 @@ class Metrics:
             "Mean distinct experts the CPU pool computed a decode layer-window.",
             [("", cpu)],
         )
+        for attr, name, help_ in SPEC_COUNTERS:
+            n = sum(int(getattr(s, attr, 0) or 0) for s in engine_stats)
+            metric(name, "counter", help_, [("", n)])
         if hits:
             metric(
                 "strata_helper_card_picks_total",
