@@ -64,3 +64,21 @@ def test_no_step_where_an_expert_is_resident(synth_model):
     cfg = resolve({**ALL_CPU, "expert_cache": "4"}, env={})
     eng = build_engine(load_model(synth_model("tiny", "Q4_K")), cfg)
     assert eng.host_step is None
+
+
+def test_step_compiles_dense_once_for_every_matrix(monkeypatch):
+    """`_decode` passes its matrix ranges as int64, not as constants: a constant types as a
+    literal, and Numba would compile `_dense` once per call site (four, ~7 s of a cold start).
+    A fresh `_decode` (not from the cache) types its calls again."""
+    import numba
+    from numba import types
+
+    from strata.cli.common import DEFAULT_MODEL
+    from strata.engine.steps import host
+
+    eng = _engine(DEFAULT_MODEL)
+    tok = int(np.argmax(eng.forward(eng.model.tokenizer.encode("def fibonacci(n):"))))
+    monkeypatch.setattr(host, "_decode", numba.njit(nogil=True)(host._decode.py_func))
+    eng.decode_greedy(tok)
+    sigs = host._dense.signatures
+    assert len(sigs) == 1 and not any(isinstance(t, types.Literal) for t in sigs[0]), sigs

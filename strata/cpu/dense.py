@@ -64,7 +64,7 @@ def _dense_share(tid, nt, jaddr, code, z1, z2):
             y = numba.carray(address(job[o + 3]), (t, rows), np.float32)
             if t == 1:
                 for r in range(a0, a1):
-                    y[0, r] = dot(code, w, r, xq, xd, xb, x8, xf, 0)
+                    y[0, r] = dot(code, w, r, xq, xd, xb, x8, xf, np.int64(0))
             else:
                 _rows_tiled(code, w, a0, a1, xq, xd, xb, x8, xf, y)
         base += rows

@@ -87,7 +87,7 @@ def q8_K_blocks(x, qs, d, bs, s8, b0, b1, xp):
 def q8_K_row(x, qs, d, bs, s8, xp):
     """Quantize one row x [n] (float32) to Q8_K: qs [n], d [>= n/256], bs [n/16], s8 [n/8],
     xp [n] int8 (position-major quants)."""
-    q8_K_blocks(x, qs, d, bs, s8, 0, x.shape[0] // QK_K, xp)
+    q8_K_blocks(x, qs, d, bs, s8, np.int64(0), x.shape[0] // QK_K, xp)
 
 
 @njit(cache=True)
@@ -115,7 +115,7 @@ def q8_0_blocks(x, qs, d, bs, b0, b1):
 def q8_0_row(x, qs, d, bs):
     """Quantize one row x [n] to Q8_0 as ggml-cpu's x86 SIMD path: qs [n], d [n/32] (f16 value),
     bs [n/16] (sums of 16 quants)."""
-    q8_0_blocks(x, qs, d, bs, 0, x.shape[0] // QK8_0)
+    q8_0_blocks(x, qs, d, bs, np.int64(0), x.shape[0] // QK8_0)
 
 
 @njit(cache=True)
@@ -138,7 +138,7 @@ def quantize_row(x, code, r, xq, xd, xb, x8, xf):
     elif code == ACT_Q8_0:
         q8_0_row(x, xq[r], xd[r], xb[r])
     else:
-        float_row(x, code, xf[r])
+        float_row(x, code, xf[r], np.int64(0), np.int64(-1))
 
 
 @njit(cache=True, inline="always")

@@ -72,7 +72,7 @@ def _gate_up_rows(
             _prefetch(gw, pr)
             _prefetch(uw, pr)
         for p in range(start[e], cnt[e]):
-            t = tok[order[p]]
+            t = np.int64(tok[order[p]])  # (one `dot` specialization: act rows as int64)
             g = dot(gk, gw, wr, actg[0], actg[1], actg[2], actg[3], actg[4], t)
             u = dot(uk, uw, wr, actu[0], actu[1], actu[2], actu[3], actu[4], t)
             h[p, r] = _act(e, r, g, u, eb)
@@ -389,7 +389,8 @@ def _fused_share(
     if q1 or tid == 0:
         _quant_x(tid if q1 else np.int64(0), nt if q1 else 1, x, ag, actg, au, actu)
     tr[1] = cycle_counter()
-    if _barrier(bar, nt, gw, uw, active, ia, 1, g0, g1 - g0, f, 0) < 0:
+    one, zero = np.int64(1), np.int64(0)  # not literals: `_barrier` compiles once
+    if _barrier(bar, nt, gw, uw, active, ia, one, g0, g1 - g0, f, zero) < 0:
         stats[2] = 1
         return
     tr[2] = cycle_counter()
@@ -398,7 +399,7 @@ def _fused_share(
         gk, gw, actg, uk, uw, actu, h, pf, eb,
     )  # fmt: skip
     tr[3] = cycle_counter()
-    k = _barrier(bar, 2 * nt, dw, none, active, ja, dn, d0, d1 - d0, dim, 0)
+    k = _barrier(bar, 2 * nt, dw, none, active, ja, dn, d0, d1 - d0, dim, zero)
     if k < 0:
         stats[2] = 1
         return
@@ -419,7 +420,7 @@ def _fused_share(
         return
     _down_expert_dyn(tid, na, dim, start, cnt, active, dfirst, drows, bar, dk, dw, acth, yb, pf, eb)
     tr[7] = cycle_counter()
-    if _barrier(bar, 4 * nt, dw, none, active, 0, 0, 0, 0, dim, 0) < 0:
+    if _barrier(bar, 4 * nt, dw, none, active, zero, zero, zero, zero, dim, zero) < 0:
         stats[2] = 1
         return
     tr[8] = cycle_counter()

@@ -172,6 +172,7 @@ def _group(
     run = max(chunk, OUT_BLOCK // max(t_n, 1))  # down: output rows a run
     dyn_g = nt > 1
     dyn_d = nt > 1
+    na = np.int64(na)  # (not a literal 0: `_unit_table` compiles once)
     if dyn_g:  # units of ~equal work, about UNITS a thread (see _gate_up_dyn)
         _unit_table(n, na, f, UNITS, nt, start, cnt, active, ufirst, urows)
     # expert-major down: the fused region, a dynamic schedule, every task's outputs in yb

@@ -163,10 +163,13 @@ def _decode(
     )
     d = x.shape[0]
     na_all = 0
+    # matrix ranges as int64, not literals: one compiled `_dense` for every call
+    q0, v1, o0, o1 = np.int64(Q), np.int64(V + 1), np.int64(O), np.int64(O + 1)
+    r0, r1 = np.int64(ROUTER), np.int64(ROUTER + 1)
     for i in range(kc.shape[0]):
         h = hx[0]
         _rms(x, norms[i, 0], eps, h)
-        _dense(mats[i], Q, V + 1, qkv, h, act_d, djob, ctl, nt)
+        _dense(mats[i], q0, v1, qkv, h, act_d, djob, ctl, nt)
         q, k, v = qkv[Q], qkv[K], qkv[V]
         if qkn.shape[0]:
             for j in range(n_head):
@@ -184,11 +187,11 @@ def _decode(
             q[j] = round_f16(q[j])
         aj[AJ_KC], aj[AJ_VC], aj[AJ_S] = kc[i].ctypes.data, vc[i].ctypes.data, pos + 1
         run_job(ctl, afn, aj, nt)
-        _dense(mats[i], O, O + 1, qkv, att, act_o, djob, ctl, nt)  # att: [H * Dv]
+        _dense(mats[i], o0, o1, qkv, att, act_o, djob, ctl, nt)  # att: [H * Dv]
         for j in range(d):
             x[j] += qkv[O, j]
         _rms(x, norms[i, 1], eps, h)
-        _dense(mats[i], ROUTER, ROUTER + 1, qkv, h, act_d, djob, ctl, nt)
+        _dense(mats[i], r0, r1, qkv, h, act_d, djob, ctl, nt)
         _route(qkv[ROUTER, :n_e], k_used, renorm, probs, ids, wts)
         for j in range(k_used):
             hist[i, ids[j]] += 1
@@ -202,7 +205,7 @@ def _decode(
         return -1, na_all
     _rms(x, out_norm, eps, hx[0])
     ys = logits.reshape(1, logits.shape[0])
-    _dense(hmat, 0, 1, ys, hx[0], act_d, djob, ctl, nt)
+    _dense(hmat, np.int64(0), np.int64(1), ys, hx[0], act_d, djob, ctl, nt)
     best = 0
     for j in range(1, logits.shape[0]):
         if logits[j] > logits[best]:
@@ -241,7 +244,7 @@ class HostStep:
         else:
             self.qkn = np.zeros((0, 2, a.head_dim))
         self.qkn = np.ascontiguousarray(self.qkn, np.float32)  # [L, 2, Dh]
-        self.out_norm = np.ascontiguousarray(tier.out_norm, np.float32)  # [D]
+        self.out_norm = np.array(tier.out_norm, np.float32)  # [D] (writable: types as norms)
         names = ("q", "k", "v", "o", "router")
         self.mats = np.stack([[_mat(lay[n]) for n in names] for lay in L])  # [L, 5, M_LEN]
         self.hmat = _mat(tier.lm_head)[None]  # [1, M_LEN]
