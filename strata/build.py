@@ -49,13 +49,6 @@ def card_lacks(a) -> str | None:
     return "DeltaNet layers" if a.linear_attn else None
 
 
-def card_graph_steps(a) -> bool:
-    """Whether the card's CUDA-graph decode steps serve model args `a`: not gpt-oss's (its
-    gating, a softmax over the top-K picks, and its experts' biases and activation are the
-    eager steps' only), which decodes with eager launches on the card."""
-    return a.gating == "softmax" and a.ffn_act == "silu" and not a.expert_bias
-
-
 PREFILL_STAGE_AUTO = 64  # staging slots of --prefill-offload auto
 
 
@@ -249,7 +242,7 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
         car=car,
         adaptive=adaptive,
         trace_path=cfg.dump_router_scores,
-        graphs=cfg.cuda_graphs and card_graph_steps(a),
+        graphs=cfg.cuda_graphs,
         # the card's routing serves the primary and the pool; beside helpers the host routes
         device_routing=device_routing and not helpers,
     )

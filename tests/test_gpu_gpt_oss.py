@@ -16,7 +16,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from strata.build import build_engine, card_graph_steps, card_lacks  # noqa: E402
+from strata.build import build_engine, card_lacks  # noqa: E402
 from strata.config import resolve  # noqa: E402
 from strata.cpu.hybrid_tier import make_host_tier  # noqa: E402
 from strata.cpu.rope import rope_table  # noqa: E402
@@ -50,11 +50,10 @@ def model(synth_model):
     return load_model(synth_model(SHAPE, "MXFP4", dense="Q8_0", seed=5))
 
 
-def test_gpt_oss_builds_a_gpu_tier_with_eager_decode(model):
+def test_gpt_oss_lacks_nothing_on_the_card(model):
     a = model.args
     assert a.rope_scaling == "yarn" and a.attn_sinks and any(a.swa_layers)
     assert card_lacks(a) is None
-    assert not card_graph_steps(a)  # its decode runs eager launches on the card
 
 
 def test_yarn_rope_matches_the_host_table(K):
@@ -120,7 +119,8 @@ def test_tier_layers_match_the_host_tier(model, device):
     prompt kernels: each against HostTier on the same inputs."""
     a = model.args
     host = make_host_tier(model, 64)
-    dev = CupyTier(model, 64, DeviceBudget(total_mib=2048, runtime_reserve_mib=512, slack_mib=256), device=device)
+    budget = DeviceBudget(total_mib=2048, runtime_reserve_mib=512, slack_mib=256)
+    dev = CupyTier(model, 64, budget, device=device)
     rng = np.random.default_rng(3)
     for layer in range(a.n_layer):
         x = rng.standard_normal((12, a.n_embd)).astype(np.float32)
@@ -131,6 +131,14 @@ def test_tier_layers_match_the_host_tier(model, device):
         hd, ld = dev.router(layer, x)
         assert rel(ld, lh) < 1e-4 and rel(hd, hh) < 1e-5
         ids, w, _ = route_picks(lh, a.n_expert_used, a.norm_topk, a.gating)
+        # the top-K of the logits and a softmax over those K, on the card (router_topk.cu),
+        # against the host's rule on the card's own logits
+        di, dw, _ = route_picks(ld, a.n_expert_used, a.norm_topk, a.gating)
+        _, pid, pw = dev.router_picks(layer, x)
+        assert np.array_equal(pid, di) and rel(pw, dw) < 1e-5
+        # router, top-K and the grouped experts with nothing read back (moe_on_card)
+        _, yc = dev.moe_on_card(layer, x)
+        assert rel(yc, host.experts(layer, hh, di, dw)) < 1e-3
         for t in (1, 12):  # decode kernels, then the grouped ones (T > GROUPED_MIN_T)
             want = host.experts(layer, hh[:t], ids[:t], w[:t])
             got = dev.experts(layer, hh[:t], ids[:t], w[:t])
@@ -151,14 +159,38 @@ def lockstep_greedy(host: Engine, dev, prompt: list[int], steps: int) -> None:
         hl, dl = host.forward([tok]), dev.forward([tok])
 
 
+def card_engine(model, cache: str, graphs: bool):
+    flags = dict(device="gpu", n_ctx=64, adapt_swaps=0, threads=2, expert_cache=cache,
+                 cuda_graphs=graphs)  # fmt: skip
+    e = build_engine(model, resolve(flags, env={}))
+    assert e.tier.name == "cupy" and (e.miss_runner is e.tier) == (cache == "all")
+    return e
+
+
 @pytest.mark.parametrize("cache", ["all", "8"])
 def test_engine_greedy_tokens_match_the_host_tier(model, device, cache):
-    """build_engine on the card: every expert resident, or 8 of 16 with the rest in the CPU
-    pool; the prompt (12 tokens) and 12 decode steps pass the window of 8."""
-    flags = dict(device="gpu", n_ctx=64, adapt_swaps=0, threads=2, expert_cache=cache)
-    dev = build_engine(model, resolve(flags, env={}))
-    assert dev.tier.name == "cupy" and dev.graph_step is None
-    assert (dev.miss_runner is dev.tier) == (cache == "all")
+    """build_engine on the card with eager decode: every expert resident, or 8 of 16 with the
+    rest in the CPU pool; the prompt (12 tokens) and 12 decode steps pass the window of 8."""
+    dev = card_engine(model, cache, graphs=False)
     host = Engine(model, n_ctx=64)
     prompt = np.random.default_rng(11).integers(0, model.args.n_vocab, 12).tolist()
     lockstep_greedy(host, dev, prompt, 12)
+
+
+@pytest.mark.parametrize("cache,kind", [("all", "all"), ("8", "hybrid")])
+def test_graph_decode_steps_match_eager_decode(model, device, cache, kind):
+    """The graph steps (all resident: top-K and the softmax over the picks on the card; hybrid:
+    routed on the host, the pairs' experts uploaded with their slots) against eager decode.
+    The emulator has no graphs: there the graph steps' launches run eagerly (`replay` off)."""
+    g, e = card_engine(model, cache, graphs=True), card_engine(model, cache, graphs=False)
+    assert g.graph_step is not None and g.graph_step.kind == kind and e.graph_step is None
+    if getattr(cp, "__emulated__", False):
+        g.tier.graph_decoder().replay = False
+    prompt = np.random.default_rng(12).integers(0, model.args.n_vocab, 6).tolist()
+    lg, le = g.forward(prompt), e.forward(prompt)
+    assert np.array_equal(lg, le)  # prompts are eager on both
+    for step in range(12):
+        tok = int(np.argmax(le))
+        lg, le = g.forward([tok]), e.forward([tok])
+        assert position_errors(lg[None], le[None])[0] <= 1e-4, step
+    assert g.stats.graph_steps == 12

@@ -349,9 +349,12 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
             k = ids.shape[1]
             self.pair_exp[: n * k].set(np.maximum(ids[c0 : c0 + n], 0).astype(np.int32).ravel())
 
-    def _moe_pairs(self, layer: int, t: int, k: int, out, stores=None, resid=None) -> None:
+    def _moe_pairs(
+        self, layer: int, t: int, k: int, out, stores=None, resid=None, pair_exp=None
+    ) -> None:
         """out[:t] = the experts of pair_slot/pair_w [t*k] on h, quantized in its ActBuf
-        (slots of `stores`, default the cache's), + resid[:t] where given."""
+        (slots of `stores`, default the cache's), + resid[:t] where given; pair_exp [t*k]:
+        the pairs' experts (gpt-oss's biases), default the tier's pair_exp."""
         a, L = self.args, self.layers[layer]
         moe_experts(
             self.K,
@@ -368,7 +371,7 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
             out,
             resid=resid,
             bias=L.exp_bias,
-            pair_exp=self.pair_exp,
+            pair_exp=self.pair_exp if pair_exp is None else pair_exp,
             oai=self.oai,
         )
 
