@@ -93,13 +93,12 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
         # a prompt's resident experts and quantized projections on the int8 tensor cores where
         # the card has them (elsewhere the dp4a tile kernels and gemv_*)
         self.moe_mma = self.K.int8_mma
-        a = model.args
-        # gpt-oss's experts (biases, the clamped SwiGLU) on the dp4a kernels only
-        self.oai = a.ffn_act == "swiglu_oai"
-        self.exp_mma = self.moe_mma and not (self.oai or a.expert_bias)
         self.budget = budget if budget is not None else DeviceBudget()
         self.budget.install_pool_cap(cp)
         a = self.args = model.args
+        # gpt-oss's experts (biases, the clamped SwiGLU) on the dp4a kernels only
+        self.oai = a.ffn_act == "swiglu_oai"
+        self.exp_mma = self.moe_mma and not (self.oai or a.expert_bias)
         self.model, self.n_ctx, self.tmax = model, int(n_ctx), int(tmax)
         self.eps = float(np.float32(a.rms_eps))
         self.dims = (a.n_head, a.n_head_kv, a.head_dim, a.v_head_dim)
@@ -143,7 +142,7 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
         """Whether the graph step can route (top-k + CAR) on this card for this model."""
         from strata.gpu.route_car import route_car_supported
 
-        a = self.args  # route_car and router_topk: a softmax over all E logits, then top-k
+        a = self.args  # route_car's CAR: a softmax over all E logits, then top-k (not gpt-oss's)
         return a.gating == "softmax" and route_car_supported(self.K, a.n_expert, a.n_expert_used)
 
     # the engine's host-side helpers: the CPU pool reads h on the host and returns host rows
