@@ -43,23 +43,10 @@ def resident_mask(model: Model, slots: int, profile: UsageProfile | None) -> np.
 
 
 def card_lacks(a) -> str | None:
-    """What the GPU tier's kernels lack for model args `a` (qwen3next's DeltaNet layers,
-    gpt-oss's pieces), or None: such a model runs CPU-only (the host tier and the CPU pool have
-    them) until the card learns them."""
-    lacks = [
-        what
-        for what, on in (
-            ("DeltaNet layers", a.linear_attn),
-            ("attention sinks", a.attn_sinks),
-            ("sliding-window attention", any(a.swa_layers)),
-            ("attention-output, router and expert biases", a.o_bias or a.expert_bias),
-            ("the clamped SwiGLU", a.ffn_act != "silu"),
-            ("softmax over the top-K gating", a.gating != "softmax"),
-            ("RoPE scaling", a.rope_scaling != "none"),
-        )
-        if on
-    ]
-    return ", ".join(lacks) or None
+    """What the GPU tier's kernels lack for model args `a` (qwen3next's DeltaNet layers), or
+    None: such a model runs CPU-only (the host tier and the CPU pool have them) until the card
+    learns them."""
+    return "DeltaNet layers" if a.linear_attn else None
 
 
 PREFILL_STAGE_AUTO = 64  # staging slots of --prefill-offload auto
@@ -156,7 +143,7 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
             f"--spec {cfg.spec}: {a.arch} model {model.path.name} has no NextN (MTP) block "
             "to draft with"
         )
-    lacks = card_lacks(a)  # qwen3next, gpt-oss: CPU-only until the card learns their pieces
+    lacks = card_lacks(a)  # qwen3next: CPU-only until the card learns its pieces
     if lacks and cfg.device == "gpu":
         raise ConfigError(f"--device gpu: the GPU tier has no {lacks} yet ({a.arch})")
     card_ok = (cfg.device == "auto" and not lacks) or cfg.device == "gpu"
@@ -284,6 +271,10 @@ def open_helper_cards(model: Model, cfg: EngineConfig, wanted: bool) -> list:
         return []
     if not wanted:
         say_once("--helper-cache unused: the primary GPU holds every expert, or there is none")
+        return []
+    a = model.args
+    if a.expert_bias or a.ffn_act != "silu":  # helper.py's experts have no biases, plain SwiGLU
+        say_once(f"--helper-cache unused: helper cards do not run {a.arch}'s experts yet")
         return []
     from strata.gpu.helper import open_helpers
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.cpu.kv import dequantize_kv_rows
-from strata.gpu.rawmod import Kernels, f32, i32
+from strata.gpu.rawmod import Kernels, f32, i32, ptr
 from strata.gpu.rope_kv import kv_is_int8
 
 TILE = 64  # ATT_TILE in attention.cu
@@ -89,9 +89,13 @@ def attention(
     out,
     k_scale=None,
     v_scale=None,
+    window: int = 0,
+    sinks=None,
 ) -> None:
     """out [T, H*Dv] = softmax(q k^T * scale, causal) v for q [T, H, Dh] (f16 values); an int8
-    cache (k_cache/v_cache int8) comes with its scales k_scale/v_scale [G, S_cap]."""
+    cache (k_cache/v_cache int8) comes with its scales k_scale/v_scale [G, S_cap]. window > 0:
+    query t sees its last `window` positions only; sinks [H] float32 (device): a logit per head
+    in the softmax's denominator only (gpt-oss)."""
     h, g, dh, dv = dims
     if h // g > MAX_REP or dh > MAX_DH or dv > MAX_DH or h % g or dh % 8 or dv % 8:
         raise ValueError(f"attention shape H={h} G={g} Dh={dh} Dv={dv} is not supported")
@@ -119,6 +123,7 @@ def attention(
             ws.pmax,
             ws.psum,
             i32(ws.ntc),
+            i32(window),
         ),
     )
     nsplit = n_splits(K, s, g, t, ws.max_split)
@@ -144,6 +149,7 @@ def attention(
             i32(chunk),
             ws.opart,
             i32(nsplit),
+            ptr(sinks),
         ),
     )
     K.fn("attention.cu", "attn_combine")(
@@ -259,8 +265,11 @@ def attention_decode(
     out,
     k_scale=None,
     v_scale=None,
+    window: int = 0,
+    sinks=None,
 ) -> None:
-    """out [1, H*Dv] = softmax(q k^T * scale) v over keys 0..pos for q [1, H, Dh] (f16 values),
+    """out [1, H*Dv] = softmax(q k^T * scale) v over keys 0..pos (a sliding layer's: its last
+    `window`; sinks as `attention`) for q [1, H, Dh] (f16 values),
     pos = pos_dev[0] read on the device (its K/V row already appended). Launches whose
     grids and arguments depend only on S_cap and `ws`: capturable once, replayable at any pos.
     Roundings as `attention` (probabilities rounded to f16 after normalizing); deterministic.
@@ -287,7 +296,7 @@ def attention_decode(
     if pos_dev.dtype != np.int32 or pos_dev.size < 1:
         raise ValueError("pos_dev must be a device int32 array holding the position")
     for fn, grid, block, args in decode_launches(
-        K, ws, q, k_cache, v_cache, pos_dev, dims, scale, out, k_scale, v_scale
+        K, ws, q, k_cache, v_cache, pos_dev, dims, scale, out, k_scale, v_scale, window, sinks
     ):
         fn(grid, block, args)
 
@@ -304,6 +313,8 @@ def decode_launches(
     out,
     k_scale=None,
     v_scale=None,
+    window: int = 0,
+    sinks=None,
 ):
     """attention_decode's launches as (kernel, grid, block, args), for benchmarks to time one by
     one: two (scores, then p.V and the splits' sum), or with ws.dec_nsplit == DEC_SHORT_GRID the
@@ -325,7 +336,7 @@ def decode_launches(
                 (DS_THREADS,),
                 (
                     q, k_cache, *ks, v_cache, *vs, pos_dev, i32(s_cap), i32(dh), i32(dv), i32(h),
-                    i32(g), f32(scale), out,
+                    i32(g), f32(scale), out, i32(window), ptr(sinks),
                 ),
             )
         ]  # fmt: skip
@@ -339,7 +350,7 @@ def decode_launches(
             (
                 q, k_cache, *ks, pos_dev, i32(s_cap), i32(dh), i32(h), i32(g), f32(scale),
                 ws.scores, i32(ws.s_cap), ws.dec_pm, ws.dec_pl, i32(nsplit),
-                i32(ws.dec_min_chunk),
+                i32(ws.dec_min_chunk), i32(window),
             ),
         ),
         (
@@ -349,27 +360,34 @@ def decode_launches(
             (
                 ws.scores, i32(ws.s_cap), ws.dec_pm, ws.dec_pl, v_cache, *vs, pos_dev,
                 i32(s_cap), i32(dv), i32(h), i32(g), ws.dec_opart, i32(nsplit),
-                i32(ws.dec_min_chunk), ws.dec_cnt, ws.dec_tpart, out,
+                i32(ws.dec_min_chunk), ws.dec_cnt, ws.dec_tpart, out, i32(window), ptr(sinks),
             ),
         ),
     ]  # fmt: skip
 
 
-def attention_ref(q, k, v, pos0: int, scale: float) -> np.ndarray:
+def attention_ref(q, k, v, pos0: int, scale: float, window: int = 0, sinks=None) -> np.ndarray:
     """HostTier's attention core. q [T, H, Dh] (f16 values), k [S, G, Dh] f16, v [S, G, Dv] f16
     (or the float32 rows an int8 cache reads back as: `attention_int8_ref`) with S = pos0 + T
-    -> o [T, H*Dv]."""
+    -> o [T, H*Dv]; window and sinks [H] (NumPy) as `attention`."""
     t, h, dh = q.shape
     s, g, dv = v.shape
     rep = h // g
     kc, vc = k.astype(np.float32), v.astype(np.float32)
     qg = q.astype(np.float32).reshape(t, g, rep, dh)
     scores = np.einsum("tgrd,sgd->grts", qg, kc) * np.float32(scale)
-    mask = np.arange(s)[None, :] > (pos0 + np.arange(t))[:, None]
+    kp, qp = np.arange(s)[None, :], (pos0 + np.arange(t))[:, None]
+    mask = (kp > qp) | ((qp - kp >= window) if window else False)
     scores[..., mask] = -np.inf
-    scores -= scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=-1, keepdims=True)
+    m = scores.max(axis=-1, keepdims=True)
+    sk = None if sinks is None else np.asarray(sinks, np.float32).reshape(g, rep, 1, 1)
+    if sk is not None:
+        m = np.maximum(m, sk)
+    p = np.exp(scores - m)
+    total = p.sum(axis=-1, keepdims=True)
+    if sk is not None:
+        total += np.exp(sk - m)
+    p /= total
     p = p.astype(np.float16).astype(np.float32)
     return np.einsum("grts,sgd->tgrd", p, vc).reshape(t, h * dv)
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 from gguf.constants import GGMLQuantizationType
 
+from strata.cpu.rope import rope_table
 from strata.cpu.tier import check_kv_type, rope_inv_freq
 from strata.gpu.attention import (
     attention,
@@ -60,7 +61,7 @@ from strata.gpu.norm_quant import ActBuf, norm_quant
 from strata.gpu.pairs_fast import distinct_experts
 from strata.gpu.prefill import PromptPath
 from strata.gpu.rawmod import kernels_for
-from strata.gpu.rope_kv import qk_norm_rope_kv
+from strata.gpu.rope_kv import RopeScaling, qk_norm_rope_kv
 from strata.gpu.sample import sample_logits
 from strata.gpu.workspace import Workspace
 from strata.model.loader import Model
@@ -95,6 +96,9 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
         self.budget = budget if budget is not None else DeviceBudget()
         self.budget.install_pool_cap(cp)
         a = self.args = model.args
+        # gpt-oss's experts (biases, the clamped SwiGLU) on the dp4a kernels only
+        self.oai = a.ffn_act == "swiglu_oai"
+        self.exp_mma = self.moe_mma and not (self.oai or a.expert_bias)
         self.model, self.n_ctx, self.tmax = model, int(n_ctx), int(tmax)
         self.eps = float(np.float32(a.rms_eps))
         self.dims = (a.n_head, a.n_head_kv, a.head_dim, a.v_head_dim)
@@ -106,9 +110,12 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
         # KV cache [L, G, S, Dh]: f16 bits, or int8 with a float32 scale per row [L, G, S]
         self.kv_type = check_kv_type(kv_type)
         # a prompt's attention over the f16 cache on the f16 tensor cores where the card has
-        # them (elsewhere attention.cu's kernels)
+        # them (elsewhere attention.cu's kernels, which alone have sinks and sliding windows)
         self.attn_mma = (
-            self.K.int8_mma and self.kv_type == "f16" and attention_mma_shape_ok(self.dims)
+            self.K.int8_mma
+            and self.kv_type == "f16"
+            and attention_mma_shape_ok(self.dims)
+            and not (a.attn_sinks or any(a.swa_layers))
         )
         kv_shape = (a.n_layer, a.n_head_kv, self.n_ctx)
         self.budget.reserve("kv", model.kv_bytes(self.n_ctx, self.kv_type))
@@ -120,6 +127,7 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
             self.k_scale = cp.zeros(kv_shape, np.float32)
             self.v_scale = cp.zeros(kv_shape, np.float32)
         self.inv_freq = cp.asarray(rope_inv_freq(a.head_dim, a.rope_theta))
+        self.rope_scaling = RopeScaling.of(cp, rope_table(a))  # gpt-oss: YaRN
         self._alloc_workspace()
         self._init_stage(prefill_stage)
         self._init_slots(expert_slots)
@@ -134,8 +142,8 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
         """Whether the graph step can route (top-k + CAR) on this card for this model."""
         from strata.gpu.route_car import route_car_supported
 
-        a = self.args
-        return route_car_supported(self.K, a.n_expert, a.n_expert_used)
+        a = self.args  # route_car's CAR: a softmax over all E logits, then top-k (not gpt-oss's)
+        return a.gating == "softmax" and route_car_supported(self.K, a.n_expert, a.n_expert_used)
 
     # the engine's host-side helpers: the CPU pool reads h on the host and returns host rows
     def to_host(self, a) -> np.ndarray:
@@ -220,11 +228,13 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
             pos_dev=pos_dev,
             k_scale=ks,
             v_scale=vs,
+            scaling=self.rope_scaling,
         )
+        win = a.window(layer)  # a sliding layer's (gpt-oss), else 0
         if pos_dev is not None:
             attention_decode(
                 K, self.attn_ws, self.q_buf, kc, vc, pos_dev, self.dims, self.scale, self.o_buf,
-                ks, vs,
+                ks, vs, win, L.sinks,
             )  # fmt: skip
         elif self.attn_mma:  # one launch for the chunk's rows (no scores workspace)
             attention_mma(K, self.q_buf, kc, vc, t, pos0, self.dims, self.scale, self.o_buf)
@@ -232,7 +242,7 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
             for c0, n in self._chunks(t, self.att_tmax):
                 attention(
                     K, self.attn_ws, self.q_buf[c0 : c0 + n], kc, vc, n, pos0 + c0, self.dims,
-                    self.scale, self.o_buf[c0 : c0 + n], ks, vs,
+                    self.scale, self.o_buf[c0 : c0 + n], ks, vs, win, L.sinks,
                 )  # fmt: skip
         oact = self.act(self.o_buf.shape[1], L.o.vec_dot)
         norm_quant(K, self.o_buf, t, act=oact)
@@ -274,22 +284,23 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
         need = distinct_experts(ids, self.args.n_expert)
         out = self.cp.empty((hd.shape[0], self.args.n_embd), np.float32)
         if need.size <= self.n_slots:
-            self._experts(layer, hd, h, self.slots_for(layer, ids), w, out)
+            self._experts(layer, hd, h, self.slots_for(layer, ids), w, out, ids=ids)
         else:  # more distinct experts than slots (a long prefill, a tiny cache): in passes
             cached, tmp = self._last_h, self.cp.empty_like(out)
             out[...] = 0
             for grp in np.array_split(need, -(-need.size // self.n_slots)):
                 sel = np.where(np.isin(ids, grp), ids, -1)
                 self._last_h = cached
-                self._experts(layer, hd, h, self.slots_for(layer, sel), w, tmp)
+                self._experts(layer, hd, h, self.slots_for(layer, sel), w, tmp, ids=sel)
                 out += tmp
         self._last_h = None
         return self._out(out, host)
 
     def _experts(
-        self, layer: int, hd, h, slots: np.ndarray, w: np.ndarray, out, stores=None
+        self, layer: int, hd, h, slots: np.ndarray, w: np.ndarray, out, stores=None, ids=None
     ) -> None:
-        """out = the experts of `slots` [T, K] (in `stores`, default the cache's) on h."""
+        """out = the experts of `slots` [T, K] (in `stores`, default the cache's) on h; ids
+        [T, K]: their experts (gpt-oss: whose biases the kernels add)."""
         t, k = slots.shape
         a, L = self.args, self.layers[layer]
         hact = self.act(a.n_embd, fmt(L.exp_qt[0]).vec_dot)
@@ -303,6 +314,7 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
                 sl = slots[c0 : c0 + n]
                 self.pair_slot[: n * k].set(sl.reshape(-1))
                 self.pair_w[: n * k].set(w[c0 : c0 + n].reshape(-1))
+                self._set_pair_exp(L, ids, c0, n)
                 moe_experts_grouped(
                     self.K,
                     L.exp_qt,
@@ -316,7 +328,10 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
                     self.moe_act,
                     aact,
                     out[c0 : c0 + n],
-                    mma=self.moe_mma,
+                    mma=self.exp_mma,
+                    bias=L.exp_bias,
+                    pair_exp=self.pair_exp,
+                    oai=self.oai,
                 )
             return
         for c0, n in self._chunks(t):
@@ -324,11 +339,21 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
                 norm_quant(self.K, hd[c0 : c0 + n], n, act=hact)
             self.pair_slot[: n * k].set(slots[c0 : c0 + n].reshape(-1))
             self.pair_w[: n * k].set(w[c0 : c0 + n].reshape(-1))
+            self._set_pair_exp(L, ids, c0, n)
             self._moe_pairs(layer, n, k, out[c0 : c0 + n], stores)
 
-    def _moe_pairs(self, layer: int, t: int, k: int, out, stores=None, resid=None) -> None:
+    def _set_pair_exp(self, L, ids, c0: int, n: int) -> None:
+        """pair_exp = the experts of rows c0..c0+n of ids [T, K], where the layer has biases."""
+        if L.exp_bias is not None:
+            k = ids.shape[1]
+            self.pair_exp[: n * k].set(np.maximum(ids[c0 : c0 + n], 0).astype(np.int32).ravel())
+
+    def _moe_pairs(
+        self, layer: int, t: int, k: int, out, stores=None, resid=None, pair_exp=None
+    ) -> None:
         """out[:t] = the experts of pair_slot/pair_w [t*k] on h, quantized in its ActBuf
-        (slots of `stores`, default the cache's), + resid[:t] where given."""
+        (slots of `stores`, default the cache's), + resid[:t] where given; pair_exp [t*k]:
+        the pairs' experts (gpt-oss's biases), default the tier's pair_exp."""
         a, L = self.args, self.layers[layer]
         moe_experts(
             self.K,
@@ -344,6 +369,9 @@ class CupyTier(DenseWeights, Workspace, ExpertSlots, PromptPath):
             self.acts[(a.expert_ff, int(fmt(L.exp_qt[2]).vec_dot), "moe")],
             out,
             resid=resid,
+            bias=L.exp_bias,
+            pair_exp=self.pair_exp if pair_exp is None else pair_exp,
+            oai=self.oai,
         )
 
     def shared_expert(self, layer: int, h):

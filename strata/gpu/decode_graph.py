@@ -104,6 +104,7 @@ class GraphDecoder:
         self.logits_r = Pinned(cp, (1, e), f32)  # router logits
         self.pair_h = Pinned(cp, (k,), np.int32)  # the host's resident (slot) picks, -1 = pool
         self.pairw_h = Pinned(cp, (k,), f32)
+        self.pairexp_h = Pinned(cp, (k,), np.int32)  # their experts (gpt-oss: the biases)
         self.logits_h = Pinned(cp, (1, a.n_vocab), f32)
         self.picks_h = Pinned(cp, (n_layer, k), np.int32)  # all-resident step: router picks
         self.tok_h = Pinned(cp, (1,), np.int32)  # the token picked on the card
@@ -231,15 +232,19 @@ class GraphDecoder:
             router_topk(
                 t.K, t.rlogits_buf, 1, a.n_expert, self.k, a.norm_topk,
                 self.topk_ids[i], self.topk_w[i], self.slot_table[i], t.pair_slot, t.pair_w,
+                gating=a.gating,
             )  # fmt: skip
         else:
             self._up(t.pair_slot[: self.k], self.pair_h.a)
             self._up(t.pair_w[: self.k], self.pairw_h.a)
+            if t.layers[i].exp_bias is not None:
+                self._up(t.pair_exp[: self.k], self.pairexp_h.a)
+        pe = self.topk_ids[i] if device_routing else None  # the pairs' experts (their biases)
         if device_routing and not self.shared:
             # nothing from the pool or a shared expert: x = xb + resident, added by the down kernel
-            t._moe_pairs(i, 1, self.k, self.xa, resid=self.xb)
+            t._moe_pairs(i, 1, self.k, self.xa, resid=self.xb, pair_exp=pe)
             return
-        t._moe_pairs(i, 1, self.k, self.moe_out)
+        t._moe_pairs(i, 1, self.k, self.moe_out, pair_exp=pe)
         if self.shared:
             t._shared_into(i, t.h_buf[:1], 1, self.sh_out)
         if device_routing:  # nothing from the pool: y = resident + shared, x = xb + y

@@ -19,6 +19,7 @@ QT = GGMLQuantizationType
 class _Layer:
     __slots__ = (
         "attn_norm", "ffn_norm", "q_norm", "k_norm", "qkv", "o", "router", "sh", "exp_qt",
+        "sinks", "exp_bias",
     )  # fmt: skip
 
 
@@ -49,8 +50,11 @@ class DenseWeights:
             L.q_norm = self._vec(MT.ATTN_Q_NORM, i) if a.qk_norm else None
             L.k_norm = self._vec(MT.ATTN_K_NORM, i) if a.qk_norm else None
             L.qkv = self._load_qkv(i)
-            L.o = self._weight(MT.ATTN_OUT, i)
-            L.router = self._weight(MT.FFN_GATE_INP, i)
+            # gpt-oss: biases on the output and the router, a sink logit per head [H]
+            L.o = self._weight(MT.ATTN_OUT, i, name(MT.ATTN_OUT, i, "bias") if a.o_bias else None)
+            rb = name(MT.FFN_GATE_INP, i, "bias") if a.router_bias else None
+            L.router = self._weight(MT.FFN_GATE_INP, i, rb)
+            L.sinks = self._vec(MT.ATTN_SINKS, i) if a.attn_sinks else None
             L.sh = None
             if a.shared_ff:
                 inp = dequant(m.tensor(MT.FFN_GATE_INP_SHEXP, i)).reshape(1, -1)
@@ -61,6 +65,10 @@ class DenseWeights:
                     "inp": DeviceWeight(cp, inp, QT.F32, 1, inp.shape[1]),
                 }
             L.exp_qt = tuple(m.tensor(t, i).qtype for t in EXPERT_MATS)
+            L.exp_bias = None  # gpt-oss: [E, 2F + D] each expert's gate, up and down biases
+            if a.expert_bias:
+                b = [dequant(m.tensor(name(t, i, "bias"))) for t in EXPERT_MATS]
+                L.exp_bias = cp.asarray(np.ascontiguousarray(np.concatenate(b, axis=1)))
             if L.exp_qt[0] != L.exp_qt[1]:
                 raise DeviceError(
                     f"layer {i}: gate and up experts differ in type "

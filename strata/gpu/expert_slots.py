@@ -98,7 +98,7 @@ class ExpertSlots:
             self.stage_uploads += grp.size
             slots = np.where(ids >= 0, stage_of[np.maximum(ids, 0)], -1).astype(np.int32)
             self._last_h = None
-            self._experts(layer, hd, h, slots, w, tmp, stores=self.stage_stores)
+            self._experts(layer, hd, h, slots, w, tmp, stores=self.stage_stores, ids=ids)
             if tmp is not out:
                 out += tmp
             if evict:

@@ -2,7 +2,9 @@
 (kernels/experts.cu): slot storage, launcher, NumPy reference.
 
 T = tokens, K = experts per token, P = T*K pairs, D = hidden, F = expert FFN size, S = slots.
-Decode kernels: by the experts' type (MOE_KERNELS_BY_TYPE).
+Decode kernels: by the experts' type (MOE_KERNELS_BY_TYPE). gpt-oss: `bias` [E, 2F + D]
+float32 (each expert's gate, up and down biases) with `pair_exp` [P] int32 (each pair's expert),
+and `oai` (the clamped SwiGLU), both on the dp4a kernels only (kernels/moe_glu.cuh).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from strata.quant import fmt
 from strata.quant.activation import roundtrip
 
 QT = GGMLQuantizationType
+MOE_ACT_SILU, MOE_ACT_OAI = 0, 1  # moe_glu.cuh
 THREADS = 128
 ST_WARPS = 4  # experts.cu MOE_ST_WARPS: warps a block of moe_gate_up_st1
 
@@ -88,18 +91,23 @@ def moe_experts(
     aact: ActBuf,
     out,
     resid=None,
+    bias=None,
+    pair_exp=None,
+    oai: bool = False,
 ) -> None:
     """out[:t] = sum_k pair_w[t, k] * expert_{pair_slot[t, k]}(h[t]) (+ resid[:t], the residual
     add in the down kernel, where nothing else joins the sum); hact holds h quantized for
-    the gate/up vec_dot, act [P, F] float32 and aact [P, F] are the intermediate's buffers."""
+    the gate/up vec_dot, act [P, F] float32 and aact [P, F] are the intermediate's buffers;
+    bias, pair_exp, oai: gpt-oss's (module docstring)."""
     qg, qu, qd = (QT(int(q)) for q in qtypes)
     if qg != qu:
         raise ValueError(f"gate ({qg.name}) and up ({qu.name}) experts must share a type")
     d, f = dims
     gate, up, down = stores
     gu, dn = moe_kernels(qg)
+    glu = (ptr(bias), ptr(pair_exp), i32(MOE_ACT_OAI if oai else MOE_ACT_SILU))
     args = (gate.buf, up.buf, i64(gate.slot_bytes), hact.q, hact.d, i32(xd_shift(hact.mode)),
-            pair_slot, i32(k), act, i32(f), i32(d))  # fmt: skip
+            pair_slot, i32(k), act, i32(f), i32(d), *glu)  # fmt: skip
     gu_grid, gu_block = gate_up_launch(K, gu, f, t * k)
     K.fn("experts.cu", f"{gu}_{Q_NAMES[qg]}")(gu_grid, gu_block, args)
     norm_quant(K, act, t * k, act=aact)  # the intermediate, Q8 as ggml quantizes it
@@ -120,6 +128,7 @@ def moe_experts(
             i32(d),
             i32(f),
             ptr(resid),
+            *glu[:2],
         ),
     )
 
@@ -198,6 +207,9 @@ def moe_experts_grouped(
     out,
     mma: bool = False,
     card: tuple[int, int, int] | None = None,
+    bias=None,
+    pair_exp=None,
+    oai: bool = False,
 ) -> None:
     """out[:T] = sum_k pair_w[t, k] * expert_{slots[t, k]}(h[t]) for slots [T, K] (host) with the
     pairs grouped by expert (kernels/experts_grouped.cu; with `mma`, tiles of MMA_NT pairs on
@@ -205,7 +217,8 @@ def moe_experts_grouped(
     pair_slot/pair_w [T*K] on the device already hold the same slots and the weights.
     card = (T, K, tile bound): the pairs are already grouped on the card into `tiles`
     (pairs_card.group_pairs with nt = `tile_pairs(mma)`, which returns the bound; slots unused):
-    nothing goes between host and card, the kernels read the tile count there."""
+    nothing goes between host and card, the kernels read the tile count there. bias, pair_exp,
+    oai: gpt-oss's (module docstring), on the dp4a tiles only."""
     qg, qu, qd = (QT(int(q)) for q in qtypes)
     if qg != qu:
         raise ValueError(f"gate ({qg.name}) and up ({qu.name}) experts must share a type")
@@ -219,6 +232,9 @@ def moe_experts_grouped(
     else:
         (t, k, n_tiles), count = card, tiles.count
     gate, up, down = stores
+    glu = (ptr(bias), ptr(pair_exp), i32(MOE_ACT_OAI if oai else MOE_ACT_SILU))
+    if mma and (bias is not None or oai):
+        raise ValueError("the MMA expert tiles have no expert biases or clamped SwiGLU")
     if mma:  # 16 weight rows a warp
         src, names = "experts_mma.cu", ("gate_up_mma", "down_mma")
         rows, block = 16 * MMA_WARPS, (32 * MMA_WARPS,)
@@ -244,6 +260,7 @@ def moe_experts_grouped(
                 i32(f),
                 i32(d),
                 count,
+                *(() if mma else glu),
             ),
         )
         norm_quant(K, act, t * k, act=aact)  # the intermediate, Q8 as ggml quantizes it
@@ -262,6 +279,7 @@ def moe_experts_grouped(
                 i32(f),
                 *((NULL, NULL, i32(d)) if mma else ()),
                 count,
+                *(() if mma else glu[:2]),
             ),
         )
     K.fn("experts_grouped.cu", "moe_sum_pairs")(

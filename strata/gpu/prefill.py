@@ -50,13 +50,13 @@ class PromptPath:
         w = self.picks_buf[pt * k : 2 * pt * k].view(np.float32)
         gh = self.acts[(a.n_embd, int(fmt(L.exp_qt[0]).vec_dot), "moe_h")]
         aact = self.acts[(a.expert_ff, int(fmt(L.exp_qt[2]).vec_dot), "moe")]
-        nt = tile_pairs(self.moe_mma)
+        nt = tile_pairs(self.exp_mma)
         self.await_uploads()
         for c0, n in self._chunks(t, pt):
             self._router_into(layer, xd[c0 : c0 + n], h[c0 : c0 + n], n)
             router_topk(
                 K, self.rlogits_buf, n, a.n_expert, k, a.norm_topk, ids[: n * k].reshape(n, k),
-                w[: n * k].reshape(n, k),
+                w[: n * k].reshape(n, k), gating=a.gating,
             )  # fmt: skip
             bound = group_pairs(
                 K, ids, n * k, self.slot_dev[layer], a.n_expert, nt, self.pair_slot, self.tiles,
@@ -65,8 +65,8 @@ class PromptPath:
             norm_quant(K, h[c0 : c0 + n], n, act=gh)
             moe_experts_grouped(
                 K, L.exp_qt, (a.n_embd, a.expert_ff), self.stores, gh, None, self.pair_slot, w,
-                self.tiles, self.moe_act, aact, y[c0 : c0 + n], mma=self.moe_mma,
-                card=(n, k, bound),
+                self.tiles, self.moe_act, aact, y[c0 : c0 + n], mma=self.exp_mma,
+                card=(n, k, bound), bias=L.exp_bias, pair_exp=ids, oai=self.oai,
             )  # fmt: skip
         self._last_h = None
         return self._out(h, host), self._out(y, host)
@@ -97,7 +97,7 @@ class PromptPath:
             if picks:
                 router_topk(
                     self.K, lg, n, a.n_expert, k, a.norm_topk, ids_d[c0 : c0 + n],
-                    w_d[c0 : c0 + n],
+                    w_d[c0 : c0 + n], gating=a.gating,
                 )  # fmt: skip
         self._last_h = (h, layer) if small else None
         return self._out(h, host), out

@@ -7,12 +7,31 @@ token and KV head, for K and for V), d = absmax / 127 and q = rint(x / d) in flo
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from strata.cpu.kv import quantize_kv_rows
+from strata.cpu.rope import RopeTable
 from strata.gpu.rawmod import Kernels, f32, i32, ptr
 
 U16 = np.dtype(np.uint16)
+
+
+class RopeScaling(NamedTuple):
+    """strata.cpu.rope.RopeTable's scaling on the device: ramp [Dh/2] float32 (YaRN) or None."""
+
+    ramp: object
+    fs: float
+    mscale: float
+
+    @classmethod
+    def of(cls, cp, table: RopeTable) -> RopeScaling | None:
+        """The scaling of a host RopeTable (None where it has none), ramp uploaded once."""
+        if table.fs == 1 and table.mscale == 1:
+            return None
+        ramp = None if table.ramp is None else cp.asarray(table.ramp)
+        return cls(ramp, float(table.fs), float(table.mscale))
 
 
 def qk_norm_rope_kv(
@@ -31,18 +50,22 @@ def qk_norm_rope_kv(
     pos_dev=None,
     k_scale=None,
     v_scale=None,
+    scaling: RopeScaling | None = None,
 ) -> None:
     """qkv [T, H*Dh + G*Dh + G*Dv]; k_cache/v_cache: one layer, [G, S_cap, Dh] uint16 (f16),
     or int8 with k_scale/v_scale [G, S_cap] float32 (the int8 cache: `quantize_kv_rows`).
 
     Tokens sit at positions pos0..pos0+T-1, or, with `pos_dev` (a device int32 array [1]), at
     pos_dev[0].. read by the kernel itself: the launch then does not change with the position
-    (`pos0` is ignored), so a captured CUDA graph can replay it at every decode step."""
+    (`pos0` is ignored), so a captured CUDA graph can replay it at every decode step.
+    `scaling`: the model's RoPE scaling (YaRN: gpt-oss), None for plain NEOX."""
     if pos_dev is not None and (pos_dev.dtype != np.int32 or pos_dev.size < 1):
         raise ValueError("pos_dev must be a device int32 array holding the start position")
     h, g, dh, dv = dims
     threads = -(-max(dh, dv) // K.warp) * K.warp
-    head = (qkv, i32(h), i32(g), i32(dh), i32(dv), ptr(q_norm), ptr(k_norm), f32(eps), inv_freq)
+    sc = scaling or RopeScaling(None, 1.0, 1.0)
+    head = (qkv, i32(h), i32(g), i32(dh), i32(dv), ptr(q_norm), ptr(k_norm), f32(eps), inv_freq,
+            ptr(sc.ramp), f32(sc.fs), f32(sc.mscale))  # fmt: skip
     if kv_is_int8(k_cache, v_cache, k_scale, v_scale):
         K.fn("rope_kv.cu", "qk_norm_rope_kv_i8")(
             (h + 2 * g, t),

@@ -68,7 +68,7 @@ class Workspace:
         floats = tm * (a.n_embd + a.n_vocab + 3 * fs + 1)  # xn, logits, shared expert, gate
         floats += pt * (self.qkv_dim + h * dh + h * dv + a.n_embd + a.n_expert)
         floats += pt * 2 * a.n_expert_used  # router_picks' ids and weights
-        floats += self.moe_rows * (a.expert_ff + 3)  # moe_act, pair_slot/_w, a row of slack
+        floats += self.moe_rows * (a.expert_ff + 4)  # moe_act, pair_slot/_w/_exp, a row slack
         nbytes += 4 * floats + 4 * tm + 4 + TileBufs.bytes_for(self.moe_rows, a.n_embd)
         nbytes += 2 * 4 * a.n_layer * a.n_expert  # the card's slot table, its pick counts
         nbytes += GraphDecoder.device_bytes(a)  # built on the first graph decode step
@@ -90,6 +90,7 @@ class Workspace:
         self.moe_act = cp.empty((self.moe_rows, a.expert_ff), np.float32)
         self.pair_slot = cp.empty((self.moe_rows,), np.int32)
         self.pair_w = cp.empty((self.moe_rows,), np.float32)
+        self.pair_exp = cp.zeros((self.moe_rows,), np.int32)  # each pair's expert (its biases)
         self.tiles = TileBufs(cp, self.moe_rows, a.n_embd)
         # a prompt's experts grouped on the card (moe_on_card): slot_of's copy, pick counts
         self.slot_dev = cp.full((a.n_layer, a.n_expert), -1, np.int32)

@@ -42,6 +42,7 @@ class HostRoutedGraphStep:
                 tier.sync_uploads()
             g.pair_h.a[:] = slots[0]
             g.pairw_h.a[:] = weights[0]
+            g.pairexp_h.a[:] = np.maximum(ids[0], 0)  # gpt-oss: whose biases the kernels add
             g.experts(i)
             moe.prefetch(i)
             t2 = pc()

@@ -12,7 +12,9 @@
 //   attn_pv       grid (splits, G, T), block Dv: global max/sum from the tile partials, then
 //                 per V tile (staged like K) p = f16(exp(s - M) / L) and o_part += p * V.
 //   attn_combine  grid (T*H), block Dv: o = sum of the split partials (already normalized).
-// Query t sees keys 0..pos0+t (causal); S = pos0 + T keys are valid. Dh, Dv <= ATT_MAX_DH and
+// Query t sees keys 0..pos0+t (causal); S = pos0 + T keys are valid. A sliding layer (window
+// W > 0) masks the keys before pos0+t-W+1 too; attention sinks (`sinks` [H], not null: gpt-oss)
+// add exp(sink[h] - M) to a head's softmax denominator, M the max over the scores and the sink. Dh, Dv <= ATT_MAX_DH and
 // multiples of 8; H / G <= ATT_MAX_REP (accumulators past rep are computed, never stored).
 //
 // The cache element type is a template argument (KvF16, KvI8) of every kernel: the int8 cache
@@ -108,6 +110,15 @@ __device__ __forceinline__ void stage_rows(const typename KV::T* __restrict__ sr
     }
 }
 
+// a head's attention sink joins its (max, sum exp) (m, l): in the denominator only
+__device__ __forceinline__ void sink_fold(const float* __restrict__ sinks, int h, float& m,
+                                          float& l) {
+    if (!sinks) return;
+    const float sk = sinks[h], mm = fmaxf(m, sk);
+    l = l * expf(m - mm) + expf(sk - mm);
+    m = mm;
+}
+
 template <typename KV>
 __device__ __forceinline__ void attn_scores_t(const float* __restrict__ q,
                                               const typename KV::T* __restrict__ k_cache,
@@ -115,7 +126,7 @@ __device__ __forceinline__ void attn_scores_t(const float* __restrict__ q,
                                               int Dh, int H, int G, int pos0, int S, float scale,
                                               float* __restrict__ scores, int ss,
                                               float* __restrict__ pmax, float* __restrict__ psum,
-                                              int ntc) {
+                                              int ntc, int window) {
     __shared__ f32x4 qs4[ATT_MAX_REP * ATT_MAX_DH / 4];
     __shared__ u32 ks[ATT_TILE * (ATT_MAX_DH / 2 + 1)];  // +1 word per row: no bank conflicts
     float* qs = (float*)qs4;
@@ -127,7 +138,7 @@ __device__ __forceinline__ void attn_scores_t(const float* __restrict__ q,
         qs[k] = q[((i64)t * H + g * rep) * Dh + k];  // heads g*rep.. are contiguous
     stage_rows<KV>(k_cache + ((i64)g * S_cap + s0) * Dh, Dh, min(ATT_TILE, S - s0), ks, ld);
     __syncthreads();
-    const bool valid = s < S && s <= pos0 + t;
+    const bool valid = s < S && s <= pos0 + t && (window <= 0 || s > pos0 + t - window);
     const float kd = valid ? KV::scale_at(k_scale, (i64)g * S_cap + s) : 0.0f;  // int8: row's d
     float acc[ATT_MAX_REP];
 #pragma unroll
@@ -166,20 +177,20 @@ __device__ __forceinline__ void attn_scores_t(const float* __restrict__ q,
 extern "C" __global__ void __launch_bounds__(ATT_TILE)
     attn_scores(const float* __restrict__ q, const u16* __restrict__ k_cache, int S_cap, int Dh,
                 int H, int G, int pos0, int S, float scale, float* __restrict__ scores, int ss,
-                float* __restrict__ pmax, float* __restrict__ psum, int ntc) {
+                float* __restrict__ pmax, float* __restrict__ psum, int ntc, int window) {
     PDL_ENTER();
     attn_scores_t<KvF16>(q, k_cache, nullptr, S_cap, Dh, H, G, pos0, S, scale, scores, ss, pmax,
-                         psum, ntc);
+                         psum, ntc, window);
 }
 
 extern "C" __global__ void __launch_bounds__(ATT_TILE)
     attn_scores_i8(const float* __restrict__ q, const i8* __restrict__ k_cache,
                    const float* __restrict__ k_scale, int S_cap, int Dh, int H, int G, int pos0,
                    int S, float scale, float* __restrict__ scores, int ss,
-                   float* __restrict__ pmax, float* __restrict__ psum, int ntc) {
+                   float* __restrict__ pmax, float* __restrict__ psum, int ntc, int window) {
     PDL_ENTER();
     attn_scores_t<KvI8>(q, k_cache, k_scale, S_cap, Dh, H, G, pos0, S, scale, scores, ss, pmax,
-                        psum, ntc);
+                        psum, ntc, window);
 }
 
 template <typename KV>
@@ -189,7 +200,8 @@ __device__ __forceinline__ void attn_pv_t(const float* __restrict__ scores, int 
                                           const typename KV::T* __restrict__ v_cache,
                                           const float* __restrict__ v_scale, int S_cap, int Dv,
                                           int H, int G, int S, int chunk,
-                                          float* __restrict__ o_part, int nsplit) {
+                                          float* __restrict__ o_part, int nsplit,
+                                          const float* __restrict__ sinks) {
     __shared__ float M[ATT_MAX_REP], L[ATT_MAX_REP];
     __shared__ f32x4 p4[ATT_TILE * ATT_MAX_REP / 4];  // p[i][r]: a key's rep probabilities
     float* p = (float*)p4;
@@ -209,6 +221,7 @@ __device__ __forceinline__ void attn_pv_t(const float* __restrict__ scores, int 
         }
         l = block_sum_f32(l, red);
         if (tid == 0) {
+            sink_fold(sinks, g * rep + r, m, l);
             M[r] = m;
             L[r] = l;
         }
@@ -259,20 +272,20 @@ extern "C" __global__ void __launch_bounds__(ATT_MAX_DH)
     attn_pv(const float* __restrict__ scores, int ss, const float* __restrict__ pmax,
             const float* __restrict__ psum, int ntc, int ntiles, const u16* __restrict__ v_cache,
             int S_cap, int Dv, int H, int G, int S, int chunk, float* __restrict__ o_part,
-            int nsplit) {
+            int nsplit, const float* __restrict__ sinks) {
     PDL_ENTER();
     attn_pv_t<KvF16>(scores, ss, pmax, psum, ntc, ntiles, v_cache, nullptr, S_cap, Dv, H, G, S,
-                     chunk, o_part, nsplit);
+                     chunk, o_part, nsplit, sinks);
 }
 
 extern "C" __global__ void __launch_bounds__(ATT_MAX_DH)
     attn_pv_i8(const float* __restrict__ scores, int ss, const float* __restrict__ pmax,
                const float* __restrict__ psum, int ntc, int ntiles, const i8* __restrict__ v_cache,
                const float* __restrict__ v_scale, int S_cap, int Dv, int H, int G, int S,
-               int chunk, float* __restrict__ o_part, int nsplit) {
+               int chunk, float* __restrict__ o_part, int nsplit, const float* __restrict__ sinks) {
     PDL_ENTER();
     attn_pv_t<KvI8>(scores, ss, pmax, psum, ntc, ntiles, v_cache, v_scale, S_cap, Dv, H, G, S,
-                    chunk, o_part, nsplit);
+                    chunk, o_part, nsplit, sinks);
 }
 
 extern "C" __global__ void attn_combine(const float* __restrict__ o_part, int nsplit, int Dv,
@@ -311,9 +324,14 @@ extern "C" __global__ void attn_combine(const float* __restrict__ o_part, int ns
 static_assert(DEC_TEAM >= 8, "the decode workspace holds teams of 8 (attention.py DEC_TEAM_MIN)");
 #define DEC_PREFETCH 64  // keys of its split a decode block asks of L2 before the PDL wait
 
+// keys lo..end-1 (a sliding layer's window: lo = end - window), S = end - lo of them; k0, k1 and
+// the chunks count from lo (the kernels' cache, scale and score pointers start at row lo)
 __device__ __forceinline__ void dec_split(const int* __restrict__ pos_dev, int S_cap, int nsplit,
-                                          int min_chunk, int& S, int& chunk, int& nlive) {
-    S = min(max(pos_dev[0] + 1, 1), S_cap);  // a position past the cache reads no further
+                                          int min_chunk, int window, int& S, int& chunk,
+                                          int& nlive, int& lo) {
+    const int end = min(max(pos_dev[0] + 1, 1), S_cap);  // a position past the cache: no further
+    lo = window > 0 ? max(0, end - window) : 0;
+    S = end - lo;
     const int want = min(nsplit, (S + min_chunk - 1) / min_chunk);
     chunk = ((S + want - 1) / want + 31) & ~31;
     nlive = (S + chunk - 1) / chunk;
@@ -329,10 +347,11 @@ __device__ __forceinline__ void dec_split(const int* __restrict__ pos_dev, int S
 // Every thread waits before any store or return.
 template <typename KV>
 __device__ __forceinline__ void dec_enter(const int* __restrict__ pos_dev, int S_cap, int nsplit,
-                                          int min_chunk, const typename KV::T* __restrict__ cache,
-                                          int D, int& S, int& chunk, int& nlive) {
-    dec_split(pos_dev, S_cap, nsplit, min_chunk, S, chunk, nlive);
-    const int k0 = blockIdx.x * chunk;
+                                          int min_chunk, int window,
+                                          const typename KV::T* __restrict__ cache, int D, int& S,
+                                          int& chunk, int& nlive, int& lo) {
+    dec_split(pos_dev, S_cap, nsplit, min_chunk, window, S, chunk, nlive, lo);
+    const int k0 = lo + blockIdx.x * chunk;
     if ((int)blockIdx.x < nlive) {
         const int n = min(min(chunk, DEC_PREFETCH), S - k0);
         const char* rows = (const char*)(cache + ((i64)blockIdx.y * S_cap + k0) * D);
@@ -542,15 +561,15 @@ __device__ __forceinline__ void dec_scores(const float* __restrict__ q,
                                            const int* __restrict__ pos_dev, int S_cap, int Dh,
                                            int H, int G, float scale, float* __restrict__ scores,
                                            int ss, float* __restrict__ pm, float* __restrict__ pl,
-                                           int nsplit, int min_chunk) {
-    int S, chunk, nlive;
-    dec_enter<KV>(pos_dev, S_cap, nsplit, min_chunk, k_cache, Dh, S, chunk, nlive);
+                                           int nsplit, int min_chunk, int window) {
+    int S, chunk, nlive, lo;
+    dec_enter<KV>(pos_dev, S_cap, nsplit, min_chunk, window, k_cache, Dh, S, chunk, nlive, lo);
     const int split = blockIdx.x;
     if (split >= nlive) return;  // the whole block: nothing to do at this position
     const int k0 = split * chunk, k1 = min(S, k0 + chunk);
     const i64 m0 = (i64)blockIdx.y * (H / G) * nsplit + split;  // head g * rep's (max, sum)
-    dec_scores_run<R, KV>(q, k_cache, k_scale, S_cap, Dh, H, G, scale, scores, ss, k0, k1,
-                          pm + m0, pl + m0, nsplit);
+    dec_scores_run<R, KV>(q, k_cache + (i64)lo * Dh, k_scale ? k_scale + lo : nullptr, S_cap, Dh,
+                          H, G, scale, scores + lo, ss, k0, k1, pm + m0, pl + m0, nsplit);
 }
 
 // a load that skips the (non-coherent) L1: other blocks' partials, read by a finishing block
@@ -636,6 +655,7 @@ struct SplitStats {
     const float* pm;
     const float* pl;
     int nsplit, nlive;
+    const float* sinks;  // [H] or null (attention sinks)
     template <int R>
     __device__ __forceinline__ void run(float* Ms, float* Ls, int g, int rep) const {
         constexpr int TPH = DEC_THREADS / R < 32 ? DEC_THREADS / R : 32;
@@ -658,6 +678,7 @@ struct SplitStats {
 #pragma unroll
         for (int o = TPH / 2; o > 0; o >>= 1) l += SHFL_XOR(l, o);
         if (mine && j0 == 0) {
+            sink_fold(sinks, g * rep + r, m, l);
             Ms[r] = m;
             Ls[r] = l;
         }
@@ -799,16 +820,18 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
                                        const int* __restrict__ pos_dev, int S_cap, int Dv, int H,
                                        int G, float* o_part, int nsplit, int min_chunk,
                                        int* __restrict__ cnt, float* tpart,
-                                       float* __restrict__ out) {
+                                       float* __restrict__ out, int window,
+                                       const float* __restrict__ sinks) {
     __shared__ int last;
-    int S, chunk, nlive;
-    dec_enter<KV>(pos_dev, S_cap, nsplit, min_chunk, v_cache, Dv, S, chunk, nlive);
+    int S, chunk, nlive, lo;
+    dec_enter<KV>(pos_dev, S_cap, nsplit, min_chunk, window, v_cache, Dv, S, chunk, nlive, lo);
     const int split = blockIdx.x, g = blockIdx.y, tid = threadIdx.x;
     if (split >= nlive) return;
     const int rep = H / G;
     const int k0 = split * chunk, k1 = min(S, k0 + chunk);
-    dec_pv_run<R, KV>(scores, ss, SplitStats{pm, pl, nsplit, nlive}, v_cache, v_scale, S_cap, Dv,
-                      H, G, k0, k1, o_part, (g * rep * nsplit + split) * Dv, nsplit * Dv);
+    dec_pv_run<R, KV>(scores + lo, ss, SplitStats{pm, pl, nsplit, nlive, sinks},
+                      v_cache + (i64)lo * Dv, v_scale ? v_scale + lo : nullptr, S_cap, Dv, H, G,
+                      k0, k1, o_part, (g * rep * nsplit + split) * Dv, nsplit * Dv);
     // Splits are added in two levels, both in a fixed order (deterministic): the last block of
     // a team of DEC_TEAM splits to finish sums the team's partials, the last team of the KV
     // head sums the teams' into out. Counters: cnt[g] per head, then [G][nteam max] per team;
@@ -838,30 +861,31 @@ __device__ __forceinline__ void dec_pv(const float* __restrict__ scores, int ss,
     extern "C" __global__ void attn_dec_scores_r##R(                                            \
         const float* q, const u16* k_cache, const int* pos_dev, int S_cap, int Dh, int H,       \
         int G, float scale, float* scores, int ss, float* pm, float* pl, int nsplit,            \
-        int min_chunk) {                                                                        \
+        int min_chunk, int window) {                                                            \
         dec_scores<R, KvF16>(q, k_cache, nullptr, pos_dev, S_cap, Dh, H, G, scale, scores, ss,  \
-                             pm, pl, nsplit, min_chunk);                                        \
+                             pm, pl, nsplit, min_chunk, window);                                \
     }                                                                                           \
     extern "C" __global__ void attn_dec_pv_r##R(                                                \
         const float* scores, int ss, const float* pm, const float* pl, const u16* v_cache,      \
         const int* pos_dev, int S_cap, int Dv, int H, int G, float* o_part, int nsplit,         \
-        int min_chunk, int* cnt, float* tpart, float* out) {                                    \
+        int min_chunk, int* cnt, float* tpart, float* out, int window, const float* sinks) {    \
         dec_pv<R, KvF16>(scores, ss, pm, pl, v_cache, nullptr, pos_dev, S_cap, Dv, H, G,        \
-                         o_part, nsplit, min_chunk, cnt, tpart, out);                           \
+                         o_part, nsplit, min_chunk, cnt, tpart, out, window, sinks);            \
     }                                                                                           \
     extern "C" __global__ void attn_dec_scores_i8_r##R(                                         \
         const float* q, const i8* k_cache, const float* k_scale, const int* pos_dev, int S_cap, \
         int Dh, int H, int G, float scale, float* scores, int ss, float* pm, float* pl,         \
-        int nsplit, int min_chunk) {                                                            \
+        int nsplit, int min_chunk, int window) {                                                \
         dec_scores<R, KvI8>(q, k_cache, k_scale, pos_dev, S_cap, Dh, H, G, scale, scores, ss,   \
-                            pm, pl, nsplit, min_chunk);                                         \
+                            pm, pl, nsplit, min_chunk, window);                                 \
     }                                                                                           \
     extern "C" __global__ void attn_dec_pv_i8_r##R(                                             \
         const float* scores, int ss, const float* pm, const float* pl, const i8* v_cache,       \
         const float* v_scale, const int* pos_dev, int S_cap, int Dv, int H, int G,              \
-        float* o_part, int nsplit, int min_chunk, int* cnt, float* tpart, float* out) {         \
+        float* o_part, int nsplit, int min_chunk, int* cnt, float* tpart, float* out,           \
+        int window, const float* sinks) {                                                       \
         dec_pv<R, KvI8>(scores, ss, pm, pl, v_cache, v_scale, pos_dev, S_cap, Dv, H, G, o_part, \
-                        nsplit, min_chunk, cnt, tpart, out);                                    \
+                        nsplit, min_chunk, cnt, tpart, out, window, sinks);                     \
     }
 ATTN_DEC_KERNELS(1)
 ATTN_DEC_KERNELS(2)
@@ -919,15 +943,18 @@ __device__ __forceinline__ void dec_short(const float* __restrict__ q,
                                           const float* __restrict__ v_scale,
                                           const int* __restrict__ pos_dev, int S_cap, int Dh,
                                           int Dv, int H, int G, float scale,
-                                          float* __restrict__ out) {
+                                          float* __restrict__ out, int window,
+                                          const float* __restrict__ sinks) {
     __shared__ float ps[DEC_SHORT_MAX];
     __shared__ float red[DS_THREADS * 8];  // PV row slots: slots * Dv <= DS_THREADS * 8
     __shared__ float wred[1024 / WARP_SIZE];
     const int h = blockIdx.x, rep = H / G, g = h / rep, tid = threadIdx.x;
-    const int S = min(min(max(pos_dev[0] + 1, 1), S_cap), DEC_SHORT_MAX);
-    const typename KV::T* kg = k_cache + (i64)g * S_cap * Dh;
-    const typename KV::T* vg = v_cache + (i64)g * S_cap * Dv;
-    const i64 row0 = (i64)g * S_cap;
+    const int end = min(max(pos_dev[0] + 1, 1), S_cap);
+    const int lo = window > 0 ? max(0, end - window) : 0;  // a sliding layer's first key
+    const int S = min(end - lo, DEC_SHORT_MAX);
+    const typename KV::T* kg = k_cache + ((i64)g * S_cap + lo) * Dh;
+    const typename KV::T* vg = v_cache + ((i64)g * S_cap + lo) * Dv;
+    const i64 row0 = (i64)g * S_cap + lo;
     {  // see dec_enter: the position is old, a prefetch only warms L2
         const int kl = (int)(((i64)S * Dh * (i64)sizeof(typename KV::T) + 127) / 128);
         const int vl = (int)(((i64)S * Dv * (i64)sizeof(typename KV::T) + 127) / 128);
@@ -977,10 +1004,12 @@ __device__ __forceinline__ void dec_short(const float* __restrict__ q,
     typename KV::Chunk vc[DS_U];
     float vd[DS_U];
     ds_load<KV>(vc, vd, vg, v_scale, row0, slot, rstep, S, Dv, d8, vact);
-    const float M = block_max_f32(mloc, wred);  // its barriers order the ps stores before
+    float M = block_max_f32(mloc, wred);  // its barriers order the ps stores before
+    const float M0 = M;
     float lloc = 0.0f;
-    for (int i = tid; i < S; i += DS_THREADS) lloc += expf(ps[i] - M);
-    const float L = block_sum_f32(lloc, wred);
+    for (int i = tid; i < S; i += DS_THREADS) lloc += expf(ps[i] - M0);
+    float L = block_sum_f32(lloc, wred);
+    sink_fold(sinks, h, M, L);  // every thread alike
     for (int i = tid; i < S; i += DS_THREADS) ps[i] = round_f16(expf(ps[i] - M) / L);
     __syncthreads();
     float acc[8];
@@ -1018,15 +1047,16 @@ __device__ __forceinline__ void dec_short(const float* __restrict__ q,
 
 extern "C" __global__ void __launch_bounds__(DS_THREADS)
     attn_dec_short(const float* q, const u16* k_cache, const u16* v_cache, const int* pos_dev,
-                   int S_cap, int Dh, int Dv, int H, int G, float scale, float* out) {
+                   int S_cap, int Dh, int Dv, int H, int G, float scale, float* out, int window,
+                   const float* sinks) {
     dec_short<KvF16>(q, k_cache, nullptr, v_cache, nullptr, pos_dev, S_cap, Dh, Dv, H, G, scale,
-                     out);
+                     out, window, sinks);
 }
 
 extern "C" __global__ void __launch_bounds__(DS_THREADS)
     attn_dec_short_i8(const float* q, const i8* k_cache, const float* k_scale, const i8* v_cache,
                       const float* v_scale, const int* pos_dev, int S_cap, int Dh, int Dv, int H,
-                      int G, float scale, float* out) {
+                      int G, float scale, float* out, int window, const float* sinks) {
     dec_short<KvI8>(q, k_cache, k_scale, v_cache, v_scale, pos_dev, S_cap, Dh, Dv, H, G, scale,
-                    out);
+                    out, window, sinks);
 }

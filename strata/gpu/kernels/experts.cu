@@ -17,18 +17,22 @@
 //                one is decoded) and decodes from there.
 //   moe_down_sp2 moe_down with two warps a row (below).
 // Per (pair, row) the float operations and their order are those of moe_gate_up / moe_down.
+// gpt-oss (moe_glu.cuh): the gate/up kernels take the layer's expert biases, the pairs' experts
+// and the activation (bias, pair_exp, act), the down kernels the biases and pairs' experts, a
+// pair's down bias joining its first sub-block's item (null bias: none, the same bits as before).
+#include "moe_glu.cuh"
 #include "quant_blocks.cuh"
 
 #define MOE_ST_WARPS 4  // experts.py's ST_WARPS
 
-// one warp: silu(gate[f]) * up[f] of expert slot `slot` on token t (lane 0 holds the result)
+// one warp: the (gate[f], up[f]) sums of expert slot `slot` on token t (lane 0 holds them)
 template <int QT, class G>
-__device__ __forceinline__ float moe_gate_up_row(const u8* __restrict__ gate,
-                                                 const u8* __restrict__ up, int slot,
-                                                 i64 slot_stride, const i8* __restrict__ hq,
-                                                 const float* __restrict__ hd, int xd_shift,
-                                                 i64 t, int f, int D, int lane,
-                                                 const G tab) {
+__device__ __forceinline__ float2 moe_gate_up_row(const u8* __restrict__ gate,
+                                                  const u8* __restrict__ up, int slot,
+                                                  i64 slot_stride, const i8* __restrict__ hq,
+                                                  const float* __restrict__ hd, int xd_shift,
+                                                  i64 t, int f, int D, int lane,
+                                                  const G tab) {
     const int nsub = D / 32, spb = Fmt<QT>::QK / 32, nxd = nsub >> xd_shift;
     const i64 row_bytes = (i64)(D / Fmt<QT>::QK) * Fmt<QT>::BB;
     const u8* gr = gate + slot * slot_stride + f * row_bytes;
@@ -48,9 +52,7 @@ __device__ __forceinline__ float moe_gate_up_row(const u8* __restrict__ gate,
         Fmt<QT>::decode(ur + boff, sb % spb, w, s0, s1, mn, tab);
         au += dx * dot32<QT>(w, s0, s1, mn, xv);
     }
-    ag = warp_sum(ag);
-    au = warp_sum(au);
-    return ag / (1.0f + expf(-ag)) * au;
+    return make_float2(warp_sum(ag), warp_sum(au));
 }
 
 template <int QT>
@@ -58,7 +60,9 @@ __device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u
                                             i64 slot_stride, const i8* __restrict__ hq,
                                             const float* __restrict__ hd, int xd_shift,
                                             const i32* __restrict__ pair_slot, int K,
-                                            float* __restrict__ act, int F, int D) {
+                                            float* __restrict__ act, int F, int D,
+                                            const float* __restrict__ bias,
+                                            const i32* __restrict__ pair_exp, int act_kind) {
     __shared__ typename GridTab<QT>::Store smt;
     const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
@@ -67,9 +71,9 @@ __device__ __forceinline__ void moe_gate_up(const u8* __restrict__ gate, const u
     if (f >= F) return;
     const int slot = pair_slot[p];
     if (slot < 0) return;
-    const float a = moe_gate_up_row<QT>(gate, up, slot, slot_stride, hq, hd, xd_shift, p / K, f,
-                                        D, lane, tab);
-    if (lane == 0) act[(i64)p * F + f] = a;
+    const float2 gu = moe_gate_up_row<QT>(gate, up, slot, slot_stride, hq, hd, xd_shift, p / K,
+                                          f, D, lane, tab);
+    if (lane == 0) act[(i64)p * F + f] = moe_glu(gu.x, gu.y, bias, pair_exp, p, f, F, D, act_kind);
 }
 
 template <int QT>
@@ -78,7 +82,9 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
                                          int xd_shift, const i32* __restrict__ pair_slot,
                                          const float* __restrict__ pair_w, int K,
                                          float* __restrict__ out, int D, int F,
-                                         const float* __restrict__ resid) {
+                                         const float* __restrict__ resid,
+                                         const float* __restrict__ bias,
+                                         const i32* __restrict__ pair_exp) {
     __shared__ typename GridTab<QT>::Store smt;
     const auto tab = stage_tab<QT>(smt.v);  // every thread, before any return
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
@@ -103,7 +109,9 @@ __device__ __forceinline__ void moe_down(const u8* __restrict__ down, i64 slot_s
         int w[8];
         float s0, s1, mn;
         Fmt<QT>::decode(dr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, w, s0, s1, mn, tab);
-        acc += pair_w[p] * (ad[p * nxd + (sb >> xd_shift)] * dot32<QT>(w, s0, s1, mn, xv));
+        float q = ad[p * nxd + (sb >> xd_shift)] * dot32<QT>(w, s0, s1, mn, xv);
+        if (bias && sb == 0) q += moe_down_bias(bias, pair_exp, p, d, F, D);
+        acc += pair_w[p] * q;
     }
     acc = warp_sum(acc);
     if (lane == 0) out[t * D + d] = resid ? resid[t * D + d] + acc : acc;
@@ -115,7 +123,9 @@ __device__ __forceinline__ void moe_gate_up_st(const u8* __restrict__ gate,
                                                const i8* __restrict__ hq,
                                                const float* __restrict__ hd, int xd_shift,
                                                const i32* __restrict__ pair_slot, int K,
-                                               float* __restrict__ act, int F, int D) {
+                                               float* __restrict__ act, int F, int D,
+                                               const float* __restrict__ bias,
+                                               const i32* __restrict__ pair_exp, int act_kind) {
     typedef Stage<QT> S;
     __shared__ i32x4 sm[MOE_ST_WARPS][2 * R * S::BUF / 16];  // 16-byte aligned
     __shared__ typename GridTab<QT>::Store smt;
@@ -144,7 +154,8 @@ __device__ __forceinline__ void moe_gate_up_st(const u8* __restrict__ gate,
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const float ag = warp_sum(acc[2 * r]), au = warp_sum(acc[2 * r + 1]);
-        if (lane == 0 && f0 + r < F) act[(i64)p * F + f0 + r] = ag / (1.0f + expf(-ag)) * au;
+        if (lane == 0 && f0 + r < F)
+            act[(i64)p * F + f0 + r] = moe_glu(ag, au, bias, pair_exp, p, f0 + r, F, D, act_kind);
     }
 }
 
@@ -165,7 +176,9 @@ __device__ __forceinline__ void moe_down_sp(const u8* __restrict__ down, i64 slo
                                             const i32* __restrict__ pair_slot,
                                             const float* __restrict__ pair_w, int K,
                                             float* __restrict__ out, int D, int F,
-                                            const float* __restrict__ resid) {
+                                            const float* __restrict__ resid,
+                                            const float* __restrict__ bias,
+                                            const i32* __restrict__ pair_exp) {
     enum { R = MOE_SP_R(W) };
     __shared__ typename GridTab<QT>::Store smt;
     __shared__ float2 part[R][MOE_SP_IT][WARP_SIZE];  // (pair weight, scaled dot) of an item
@@ -196,7 +209,8 @@ __device__ __forceinline__ void moe_down_sp(const u8* __restrict__ down, i64 slo
             float s0, s1, mn;
             Fmt<QT>::decode(dr + (i64)(sb / spb) * Fmt<QT>::BB, sb % spb, wq, s0, s1, mn, tab);
             const float pw = pair_w[p];
-            const float q = ad[p * nxd + (sb >> xd_shift)] * dot32<QT>(wq, s0, s1, mn, xv);
+            float q = ad[p * nxd + (sb >> xd_shift)] * dot32<QT>(wq, s0, s1, mn, xv);
+            if (bias && sb == 0) q += moe_down_bias(bias, pair_exp, p, d, F, D);
             if (w == 0)
                 acc += pw * q;  // moe_down's expression
             else
@@ -220,10 +234,11 @@ __device__ __forceinline__ void moe_down_sp(const u8* __restrict__ down, i64 slo
     extern "C" __global__ void __launch_bounds__(MOE_SP_R(W) * W * WARP_SIZE)                  \
         moe_down_sp##W##_##name(const u8* down, i64 slot_stride, const i8* aq, const float* ad, \
                                 int xd_shift, const i32* pair_slot, const float* pair_w, int K, \
-                                float* out, int D, int F, const float* resid) {                \
+                                float* out, int D, int F, const float* resid, const float* bias, \
+                                const i32* pair_exp) {                                         \
         PDL_ENTER();                                                                           \
         moe_down_sp<QT, W>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out,     \
-                               D, F, resid);                                                   \
+                               D, F, resid, bias, pair_exp);                                   \
     }
 #define MOE_SP_KERNELS(name, QT) \
     MOE_SP_KERNEL(name, QT, 2)
@@ -232,18 +247,21 @@ QFORMATS(MOE_SP_KERNELS)
 #define MOE_KERNELS(name, QT)                                                                  \
     extern "C" __global__ void moe_gate_up_##name(                                             \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
-        int xd_shift, const i32* pair_slot, int K, float* act, int F, int D) {                 \
+        int xd_shift, const i32* pair_slot, int K, float* act, int F, int D, const float* bias, \
+        const i32* pair_exp, int act_kind) {                                                   \
         PDL_ENTER();                                                                           \
-        moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D);     \
+        moe_gate_up<QT>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act, F, D, bias, \
+                        pair_exp, act_kind);                                                   \
     }                                                                                          \
     extern "C" __global__ void moe_down_##name(const u8* down, i64 slot_stride, const i8* aq,  \
                                                const float* ad, int xd_shift,                  \
                                                const i32* pair_slot, const float* pair_w,      \
                                                int K, float* out, int D, int F,                \
-                                               const float* resid) {                           \
+                                               const float* resid, const float* bias,          \
+                                               const i32* pair_exp) {                          \
         PDL_ENTER();                                                                           \
         moe_down<QT>(down, slot_stride, aq, ad, xd_shift, pair_slot, pair_w, K, out, D, F,     \
-                         resid);                                                               \
+                         resid, bias, pair_exp);                                               \
     }
 QFORMATS(MOE_KERNELS)
 
@@ -251,9 +269,10 @@ QFORMATS(MOE_KERNELS)
     extern "C" __global__ void __launch_bounds__(MOE_ST_WARPS* WARP_SIZE)                      \
         moe_gate_up_st1_##name(const u8* gate, const u8* up, i64 slot_stride, const i8* hq,    \
                                const float* hd, int xd_shift, const i32* pair_slot, int K,     \
-                               float* act, int F, int D) {                                     \
+                               float* act, int F, int D, const float* bias, const i32* pair_exp, \
+                               int act_kind) {                                                 \
         PDL_ENTER();                                                                           \
         moe_gate_up_st<QT, 1>(gate, up, slot_stride, hq, hd, xd_shift, pair_slot, K, act,      \
-                                  F, D);                                                       \
+                                  F, D, bias, pair_exp, act_kind);                             \
     }
 QFORMATS(MOE_ST_KERNELS)

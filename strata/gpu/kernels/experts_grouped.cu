@@ -9,8 +9,11 @@
 //   moe_down_tiles    grid (D / warps, tiles): y[p, d] = down_slot(act_q[p])[d] per pair.
 //   ntiles (optional, last argument of both): the tile count on the card (group_pairs.cu); the
 //                     grid then holds a bound of it and the blocks past the count return.
+//   bias, pair_exp, act (the last arguments): gpt-oss's expert biases and activation as in
+//                     experts.cu (moe_glu.cuh); a pair's down bias joins y after its sum.
 //   moe_sum_pairs     grid (D / threads, T): out[t, d] = sum_k w[t*K + k] * y[t*K + k, d] in k
 //                     order, skipping pairs with slot < 0 (deterministic, no atomics).
+#include "moe_glu.cuh"
 #include "quant_blocks.cuh"
 
 #define MOE_NT 8
@@ -21,7 +24,8 @@ __device__ __forceinline__ void moe_gate_up_tiles(
     const i8* __restrict__ hq, const float* __restrict__ hd, int xd_shift,
     const i32* __restrict__ tile_slot, const i32* __restrict__ tile_first,
     const i32* __restrict__ tile_n, const i32* __restrict__ pair_order, int K,
-    float* __restrict__ act, int F, int D) {
+    float* __restrict__ act, int F, int D, const float* __restrict__ bias,
+    const i32* __restrict__ pair_exp, int act_kind) {
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
     const int f = blockIdx.x * (blockDim.x / WARP_SIZE) + wid;
     const int tile = blockIdx.y;
@@ -59,7 +63,8 @@ __device__ __forceinline__ void moe_gate_up_tiles(
     for (int k = 0; k < MOE_NT; ++k) {
         if (k < n) {
             const float g = warp_sum(ag[k]), u = warp_sum(au[k]);
-            if (lane == 0) act[(i64)pair_order[first + k] * F + f] = g / (1.0f + expf(-g)) * u;
+            const i64 p = pair_order[first + k];
+            if (lane == 0) act[p * F + f] = moe_glu(g, u, bias, pair_exp, p, f, F, D, act_kind);
         }
     }
 }
@@ -69,7 +74,8 @@ __device__ __forceinline__ void moe_down_tiles(
     const u8* __restrict__ down, i64 slot_stride, const i8* __restrict__ aq,
     const float* __restrict__ ad, int xd_shift, const i32* __restrict__ tile_slot,
     const i32* __restrict__ tile_first, const i32* __restrict__ tile_n,
-    const i32* __restrict__ pair_order, float* __restrict__ y, int D, int F) {
+    const i32* __restrict__ pair_order, float* __restrict__ y, int D, int F,
+    const float* __restrict__ bias, const i32* __restrict__ pair_exp) {
     const int lane = threadIdx.x % WARP_SIZE, wid = threadIdx.x / WARP_SIZE;
     const int d = blockIdx.x * (blockDim.x / WARP_SIZE) + wid;
     const int tile = blockIdx.y;
@@ -101,7 +107,8 @@ __device__ __forceinline__ void moe_down_tiles(
 #pragma unroll
     for (int k = 0; k < MOE_NT; ++k) {
         if (k < n) {
-            const float v = warp_sum(acc[k]);
+            float v = warp_sum(acc[k]);
+            if (bias) v += moe_down_bias(bias, pair_exp, pr[k], d, F, D);
             if (lane == 0) y[pr[k] * D + d] = v;
         }
     }
@@ -111,20 +118,21 @@ __device__ __forceinline__ void moe_down_tiles(
     extern "C" __global__ void moe_gate_up_tiles_##name(                                       \
         const u8* gate, const u8* up, i64 slot_stride, const i8* hq, const float* hd,          \
         int xd_shift, const i32* tile_slot, const i32* tile_first, const i32* tile_n,          \
-        const i32* pair_order, int K, float* act, int F, int D, const i32* ntiles) {           \
+        const i32* pair_order, int K, float* act, int F, int D, const i32* ntiles,             \
+        const float* bias, const i32* pair_exp, int act_kind) {                                \
         PDL_ENTER();                                                                           \
         if (ntiles && (int)blockIdx.y >= ntiles[0]) return; /* past the card-grouped tiles */  \
         moe_gate_up_tiles<QT>(gate, up, slot_stride, hq, hd, xd_shift, tile_slot, tile_first,  \
-                              tile_n, pair_order, K, act, F, D);                               \
+                              tile_n, pair_order, K, act, F, D, bias, pair_exp, act_kind);     \
     }                                                                                          \
     extern "C" __global__ void moe_down_tiles_##name(                                          \
         const u8* down, i64 slot_stride, const i8* aq, const float* ad, int xd_shift,          \
         const i32* tile_slot, const i32* tile_first, const i32* tile_n, const i32* pair_order, \
-        float* y, int D, int F, const i32* ntiles) {                                           \
+        float* y, int D, int F, const i32* ntiles, const float* bias, const i32* pair_exp) {   \
         PDL_ENTER();                                                                           \
         if (ntiles && (int)blockIdx.y >= ntiles[0]) return;                                    \
         moe_down_tiles<QT>(down, slot_stride, aq, ad, xd_shift, tile_slot, tile_first, tile_n, \
-                           pair_order, y, D, F);                                               \
+                           pair_order, y, D, F, bias, pair_exp);                               \
     }
 QFORMATS(MOE_TILE_KERNELS)
 

@@ -7,7 +7,9 @@
 // With `pos_dev` (int32 [1] in device memory, not null) the start position is read from there
 // instead of `pos0`: the launch is then the same at every position (a CUDA graph replays it).
 // RoPE angle (float)pos * inv_freq[i] in float32, as HostTier; no FMA contraction, so a rotated
-// value is the same float32 expression numpy evaluates.
+// value is the same float32 expression numpy evaluates. RoPE scaling (strata/cpu/rope.py's
+// RopeTable): with fs != 1 the angle is fs * theta, with `ramp` (YaRN, not null) then
+// mixed as theta_s * (1 - ramp[i]) + theta * ramp[i]; cos and sin times mscale.
 //
 // int8 cache (qk_norm_rope_kv_i8): a k or v row of a token and KV head is stored as quants
 // q = rint(x / d) (round to nearest even, |q| <= 127) with d = absmax(x) / 127 in
@@ -29,7 +31,9 @@ template <bool I8>
 __device__ __forceinline__ void rope_kv(const float* __restrict__ qkv, int H, int G, int Dh, int Dv,
                                         const float* __restrict__ q_norm,
                                         const float* __restrict__ k_norm, float eps,
-                                        const float* __restrict__ inv_freq, int pos0,
+                                        const float* __restrict__ inv_freq,
+                                        const float* __restrict__ ramp, float fs, float mscale,
+                                        int pos0,
                                         float* __restrict__ q_out, void* __restrict__ k_cache,
                                         void* __restrict__ v_cache, float* __restrict__ k_scale,
                                         float* __restrict__ v_scale, int S_cap,
@@ -66,8 +70,15 @@ __device__ __forceinline__ void rope_kv(const float* __restrict__ qkv, int H, in
     const int half = Dh / 2, j = ii < half ? ii : ii - half;
     const float x0 = nw ? (x[j] * scale) * nw[j] : x[j];
     const float x1 = nw ? (x[j + half] * scale) * nw[j + half] : x[j + half];
-    const float theta = (float)pos * inv_freq[j];
-    const float c = cosf(theta), s = sinf(theta);
+    const float te = __fmul_rn((float)pos, inv_freq[j]);
+    float theta = te;
+    if (fs != 1.0f) {
+        theta = __fmul_rn(fs, te);
+        if (ramp)
+            theta = __fadd_rn(__fmul_rn(theta, __fsub_rn(1.0f, ramp[j])), __fmul_rn(te, ramp[j]));
+    }
+    float c = cosf(theta), s = sinf(theta);
+    if (mscale != 1.0f) c = __fmul_rn(c, mscale), s = __fmul_rn(s, mscale);
     const float y = ii < half ? __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s))
                               : __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
     if (is_q) {
@@ -83,22 +94,23 @@ __device__ __forceinline__ void rope_kv(const float* __restrict__ qkv, int H, in
 extern "C" __global__ void __launch_bounds__(1024)
     qk_norm_rope_kv(const float* __restrict__ qkv, int H, int G, int Dh, int Dv,
                     const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps,
-                    const float* __restrict__ inv_freq, int pos0, float* __restrict__ q_out,
-                    u16* __restrict__ k_cache, u16* __restrict__ v_cache, int S_cap,
-                    const int* __restrict__ pos_dev) {
+                    const float* __restrict__ inv_freq, const float* __restrict__ ramp, float fs,
+                    float mscale, int pos0, float* __restrict__ q_out, u16* __restrict__ k_cache,
+                    u16* __restrict__ v_cache, int S_cap, const int* __restrict__ pos_dev) {
     PDL_ENTER();
-    rope_kv<false>(qkv, H, G, Dh, Dv, q_norm, k_norm, eps, inv_freq, pos0, q_out, k_cache,
-                   v_cache, nullptr, nullptr, S_cap, pos_dev);
+    rope_kv<false>(qkv, H, G, Dh, Dv, q_norm, k_norm, eps, inv_freq, ramp, fs, mscale, pos0, q_out,
+                   k_cache, v_cache, nullptr, nullptr, S_cap, pos_dev);
 }
 
 extern "C" __global__ void __launch_bounds__(1024)
     qk_norm_rope_kv_i8(const float* __restrict__ qkv, int H, int G, int Dh, int Dv,
                        const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                       float eps, const float* __restrict__ inv_freq, int pos0,
+                       float eps, const float* __restrict__ inv_freq,
+                       const float* __restrict__ ramp, float fs, float mscale, int pos0,
                        float* __restrict__ q_out, i8* __restrict__ k_cache,
                        i8* __restrict__ v_cache, float* __restrict__ k_scale,
                        float* __restrict__ v_scale, int S_cap, const int* __restrict__ pos_dev) {
     PDL_ENTER();
-    rope_kv<true>(qkv, H, G, Dh, Dv, q_norm, k_norm, eps, inv_freq, pos0, q_out, k_cache,
-                  v_cache, k_scale, v_scale, S_cap, pos_dev);
+    rope_kv<true>(qkv, H, G, Dh, Dv, q_norm, k_norm, eps, inv_freq, ramp, fs, mscale, pos0, q_out,
+                  k_cache, v_cache, k_scale, v_scale, S_cap, pos_dev);
 }
