@@ -393,9 +393,9 @@ class ScriptedEngine:
 
 
 class ScriptedSession(Session):
-    def generate(self, prompt, *args, **kwargs):
+    def begin(self, prompt):
         self.engine.prompts.append(self.tokenizer.decode(prompt))
-        return super().generate(prompt, *args, **kwargs)
+        return super().begin(prompt)
 
 
 @pytest.fixture(scope="session")
