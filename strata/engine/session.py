@@ -125,6 +125,11 @@ class Session:
         self.history.extend(tokens)
         return logits
 
+    def _prefill(self, prompt: Sequence[int]):
+        """Run `prompt` past its reused prefix -> (tokens reused, logits [V] of the last)."""
+        n = self.begin(prompt)
+        return n, self.feed(prompt[n:])
+
     def generate(
         self,
         prompt: str | Sequence[int],
@@ -148,8 +153,7 @@ class Session:
         sampler = Sampler(sampling)
         res.prompt_tokens = len(ids)
         t0 = time.perf_counter()
-        res.reused_tokens = self.begin(ids)
-        logits = self.feed(ids[res.reused_tokens :])
+        res.reused_tokens, logits = self._prefill(ids)
         res.prefill_s = time.perf_counter() - t0
         text = TextStream(tok, min(max_tokens, budget), stop, res)
         t1 = time.perf_counter()
