@@ -268,3 +268,47 @@ def test_a_prompt_the_runner_refuses_ends_in_an_error_and_the_others_go_on():
     s, jobs, evs = _run(runner, [(list(range(1, 12)), 3), ([4], 3)])
     assert evs[0] == [("error", "prompt too long")]
     assert evs[1][-1][0] == "done" and jobs[1].result.tokens == alone([4], 3)
+
+
+def test_a_stop_string_across_tokens_is_held_back_and_never_sent():
+    runner = FakeRunner(max_batch=2)
+    want = alone([3, 5], 9)
+    stop = f"{want[3]}><{want[4]}"  # spans the 4th and 5th tokens' text
+
+    async def main():
+        s = Scheduler(runner, Tok(), max_queue=4)
+        job = s.submit(_job([3, 5], 9, stop=[stop]))
+        ev = await _collect(job)
+        s.stop()
+        return job, ev
+
+    job, ev = asyncio.run(main())
+    text = _text(want[:5])
+    assert _pieces(ev) == job.result.text == text[: text.index(stop)]
+    assert job.result.finish_reason == "stop" and ev[-1][0] == "done"
+
+
+def test_a_failing_step_ends_the_running_jobs_with_an_error_and_the_worker_goes_on():
+    runner = FakeRunner(max_batch=2)
+    real = runner.decode
+    calls = [0]
+
+    def decode(seqs, tokens):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise RuntimeError("device lost")
+        return real(seqs, tokens)
+
+    runner.decode = decode
+
+    async def main():
+        s = Scheduler(runner, Tok(), max_queue=4)
+        first = await _collect(s.submit(_job([3], 6)))
+        later = await _collect(s.submit(_job([4], 3)))
+        s.stop()
+        return first, later
+
+    first, later = asyncio.run(main())
+    assert first[-1] == ("error", "device lost")
+    assert later[-1][0] == "done" and _pieces(later) == _text(alone([4], 3))
+    assert runner.seqs == {}

@@ -173,7 +173,7 @@ class Metrics:
             "strata_queue_depth", "gauge", "Requests waiting for a generation slot.", [("", queued)]
         )
         metric("strata_active_generations", "gauge", "Requests generating now.", [("", active)])
-        metric("strata_generation_slots", "gauge", "Generation slots.", [("", slots)])
+        metric("strata_generation_slots", "gauge", "Most requests in one batch.", [("", slots)])
         if batch is not None:
             _batch_metrics(metric, active, batch, preemptions)
         rates = engine_rates(engine_stats)

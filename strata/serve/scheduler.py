@@ -201,7 +201,7 @@ class Scheduler:
                     self._cond.wait()
                 if self._stop:
                     for job in self._running:
-                        self.runner.release(job.seq)
+                        self._release(job)
                         job._emit("cancelled", None)
                     for job in self._pending:
                         job._emit("cancelled", None)
@@ -227,9 +227,9 @@ class Scheduler:
                 break
             n = min(budget, job.todo)
             budget -= n
-            job.todo -= n
             logits = self.runner.prefill(job.seq, n)  # [V] once the prompt has run
-            if job.todo == 0:
+            job.todo = 0 if logits is not None else max(job.todo - n, 1)
+            if logits is not None:
                 self._take(job, logits)
         self._decode()
 
@@ -256,10 +256,12 @@ class Scheduler:
                     return
                 self._retire(job, "error", "the KV cache cannot hold this prompt")
                 continue
-            except ValueError as e:
-                self._retire(job, "error", " ".join(str(e).split()))
+            except Exception as e:  # e.g. ValueError: longer than the context
+                if not isinstance(e, ValueError):
+                    log.exception("admitting a sequence failed")
+                self._retire(job, "error", " ".join(str(e).split()) or type(e).__name__)
                 continue
-            job.seq, job.todo = seq, len(tokens) - reused
+            job.seq, job.todo = seq, max(len(tokens) - reused, 1)  # prefill gives its logits
             if job.text is None:
                 job.started, job._t_admit = time.monotonic(), time.perf_counter()
                 job.result.prompt_tokens = len(job.prompt)
@@ -310,19 +312,25 @@ class Scheduler:
             self._retire(job, "done")
             return
         self._running.pop()
-        self.runner.release(job.seq)
-        job.seq, job.todo = None, 0
+        self._release(job)
+        job.todo = 0
         job.preemptions += 1
         self.preemptions += 1
         self._hold = True
         with self._cond:
             self._pending.appendleft(job)
 
+    def _release(self, job: Job) -> None:
+        try:
+            self.runner.release(job.seq)
+        except Exception:  # a broken runner must not stop the worker
+            log.exception("releasing a sequence failed")
+        job.seq = None
+
     def _retire(self, job: Job, how: str, message: str | None = None) -> None:
         if job in self._running:
             self._running.remove(job)
-            self.runner.release(job.seq)
-            job.seq = None
+            self._release(job)
             self._hold = False
         if job._t_first is not None:
             job.result.decode_s = time.perf_counter() - job._t_first
