@@ -25,9 +25,15 @@ def model():
     return load_model(DEFAULT_MODEL)
 
 
+_ALONE: dict = {}
+
+
 def _alone(model, prompt, n, sampling) -> Generation:
+    """What `prompt` makes on its own: one session, its history forgotten (nothing reused)."""
+    s = _ALONE.setdefault(id(model), Session(model, n_ctx=N_CTX))
+    s.history = []
     res = Generation()
-    list(Session(model, n_ctx=N_CTX).generate(prompt, n, sampling, result=res))
+    list(s.generate(prompt, n, sampling, result=res))
     return res
 
 
@@ -71,6 +77,34 @@ def test_a_batch_makes_the_tokens_each_job_makes_alone(model):
     st = runner.stats
     assert st.batch_steps > 0 and st.batch_rows / st.batch_steps > 1.5  # decoded together
     assert st.kv_blocks_used == 0 and st.prefix_hit_tokens > 0  # the repeated prompt reused KV
+
+
+def test_a_job_cancelled_mid_stream_frees_its_place_and_the_others_go_on(model):
+    tok = model.tokenizer
+    runner = EngineRunner([Session(model, n_ctx=N_CTX) for _ in range(2)])
+    greedy = SamplingParams()
+
+    async def main():
+        s = Scheduler(runner, tok, max_queue=4)
+        loop = asyncio.get_running_loop()
+        doomed = s.submit(Job(tok.encode("Count: one two"), 200, greedy, [], loop))
+        other = s.submit(Job(tok.encode("The sea is"), 12, greedy, [], loop))
+        later = s.submit(Job(tok.encode("Once upon"), 6, greedy, [], loop))
+        kinds = []
+        async for kind, _ in doomed.events():
+            kinds.append(kind)
+            if len(kinds) == 3:
+                doomed.cancel()
+        rest = await asyncio.gather(_events(other), _events(later))
+        s.stop()
+        return kinds, doomed, (other, later), rest
+
+    kinds, doomed, jobs, rest = asyncio.run(main())
+    assert kinds[-1] == "cancelled" and len(doomed.result.tokens) < 200
+    for job, ev in zip(jobs, rest, strict=True):
+        want = _alone(model, job.prompt, job.max_tokens, greedy)
+        assert ev[-1][0] == "done" and job.result.tokens == want.tokens
+    assert runner.stats.kv_blocks_used == 0
 
 
 def test_the_runner_refuses_a_sequence_when_every_place_is_taken(model):
