@@ -228,7 +228,9 @@ def step_build(ns) -> int:
     make = ["cmake", "--build", str(p["build"]), "--target", *BUILD_TARGETS, "-j", str(jobs)]
     script = f"{_sh(conf)} && {_sh(make)}; echo $? > {_sh([str(p['rc'])])}"
     p["rc"].unlink(missing_ok=True)
-    print(f"{PROG}: building llama-bench ({_kind(ns)}, {jobs} jobs), log {p['log']}")
+    print(
+        f"{PROG}: building {' and '.join(BUILD_TARGETS)} ({_kind(ns)}, {jobs} jobs), log {p['log']}"
+    )
     with open(p["log"], "w") as log:
         log.write(f"# {' '.join(conf)}\n# {' '.join(make)}\n")
         log.flush()
