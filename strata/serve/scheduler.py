@@ -114,6 +114,7 @@ class Scheduler:
         self.runner, self.tokenizer, self.max_queue = runner, tokenizer, max_queue
         self._pending: deque[Job] = deque()
         self._running: list[Job] = []  # in admission order: the last is the newest
+        self._admitting: Job | None = None  # off the queue, not yet running
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -166,7 +167,8 @@ class Scheduler:
         """Queue `job`; QueueFull when the batch and the queue are all taken."""
         self.start()
         with self._cond:
-            if len(self._pending) + len(self._running) >= self.slots + self.max_queue:
+            held = len(self._pending) + len(self._running) + (self._admitting is not None)
+            if held >= self.slots + self.max_queue:
                 raise QueueFull(self.retry_after())
             job.scheduler = self
             self._pending.append(job)
@@ -238,38 +240,47 @@ class Scheduler:
             with self._cond:
                 if not self._pending:
                     return
-                job = self._pending.popleft()
-            if job.cancelled:  # popped before cancel() could take it from the queue
-                self._retire(job, "cancelled")
-                continue
-            if job.text is None:  # first admission
-                tokens = job.prompt
-            else:  # after a preemption: its prompt and the tokens fed since
-                tokens = job.prompt + job.result.tokens
-            seq = next(self._seqs)
+                job = self._admitting = self._pending.popleft()
             try:
-                reused = self.runner.admit(seq, tokens)
-            except KvFull:
-                if self._running:  # room comes back as running jobs end
-                    with self._cond:
-                        self._pending.appendleft(job)
+                if not self._admit_one(job):
                     return
-                self._retire(job, "error", "the KV cache cannot hold this prompt")
-                continue
-            except Exception as e:  # e.g. ValueError: longer than the context
-                if not isinstance(e, ValueError):
-                    log.exception("admitting a sequence failed")
-                self._retire(job, "error", " ".join(str(e).split()) or type(e).__name__)
-                continue
-            job.seq, job.todo = seq, max(len(tokens) - reused, 1)  # prefill gives its logits
-            if job.text is None:
-                job.started, job._t_admit = time.monotonic(), time.perf_counter()
-                job.result.prompt_tokens = len(job.prompt)
-                job.result.reused_tokens = reused
-                max_tokens = min(job.max_tokens, self.runner.n_ctx - len(job.prompt))
-                job.sampler = Sampler(job.sampling)
-                job.text = TextStream(self.tokenizer, max_tokens, job.stop, job.result)
-            self._running.append(job)
+            finally:
+                self._admitting = None
+
+    def _admit_one(self, job: Job) -> bool:
+        """Admit `job` into the batch (or answer it) -> False where the KV cache is full."""
+        if job.cancelled:  # popped before cancel() could take it from the queue
+            self._retire(job, "cancelled")
+            return True
+        if job.text is None:  # first admission
+            tokens = job.prompt
+        else:  # after a preemption: its prompt and the tokens fed since
+            tokens = job.prompt + job.result.tokens
+        seq = next(self._seqs)
+        try:
+            reused = self.runner.admit(seq, tokens)
+        except KvFull:
+            if self._running:  # room comes back as running jobs end
+                with self._cond:
+                    self._pending.appendleft(job)
+                return False
+            self._retire(job, "error", "the KV cache cannot hold this prompt")
+            return True
+        except Exception as e:  # e.g. ValueError: longer than the context
+            if not isinstance(e, ValueError):
+                log.exception("admitting a sequence failed")
+            self._retire(job, "error", " ".join(str(e).split()) or type(e).__name__)
+            return True
+        job.seq, job.todo = seq, max(len(tokens) - reused, 1)  # prefill gives its logits
+        if job.text is None:
+            job.started, job._t_admit = time.monotonic(), time.perf_counter()
+            job.result.prompt_tokens = len(job.prompt)
+            job.result.reused_tokens = reused
+            max_tokens = min(job.max_tokens, self.runner.n_ctx - len(job.prompt))
+            job.sampler = Sampler(job.sampling)
+            job.text = TextStream(self.tokenizer, max_tokens, job.stop, job.result)
+        self._running.append(job)
+        return True
 
     def _take(self, job: Job, logits) -> None:
         """Sample `job`'s next token from its logits [V] and hand out the text it makes."""
