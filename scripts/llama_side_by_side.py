@@ -3,14 +3,18 @@
 
 Steps (each usable alone, so they can be split across calls of at most 10 minutes):
 
-  build   unpack .llama/llama.cpp-src-*.tar.xz (scripts/llama_src.sh) and build `llama-bench`:
-          CUDA for sm_90 by default, `--cpu` for a CPU-only build; `--background` returns at once
+  build   unpack .llama/llama.cpp-src-*.tar.xz (scripts/llama_src.sh) and build `llama-bench`
+          and `llama-batched-bench`: CUDA for sm_90 by default, `--cpu` for a CPU-only build;
+          `--background` returns at once
   wait    poll the build until the binary exists (or print the log tail and fail)
   run     llama-bench -ngl 99 -fa 1 -t T: all-GPU, --cpu-moe (= --n-cpu-moe <layers>) and
           --n-cpu-moe N for the smallest N whose measured peak device memory fits the budget
           (plus N+1.. N+extra), then `python -m strata.bench` on the same file; writes a
           markdown report + JSON with the ratio table (`--part llama|strata` runs one half and
           keeps it in the work dir; the report is written whenever both halves are there)
+  batched llama-batched-bench -npp P -ntg N -npl B,.. and `python -m strata.bench --arm batch`
+          at the same B (--batch-sizes, default 1,2,4,8,16) on the same file: one report
+          (scripts/llama_batched.py)
   all     build + wait + run
 
 Stdlib and strata.bench.common (itself stdlib only): it shells out to cmake/ninja, llama-bench and
@@ -57,6 +61,7 @@ from strata.bench.common import commit, machine  # noqa: E402
 
 PROG = "llama_side_by_side"
 STRATA_ARMS = ("car-off", "car-on", "all-cpu")
+BUILD_TARGETS = ("llama-bench", "llama-batched-bench")
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,6 +85,7 @@ def _paths(ns) -> dict[str, Path]:
         "pid": w / f"build-{k}.pid",
         "rc": w / f"build-{k}.rc",
         "bin": w / f"build-{k}" / "bin" / "llama-bench",
+        "batched_bin": w / f"build-{k}" / "bin" / "llama-batched-bench",
     }
 
 
@@ -186,8 +192,9 @@ def cmake_configure_args(src: Path, build: Path, cpu: bool, version: str) -> lis
 
 def step_build(ns) -> int:
     p = _paths(ns)
-    if p["bin"].exists() and p["rc"].exists() and p["rc"].read_text().strip() == "0":
-        print(f"{PROG}: llama-bench already built: {p['bin']}")
+    built = p["bin"].exists() and p["batched_bin"].exists()
+    if built and p["rc"].exists() and p["rc"].read_text().strip() == "0":
+        print(f"{PROG}: llama-bench and llama-batched-bench already built in {p['bin'].parent}")
         return 0
     if p["pid"].exists() and not p["rc"].exists() and _alive(int(p["pid"].read_text())):
         raise Fail(f"a build is already running (pid {p['pid'].read_text()}); `wait` polls it")
@@ -218,10 +225,12 @@ def step_build(ns) -> int:
         print(f"{PROG}: note: {n}")
     jobs = ns.jobs or os.cpu_count() or 1
     conf = cmake_configure_args(src, p["build"], ns.cpu, version) + extra
-    make = ["cmake", "--build", str(p["build"]), "--target", "llama-bench", "-j", str(jobs)]
+    make = ["cmake", "--build", str(p["build"]), "--target", *BUILD_TARGETS, "-j", str(jobs)]
     script = f"{_sh(conf)} && {_sh(make)}; echo $? > {_sh([str(p['rc'])])}"
     p["rc"].unlink(missing_ok=True)
-    print(f"{PROG}: building llama-bench ({_kind(ns)}, {jobs} jobs), log {p['log']}")
+    print(
+        f"{PROG}: building {' and '.join(BUILD_TARGETS)} ({_kind(ns)}, {jobs} jobs), log {p['log']}"
+    )
     with open(p["log"], "w") as log:
         log.write(f"# {' '.join(conf)}\n# {' '.join(make)}\n")
         log.flush()
@@ -271,7 +280,7 @@ def step_wait(ns) -> int:
     while True:
         if p["rc"].exists() and p["rc"].read_text().strip():
             rc = int(p["rc"].read_text().strip())
-            if rc == 0 and p["bin"].exists():
+            if rc == 0 and p["bin"].exists() and p["batched_bin"].exists():
                 print(f"{PROG}: built {p['bin']} in {p['work']}")
                 return 0
             print(_log_tail(p["log"]), file=sys.stderr)
@@ -564,6 +573,20 @@ def write_report(ns, model: str, layout: dict, sampler: Sampler, parts: dict) ->
     return 0
 
 
+def step_batched(ns) -> int:
+    from llama_batched import run_batched
+
+    model = _synthetic(ns) if ns.synthetic else ns.model
+    if not model or not Path(model).is_file():
+        raise Fail(f"model not found: {model}")
+    work = _work_dir(ns)
+    work.mkdir(parents=True, exist_ok=True)
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = {"machine": machine(), "commit": ns.commit or commit(), "date": now}
+    run_batched(ns, model, _paths(ns)["batched_bin"], work, _llama_env(), stamp)
+    return 0
+
+
 # --------------------------------------------------------------------------------------------
 # CLI
 
@@ -626,6 +649,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("wait", parents=[common, w], help="wait for the build")
     sub.add_parser("run", parents=[common, r], help="run both engines and write the report")
     sub.add_parser("all", parents=[common, b, w, r], help="build + wait + run")
+    bb = sub.add_parser(
+        "batched", parents=[common, r], help="llama-batched-bench and strata's batch arm"
+    )
+    bb.add_argument("--batch-sizes", default="1,2,4,8,16", help="the batch sizes B (comma list)")
+    bb.add_argument(
+        "--batched-n-cpu-moe",
+        type=int,
+        default=0,
+        metavar="N",
+        help="llama.cpp: experts of the first N layers on the CPU (the budget's N from `run`)",
+    )
     return ap
 
 
@@ -641,6 +675,8 @@ def main(argv: list[str] | None = None) -> int:
             return step_wait(ns)
         if ns.step == "run":
             return step_run(ns)
+        if ns.step == "batched":
+            return step_batched(ns)
         ns.background = False
         step_build(ns)
         return step_run(ns)

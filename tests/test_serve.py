@@ -110,6 +110,13 @@ def test_models_health_and_metrics_answer(client, server):
     r = httpx.get(server + "/metrics")
     assert r.headers["content-type"].startswith("text/plain")
     assert "strata_queue_depth 0" in r.text and "# TYPE strata_requests_total counter" in r.text
+    for name in (
+        "batch_size_mean",
+        "kv_blocks_used",
+        "prefix_hit_tokens_total",
+        "preemptions_total",
+    ):
+        assert f"# TYPE strata_{name} " in r.text  # the batch's figures
 
 
 def test_chat_returns_text_and_exact_usage(client, model):
@@ -393,9 +400,9 @@ class ScriptedEngine:
 
 
 class ScriptedSession(Session):
-    def generate(self, prompt, *args, **kwargs):
+    def begin(self, prompt):
         self.engine.prompts.append(self.tokenizer.decode(prompt))
-        return super().generate(prompt, *args, **kwargs)
+        return super().begin(prompt)
 
 
 @pytest.fixture(scope="session")

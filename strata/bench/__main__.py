@@ -1,6 +1,7 @@
 """`python -m strata.bench --arm ARM [...]`: one table per run, JSON on request.
 
-Arms: car-off, car-on, all-cpu, all-gpu (whole model, prefill + decode), llama-cpp (llama.cpp
+Arms: car-off, car-on, all-cpu, all-gpu (whole model, prefill + decode), batch (decode tok/s
+of B sequences at once through the server's runner, B = --batch-sizes), llama-cpp (llama.cpp
 through llama-cpp-python on the same file, timed the same way), car-quality (CAR's cost
 on perplexity/KL, teacher-forced), cpu-pool (the CPU expert pool alone), gpu-kernels (device
 kernels alone). Each result carries machine, commit and date.
@@ -15,7 +16,7 @@ from pathlib import Path
 from strata.bench.common import EMBEDDED_MODEL, stamp, synthetic_model, write_json
 
 ENGINE_ARMS = ("car-off", "car-on", "all-cpu", "all-gpu")
-ARMS = ENGINE_ARMS + ("llama-cpp", "car-quality", "cpu-pool", "gpu-kernels")
+ARMS = ENGINE_ARMS + ("batch", "llama-cpp", "car-quality", "cpu-pool", "gpu-kernels")
 BENCH_ROUTING_ENTROPY = 0.93  # --synthetic's routing: inside the trained models' 0.905-0.960
 
 
@@ -111,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="timed repeats, median reported (default 3; cpu-pool 20: one call is < 1 ms)",
     )
     ap.add_argument("-t", "--tokens", type=int, default=1, help="tokens per call (cpu-pool)")
+    ap.add_argument(
+        "--batch-sizes", default="1,2,4,8,16", help="batch: the batch sizes B (comma list)"
+    )
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all)")
     ap.add_argument(
         "--car-mode",
@@ -256,6 +260,20 @@ def _run_arm(ns, arm: str, doc: dict, engine_rows: list[dict]) -> None:
             )
         )
         doc["results"].append(engine_rows[-1])
+    elif arm == "batch":
+        from strata.bench.batch_arm import batch_table, parse_batch_sizes, run_batch_arm
+
+        res = run_batch_arm(
+            _model_path(ns),
+            ns.prompt_tokens,
+            ns.gen_tokens,
+            _repeats(ns, 3),
+            parse_batch_sizes(ns.batch_sizes),
+            ns.vram_budget_mib,
+            _arm_extra(ns, arm),
+        )
+        doc["results"].append(res)
+        print(batch_table(res))
     elif arm == "llama-cpp":
         from strata.bench.peer import run_llama_cpp_arm
 

@@ -68,13 +68,13 @@ def add_parser(subparsers) -> None:
         "--max-queue",
         type=_int("--max-queue", 0),
         default=64,
-        help="requests that may wait for a slot before 503 (default 64)",
+        help="requests that may wait for a place in the batch before 503 (default 64)",
     )
     p.add_argument(
         "--slots",
         type=_int("--slots", 1),
         default=1,
-        help="generation slots, each with its own engine and KV cache (default 1)",
+        help="the most requests generating at once, in one batch (default 1)",
     )
     p.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]

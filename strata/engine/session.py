@@ -58,6 +58,50 @@ def _stop_hold(text: str, stops: Sequence[str]) -> int:
     return hold
 
 
+class TextStream:
+    """Sampled token ids -> text pieces for one generation: incremental detokenizing, end of text,
+    stop strings (a tail that could begin one is held back), max_tokens and the finish reason, all
+    recorded in `result`. `push` each sampled token until `done`, then `close` for the rest."""
+
+    def __init__(self, tokenizer, max_tokens: int, stop: Sequence[str], result: Generation):
+        self.tok, self.max_tokens, self.res = tokenizer, max_tokens, result
+        self.stops = [s for s in stop if s]
+        self.dec = tokenizer.stream()
+        self.emitted = 0  # chars of res.text already handed out
+        result.finish_reason = "length"
+        self.done = max_tokens <= 0
+
+    def push(self, token: int) -> str:
+        """Take the next sampled token -> the text it makes safe to show ("" if none yet)."""
+        res = self.res
+        if token in self.tok.eos_ids:
+            res.finish_reason, self.done = "stop", True
+            return ""
+        res.tokens.append(token)
+        res.text += self.dec.push(token)
+        cut = min((res.text.find(s) for s in self.stops if s in res.text), default=-1)
+        if cut >= 0:
+            res.text = res.text[:cut]
+            res.finish_reason, self.done = "stop", True
+            self.dec = None  # the text ends at the stop string: nothing left to flush
+            return ""
+        self.done = len(res.tokens) >= self.max_tokens
+        safe = len(res.text) - _stop_hold(res.text, self.stops)
+        if safe <= self.emitted:
+            return ""
+        piece, self.emitted = res.text[self.emitted : safe], safe
+        return piece
+
+    def close(self) -> str:
+        """The generation ended -> the text not handed out yet (held back or left unfinished)."""
+        res = self.res
+        if self.dec is not None:
+            res.text += self.dec.flush()  # bytes of a character the last token left unfinished
+            self.dec = None
+        piece, self.emitted = res.text[self.emitted :], len(res.text)
+        return piece
+
+
 class Session:
     def __init__(self, model: Model, engine: Engine | None = None, n_ctx: int | None = None):
         self.model = model
@@ -65,21 +109,50 @@ class Session:
         self.tokenizer = model.tokenizer
         self.history: list[int] = []  # tokens whose KV rows the engine holds
 
-    def _prefill(self, prompt: list[int], spec=None):
+    def _common(self, prompt: Sequence[int]) -> int:
+        """The leading tokens of `prompt` the engine's KV rows hold, at most all but one (a
+        prompt always runs a token, to give logits)."""
         n = 0
         for a, b in zip(prompt, self.history, strict=False):
             if a != b:
                 break
             n += 1
-        n = min(n, len(prompt) - 1)  # always run at least one token to get logits
-        if spec is not None:  # the drafter keeps the trunk's rows of the prompt
-            self.history = list(prompt)
-            return spec.prefill(self.history, n)
+        return min(n, len(prompt) - 1)
+
+    def reuse(self, prompt: Sequence[int]) -> int:
+        """How many leading tokens of `prompt` a new generation keeps (`_common`, where a
+        recurrent state allows)."""
+        n = self._common(prompt)
         if hasattr(self.engine, "reusable"):  # a recurrent state keeps all it holds or nothing
             n = self.engine.reusable(n)
+        return n
+
+    def begin(self, prompt: Sequence[int]) -> int:
+        """Start a generation of `prompt`: keep the KV rows of its reused prefix -> their count.
+        The rest of the prompt is then run with `feed`."""
+        n = self.reuse(prompt)
         self.engine.reset(keep=n)
-        self.history = list(prompt)
-        return n, self.engine.forward(prompt[n:])
+        self.history = list(prompt[:n])
+        if getattr(self.engine, "adaptive", None) is not None:
+            self.engine.adaptive.new_window()  # --adapt-swaps counts per request
+        return n
+
+    def feed(self, tokens: Sequence[int]):
+        """Run `tokens` at the next positions -> the logits [V] of the last."""
+        logits = self.engine.forward(tokens)
+        self.history.extend(tokens)
+        return logits
+
+    def _prefill(self, prompt: Sequence[int], spec=None):
+        """Run `prompt` past its reused prefix -> (tokens reused, logits [V] of the last); with a
+        drafter (`spec`) it runs the prompt and keeps the trunk's rows for drafting."""
+        if spec is not None:
+            if getattr(self.engine, "adaptive", None) is not None:
+                self.engine.adaptive.new_window()
+            self.history = list(prompt)
+            return spec.prefill(self.history, self._common(prompt))
+        n = self.begin(prompt)
+        return n, self.feed(prompt[n:])
 
     def generate(
         self,
@@ -101,12 +174,8 @@ class Session:
             raise ValueError(
                 f"prompt of {len(ids)} tokens does not fit the context of {self.engine.n_ctx}"
             )
-        max_tokens = min(max_tokens, budget)
         sampler = Sampler(sampling)
-        stops = [s for s in stop if s]
         res.prompt_tokens = len(ids)
-        if getattr(self.engine, "adaptive", None) is not None:
-            self.engine.adaptive.new_window()  # --adapt-swaps counts per request
         # greedy requests draft with the model's NextN block where the engine has a drafter
         spec = getattr(self.engine, "spec", None)
         if spec is not None and sampling.temperature > 0:
@@ -117,40 +186,26 @@ class Session:
         t0 = time.perf_counter()
         res.reused_tokens, logits = self._prefill(ids, spec)
         res.prefill_s = time.perf_counter() - t0
-        dec = tok.stream()
-        emitted = 0  # chars of res.text already yielded
+        text = TextStream(tok, min(max_tokens, budget), stop, res)
         t1 = time.perf_counter()
-        res.finish_reason = "length"
         # the engine picks the next token on the card where it can (no logits back): the argmax,
         # or the sampling chain with the sampler's next u (the same tokens as sampler(logits))
         greedy = sampling.temperature == 0 and hasattr(self.engine, "decode_greedy")
         on_card = sampling.temperature > 0 and hasattr(self.engine, "decode_sample")
         pending: int | None = None
         ready: list[int] = []  # a verify step's tokens; all but the last already run
-        for step in range(max_tokens):
+        while not text.done:
             if ready:
                 nxt = ready.pop(0)
             else:
                 nxt = pending if pending is not None else sampler(logits)
-            if nxt in tok.eos_ids:
-                res.finish_reason = "stop"
-                break
-            res.tokens.append(nxt)
-            res.text += dec.push(nxt)
-            cut = min((res.text.find(s) for s in stops if s in res.text), default=-1)
-            if cut >= 0:
-                res.text = res.text[:cut]
-                res.finish_reason = "stop"
-                dec = None  # the text ends at the stop string: nothing left to flush
-                break
-            safe = len(res.text) - _stop_hold(res.text, stops)
-            if safe > emitted:
-                yield res.text[emitted:safe]
-                emitted = safe
-            if ready or step + 1 >= max_tokens:
-                continue  # nxt was run with its step's drafts, or is the last token
+            piece = text.push(nxt)
+            if piece:
+                yield piece
+            if text.done or ready:
+                continue  # the generation ends, or nxt was run with its step's drafts
             if spec is not None:
-                ready = spec.step(nxt, max_tokens - step - 1)
+                ready = spec.step(nxt, text.max_tokens - len(res.tokens))
                 self.history += [nxt, *ready[:-1]]
                 continue
             if greedy:
@@ -160,12 +215,11 @@ class Session:
             else:
                 logits = self.engine.forward([nxt])
             self.history.append(nxt)
-        if dec is not None:
-            res.text += dec.flush()  # bytes of a character the last token left unfinished
+        rest = text.close()
         res.decode_s = time.perf_counter() - t1
         if st is not None:
             res.verify_steps = st.spec_steps - before[0]
             res.drafted = st.spec_drafted - before[1]
             res.accepted = st.spec_accepted - before[2]
-        if len(res.text) > emitted:
-            yield res.text[emitted:]
+        if rest:
+            yield rest

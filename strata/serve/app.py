@@ -35,7 +35,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from strata.config import EngineConfig
+from strata.engine.runner import EngineRunner
 from strata.engine.sampling import SamplingParams
+from strata.engine.session import Session
 from strata.model.loader import Model, load_model
 from strata.serve import guard, schemas
 from strata.serve.harmony import GENERATION_PROMPT, uses_harmony
@@ -52,7 +54,8 @@ from strata.serve.output import SSE_DONE, ChatOutput, sse
 from strata.serve.prompt import render_prompt
 from strata.serve.reasoning import check_effort, prompt_opens_think
 from strata.serve.responses import Envelope, new_id, usage
-from strata.serve.scheduler import Job, QueueFull, Scheduler, SessionLike
+from strata.serve.runner import make_runner
+from strata.serve.scheduler import Job, QueueFull, Scheduler
 from strata.serve.schemas import APIError, error_body
 from strata.serve.toolcalls import DEFAULT_MAX_CALL_BYTES
 
@@ -382,7 +385,9 @@ async def metrics(request: Request, st: ServerState) -> Response:
         queued=s.queued,
         active=s.active,
         slots=s.slots,
-        engine_stats=[getattr(x.engine, "stats", None) for x in s.sessions],
+        engine_stats=[getattr(e, "stats", None) for e in getattr(s.runner, "engines", [])],
+        batch=s.runner.stats,
+        preemptions=s.preemptions,
     )
     return Response(text, media_type=CONTENT_TYPE)
 
@@ -426,15 +431,15 @@ def create_app(
     n_ctx: int | None = None,
     config: EngineConfig | None = None,
     model_id: str | None = None,
-    session_factory: Callable[[], SessionLike] | None = None,
+    session_factory: Callable[[], Session] | None = None,
     max_call_bytes: int = DEFAULT_MAX_CALL_BYTES,
 ) -> Starlette:
     """The server app for `model` (a GGUF path or a loaded `Model`).
 
-    `slots` generation slots share the request queue of `max_queue` waiting requests; each slot
-    is one `Session` (its own engine and KV cache), made by `session_factory`. By default that is
-    an engine built from `config` (`build_engine`: expert cache, CAR, traces) or, without one, a
-    plain `Engine`; `n_ctx` (default min(train context, 4096)) overrides `config.n_ctx`.
+    At most `slots` generations run at once, as one batch (continuous batching); more wait in a
+    queue of `max_queue`. The batch runs on `make_runner` (built from `config`: expert cache, CAR,
+    traces; without one, plain engines); `n_ctx` (default min(train context, 4096)) overrides
+    `config.n_ctx`. `session_factory` instead gives one engine per slot as a `Session` (tests).
     """
     check_effort(reasoning_effort)
     if slots < 1:
@@ -442,29 +447,17 @@ def create_app(
     if not isinstance(model, Model):
         model = load_model(model)
     if session_factory is None:
-        from strata.engine.session import Session
-
-        if config is not None:
-            from strata.build import build_engine
-
-            cfg = config if n_ctx is None else dataclasses.replace(config, n_ctx=n_ctx)
-
-            def session_factory() -> SessionLike:
-                return Session(model, engine=build_engine(model, cfg))
-
-        else:
-
-            def session_factory() -> SessionLike:
-                return Session(model, n_ctx=n_ctx)
-
-    scheduler = Scheduler([session_factory() for _ in range(slots)], max_queue=max_queue)
+        runner = make_runner(model, config, slots, n_ctx)
+    else:
+        runner = EngineRunner([session_factory() for _ in range(slots)])
+    scheduler = Scheduler(runner, model.tokenizer, max_queue=max_queue)
     model_id = model_id or Path(model.path).stem
     st = ServerState(
         model=model,
         model_id=model_id,
         scheduler=scheduler,
         metrics=Metrics(),
-        n_ctx=min(s.engine.n_ctx for s in scheduler.sessions),
+        n_ctx=runner.n_ctx,
         api_key=api_key or None,
         reasoning_effort=reasoning_effort,
         max_call_bytes=max_call_bytes,

@@ -3,14 +3,15 @@
 Counters and gauges are kept under one lock; `render` is called by `GET /metrics`. Engine-side
 figures (expert-cache hit rate, CAR substitution rate, cache swaps) are read from the engines'
 `stats` (`EngineStats.hit_rate`, `.substitution_rate`, `.swaps`) through `engine_rates`; an
-engine whose stats lack one gives 0 and a comment saying so.
+engine whose stats lack one gives 0 and a comment saying so. Batch figures (batch size, KV blocks,
+prefix-cache hits) come from the runner's `BatchStats`, preemptions from the scheduler.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -107,7 +108,16 @@ class Metrics:
         with self._lock:
             self.rejected += 1
 
-    def render(self, *, queued: int, active: int, slots: int, engine_stats: Iterable[Any]) -> str:
+    def render(
+        self,
+        *,
+        queued: int,
+        active: int,
+        slots: int,
+        engine_stats: Iterable[Any],
+        batch: Any = None,
+        preemptions: int = 0,
+    ) -> str:
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
@@ -173,7 +183,9 @@ class Metrics:
             "strata_queue_depth", "gauge", "Requests waiting for a generation slot.", [("", queued)]
         )
         metric("strata_active_generations", "gauge", "Requests generating now.", [("", active)])
-        metric("strata_generation_slots", "gauge", "Generation slots.", [("", slots)])
+        metric("strata_generation_slots", "gauge", "Most requests in one batch.", [("", slots)])
+        if batch is not None:
+            _batch_metrics(metric, active, batch, preemptions)
         rates = engine_rates(engine_stats)
         for key, kind, help_ in (
             ("cache_hit_rate", "gauge", "Share of expert picks served by resident experts."),
@@ -206,6 +218,32 @@ class Metrics:
                 [(f'{{card="{i + 1}"}}', n) for i, n in enumerate(hits)],
             )
         return "\n".join(lines) + "\n"
+
+
+def _batch_metrics(metric: Callable, active: int, b: Any, preemptions: int) -> None:
+    mean = b.batch_rows / b.batch_steps if b.batch_steps else 0.0
+    metric("strata_batch_size", "gauge", "Sequences in the running batch.", [("", active)])
+    metric("strata_batch_size_mean", "gauge", "Mean sequences a decode step.", [("", mean)])
+    metric("strata_batch_steps_total", "counter", "Decode steps run.", [("", b.batch_steps)])
+    metric(
+        "strata_kv_blocks_used",
+        "gauge",
+        "KV blocks held by running sequences.",
+        [("", b.kv_blocks_used)],
+    )
+    metric("strata_kv_blocks_total", "gauge", "KV blocks in the pool.", [("", b.kv_blocks_total)])
+    metric(
+        "strata_prefix_hit_tokens_total",
+        "counter",
+        "Prompt tokens served from cached KV.",
+        [("", b.prefix_hit_tokens)],
+    )
+    metric(
+        "strata_preemptions_total",
+        "counter",
+        "Sequences preempted (KV full) and resumed later.",
+        [("", preemptions)],
+    )
 
 
 def _num(v: float) -> str:
