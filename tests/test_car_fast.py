@@ -115,6 +115,22 @@ def test_slack_meter_measures_the_window_the_pool_may_fill():
     assert m.jobs(3) == pytest.approx(67 / 30)
 
 
+def test_slack_meter_probes_a_layer_whose_pool_is_not_timed():
+    """Windows observed with no job run (a rule that substituted every miss): the layer gets room
+    for one job, so the next miss reaches the pool and is timed; then the measured figure."""
+    from strata.routing.slack import PROBE, SlackMeter
+
+    m = SlackMeter(2)
+    for _ in range(3):  # every miss substituted: no pool time anywhere
+        m.observe(0, 100e-6, 2e-6, 0.0, 0)
+        m.observe(1, 90e-6, 2e-6, 0.0, 0)
+    assert m.jobs(0) == m.jobs(1) == PROBE
+    for _ in range(200):  # the kept miss runs: 20 us a job on layer 0, layer 1 idle
+        m.observe(0, 80e-6, 2e-6, 20e-6, 1)
+        m.observe(1, 90e-6, 2e-6, 0.0, 0)
+    assert m.jobs(0) != PROBE and m.summary()["job_us"] == pytest.approx(20.0)
+
+
 def test_the_cards_layer_knobs_are_the_rules_bounds():
     from strata.gpu.route_car import layer_knobs
     from strata.routing.slack import SlackMeter

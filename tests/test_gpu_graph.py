@@ -77,11 +77,12 @@ def test_all_resident_graph_steps_equal_their_eager_launches(synth_model, device
     assert same >= 32, f"greedy tokens agree at only {same} of 40 steps"
 
 
-@pytest.mark.parametrize("car", [1.0, 0.35])
+@pytest.mark.parametrize("car,mode", [(1.0, "slack"), (0.35, "ratio"), (0.35, "slack")])
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
-def test_hybrid_graph_steps_equal_eager(synth_model, device, arch, car):
+def test_hybrid_graph_steps_equal_eager(synth_model, device, arch, car, mode):
     model = load_model(synth_model("tiny", "IQ3_XXS", arch=arch, seed=22, skew=1.0))
-    flags = dict(expert_cache="7", car_threshold=car)  # 7 of 16 experts on the card
+    # 7 of 16 experts on the card; the slack mode keeps the misses the assumed window fits
+    flags = dict(expert_cache="7", car_threshold=car, car_mode=mode)
     # the host routes between the graphs, as the eager path does; and both route their prompt on
     # the host: an eager engine's would take the card's top-k (weights to ~1e-7 of the host's), a
     # prefill apart about one run in ten
@@ -93,7 +94,7 @@ def test_hybrid_graph_steps_equal_eager(synth_model, device, arch, car):
     assert g.stats.graph_steps == 32
     assert g.stats.misses == e.stats.misses > 0 and g.stats.hits == e.stats.hits > 0
     assert g.stats.substitutions == e.stats.substitutions
-    if car < 1.0:
+    if mode == "ratio":
         assert g.stats.substitutions > 0
     w = g.stats.window_ms()
     assert g.stats.window_layers == 32 * model.args.n_layer
@@ -203,13 +204,14 @@ def test_adaptive_cache_on_the_routed_step(synth_model, device):
         la, lb = g.forward([tok]), h.forward([tok])
     g.adaptive.max_swaps = 4
     g.adaptive.new_window()
-    assert dec.graphs and g.stats.swaps == 0
+    swaps0 = g.stats.swaps  # the prompt may re-place the cache
+    assert dec.graphs
     with tier.copy_stream():
         spin((1,), (1,), (np.uint64(4_000_000_000),))  # 4 s of the copy stream's time
     errs, same, pending = [], 0, 0
     for step in range(40):
         if step == 30:  # the copies land: the next step's table takes the admitted experts in
-            assert g.stats.swaps >= 1  # made while the copy stream spun
+            assert g.stats.swaps > swaps0  # made while the copy stream spun
             g.adaptive.max_swaps = 0  # no more (the table must settle to slot_of below)
             tier.copy_stream().synchronize()
         same += int(np.argmax(la)) == int(np.argmax(lb))
@@ -242,13 +244,13 @@ def test_adaptive_cache_on_the_routed_step(synth_model, device):
     assert max(errs) <= FLIP_BOUND, max(errs)
 
 
-@pytest.mark.parametrize("car", [1.0, 0.35])
-def test_routed_hybrid_steps(synth_model, device, car):
+@pytest.mark.parametrize("car,mode", [(1.0, "slack"), (0.35, "ratio"), (0.35, "slack")])
+def test_routed_hybrid_steps(synth_model, device, car, mode):
     """Top-k and CAR on the card: graph replay == the same launches eagerly (bit for bit); the
     plan counts add up; against the host-routed eager path the greedy tokens mostly agree (the
     card's softmax and weights match route_topk's to ~1e-7, not bit for bit)."""
     model = load_model(synth_model("tiny", "IQ3_XXS", seed=25, skew=1.0))
-    flags = dict(expert_cache="7", car_threshold=car)
+    flags = dict(expert_cache="7", car_threshold=car, car_mode=mode)
     g, e = engine(model, True, **flags), engine(model, True, **flags)
     e.tier.graph_decoder().replay = False
     prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
@@ -259,9 +261,9 @@ def test_routed_hybrid_steps(synth_model, device, car):
     assert g.stats.hits == e.stats.hits and g.stats.substitutions == e.stats.substitutions
     decode_picks = g.stats.hits + g.stats.misses - 6 * a.n_layer * a.n_expert_used  # - prefill
     assert decode_picks == 32 * a.n_layer * a.n_expert_used
-    if car < 1.0:
+    if mode == "ratio":
         assert g.stats.substitutions > 0
-    else:
+    elif car == 1.0:
         assert g.stats.substitutions == 0 and g.stats.misses > 0
     h = engine(model, False, **flags)
     g.reset()
@@ -338,7 +340,8 @@ def test_routed_ahead_survives_a_pool_error(synth_model, device):
     model = load_model(synth_model("tiny", "IQ3_XXS", seed=29, skew=1.0))
     flags = dict(expert_cache="7", car_threshold=1.0)
     g, e = engine(model, True, **flags), engine(model, True, **flags)
-    prompt = np.random.default_rng().integers(0, model.args.n_vocab, 6).tolist()
+    g.step._make_server = None  # a Python round a layer: the one that calls `experts`
+    prompt = np.random.default_rng(29).integers(0, model.args.n_vocab, 6).tolist()
     lockstep(g, e, prompt, 3)
     want = e.forward([5]).copy()
     real = g.miss_runner.experts
@@ -374,7 +377,11 @@ def test_route_car_kernel_gives_car_plans_plan(device):
             threshold=float(g.choice([0.1, 0.35, 0.7, 1.0])),
             budget=int(g.integers(0, 3)),
             free_ratio=float(g.choice([0.5, 1.0, 2.0])),
+            mode=str(g.choice(["ratio", "slack"])),
+            max_weight=float(g.choice([0.05, 0.2, 1.0])),
         )
+        slack = float(g.choice([0.0, 0.6, 1.0, 2.5]))
+        keep, max_weight = knobs.bounds(slack)
         out = {
             "probs": cp.zeros((1, e), np.float32),
             "ids0": cp.zeros((1, k), np.int32),
@@ -383,7 +390,9 @@ def test_route_car_kernel_gives_car_plans_plan(device):
             "pair_slot": cp.zeros((1, k), np.int32),
             "stats": cp.zeros((1, 4), np.float32),
         }
-        kv = knob_values(knobs.threshold, knobs.budget, knobs.free_ratio, knobs.enabled)
+        kv = knob_values(
+            knobs.threshold, knobs.budget, knobs.free_ratio, knobs.enabled, max_weight, keep
+        )
         d = int(g.integers(1, 300))  # the packed record: the plan + an h row of d floats
         h = cp.asarray(g.standard_normal((1, d)).astype(np.float32))
         pinned = trial % 2 == 1  # the record written into pinned host memory, a ready word after
@@ -411,7 +420,7 @@ def test_route_car_kernel_gives_car_plans_plan(device):
         assert np.allclose(probs, route_topk(logits, k, True)[2], rtol=1e-5)
         order = np.lexsort((np.arange(e), -probs[0]))[:k]  # top-k of the kernel's probs
         np.testing.assert_array_equal(got["ids0"][0], order)
-        plan = car_plan(got["ids0"], probs, resident, knobs)
+        plan = car_plan(got["ids0"], probs, resident, knobs, slack)
         np.testing.assert_array_equal(got["ids"], plan.ids, err_msg=f"trial {trial}")
         np.testing.assert_array_equal(got["pair_slot"], slot_row[plan.ids])
         st = got["stats"][0]

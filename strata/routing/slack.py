@@ -14,7 +14,9 @@ and row count, running figures of:
 - `job`: the pool's time per missed expert (its call over the jobs it ran).
 
 The window the pool may fill is `cycle - post` (the resident experts and whatever else the card
-does before the join); slack = window / job. Nothing is allocated per observation. Where a card
+does before the join); slack = window / job. Once windows are observed, a layer whose pool time is
+not measured yet has room for one job (`PROBE`): with none, the rule would substitute every miss
+it may and the pool would never be timed. Nothing is allocated per observation. Where a card
 cannot be timed (the CPU-only tier, the emulator), `assume` sets the figures from measurements
 taken elsewhere and the running figures are left alone.
 
@@ -28,6 +30,7 @@ import numpy as np
 N_BUCKETS = 4
 RATE = 1.0 / 16  # running mean's step
 UP = RATE / 4  # `post` (a running low) drifts up slowly and takes a lower sample at once
+PROBE = 1.0  # jobs of room a layer has until the pool's time a job is measured there
 
 
 def bucket(rows: int) -> int:
@@ -73,6 +76,8 @@ class SlackMeter:
             self._update(prev, b)
         if jobs > 0:
             _mean(self.job, layer, b, pool_s * us / jobs)
+        elif self.job[layer, b] == 0.0:
+            self.slack[layer, b] = PROBE  # windows observed, the pool not timed here yet
         self._prev, self._prev_s, self._prev_jobs = layer, route_s + pool_s, jobs
         if layer == self.n_layer - 1:
             self._prev = -1  # a step ends: the next step's first wait includes the logits
@@ -84,11 +89,14 @@ class SlackMeter:
 
     def _update(self, layer: int, b: int) -> None:
         c, j = self.cycle[layer, b], self.job[layer, b]
-        self.slack[layer, b] = max(0.0, c - self.post[layer, b]) / j if c > 0 and j > 0 else 0.0
+        if j == 0.0:
+            self.slack[layer, b] = PROBE  # the pool not timed here yet
+        else:
+            self.slack[layer, b] = max(0.0, c - self.post[layer, b]) / j if c > 0 else 0.0
 
     def jobs(self, layer: int, rows: int = 1) -> float:
-        """Missed-expert jobs the pool finishes inside the card's window at `layer` (0: none, or
-        not measured yet)."""
+        """Missed-expert jobs the pool finishes inside the card's window at `layer` (0: none or
+        nothing observed; PROBE while windows are observed and the pool is not timed there)."""
         return float(self.slack[layer, bucket(rows)])
 
     def summary(self) -> dict[str, float]:
