@@ -71,3 +71,17 @@ def test_helper_card_on_two_emulated_devices(tmp_path):
     """A second emulated device holding expert slots (strata/gpu/helper.py): the single-GPU
     run's tokens; its kernels refuse arrays of the other device (warp 32 only)."""
     _on_the_emulator(32, tmp_path, str(ROOT / "tests" / "test_helper_cards.py"), timeout=900)
+
+
+@pytest.mark.parametrize("warp", [32, 64])
+def test_gpt_oss_attention_and_rope_on_the_emulator(warp, tmp_path):
+    """gpt-oss's pieces in the card's kernels: YaRN RoPE against the host's table, attention
+    with sinks and sliding windows (prompt and both decode grids) against the reference."""
+    _on_the_emulator(
+        warp,
+        tmp_path,
+        str(ROOT / "tests" / "test_gpu_gpt_oss.py"),
+        "-k",
+        "lacks_nothing or yarn_rope or sinks_and_window",
+        timeout=900,
+    )
