@@ -53,6 +53,8 @@ def test_bad_values_are_refused():
         serve_options(_parse(), {"STRATA_REASONING_EFFORT": "max"})
     with pytest.raises(ValueError, match="no such file"):
         serve_options(_parse("--model", "/nonexistent.gguf"), {})
+    with pytest.raises(ValueError, match="the server does not draft yet"):
+        serve_options(_parse("--spec", "2"), {})
     for argv in (["--reasoning-effort", "max"], ["--port", "70000"], ["--max-queue", "-1"]):
         with pytest.raises(SystemExit):
             _parse(*argv)

@@ -90,6 +90,8 @@ def serve_options(ns: argparse.Namespace, environ: Mapping[str, str] | None = No
         cfg.model = str(DEFAULT_MODEL)
     if not os.path.exists(cfg.model):
         raise ValueError(f"{cfg.model}: no such file")
+    if cfg.spec > 0:  # the batch scheduler's steps are one token a sequence
+        raise ValueError(f"--spec {cfg.spec}: the server does not draft yet (generate and chat do)")
     flags = {"api_key": ns.api_key, "reasoning_effort": ns.reasoning_effort}
     try:
         server = resolve_serve(flags, environ)
