@@ -130,6 +130,22 @@ def make_tier(
         )
 
 
+def car_knobs(cfg: EngineConfig, slots: int, total: int) -> CarKnobs:
+    """CAR's knobs from `cfg`, off (with the notice) where every expert or none is resident."""
+    if slots >= total:
+        car_unwired(cfg, "every expert is resident, no expert runs in the CPU pool")
+    elif slots == 0:
+        car_unwired(cfg, "no expert is resident, CAR has nothing to substitute")
+    return CarKnobs(
+        cfg.car_threshold,
+        cfg.car_warmup,
+        cfg.car_budget,
+        cfg.car_free_ratio,
+        cfg.car_mode,
+        cfg.car_max_weight,
+    )
+
+
 def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -> Engine:
     """The engine `cfg` describes. `device_routing=False` keeps a card's routing on the host
     (the graph steps and prompts route as the CPU-only tier does: tests compare the two)."""
@@ -192,18 +208,7 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
         resident = placed == PRIMARY  # resident_mask's placement, the helpers' next
     if cfg.spec > 0:  # the verify forward is a multi-token step: CAR acts on decode steps
         car_unwired(cfg, "--spec verifies drafts in multi-token steps, where CAR does not act")
-    if slots >= total:
-        car_unwired(cfg, "every expert is resident, no expert runs in the CPU pool")
-    elif slots == 0:
-        car_unwired(cfg, "no expert is resident, CAR has nothing to substitute")
-    car = CarKnobs(
-        cfg.car_threshold,
-        cfg.car_warmup,
-        cfg.car_budget,
-        cfg.car_free_ratio,
-        cfg.car_mode,
-        cfg.car_max_weight,
-    )
+    car = car_knobs(cfg, slots, total)
     adaptive = None
     if slots < total and cfg.adapt_swaps > 0 and slots > 0:
         adaptive = AdaptiveCache(
@@ -305,18 +310,7 @@ def build_batch_engine(model: Model, cfg: EngineConfig, max_batch: int):
     slots = total if cache == "all" else 0 if cache == "auto" else min(int(cache), total)
     profile = UsageProfile.load(cfg.profile, a.n_layer, a.n_expert) if cfg.profile else None
     resident = resident_mask(model, slots, profile)
-    if slots >= total:
-        car_unwired(cfg, "every expert is resident, no expert runs in the CPU pool")
-    elif slots == 0:
-        car_unwired(cfg, "no expert is resident, CAR has nothing to substitute")
-    car = CarKnobs(
-        cfg.car_threshold,
-        cfg.car_warmup,
-        cfg.car_budget,
-        cfg.car_free_ratio,
-        cfg.car_mode,
-        cfg.car_max_weight,
-    )
+    car = car_knobs(cfg, slots, total)
     # the tier's own one-sequence cache goes unused: the sequences' rows live in the KV pool
     tier = make_tier(model, 1, "host", kv_type=cfg.kv_type)
     miss_runner = None
