@@ -130,6 +130,22 @@ def make_tier(
         )
 
 
+def pool_runner(model: Model, cfg: EngineConfig, skip: np.ndarray) -> PoolMissRunner:
+    """The CPU pool as the engine's miss runner: every expert not in `skip` [L, E] copied to
+    RAM (or read from the pack) with progress shown."""
+    single_threaded_blas()
+    with reporter("experts to RAM", cfg.resident_experts, unit="B") as progress:
+        return PoolMissRunner(
+            model,
+            cfg.threads,
+            pack=cfg.pack,
+            resident_experts=cfg.resident_experts,
+            skip=skip,
+            release=cfg.release,
+            progress=progress,
+        )
+
+
 def car_knobs(cfg: EngineConfig, slots: int, total: int) -> CarKnobs:
     """CAR's knobs from `cfg`, off (with the notice) where every expert or none is resident."""
     if slots >= total:
@@ -225,19 +241,8 @@ def build_engine(model: Model, cfg: EngineConfig, device_routing: bool = True) -
             say_once(h.describe())
     # the experts the tier does not hold run in the CPU pool
     miss_runner = None
-    if slots < total:
-        single_threaded_blas()
-        with reporter("experts to RAM", cfg.resident_experts, unit="B") as progress:
-            miss_runner = PoolMissRunner(
-                model,
-                cfg.threads,
-                pack=cfg.pack,
-                resident_experts=cfg.resident_experts,
-                # the RAM copy leaves out what any card holds
-                skip=resident if placed is None else placed != CPU,
-                release=cfg.release,
-                progress=progress,
-            )
+    if slots < total:  # the RAM copy leaves out what any card holds
+        miss_runner = pool_runner(model, cfg, resident if placed is None else placed != CPU)
         if placed is not None:
             from strata.engine.helpers import TieredMissRunner
 
@@ -313,19 +318,7 @@ def build_batch_engine(model: Model, cfg: EngineConfig, max_batch: int):
     car = car_knobs(cfg, slots, total)
     # the tier's own one-sequence cache goes unused: the sequences' rows live in the KV pool
     tier = make_tier(model, 1, "host", kv_type=cfg.kv_type)
-    miss_runner = None
-    if slots < total:
-        single_threaded_blas()
-        with reporter("experts to RAM", cfg.resident_experts, unit="B") as progress:
-            miss_runner = PoolMissRunner(
-                model,
-                cfg.threads,
-                pack=cfg.pack,
-                resident_experts=cfg.resident_experts,
-                skip=resident,
-                release=cfg.release,
-                progress=progress,
-            )
+    miss_runner = pool_runner(model, cfg, resident) if slots < total else None
     return BatchEngine(
         model,
         tier,
